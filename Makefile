@@ -1,0 +1,38 @@
+# Two commands matter: `make demo` and `make test`. Both create .venv on first use.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# The stamp is remade whenever the dependency files change, so `make` re-installs only then.
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test lint format clean bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing dlscale and its pinned dependencies into $(VENV) (first run only) ..."
+	@# torch first and alone: constraints pin it to 2.13.0, which pip takes from the local CPU wheel.
+	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/dlscale train examples/lenet-digits.yaml
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: lint
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python benchmarks/loop_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,90 @@
+"""The verbs every front door calls: validate, train, models."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from dlscale.errors import UserError
+from dlscale.models import ZOO, check_model, parameter_count_meta
+from dlscale.spec import Spec, load_spec
+from dlscale.strategies import STRATEGIES
+from dlscale.train import checkpoint as ckpt
+from dlscale.train.reporter import Reporter
+
+DEFAULT_RUNS_DIR = Path("runs")
+
+
+def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
+    """Parse and check a spec without running it; returns it with its warnings."""
+    spec = load_spec(spec_path)
+    try:
+        check_model(spec.model.name, spec.model.kwargs)
+    except UserError as exc:
+        raise UserError(f"{spec_path}: model: {exc}") from None
+    return spec, spec.warnings()
+
+
+def train(
+    spec: Spec | str | Path,
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    reporter: Reporter | None = None,
+) -> dict:
+    """Train a spec with its strategy; returns the run record also written to run.json."""
+    if not isinstance(spec, Spec):
+        spec = load_spec(spec)
+    resume_from = None
+    if resume:
+        run_dir = Path(out_dir) if out_dir else latest_run_dir(spec.name)
+        resume_from = ckpt.latest_checkpoint(run_dir)
+        if resume_from is None:
+            raise UserError(f"nothing to resume: no checkpoint in {run_dir / 'checkpoints'}")
+    else:
+        run_dir = Path(out_dir) if out_dir else new_run_dir(spec.name)
+        if ckpt.list_checkpoints(run_dir):
+            raise UserError(
+                f"{run_dir} already holds checkpoints of a run: pass --resume to continue it, "
+                "or choose another --out"
+            )
+    run = STRATEGIES[spec.strategy.name]
+    return run(spec, run_dir, resume_from, reporter)
+
+
+def new_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
+    """runs/<name>-<UTC timestamp>, with a suffix if two runs start in the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    candidate = root / f"{name}-{stamp}"
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = root / f"{name}-{stamp}-{suffix}"
+    return candidate
+
+
+def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
+    """The newest runs/<name>-* folder holding a checkpoint: what a bare --resume continues."""
+    candidates = [p for p in root.glob(f"{name}-*") if ckpt.list_checkpoints(p)]
+    if not candidates:
+        raise UserError(
+            f"nothing to resume: no run of '{name}' with checkpoints under {root}/ "
+            "(pass --out DIR to name the run folder)"
+        )
+    return max(candidates, key=lambda p: ckpt.list_checkpoints(p)[-1][1].stat().st_mtime)
+
+
+def models() -> list[dict]:
+    """The zoo: name, summary, parameter count at its listing arguments (counted on meta)."""
+    rows = []
+    for name, entry in ZOO.items():
+        rows.append(
+            {
+                "name": name,
+                "summary": entry.summary,
+                "parameters": parameter_count_meta(name, entry.listing_kwargs),
+                "input_kind": entry.input_kind,
+                "example_input_shape": list(entry.example_input_shape),
+                "listing_kwargs": dict(entry.listing_kwargs),
+            }
+        )
+    return rows

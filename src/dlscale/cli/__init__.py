@@ -1,0 +1,1 @@
+"""The command line: thin Typer commands over dlscale.api."""

@@ -1,0 +1,116 @@
+"""`dlscale`: the command-line front door. Each command is a thin shell over dlscale.api."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dlscale import __version__, api
+from dlscale.cli.errors import user_errors
+from dlscale.cli.progress import RichReporter
+
+app = typer.Typer(
+    name="dlscale",
+    help="Deep learning from a laptop CPU to a GPU cluster: profile, predict, train in parallel.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(highlight=False)
+
+
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"dlscale {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """dlscale: does it fit, how long will it take, and train it in parallel."""
+
+
+@app.command()
+@user_errors
+def train(
+    spec: Path = typer.Argument(..., help="Job spec (YAML)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Run folder (default runs/<name>-<timestamp>)."
+    ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Continue from the last checkpoint (of --out, or the newest run)."
+    ),
+) -> None:
+    """Train a spec: progress bar, summary table, DIR/run.json and checkpoints."""
+    reporter = RichReporter(console)
+    try:
+        api.train(spec, out_dir=out, resume=resume, reporter=reporter)
+    finally:
+        reporter.close()
+
+
+@app.command()
+@user_errors
+def validate(
+    spec: Path = typer.Argument(..., help="Job spec (YAML)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved spec as JSON."),
+) -> None:
+    """Check a spec without running it (exit 2 and one line naming the problem if it is bad)."""
+    parsed, warnings = api.validate(spec)
+    if as_json:
+        print(json.dumps(parsed.model_dump(mode="json"), indent=2))
+    else:
+        console.print(
+            f"{spec}: valid ({parsed.name}: {parsed.model.name} on {parsed.data.name}, "
+            f"strategy {parsed.strategy.name}, spec hash {parsed.spec_hash()})"
+        )
+    for message in warnings:
+        Console(stderr=True).print(f"[bold yellow]warning:[/] {message}")
+
+
+@app.command()
+@user_errors
+def models(
+    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+) -> None:
+    """List the model zoo with parameter counts (counted on the meta device)."""
+    rows = api.models()
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    table = Table(title="dlscale model zoo")
+    table.add_column("name", style="bold")
+    table.add_column("parameters", justify="right")
+    table.add_column("counted at")
+    table.add_column("input (one sample)")
+    table.add_column("what it is")
+    for row in rows:
+        kwargs = ", ".join(f"{k}={v}" for k, v in row["listing_kwargs"].items()) or "defaults"
+        shape = "×".join(str(d) for d in row["example_input_shape"])
+        table.add_row(
+            row["name"],
+            f"{row['parameters']:,}",
+            kwargs,
+            f"{row['input_kind']} {shape}",
+            row["summary"],
+        )
+    console.print(table)
+    console.print(
+        "Use any of these as model.name in a spec, or your own as 'package.module:factory'."
+    )
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

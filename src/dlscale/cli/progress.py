@@ -1,0 +1,119 @@
+"""RichReporter: the live progress bar, epoch lines, warnings and the final summary table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+
+def human_bytes(count: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(count) < 1024 or unit == "TiB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    raise AssertionError("unreachable")
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+class RichReporter:
+    """Shows a training run to a person at a terminal (and stays quiet when piped)."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(highlight=False)
+        self.progress: Progress | None = None
+        self.task = None
+        self.total_epochs = 1
+
+    def start(self, plan: dict) -> None:
+        self.total_epochs = plan["epochs"]
+        resumed = f", resuming at step {plan['start_step']}" if plan["start_step"] else ""
+        self.console.print(
+            f"[bold]{plan['name']}[/]: {plan['model']} ({plan['parameters']:,} parameters) on "
+            f"{plan['device']}, {plan['precision']}; {plan['train_samples']:,} training / "
+            f"{plan['val_samples']:,} validation samples; batch {plan['global_batch_size']}, "
+            f"{plan['steps_per_epoch']} steps × {plan['epochs']} epochs = "
+            f"{plan['total_steps']} steps{resumed}"
+        )
+        self.progress = Progress(
+            TextColumn("[bold blue]epoch {task.fields[epoch]}/{task.fields[epochs]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} samples/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self.progress.start()
+        self.task = self.progress.add_task(
+            "train",
+            total=plan["total_steps"],
+            completed=plan["start_step"],
+            epoch=plan["start_step"] // plan["steps_per_epoch"] + 1,
+            epochs=plan["epochs"],
+            loss="-",
+            rate="-",
+        )
+
+    def step(self, step: int, epoch: int, loss: float, samples_per_s: float) -> None:
+        self.progress.update(
+            self.task, completed=step, epoch=epoch, loss=f"{loss:.4f}", rate=f"{samples_per_s:,.0f}"
+        )
+
+    def epoch_end(self, record: dict) -> None:
+        self.progress.update(self.task, completed=record["step"])
+        train_loss = record["train_loss"]
+        shown = f"{train_loss:.4f}" if train_loss is not None else "-"
+        self.progress.console.print(
+            f"epoch {record['epoch']:>3}/{self.total_epochs}  step {record['step']:>6}  "
+            f"train loss {shown}  val loss {record['val_loss']:.4f}  "
+            f"val accuracy {percent(record['val_accuracy'])}"
+        )
+
+    def warn(self, message: str) -> None:
+        target = self.progress.console if self.progress else self.console
+        target.print(f"[bold yellow]warning:[/] {message}")
+
+    def finish(self, record: dict) -> None:
+        self.close()
+        self.console.print(summary_table(record))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def summary_table(record: dict) -> Table:
+    final, timing = record["final"], record["timing"]
+    table = Table(title=f"{record['name']}: summary", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("validation accuracy", percent(final["val_accuracy"]))
+    table.add_row("validation loss", f"{final['val_loss']:.4f}")
+    table.add_row("steps", f"{final['step']:,} (batch {record['plan']['global_batch_size']})")
+    table.add_row("wall time", f"{final['wall_s']:.1f} s (setup {final['setup_s']:.1f} s)")
+    table.add_row("throughput", f"{final['train_samples_per_s']:,.0f} samples/s")
+    table.add_row(
+        "step time split",
+        f"data wait {percent(timing['data_wait_share'])} · host→device "
+        f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}",
+    )
+    kind = final["peak_memory_kind"].replace("_", " ")
+    table.add_row("peak memory", f"{human_bytes(final['peak_memory_bytes'])} ({kind})")
+    table.add_row("run record", f"{record['run_dir']}/run.json")
+    if record["checkpoints"]:
+        table.add_row("last checkpoint", record["checkpoints"][-1])
+    return table

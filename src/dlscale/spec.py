@@ -1,0 +1,362 @@
+"""The job spec: a YAML file validated by pydantic into one tree, with clear one-line errors.
+
+Every section is a strict pydantic model (unknown keys are rejected). Sections that come in kinds
+(`data`, `strategy`) are unions discriminated by their `name` key: a new kind is one new class
+added to its union.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dlscale.errors import UserError
+
+Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
+
+
+class Strict(BaseModel):
+    """Base of every spec section: unknown keys are errors, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def _resolve_path(value: Any, info: ValidationInfo) -> Path | None:
+    """Paths in a spec are relative to the spec file's folder; the file must exist."""
+    if value is None:
+        return None
+    path = Path(str(value)).expanduser()
+    base = (info.context or {}).get("base_dir")
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    return path.resolve()
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class ModelSpec(Strict):
+    """A zoo name (`lenet`, `resnet18`, ...) or `package.module:factory`, with factory kwargs."""
+
+    name: str = Field(min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------ data
+
+
+class DigitsData(Strict):
+    """scikit-learn's bundled 8×8 digits (1,797 images), optionally resized (28 for LeNet)."""
+
+    name: Literal["digits"]
+    image_size: Annotated[int, Field(ge=8, le=224)] = 8
+    val_fraction: Fraction = 0.2
+
+
+class SyntheticData(Strict):
+    """Seeded generated data of any shape: images/features (`kind: image`) or token sequences."""
+
+    name: Literal["synthetic"]
+    kind: Literal["image", "tokens"] = "image"
+    shape: list[PositiveInt] = Field(default_factory=lambda: [1, 28, 28], min_length=1)
+    num_classes: Annotated[int, Field(ge=2)] = 10
+    num_samples: PositiveInt = 1024
+    seq_len: PositiveInt = 64
+    vocab_size: Annotated[int, Field(ge=2)] = 256
+    task: Literal["classification", "language_modeling"] = "classification"
+    val_fraction: Fraction = 0.2
+
+
+class IdxData(Strict):
+    """MNIST / Fashion-MNIST IDX files (`*-idx3-ubyte` images, `*-idx1-ubyte` labels, `.gz` ok)."""
+
+    name: Literal["idx"]
+    images: Path
+    labels: Path
+    val_images: Path | None = None
+    val_labels: Path | None = None
+    val_fraction: Fraction = 0.2
+
+    _paths = field_validator("images", "labels", "val_images", "val_labels", mode="before")(
+        _resolve_path
+    )
+
+    @model_validator(mode="after")
+    def _val_pair(self) -> IdxData:
+        if (self.val_images is None) != (self.val_labels is None):
+            raise ValueError("give both val_images and val_labels, or neither")
+        return self
+
+
+class Cifar10Data(Strict):
+    """CIFAR-10 binary batches (`data_batch_1.bin` ... `test_batch.bin`, 3,073 bytes a record)."""
+
+    name: Literal["cifar10"]
+    train_files: list[Path] = Field(min_length=1)
+    val_files: list[Path] = Field(default_factory=list)
+    val_fraction: Fraction = 0.2
+
+    @field_validator("train_files", "val_files", mode="before")
+    @classmethod
+    def _paths(cls, value: Any, info: ValidationInfo) -> list[Path]:
+        if not isinstance(value, list):
+            raise ValueError("expected a list of file paths")
+        return [_resolve_path(v, info) for v in value]
+
+
+class NpzData(Strict):
+    """A NumPy `.npz` with arrays `x` (samples first) and `y` (integer labels)."""
+
+    name: Literal["npz"]
+    path: Path
+    val_path: Path | None = None
+    val_fraction: Fraction = 0.2
+
+    _paths = field_validator("path", "val_path", mode="before")(_resolve_path)
+
+
+DataSpec = Annotated[
+    DigitsData | SyntheticData | IdxData | Cifar10Data | NpzData, Field(discriminator="name")
+]
+DATA_KINDS = ("digits", "synthetic", "idx", "cifar10", "npz")
+
+# ------------------------------------------------------------------- training knobs
+
+
+class OptimizerSpec(Strict):
+    """`sgd` (plain), `momentum` (SGD with momentum), `adam`, `adamw`."""
+
+    name: Literal["sgd", "momentum", "adam", "adamw"] = "adam"
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.0
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
+        0.9,
+        0.999,
+    )
+
+
+class LoaderSpec(Strict):
+    """torch DataLoader settings: worker processes, pinned host memory, batches prefetched."""
+
+    workers: NonNegativeInt = 0
+    pin_memory: bool = False
+    prefetch: PositiveInt | None = None
+
+
+class CheckpointSpec(Strict):
+    """Checkpoints are written at every epoch end, at the end, and every `every_steps` steps."""
+
+    every_steps: PositiveInt | None = None
+    keep_last: PositiveInt = 2
+
+
+class SingleStrategy(Strict):
+    """One process, one device."""
+
+    name: Literal["single"] = "single"
+
+
+# Later strategies (ddp, ps, pipeline, hybrid) join this union.
+StrategySpec = Annotated[SingleStrategy, Field(discriminator="name")]
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class Spec(Strict):
+    """One training job."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80)]
+    model: ModelSpec
+    data: DataSpec
+    batch_size: PositiveInt
+    epochs: PositiveInt | None = None
+    steps: PositiveInt | None = None
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    device: str = "auto"
+    seed: NonNegativeInt = 0
+    loader: LoaderSpec = Field(default_factory=LoaderSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    strategy: StrategySpec = Field(default_factory=SingleStrategy)
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(f"'{value}' is not one of auto, cpu, cuda, cuda:N, mps")
+        return value
+
+    @model_validator(mode="after")
+    def _length(self) -> Spec:
+        if self.epochs is not None and self.steps is not None:
+            raise ValueError("give epochs or steps, not both")
+        if self.epochs is None and self.steps is None:
+            self.epochs = 1
+        return self
+
+    def warnings(self) -> list[str]:
+        """Settings the user gave that will have no effect (each deserves a warning)."""
+        found = []
+        opt = self.optimizer
+        if "momentum" in opt.model_fields_set and opt.name != "momentum":
+            found.append(f"optimizer.momentum is ignored by optimizer '{opt.name}'")
+        if "betas" in opt.model_fields_set and opt.name not in ("adam", "adamw"):
+            found.append(f"optimizer.betas is ignored by optimizer '{opt.name}'")
+        if self.loader.prefetch is not None and self.loader.workers == 0:
+            found.append("loader.prefetch is ignored with loader.workers: 0")
+        data = self.data
+        if isinstance(data, SyntheticData):
+            given = data.model_fields_set
+            unused = ("seq_len", "vocab_size") if data.kind == "image" else ("shape",)
+            found += [
+                f"data.{key} is ignored with data.kind: {data.kind}"
+                for key in unused
+                if key in given
+            ]
+        if (
+            isinstance(data, IdxData | NpzData | Cifar10Data)
+            and "val_fraction" in data.model_fields_set
+        ):
+            has_val = getattr(data, "val_images", None) or getattr(data, "val_path", None)
+            if has_val or getattr(data, "val_files", None):
+                found.append("data.val_fraction is ignored: validation files are given")
+        return found
+
+    def spec_hash(self) -> str:
+        """Stable short hash of the resolved spec: the identity of a run for checkpoints."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------------- loading
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file; every problem becomes a one-line UserError."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"spec file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "cannot parse"
+        raise UserError(f"{path}: invalid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: cannot read spec: {exc}") from None
+    return parse_spec(raw, base_dir=path.resolve().parent, source=str(path))
+
+
+def parse_spec(raw: Any, base_dir: Path | None = None, source: str = "spec") -> Spec:
+    """Validate an already-parsed mapping (from YAML, JSON or code)."""
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: expected a mapping of spec fields at the top level")
+    try:
+        return Spec.model_validate(raw, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        raise UserError(f"{source}: {describe_validation_error(exc)}") from None
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """First error as 'field.path: reason', plus a count of the others."""
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    field, owner = _field_path(first["loc"])
+    kind = first["type"]
+    if kind == "extra_forbidden":
+        allowed = ", ".join(owner.model_fields) if owner is not None else ""
+        text = f"unknown field '{field}'" + (f" (allowed here: {allowed})" if allowed else "")
+    elif kind == "missing":
+        text = f"{field}: required field is missing"
+    elif kind in ("union_tag_invalid", "union_tag_not_found"):
+        ctx = first.get("ctx", {})
+        if "tag" in ctx:
+            choices = ctx.get("expected_tags", "").replace("'", "")
+            text = f"unknown {field} name '{ctx['tag']}' (choose from: {choices})"
+        else:
+            text = f"{field}.name is missing; it picks the kind of {field}"
+    else:
+        message = first["msg"].removeprefix("Value error, ")
+        shown = _short_input(first.get("input")) if kind != "value_error" else ""
+        got = f" (got {shown})" if shown else ""
+        text = f"{field}: {message}{got}" if field else f"{message}{got}"
+    more = len(errors) - 1
+    return text + (f" (and {more} more problem{'s' * (more > 1)})" if more else "")
+
+
+def _field_path(loc: tuple) -> tuple[str, type[BaseModel] | None]:
+    """Dotted field path from a pydantic loc, minus union tags; and the model owning the leaf."""
+    parts: list[str] = []
+    model: Any = Spec
+    owner: type[BaseModel] | None = Spec
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1:] = [f"{parts[-1]}[{item}]"] if parts else [f"[{item}]"]
+            continue
+        if model is None:
+            parts.append(str(item))
+            continue
+        if isinstance(model, type) and issubclass(model, BaseModel) and item in model.model_fields:
+            owner = model
+            parts.append(str(item))
+            model = _section_class(model.model_fields[item].annotation)
+        elif isinstance(model, list):  # a discriminated union: this item is the tag
+            model = next((m for m in model if _tag(m) == item), None)
+        else:
+            owner = model if isinstance(model, type) else owner
+            parts.append(str(item))
+            model = None
+    return ".".join(parts), owner
+
+
+def _section_class(annotation: Any) -> Any:
+    """The spec-section class(es) behind a field annotation, if it is one."""
+    args = getattr(annotation, "__args__", None)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if args:
+        models = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+        if len(models) > 1:
+            return models
+        if models:
+            return models[0]
+        for arg in args:  # Annotated[...] nests the union one level down
+            found = _section_class(arg)
+            if found is not None:
+                return found
+    return None
+
+
+def _tag(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("name")
+    args = getattr(field.annotation, "__args__", ()) if field else ()
+    return args[0] if args else None
+
+
+def _short_input(value: Any) -> str:
+    if isinstance(value, dict | list):
+        return ""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,16 @@
+"""Strategy `single`: one process on one device, the reference every parallel strategy matches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlscale.spec import Spec
+from dlscale.train.loop import Trainer
+from dlscale.train.reporter import Reporter
+
+
+def run(spec: Spec, run_dir: Path, resume_from: Path | None, reporter: Reporter) -> dict:
+    trainer = Trainer(spec, run_dir, reporter)
+    if resume_from is not None:
+        trainer.resume(resume_from)
+    return trainer.run()

@@ -1,0 +1,348 @@
+"""The training loop: batches in, timed steps, evaluation, checkpoints, resume, the run record."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+
+from dlscale.data import DataBundle, build_data
+from dlscale.errors import UserError, one_line
+from dlscale.models import build_model, count_parameters
+from dlscale.spec import Spec
+from dlscale.train import checkpoint as ckpt
+from dlscale.train.device import (
+    check_precision,
+    peak_memory,
+    reset_peak_memory,
+    resolve_device,
+    synchronize,
+)
+from dlscale.train.env import environment
+from dlscale.train.files import write_json_atomic
+from dlscale.train.metrics import StepSampler, StepTiming, TimingTotals, starving_advice
+from dlscale.train.reporter import NullReporter, Reporter
+from dlscale.train.sampler import GlobalBatchSampler
+from dlscale.train.step import TrainStep, build_optimizer, evaluate
+
+RUN_SCHEMA = "dlscale.run/1"
+PROGRESS_EVERY_S = 0.1  # how often the reporter hears about steps; per-step calls cost time
+
+
+@dataclass
+class Plan:
+    """How long the run is, in steps and epochs, for this worker's share of the data."""
+
+    steps_per_epoch: int
+    total_steps: int
+    epochs: int
+    batch_size: int
+    global_batch_size: int
+
+    @classmethod
+    def of(cls, spec: Spec, num_train: int, world_size: int = 1) -> Plan:
+        global_batch = spec.batch_size * world_size
+        steps_per_epoch = num_train // global_batch
+        if steps_per_epoch == 0:
+            raise UserError(
+                f"batch_size {spec.batch_size}"
+                + (f" × {world_size} workers" if world_size > 1 else "")
+                + f" is larger than the training set ({num_train} samples)"
+            )
+        if spec.steps is not None:
+            total = spec.steps
+            epochs = math.ceil(total / steps_per_epoch)
+        else:
+            epochs = spec.epochs or 1
+            total = epochs * steps_per_epoch
+        return cls(steps_per_epoch, total, epochs, spec.batch_size, global_batch)
+
+
+def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -> None:
+    """One forward pass on one real sample, so a shape mismatch is one clear line, not a trace."""
+    x = data.train.tensors[0][:1]
+    try:
+        with torch.no_grad():
+            was_training = model.training
+            model.eval()
+            out = model(x)
+            model.train(was_training)
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        shape = tuple(data.input_shape)
+        raise UserError(
+            f"model '{model_name}' cannot take this data's samples of shape {shape}: "
+            f"{one_line(exc)}"
+        ) from None
+    if not isinstance(out, torch.Tensor):
+        raise UserError(f"model '{model_name}' must return a tensor of logits, got {type(out)}")
+    if out.shape[-1] < data.num_classes:
+        raise UserError(
+            f"model '{model_name}' outputs {out.shape[-1]} classes but the data has "
+            f"{data.num_classes}; set model.kwargs.num_classes"
+        )
+
+
+class Trainer:
+    """Runs one spec on one device: the single strategy, and each worker of parallel ones."""
+
+    def __init__(self, spec: Spec, run_dir: Path, reporter: Reporter | None = None):
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.reporter = reporter or NullReporter()
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.t_start = time.perf_counter()
+        self.device = resolve_device(spec.device)
+        check_precision(spec.precision, self.device)
+        torch.manual_seed(spec.seed)
+        self.data = build_data(spec.data, spec.seed)
+        self.model = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
+        check_model_fits_data(self.model, self.data, spec.model.name)
+        self.model.to(self.device)
+        self.optimizer = build_optimizer(self.model.parameters(), spec.optimizer)
+        self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision)
+        self.plan = Plan.of(spec, self.data.num_train)
+        self.sampler = GlobalBatchSampler(self.data.num_train, spec.batch_size, spec.seed)
+        self.train_loader = self._loader()
+        self.val_loader = DataLoader(self.data.val, batch_size=max(256, spec.batch_size))
+        self.step = 0
+        self.resumed_from: int | None = None
+        self.timing = TimingTotals()
+        self.steps_log = StepSampler(self.plan.total_steps)
+        self.epochs_log: list[dict] = []
+        self.warnings: list[str] = list(spec.warnings())
+        self.starving_warned = False
+        self.train_wall_s = 0.0
+        self._epoch_losses: list[float] = []
+        self.environment = environment(self.device)
+        self.setup_s = time.perf_counter() - self.t_start
+
+    def _loader(self) -> DataLoader:
+        """Batches are fetched whole (`dataset[list_of_indices]`), not sample by sample."""
+        loader = self.spec.loader
+        extra = {}
+        if loader.workers > 0:
+            extra = {"persistent_workers": True, "prefetch_factor": loader.prefetch or 2}
+        return DataLoader(
+            self.data.train,
+            sampler=self.sampler,
+            batch_size=None,
+            num_workers=loader.workers,
+            pin_memory=loader.pin_memory and self.device.type == "cuda",
+            # Its own generator: creating an iterator must not draw from the global RNG.
+            generator=torch.Generator().manual_seed(self.spec.seed),
+            **extra,
+        )
+
+    # ------------------------------------------------------------------ resume
+
+    def resume(self, path: Path) -> None:
+        """Continue from a checkpoint of the same spec: weights, optimizer, RNG, history."""
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        if state.get("spec_hash") != self.spec.spec_hash():
+            raise UserError(
+                f"{path} was written by a different spec (hash {state.get('spec_hash')}, "
+                f"this spec {self.spec.spec_hash()}); start a new run instead of --resume"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.step_fn.scaler is not None and state.get("scaler"):
+            self.step_fn.scaler.load_state_dict(state["scaler"])
+        history = state["history"]
+        self.epochs_log = list(history["epochs"])
+        self.steps_log.records = list(history["steps"])
+        self.timing = TimingTotals.from_state(history["timing"])
+        self.train_wall_s = history["train_wall_s"]
+        self.starving_warned = history["starving_warned"]
+        self.step = self.resumed_from = int(state["step"])
+        ckpt.restore_rng(state["rng"])
+
+    def save_checkpoint(self) -> Path:
+        state = {
+            "spec_hash": self.spec.spec_hash(),
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.step_fn.scaler.state_dict() if self.step_fn.scaler else None,
+            "rng": ckpt.rng_state(self.device),
+            "history": {
+                "epochs": self.epochs_log,
+                "steps": self.steps_log.records,
+                "timing": self.timing.to_state(),
+                "train_wall_s": self.train_wall_s,
+                "starving_warned": self.starving_warned,
+            },
+        }
+        return ckpt.save_checkpoint(self.run_dir, self.step, state, self.spec.checkpoint.keep_last)
+
+    # -------------------------------------------------------------------- loop
+
+    def run(self) -> dict:
+        """Train to the planned step count; returns (and writes) the run record."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        reset_peak_memory(self.device)
+        self.reporter.start(self.describe())
+        for message in self.spec.warnings():
+            self.reporter.warn(message)
+        last_saved = last_eval = self.step if self.resumed_from is not None else -1
+        while self.step < self.plan.total_steps:
+            epoch = self.step // self.plan.steps_per_epoch
+            epoch_done = self._run_epoch(epoch)
+            if epoch_done or self.step == self.plan.total_steps:
+                self._end_epoch(epoch)
+                last_eval = self.step
+                self.save_checkpoint()
+                last_saved = self.step
+            self._write_record("running")
+        if last_eval != self.step:  # resumed at the very end: still report validation
+            self._end_epoch(max(0, (self.step - 1) // self.plan.steps_per_epoch))
+        if last_saved != self.step:
+            self.save_checkpoint()
+        record = self._write_record("completed")
+        self.reporter.finish(record)
+        return record
+
+    def _run_epoch(self, epoch: int) -> bool:
+        """Steps until the epoch or the plan ends; True if the epoch's last batch was run."""
+        start_batch = self.step - epoch * self.plan.steps_per_epoch
+        self.sampler.set_epoch(epoch, start_batch)
+        every = self.spec.checkpoint.every_steps
+        non_blocking = self.train_loader.pin_memory
+        epoch_losses: list[float] = []
+        t_epoch = time.perf_counter()
+        last_report = 0.0
+        t_prev = time.perf_counter()
+        for x, y in self.train_loader:
+            t_data = time.perf_counter()
+            x = x.to(self.device, non_blocking=non_blocking)
+            y = y.to(self.device, non_blocking=non_blocking)
+            synchronize(self.device)
+            t_copy = time.perf_counter()
+            loss = float(self.step_fn(x, y))  # .item() waits for the device: compute is timed
+            t_end = time.perf_counter()
+            self.step += 1
+            timing = StepTiming(t_data - t_prev, t_copy - t_data, t_end - t_copy)
+            self.timing.add(timing, y.shape[0])
+            epoch_losses.append(loss)
+            self.steps_log.offer(self.step, self._step_record(epoch, loss, timing))
+            if t_end - last_report >= PROGRESS_EVERY_S:
+                last_report = t_end
+                self.reporter.step(self.step, epoch + 1, loss, y.shape[0] / timing.step_s)
+                self._check_starving()
+            if every and self.step % every == 0 and self.step % self.plan.steps_per_epoch:
+                t_save = time.perf_counter()
+                self.save_checkpoint()
+                t_epoch += time.perf_counter() - t_save  # checkpoint time is not training time
+            if self.step >= self.plan.total_steps:
+                break
+            t_prev = time.perf_counter()
+        self.train_wall_s += time.perf_counter() - t_epoch
+        self._epoch_losses = epoch_losses
+        self._check_starving()
+        return self.step % self.plan.steps_per_epoch == 0
+
+    def _step_record(self, epoch: int, loss: float, timing: StepTiming) -> dict:
+        return {
+            "step": self.step,
+            "epoch": epoch + 1,
+            "loss": loss,
+            "data_wait_s": timing.data_wait_s,
+            "h2d_s": timing.h2d_s,
+            "compute_s": timing.compute_s,
+            "step_s": timing.step_s,
+        }
+
+    def _check_starving(self) -> None:
+        if self.starving_warned:
+            return
+        loader = self.spec.loader
+        advice = starving_advice(self.timing, loader.workers, loader.pin_memory, self.device.type)
+        if advice:
+            self.starving_warned = True
+            self.warnings.append(advice)
+            self.reporter.warn(advice)
+
+    def _end_epoch(self, epoch: int) -> None:
+        val_loss, val_acc = evaluate(self.model, self.val_loader, self.device, self.spec.precision)
+        losses = self._epoch_losses
+        record = {
+            "epoch": epoch + 1,
+            "step": self.step,
+            "train_loss": sum(losses) / len(losses) if losses else None,
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+            "samples_per_s": self.timing.samples_per_s,
+            "elapsed_s": time.perf_counter() - self.t_start,
+        }
+        self.epochs_log.append(record)
+        self.reporter.epoch_end(record)
+
+    # ------------------------------------------------------------------ record
+
+    def describe(self) -> dict:
+        """What is about to run: the facts a person checks before waiting for a result."""
+        params = count_parameters(self.model)
+        return {
+            "name": self.spec.name,
+            "model": self.spec.model.name,
+            "parameters": params,
+            "device": str(self.device),
+            "precision": self.spec.precision,
+            "train_samples": self.data.num_train,
+            "val_samples": len(self.data.val),
+            "start_step": self.step,
+            **self.plan.__dict__,
+        }
+
+    def _write_record(self, status: str) -> dict:
+        peak_bytes, peak_kind = peak_memory(self.device)
+        last = self.epochs_log[-1] if self.epochs_log else {}
+        record = {
+            "schema": RUN_SCHEMA,
+            "status": status,
+            "name": self.spec.name,
+            "run_dir": str(self.run_dir),
+            "spec_hash": self.spec.spec_hash(),
+            "spec": self.spec.model_dump(mode="json"),
+            "started_at": self.started_at,
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "resumed_from_step": self.resumed_from,
+            "environment": self.environment,
+            "model": {
+                "name": self.spec.model.name,
+                "parameters": count_parameters(self.model),
+                "trainable_parameters": count_parameters(self.model, trainable_only=True),
+            },
+            "data": {
+                "train_samples": self.data.num_train,
+                "val_samples": len(self.data.val),
+                "input_shape": list(self.data.input_shape),
+                "num_classes": self.data.num_classes,
+                "task": self.data.task,
+            },
+            "plan": dict(self.plan.__dict__),
+            "timing": self.timing.summary(),
+            "epochs": self.epochs_log,
+            "steps": self.steps_log.records,
+            "warnings": self.warnings,
+            "checkpoints": [str(p) for _, p in ckpt.list_checkpoints(self.run_dir)],
+            "final": {
+                "step": self.step,
+                "val_accuracy": last.get("val_accuracy"),
+                "val_loss": last.get("val_loss"),
+                "train_loss": last.get("train_loss"),
+                "train_samples_per_s": self.timing.samples / self.train_wall_s
+                if self.train_wall_s > 0
+                else 0.0,
+                "wall_s": time.perf_counter() - self.t_start,
+                "setup_s": self.setup_s,
+                "peak_memory_bytes": peak_bytes,
+                "peak_memory_kind": peak_kind,
+            },
+        }
+        write_json_atomic(self.run_dir / "run.json", record)
+        return record
