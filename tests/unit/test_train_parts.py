@@ -16,8 +16,11 @@ from dlscale.train.step import TrainStep, build_optimizer, compute_loss
 
 def test_sampler_shards_partition_the_global_batches():
     """N workers at batch B see exactly the samples one process sees at batch N·B."""
-    whole = GlobalBatchSampler(103, batch_size=12, seed=5)
-    shards = [GlobalBatchSampler(103, batch_size=4, seed=5, rank=r, world_size=3) for r in range(3)]
+    whole = GlobalBatchSampler(103, batch_size=12, seed=5, as_lists=True)
+    shards = [
+        GlobalBatchSampler(103, batch_size=4, seed=5, rank=r, world_size=3, as_lists=True)
+        for r in range(3)
+    ]
     for epoch in (0, 1):
         whole.set_epoch(epoch)
         for s in shards:
@@ -31,11 +34,12 @@ def test_sampler_shards_partition_the_global_batches():
 def test_sampler_epochs_differ_and_resume_skips_done_batches():
     sampler = GlobalBatchSampler(64, batch_size=8, seed=1)
     sampler.set_epoch(0)
-    epoch0 = list(sampler)
+    epoch0 = [batch.tolist() for batch in sampler]
+    assert all(isinstance(batch, torch.Tensor) for batch in sampler)
     sampler.set_epoch(1)
-    assert list(sampler) != epoch0
+    assert [batch.tolist() for batch in sampler] != epoch0
     sampler.set_epoch(0, start_batch=3)
-    assert list(sampler) == epoch0[3:] and len(sampler) == 5
+    assert [batch.tolist() for batch in sampler] == epoch0[3:] and len(sampler) == 5
     assert sorted(i for batch in epoch0 for i in batch) == list(range(64))
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, TensorDataset
 
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError, one_line
@@ -88,6 +89,21 @@ def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -
         )
 
 
+class InProcessBatches:
+    """The sampler's batches gathered in this process: what DataLoader does with no workers."""
+
+    def __init__(self, dataset: TensorDataset, sampler: GlobalBatchSampler):
+        self.dataset = dataset
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+        for index in self.sampler:
+            yield self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
 class Trainer:
     """Runs one spec on one device: the single strategy, and each worker of parallel ones."""
 
@@ -107,7 +123,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model.parameters(), spec.optimizer)
         self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision)
         self.plan = Plan.of(spec, self.data.num_train)
-        self.sampler = GlobalBatchSampler(self.data.num_train, spec.batch_size, spec.seed)
+        self.sampler = GlobalBatchSampler(
+            self.data.num_train, spec.batch_size, spec.seed, as_lists=spec.loader.workers > 0
+        )
         self.train_loader = self._loader()
         self.val_loader = DataLoader(self.data.val, batch_size=max(256, spec.batch_size))
         self.step = 0
@@ -122,9 +140,16 @@ class Trainer:
         self.environment = environment(self.device)
         self.setup_s = time.perf_counter() - self.t_start
 
-    def _loader(self) -> DataLoader:
-        """Batches are fetched whole (`dataset[list_of_indices]`), not sample by sample."""
+    def _loader(self) -> Iterable:
+        """Batches are fetched whole (`dataset[index_tensor]`), never sample by sample.
+
+        With no worker processes and no pinning, DataLoader has nothing to add and costs ~80 µs
+        a step (benchmarks/loop_overhead.py), so the sampler's batches are gathered directly.
+        """
         loader = self.spec.loader
+        pin = loader.pin_memory and self.device.type == "cuda"
+        if loader.workers == 0 and not pin:
+            return InProcessBatches(self.data.train, self.sampler)
         extra = {}
         if loader.workers > 0:
             extra = {"persistent_workers": True, "prefetch_factor": loader.prefetch or 2}
@@ -133,7 +158,7 @@ class Trainer:
             sampler=self.sampler,
             batch_size=None,
             num_workers=loader.workers,
-            pin_memory=loader.pin_memory and self.device.type == "cuda",
+            pin_memory=pin,
             # Its own generator: creating an iterator must not draw from the global RNG.
             generator=torch.Generator().manual_seed(self.spec.seed),
             **extra,
@@ -191,7 +216,7 @@ class Trainer:
         last_saved = last_eval = self.step if self.resumed_from is not None else -1
         while self.step < self.plan.total_steps:
             epoch = self.step // self.plan.steps_per_epoch
-            epoch_done = self._run_epoch(epoch)
+            epoch_done = self.run_epoch(epoch)
             if epoch_done or self.step == self.plan.total_steps:
                 self._end_epoch(epoch)
                 last_eval = self.step
@@ -206,12 +231,12 @@ class Trainer:
         self.reporter.finish(record)
         return record
 
-    def _run_epoch(self, epoch: int) -> bool:
+    def run_epoch(self, epoch: int) -> bool:
         """Steps until the epoch or the plan ends; True if the epoch's last batch was run."""
         start_batch = self.step - epoch * self.plan.steps_per_epoch
         self.sampler.set_epoch(epoch, start_batch)
         every = self.spec.checkpoint.every_steps
-        non_blocking = self.train_loader.pin_memory
+        non_blocking = getattr(self.train_loader, "pin_memory", False)
         epoch_losses: list[float] = []
         t_epoch = time.perf_counter()
         last_report = 0.0
@@ -228,7 +253,8 @@ class Trainer:
             timing = StepTiming(t_data - t_prev, t_copy - t_data, t_end - t_copy)
             self.timing.add(timing, y.shape[0])
             epoch_losses.append(loss)
-            self.steps_log.offer(self.step, self._step_record(epoch, loss, timing))
+            if self.steps_log.wants(self.step):
+                self.steps_log.records.append(self._step_record(epoch, loss, timing))
             if t_end - last_report >= PROGRESS_EVERY_S:
                 last_report = t_end
                 self.reporter.step(self.step, epoch + 1, loss, y.shape[0] / timing.step_s)

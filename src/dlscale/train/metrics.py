@@ -113,6 +113,10 @@ class StepSampler:
     def every(self) -> int:
         return max(1, -(-self.total_steps // self.max_records))
 
+    def wants(self, step: int) -> bool:
+        """Whether this step's record is kept (so the record is only built when it is)."""
+        return step % self.every == 0 or step == self.total_steps
+
     def offer(self, step: int, record: dict) -> None:
-        if step % self.every == 0 or step == self.total_steps:
+        if self.wants(step):
             self.records.append(record)
