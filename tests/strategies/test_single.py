@@ -93,6 +93,16 @@ def test_a_fed_loop_does_not_warn(tmp_path: Path, reporter):
     assert reporter.of("warn") == []
 
 
+def test_settings_ignored_at_run_time_are_warned_about(tmp_path: Path, reporter):
+    job = spec(steps=2, loader={"pin_memory": True}, optimizer={"name": "sgd", "momentum": 0.5})
+    record = api.train(job, out_dir=tmp_path, reporter=reporter)
+    assert reporter.of("warn") == [
+        "optimizer.momentum is ignored by optimizer 'sgd'",
+        "loader.pin_memory is ignored on cpu",
+    ]
+    assert record["warnings"] == reporter.of("warn")
+
+
 def test_bf16_training_learns(tmp_path: Path):
     record = api.train(spec(epochs=3, precision="bf16"), out_dir=tmp_path)
     assert record["final"]["val_accuracy"] > 0.8

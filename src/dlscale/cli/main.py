@@ -89,22 +89,20 @@ def models(
     table = Table(title="dlscale model zoo")
     table.add_column("name", style="bold")
     table.add_column("parameters", justify="right")
-    table.add_column("counted at")
     table.add_column("input (one sample)")
     table.add_column("what it is")
     for row in rows:
-        kwargs = ", ".join(f"{k}={v}" for k, v in row["listing_kwargs"].items()) or "defaults"
         shape = "×".join(str(d) for d in row["example_input_shape"])
         table.add_row(
             row["name"],
             f"{row['parameters']:,}",
-            kwargs,
             f"{row['input_kind']} {shape}",
             row["summary"],
         )
     console.print(table)
     console.print(
-        "Use any of these as model.name in a spec, or your own as 'package.module:factory'."
+        "Counted at each factory's defaults (1000 classes for the ImageNet models). Use any of "
+        "these as model.name in a spec, or your own model as 'package.module:factory'."
     )
 
 

@@ -78,8 +78,8 @@ class RichReporter:
         shown = f"{train_loss:.4f}" if train_loss is not None else "-"
         self.progress.console.print(
             f"epoch {record['epoch']:>3}/{self.total_epochs}  step {record['step']:>6}  "
-            f"train loss {shown}  val loss {record['val_loss']:.4f}  "
-            f"val accuracy {percent(record['val_accuracy'])}"
+            f"loss {shown}  val loss {record['val_loss']:.4f}  "
+            f"val acc {percent(record['val_accuracy'])}"
         )
 
     def warn(self, message: str) -> None:

@@ -22,7 +22,6 @@ class DataBundle:
 
     train: TensorDataset
     val: TensorDataset
-    input_shape: tuple[int, ...]  # one sample, no batch dimension
     num_classes: int  # classes, or the vocabulary size for language modelling
     task: Task = "classification"
     vocab_size: int | None = None  # token inputs only
@@ -37,6 +36,11 @@ class DataBundle:
             defaults["in_channels"] = self.input_shape[0]
             defaults["input_size"] = int(torch.Size(self.input_shape).numel())
         return defaults
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """One sample's shape, without the batch dimension."""
+        return tuple(self.train.tensors[0].shape[1:])
 
     @property
     def num_train(self) -> int:

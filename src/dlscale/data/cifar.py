@@ -32,7 +32,6 @@ def read_cifar10(spec: Cifar10Data, seed: int) -> DataBundle:
     return DataBundle(
         train=train,
         val=val,
-        input_shape=tuple(x.shape[1:]),
         num_classes=NUM_CIFAR10_CLASSES,
         task="classification",
     )

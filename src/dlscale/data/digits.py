@@ -31,7 +31,6 @@ def read_digits(spec: DigitsData, seed: int) -> DataBundle:
     return DataBundle(
         train=train,
         val=val,
-        input_shape=tuple(x.shape[1:]),
         num_classes=NUM_DIGIT_CLASSES,
         task="classification",
     )

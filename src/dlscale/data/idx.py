@@ -49,7 +49,6 @@ def read_idx(spec: IdxData, seed: int) -> DataBundle:
     return DataBundle(
         train=train,
         val=val,
-        input_shape=tuple(x.shape[1:]),
         num_classes=max(max_label + 1, 2),
         task="classification",
     )

@@ -43,7 +43,6 @@ def read_npz(spec: NpzData, seed: int) -> DataBundle:
     return DataBundle(
         train=train,
         val=val,
-        input_shape=tuple(x.shape[1:]),
         num_classes=num_classes,
         task=task,
         vocab_size=vocab_size,

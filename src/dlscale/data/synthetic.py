@@ -49,7 +49,6 @@ def make_synthetic(spec: SyntheticData, seed: int) -> DataBundle:
     return DataBundle(
         train=train,
         val=val,
-        input_shape=tuple(x.shape[1:]),
         num_classes=num_classes,
         task=spec.task,
         vocab_size=vocab_size,

@@ -134,6 +134,8 @@ class Trainer:
         self.steps_log = StepSampler(self.plan.total_steps)
         self.epochs_log: list[dict] = []
         self.warnings: list[str] = list(spec.warnings())
+        if spec.loader.pin_memory and self.device.type != "cuda":
+            self.warnings.append(f"loader.pin_memory is ignored on {self.device.type}")
         self.starving_warned = False
         self.train_wall_s = 0.0
         self._epoch_losses: list[float] = []
@@ -211,7 +213,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         reset_peak_memory(self.device)
         self.reporter.start(self.describe())
-        for message in self.spec.warnings():
+        for message in self.warnings:
             self.reporter.warn(message)
         last_saved = last_eval = self.step if self.resumed_from is not None else -1
         while self.step < self.plan.total_steps:
