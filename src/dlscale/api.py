@@ -88,3 +88,42 @@ def models() -> list[dict]:
             }
         )
     return rows
+
+
+DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
+
+
+def profile_hardware(names: list[str] | None, files: list[Path] | None = None) -> list:
+    """The devices to predict on: named ones, `all`, or by default `local` (if measured) + a few."""
+    from dlscale.hardware.catalogue import get_hardware, load_catalogue, local_entry_path
+
+    catalogue = load_catalogue(files)
+    if names == ["all"]:
+        return list(catalogue.values())
+    if not names:
+        names = (["local"] if local_entry_path().is_file() else []) + [
+            n for n in DEFAULT_PROFILE_HARDWARE if n in catalogue
+        ]
+    return [get_hardware(name, files) for name in names]
+
+
+def profile(
+    target: str,
+    batch_size: int | None = None,
+    input_shape: list[int] | None = None,
+    precision: str | None = None,
+    optimizer: str | None = None,
+    hardware: list[str] | None = None,
+    hardware_files: list[Path] | None = None,
+    tokens: bool = False,
+    model_kwargs: dict | None = None,
+    dataset_size: int | None = None,
+):
+    """Trace one training step of `target` on the meta device and predict it on `hardware`."""
+    from dlscale import profiler
+    from dlscale.profiler.target import resolve
+
+    workload = resolve(
+        target, batch_size, input_shape, precision, optimizer, tokens, model_kwargs, dataset_size
+    )
+    return profiler.profile(workload, profile_hardware(hardware, hardware_files))

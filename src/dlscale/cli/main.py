@@ -11,6 +11,7 @@ from rich.table import Table
 
 from dlscale import __version__, api
 from dlscale.cli.errors import user_errors
+from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
 
 app = typer.Typer(
@@ -104,6 +105,9 @@ def models(
         "Counted at each factory's defaults (1000 classes for the ImageNet models). Use any of "
         "these as model.name in a spec, or your own model as 'package.module:factory'."
     )
+
+
+app.command(name="profile")(profile_command)
 
 
 def main() -> None:

@@ -13,13 +13,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    raise AssertionError("unreachable")
+from dlscale.units import binary_bytes
 
 
 def percent(value: float | None) -> str:
@@ -112,7 +106,7 @@ def summary_table(record: dict) -> Table:
         f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}",
     )
     kind = final["peak_memory_kind"].replace("_", " ")
-    table.add_row("peak memory", f"{human_bytes(final['peak_memory_bytes'])} ({kind})")
+    table.add_row("peak memory", f"{binary_bytes(final['peak_memory_bytes'])} ({kind})")
     table.add_row("run record", f"{record['run_dir']}/run.json")
     if record["checkpoints"]:
         table.add_row("last checkpoint", record["checkpoints"][-1])

@@ -1,0 +1,290 @@
+"""`bench machine`: this machine's matmul FLOP/s, memory bandwidth, host link and per-op cost.
+
+The result becomes the `local` Hardware entry, so predictions for "this machine" use measured,
+achievable figures rather than a datasheet's peaks.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import platform
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+
+import torch
+
+from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
+from dlscale.errors import UserError
+from dlscale.hardware.spec import Hardware
+from dlscale.train.env import cpu_model
+
+SCHEMA = "dlscale.bench.machine/1"
+MiB = 2**20
+CPU_PRECISIONS = ("fp64", "fp32", "bf16")
+GPU_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # fp32 is IEEE fp32: TF32 off
+GPU_SIZES = (*DEFAULT_SIZES, 4096, 8192)  # tensor cores reach their peak only on large products
+QUICK_SIZES = (64, 256, 1024)
+QUICK_GPU_SIZES = (256, 1024, 4096)
+# Streamed tensors must dwarf the last-level cache (STREAM's rule: ≥ 4×), or the cache is timed.
+BANDWIDTH_FLOOR_BYTES = {False: 256 * MiB, True: 64 * MiB}  # by `quick`
+HOST_LINK_BYTES = {False: 256 * MiB, True: 64 * MiB}
+MIN_RUN_TIME_S = {False: 0.5, True: 0.1}
+CPU_VENDORS = {"GenuineIntel": "Intel", "AuthenticAMD": "AMD", "HygonGenuine": "Hygon"}
+
+
+# ------------------------------------------------------------------------ machine facts
+
+
+def bench_device(name: str = "auto") -> torch.device:
+    """`auto` measures the CUDA GPU when one is visible, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"bench machine measures cpu or cuda devices, not '{name}'")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device '{name}' asked for, but no CUDA GPU is visible here")
+    return device
+
+
+def cpu_vendor() -> str:
+    """Intel, AMD, ... from /proc/cpuinfo's vendor_id; else the architecture (arm64, x86_64)."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                if line.startswith("vendor_id"):
+                    vendor = line.split(":", 1)[1].strip()
+                    return CPU_VENDORS.get(vendor, vendor)
+    except OSError:
+        pass
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "Apple"
+    return platform.machine() or "unknown"
+
+
+def parse_cache_size(text: str) -> int:
+    """sysfs cache sizes: '48K', '1024K', '32M', or plain bytes."""
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": MiB, "G": 2**30}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * scale
+
+
+def last_level_cache_bytes(device: torch.device | None = None) -> int | None:
+    """The largest data cache: the GPU's L2, or the CPU's highest-level cache from sysfs."""
+    if device is not None and device.type == "cuda":
+        size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
+        return int(size) or None
+    best: tuple[int, int] | None = None
+    for folder in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{folder}/type") as handle:
+                if handle.read().strip() == "Instruction":
+                    continue
+            with open(f"{folder}/level") as handle:
+                level = int(handle.read())
+            with open(f"{folder}/size") as handle:
+                size = parse_cache_size(handle.read())
+        except (OSError, ValueError):
+            continue
+        best = max(best or (level, size), (level, size))
+    if best is not None:
+        return best[1]
+    try:  # glibc knows it on Linux systems without sysfs cache entries
+        return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or None
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def total_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory_bytes(device: torch.device) -> int:
+    """Memory a new allocation can take now: free GPU memory, or the host's MemAvailable."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def device_vendor(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "AMD" if torch.version.hip else "NVIDIA"  # ROCm builds expose AMD GPUs as cuda
+    return cpu_vendor()
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_model()
+
+
+# ------------------------------------------------------------------------- measurements
+
+
+def stream_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: float) -> dict:
+    """STREAM copy and triad (McCalpin) in bytes/s on float32 tensors of `tensor_bytes` each.
+
+    copy `dst = src` moves 2 tensors (read + write); triad `a = b + s·c` moves 3. Like STREAM we
+    count no write-allocate traffic, so a CPU's true traffic is higher and these figures are what
+    a training kernel can count on.
+    """
+    n = tensor_bytes // 4
+    a, b, c = (torch.full((n,), 1.0, device=device) for _ in range(3))  # touched: no page faults
+    copy_s = median_time_s("a.copy_(b)", {"a": a, "b": b}, min_run_time_s)
+    triad_s = median_time_s(
+        "torch.add(b, c, alpha=3.0, out=a)", {"a": a, "b": b, "c": c}, min_run_time_s
+    )
+    return {
+        "tensor_bytes": 4 * n,
+        "copy_bytes_per_s": 2 * 4 * n / copy_s,
+        "triad_bytes_per_s": 3 * 4 * n / triad_s,
+    }
+
+
+def host_link_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: float) -> dict:
+    """Host↔GPU copy bandwidth in bytes/s, from pinned (page-locked) and pageable host memory."""
+    n = tensor_bytes // 4
+    on_device = torch.full((n,), 1.0, device=device)
+    result: dict[str, float | int] = {"tensor_bytes": 4 * n}
+    for memory in ("pinned", "pageable"):
+        host = torch.full((n,), 1.0, pin_memory=memory == "pinned")
+        env = {"host": host, "dev": on_device, "nb": memory == "pinned"}
+        h2d_s = median_time_s("dev.copy_(host, non_blocking=nb)", env, min_run_time_s)
+        d2h_s = median_time_s("host.copy_(dev, non_blocking=nb)", env, min_run_time_s)
+        result[f"{memory}_h2d_bytes_per_s"] = 4 * n / h2d_s
+        result[f"{memory}_d2h_bytes_per_s"] = 4 * n / d2h_s
+    return result
+
+
+def op_overhead(device: torch.device, min_run_time_s: float) -> dict:
+    """Seconds per tiny op: the fixed dispatch (and, on a GPU, launch) cost every op pays.
+
+    On a GPU the Timer synchronises once per block of repeats, so this is the rate at which the
+    host can issue kernels: what bounds a model made of many small layers.
+    """
+    x, y = torch.ones(1, device=device), torch.ones(1, device=device)
+    m = torch.ones(8, 8, device=device)
+    return {
+        "add_s": median_time_s("torch.add(x, y)", {"x": x, "y": y}, min_run_time_s),
+        "mm_s": median_time_s("torch.mm(m, m)", {"m": m}, min_run_time_s),
+    }
+
+
+def bandwidth_bytes_for(device: torch.device, quick: bool) -> int:
+    """Per-tensor size: ≥ 4× the last-level cache, and the three tensors ≤ 1/4 of free memory."""
+    cache = last_level_cache_bytes(device) or 0
+    wanted = max(BANDWIDTH_FLOOR_BYTES[quick], 4 * cache)
+    return min(wanted, available_memory_bytes(device) // 12)
+
+
+def run_machine_bench(
+    sizes: Iterable[int] | None = None,
+    quick: bool = False,
+    device: str = "auto",
+    bandwidth_bytes: int | None = None,
+    min_run_time_s: float | None = None,
+) -> dict:
+    """Measure one device: matmul FLOP/s per precision and size, bandwidth, host link, overhead.
+
+    `sizes`, `bandwidth_bytes` and `min_run_time_s` override the defaults (tests shrink them).
+    """
+    t_start = time.perf_counter()
+    dev = bench_device(device)
+    on_gpu = dev.type == "cuda"
+    if sizes is None:
+        sizes = (
+            (QUICK_GPU_SIZES if quick else GPU_SIZES)
+            if on_gpu
+            else (QUICK_SIZES if quick else DEFAULT_SIZES)
+        )
+    sizes = sorted(set(sizes))
+    if not sizes or sizes[0] < 1:
+        raise UserError("matrix sizes must be positive integers")
+    run_time_s = MIN_RUN_TIME_S[quick] if min_run_time_s is None else min_run_time_s
+    matmul: list[dict] = []
+    skipped: dict[str, list[int]] = {}
+    for precision in GPU_PRECISIONS if on_gpu else CPU_PRECISIONS:
+        rows, too_slow = matmul_sweep(sizes, precision, dev, run_time_s)
+        matmul += rows
+        if too_slow:
+            skipped[precision] = too_slow
+    peak_flops: dict[str, float] = {}
+    for row in matmul:
+        peak_flops[row["precision"]] = max(
+            peak_flops.get(row["precision"], 0.0), row["flops_per_s"]
+        )
+    stream_bytes = bandwidth_bytes or bandwidth_bytes_for(dev, quick)
+    return {
+        "schema": SCHEMA,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "device": str(dev),
+        "kind": "gpu" if on_gpu else "cpu",
+        "name": device_name(dev),
+        "vendor": device_vendor(dev),
+        "memory_bytes": total_memory_bytes(dev),
+        "last_level_cache_bytes": last_level_cache_bytes(dev),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "quick": quick,
+        "matmul": matmul,
+        "matmul_skipped_as_slow": skipped,
+        "peak_flops": peak_flops,
+        "bandwidth": stream_bandwidth(dev, stream_bytes, run_time_s),
+        "host_link": host_link_bandwidth(dev, bandwidth_bytes or HOST_LINK_BYTES[quick], run_time_s)
+        if on_gpu
+        else None,
+        "op_overhead_s": op_overhead(dev, run_time_s),
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
+def machine_hardware(result: dict) -> Hardware:
+    """The `local` Hardware entry: measured peaks, so both efficiencies are 1.0 by definition."""
+    bandwidth = result["bandwidth"]
+    link = result["host_link"]
+    overhead = result["op_overhead_s"]
+    flops_table: dict[str, dict[str, float]] = {}
+    for row in result["matmul"]:
+        flops_table.setdefault(row["precision"], {})[str(row["size"])] = row["flops_per_s"]
+    return Hardware(
+        name="local",
+        display_name=f"this machine: {result['name']}",
+        kind=result["kind"],
+        vendor=result["vendor"],
+        peak_flops=dict(result["peak_flops"]),
+        memory_bytes=int(result["memory_bytes"]),
+        memory_bandwidth_bytes_per_s=max(
+            bandwidth["copy_bytes_per_s"], bandwidth["triad_bytes_per_s"]
+        ),
+        host_link="measured (pinned host→device copies)" if link else None,
+        host_link_bytes_per_s=link["pinned_h2d_bytes_per_s"] if link else None,
+        compute_efficiency=1.0,
+        memory_efficiency=1.0,
+        # A layer's ops are mostly products; the tiny matmul is the costlier of the two probes.
+        op_overhead_s=max(overhead["add_s"], overhead["mm_s"]),
+        sources=(f"measured by dlscale bench machine on {result['measured_at'][:10]}",),
+        notes=f"{result['device']}, torch {result['torch_version']}, {result['threads']} threads",
+        measured={
+            "device": result["device"],
+            "measured_at": result["measured_at"],
+            "torch_version": result["torch_version"],
+            "threads": result["threads"],
+            "quick": result["quick"],
+            "matmul_flops_per_s": flops_table,
+            "bandwidth_tensor_bytes": bandwidth["tensor_bytes"],
+            "copy_bytes_per_s": bandwidth["copy_bytes_per_s"],
+            "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],
+            "host_link": dict(link) if link else None,
+            "op_overhead_s": dict(overhead),
+            "last_level_cache_bytes": result["last_level_cache_bytes"],
+        },
+    )

@@ -1,0 +1,95 @@
+"""`dlscale profile`: per-layer costs, training memory and predictions, before anything runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from dlscale import api
+from dlscale.cli.errors import user_errors
+from dlscale.errors import UserError
+
+console = Console(highlight=False)
+
+
+def parse_ints(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.replace("x", ",").split(",") if part.strip()]
+    except ValueError:
+        raise UserError(
+            f"{option} takes comma-separated integers, e.g. 1,28,28 (got '{text}')"
+        ) from None
+
+
+def parse_names(text: str | None) -> list[str] | None:
+    return [name.strip() for name in text.split(",") if name.strip()] if text else None
+
+
+@user_errors
+def profile(
+    target: str = typer.Argument(..., help="A zoo model, package.module:factory, or a spec file."),
+    batch: int | None = typer.Option(None, "--batch", help="Batch size (default: spec's, or 32)."),
+    input_shape: str | None = typer.Option(
+        None, "--input-shape", help="One sample's shape, e.g. 1,28,28 (default: the zoo's)."
+    ),
+    tokens: bool = typer.Option(False, "--tokens", help="Samples are int64 token ids."),
+    kwargs: str | None = typer.Option(
+        None, "--kwargs", help="Model kwargs as JSON: '{\"hidden\": [64]}'"
+    ),
+    precision: str | None = typer.Option(None, "--precision", help="fp32 | bf16 | fp16."),
+    optimizer: str | None = typer.Option(
+        None, "--optimizer", help="sgd | momentum | adam | adamw."
+    ),
+    hardware: str | None = typer.Option(
+        None, "--hardware", help="Devices to predict on: NAME[,NAME...] or 'all'."
+    ),
+    hardware_file: list[Path] | None = typer.Option(
+        None, "--hardware-file", help="Extra catalogue file(s) of your own devices."
+    ),
+    dataset_size: int | None = typer.Option(
+        None, "--dataset-size", help="Training samples per epoch, for epoch time."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),
+) -> None:
+    """Per-layer FLOPs, bytes and memory, and predicted step time on each device."""
+    if precision is not None and precision not in ("fp32", "bf16", "fp16"):
+        raise UserError(f"--precision must be fp32, bf16 or fp16 (got '{precision}')")
+    if optimizer is not None and optimizer not in ("sgd", "momentum", "adam", "adamw"):
+        raise UserError(f"--optimizer must be sgd, momentum, adam or adamw (got '{optimizer}')")
+    try:
+        model_kwargs = json.loads(kwargs) if kwargs else None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
+    if model_kwargs is not None and not isinstance(model_kwargs, dict):
+        raise UserError("--kwargs must be a JSON object, e.g. '{\"hidden\": [64]}'")
+    result = api.profile(
+        target,
+        batch_size=batch,
+        input_shape=parse_ints(input_shape, "--input-shape"),
+        precision=precision,
+        optimizer=optimizer,
+        hardware=parse_names(hardware),
+        hardware_files=hardware_file,
+        tokens=tokens,
+        model_kwargs=model_kwargs,
+        dataset_size=dataset_size,
+    )
+    from dlscale.profiler.report import render, to_json
+
+    if as_json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        render(result, console)
+    if plot is not None:
+        from dlscale.profiler.plots import write_plots
+
+        written = write_plots(result, plot)
+        (Console(stderr=True) if as_json else console).print(
+            "plots: " + ", ".join(str(p) for p in written)
+        )

@@ -1,0 +1,66 @@
+"""Hardware: one device's published (or measured) capabilities, in SI units."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8")
+
+# Fallbacks when an entry gives none. Efficiency: the fraction of a published peak that a large,
+# well-shaped kernel reaches in practice. Op overhead: fixed time per operator (kernel launch and
+# framework dispatch), which dominates small layers. Each entry may override all three.
+DEFAULT_COMPUTE_EFFICIENCY = {"cpu": 0.7, "gpu": 0.7, "tpu": 0.6}
+DEFAULT_MEMORY_EFFICIENCY = {"cpu": 0.7, "gpu": 0.8, "tpu": 0.8}
+DEFAULT_OP_OVERHEAD_S = {"cpu": 5e-6, "gpu": 8e-6, "tpu": 10e-6}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A device: peak FLOP/s per precision, memory, links, power, sources.
+
+    For CPUs, `memory_bytes` is the platform's maximum supported RAM (or the measured RAM for
+    `local`) and the host link is absent: a CPU trains from its own memory.
+    """
+
+    name: str  # the key users type: "a100-40gb", "local"
+    display_name: str
+    kind: str  # "cpu" | "gpu" | "tpu"
+    vendor: str
+    peak_flops: dict[str, float]  # precision -> FLOP/s (int8: OP/s); dense, no sparsity
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    host_link: str | None = None  # "PCIe 4.0 x16"
+    host_link_bytes_per_s: float | None = None  # one direction
+    interconnect: str | None = None  # "NVLink 3 (12 links)"
+    interconnect_bytes_per_s: float | None = None  # total per device, both directions
+    tdp_w: float | None = None
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    op_overhead_s: float | None = None
+    sources: tuple[str, ...] = ()
+    notes: str = ""
+    measured: dict = field(default_factory=dict)  # `local` only: raw `bench machine` results
+
+    def peak(self, precision: str) -> tuple[float, str]:
+        """Peak FLOP/s for a training precision, and the precision actually used for it.
+
+        Mixed precision trains its matrix products in bf16/fp16; a device without those units
+        runs them at its fp32 rate. fp32 training is not assumed to use TF32.
+        """
+        if precision in self.peak_flops:
+            return self.peak_flops[precision], precision
+        return self.peak_flops["fp32"], "fp32"
+
+    @property
+    def efficiency_compute(self) -> float:
+        return self.compute_efficiency or DEFAULT_COMPUTE_EFFICIENCY[self.kind]
+
+    @property
+    def efficiency_memory(self) -> float:
+        return self.memory_efficiency or DEFAULT_MEMORY_EFFICIENCY[self.kind]
+
+    @property
+    def overhead_per_op_s(self) -> float:
+        if self.op_overhead_s is not None:
+            return self.op_overhead_s
+        return DEFAULT_OP_OVERHEAD_S[self.kind]

@@ -1,0 +1,70 @@
+"""Profiler: trace a training step on the meta device, then predict it on real hardware."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from dlscale.errors import UserError, one_line
+from dlscale.hardware.spec import Hardware
+from dlscale.profiler.advice import Verdict, verdict
+from dlscale.profiler.memory import TrainingMemory, training_memory
+from dlscale.profiler.roofline import Prediction, predict
+from dlscale.profiler.target import Workload
+from dlscale.profiler.trace import StepTrace, trace_step
+from dlscale.train.step import build_optimizer
+
+
+@dataclass
+class HardwareReport:
+    hardware: Hardware
+    prediction: Prediction
+    verdict: Verdict
+
+
+@dataclass
+class ProfileResult:
+    workload: Workload
+    trace: StepTrace
+    memory: TrainingMemory
+    reports: list[HardwareReport]
+    profile_s: float
+
+
+def trace_workload(workload: Workload) -> StepTrace:
+    """Trace one step; a model that cannot take the sample's shape is one clear line."""
+    try:
+        return trace_step(
+            workload.build,
+            workload.sample,
+            workload.batch_size,
+            workload.precision,
+            lambda params: build_optimizer(params, workload.optimizer),
+            workload.optimizer.name,
+        )
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        shape = tuple(workload.sample.shape)
+        raise UserError(
+            f"model '{workload.model_name}' cannot take samples of shape {shape}: {one_line(exc)}"
+        ) from None
+
+
+def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
+    start = time.perf_counter()
+    trace = trace_workload(workload)
+    memory = training_memory(trace)
+    layer_types = list(trace.module_types.values())
+    reports = []
+    for device in hardware:
+        prediction = predict(trace, device, workload.dataset_size)
+        reports.append(
+            HardwareReport(
+                device,
+                prediction,
+                verdict(memory, prediction, device, layer_types, workload.dataset_bytes),
+            )
+        )
+    return ProfileResult(workload, trace, memory, reports, time.perf_counter() - start)
+
+
+__all__ = ["HardwareReport", "ProfileResult", "Workload", "profile", "trace_workload"]

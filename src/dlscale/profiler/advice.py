@@ -1,0 +1,91 @@
+"""Does it fit, and what to do if not: a verdict per device, following the field's rules."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dlscale.hardware.spec import Hardware
+from dlscale.profiler.memory import TrainingMemory
+from dlscale.profiler.roofline import Prediction
+from dlscale.units import binary_bytes as _b
+
+# The share of device memory a training process can really use: the CUDA context, the
+# allocator's caching and fragmentation, and library workspaces take the rest.
+USABLE_MEMORY_FRACTION = 0.9
+MEMORY_BOUND_SHARE = 0.5  # above this share of step time, bandwidth matters more than FLOPs
+OVERHEAD_BOUND_SHARE = 0.5
+RECURRENT_LAYERS = {"LSTM", "GRU", "RNN", "LSTMCell", "GRUCell", "RNNCell"}
+
+
+@dataclass
+class Verdict:
+    hardware: str
+    fits: bool
+    required_bytes: int
+    usable_bytes: int
+    max_batch: int  # 0: not even one sample fits
+    advice: list[str] = field(default_factory=list)
+
+
+def verdict(
+    memory: TrainingMemory,
+    prediction: Prediction,
+    hardware: Hardware,
+    layer_types: list[str],
+    dataset_bytes: int | None = None,
+) -> Verdict:
+    usable = int(hardware.memory_bytes * USABLE_MEMORY_FRACTION)
+    room = usable - memory.static_bytes
+    max_batch = max(0, math.floor(room / memory.per_sample_bytes)) if room > 0 else 0
+    result = Verdict(
+        hardware=hardware.name,
+        fits=memory.total_bytes <= usable,
+        required_bytes=memory.total_bytes,
+        usable_bytes=usable,
+        max_batch=max_batch,
+    )
+    result.advice = _advice(memory, prediction, hardware, layer_types, dataset_bytes, result)
+    return result
+
+
+def _advice(memory, prediction, hardware, layer_types, dataset_bytes, result) -> list[str]:
+    notes = []
+    usable = result.usable_bytes
+    if memory.static_bytes > usable:
+        devices = math.ceil(memory.static_bytes / usable)
+        notes.append(
+            "the model does not fit: weights, gradients and optimizer state alone need "
+            f"{_b(memory.static_bytes)} of {_b(usable)} usable; split it across ≥ {devices} "
+            "devices (strategy: pipeline) or shrink it (fewer parameters, an optimizer with "
+            "less state, bf16)"
+        )
+    elif not result.fits:
+        notes.append(
+            f"batch {memory.batch_size} does not fit ({_b(memory.total_bytes)} needed, "
+            f"{_b(usable)} usable): use batch ≤ {result.max_batch:,}, bf16 activations, or "
+            "split the model across devices (strategy: pipeline)"
+        )
+    else:
+        notes.append(
+            f"fits: {_b(memory.total_bytes)} of {_b(usable)} usable; largest batch that "
+            f"fits ≈ {result.max_batch:,}"
+        )
+    if dataset_bytes is not None and dataset_bytes > usable - memory.total_bytes:
+        rate = memory.batch_bytes / prediction.step_s
+        notes.append(
+            f"the data set ({_b(dataset_bytes)}) does not fit beside the model: stream it "
+            f"from host memory; the loader must deliver {rate / 1e6:,.0f} MB/s to keep up"
+        )
+    if RECURRENT_LAYERS & set(layer_types) or prediction.time_share("memory") > MEMORY_BOUND_SHARE:
+        notes.append(
+            "most of the time is memory-bound (small matrix products, as in RNN/LSTM layers): "
+            f"memory bandwidth ({hardware.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s here) "
+            "matters more than peak FLOP/s"
+        )
+    if prediction.time_share("overhead") > OVERHEAD_BOUND_SHARE:
+        notes.append(
+            "per-op launch overhead dominates: the layers are too small for this device; a "
+            "larger batch (or a compiled model) keeps it busy"
+        )
+    return notes

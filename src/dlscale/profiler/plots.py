@@ -1,0 +1,123 @@
+"""Profile plots (PNG, matplotlib Agg): working set, memory pie, roofline, step time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from dlscale.profiler import ProfileResult
+from dlscale.profiler.report import layer_kind
+
+MIB = 2**20
+
+
+def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [
+        _working_set(result, folder / "working_set.png"),
+        _memory_pie(result, folder / "memory.png"),
+    ]
+    if result.reports:
+        written.append(_roofline(result, folder / "roofline.png"))
+        written.append(_step_time(result, folder / "step_time.png"))
+    return written
+
+
+def _save(figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def _working_set(result: ProfileResult, path: Path) -> Path:
+    rows = [r for r in result.trace.layers if layer_kind(r) != "pseudo"]
+    names = [r.name for r in rows]
+    inputs = [r.input_bytes / MIB for r in rows]
+    outputs = [r.output_bytes / MIB for r in rows]
+    weights = [r.weight_bytes / MIB for r in rows]
+    figure, axes = plt.subplots(figsize=(max(6, 0.25 * len(rows) + 2), 4.5))
+    positions = range(len(rows))
+    axes.bar(positions, inputs, label="inputs")
+    axes.bar(positions, outputs, bottom=inputs, label="outputs")
+    axes.bar(positions, weights, bottom=[a + b for a, b in zip(inputs, outputs, strict=True)],
+             label="weights")  # fmt: skip
+    axes.set_xticks(list(positions), names, rotation=90, fontsize=7)
+    axes.set_ylabel("MiB")
+    axes.set_title(
+        f"{result.workload.model_name}: working set per layer "
+        f"(batch {result.trace.batch_size}, {result.trace.precision})"
+    )
+    axes.legend()
+    return _save(figure, path)
+
+
+def _memory_pie(result: ProfileResult, path: Path) -> Path:
+    memory = result.memory
+    parts = {
+        "weights": memory.weights_bytes,
+        "gradients": memory.gradients_bytes,
+        "optimizer state": memory.optimizer_state_bytes,
+        "activations": memory.activations_bytes,
+        "input batch": memory.batch_bytes,
+    }
+    parts = {k: v for k, v in parts.items() if v > 0}
+    figure, axes = plt.subplots(figsize=(6, 5))
+    labels = [f"{k}\n{v / MIB:,.1f} MiB" for k, v in parts.items()]
+    axes.pie(list(parts.values()), labels=labels, autopct="%1.0f%%", startangle=90)
+    axes.set_title(f"training memory: {memory.total_bytes / MIB:,.1f} MiB")
+    return _save(figure, path)
+
+
+def _roofline(result: ProfileResult, path: Path) -> Path:
+    """Each device's roof (min(peak, bandwidth × intensity)) and each layer placed under it."""
+    figure, axes = plt.subplots(figsize=(8, 5.5))
+    intensities = [t.intensity for t in result.reports[0].prediction.layers if t.intensity > 0]
+    low = min(intensities, default=0.1) / 4
+    high = max(intensities, default=100) * 4
+    xs = [low * (high / low) ** (i / 100) for i in range(101)]
+    for report in result.reports:
+        hw = report.hardware
+        peak = hw.peak(result.trace.precision)[0] * hw.efficiency_compute
+        bandwidth = hw.memory_bandwidth_bytes_per_s * hw.efficiency_memory
+        (line,) = axes.plot(xs, [min(peak, bandwidth * x) for x in xs], label=hw.name)
+        points = [
+            (t.intensity, layer.forward.flops / t.forward.seconds)
+            for layer, t in zip(result.trace.layers, report.prediction.layers, strict=True)
+            if t.intensity > 0 and t.forward.seconds > 0 and layer.forward.flops > 0
+        ]
+        if points:
+            axes.scatter(*zip(*points, strict=True), s=12, color=line.get_color(), alpha=0.7)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("arithmetic intensity (FLOPs per byte moved)")
+    axes.set_ylabel("FLOP/s (roof: effective peak; dots: layers, forward)")
+    axes.set_title(f"{result.workload.model_name}: roofline, batch {result.trace.batch_size}")
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _step_time(result: ProfileResult, path: Path) -> Path:
+    names = [r.hardware.name for r in result.reports]
+    parts = {
+        "forward": [r.prediction.forward_s for r in result.reports],
+        "backward": [r.prediction.backward_s for r in result.reports],
+        "optimizer": [r.prediction.optimizer_s for r in result.reports],
+        "host→device": [r.prediction.h2d_s for r in result.reports],
+    }
+    figure, axes = plt.subplots(figsize=(max(6, 0.8 * len(names) + 2), 4.5))
+    bottom = [0.0] * len(names)
+    for label, values in parts.items():
+        axes.bar(names, [v * 1e3 for v in values], bottom=[b * 1e3 for b in bottom], label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    axes.set_yscale("log")
+    axes.set_ylabel("predicted step time (ms, log)")
+    axes.set_title(f"{result.workload.model_name}: batch {result.trace.batch_size}")
+    axes.tick_params(axis="x", rotation=45)
+    axes.legend(fontsize=8)
+    return _save(figure, path)

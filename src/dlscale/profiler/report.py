@@ -1,0 +1,254 @@
+"""A ProfileResult as JSON (schema dlscale.profile/1) and as rich tables; no math here."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from dlscale.profiler import ProfileResult
+from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
+from dlscale.units import binary_bytes as binary
+from dlscale.units import duration as seconds
+from dlscale.units import si
+
+SCHEMA = "dlscale.profile/1"
+CONVENTIONS = {
+    "flops": "FLOPs = 2 × MACs for conv, linear, matmul and attention (torch.utils.flop_counter "
+    "formulas, as FlopCounterMode counts them)",
+    "other_flops": "elementwise ops, reductions, norms, pooling and losses: 1 FLOP per element "
+    "of the op's largest tensor; counted separately",
+    "bytes": "every aten op reads its tensor inputs and writes its outputs; views move nothing",
+    "memory": "fp32 weights, gradients and optimizer state; activations as autograd saves them",
+}
+
+
+def layer_kind(layer: LayerTrace) -> str:
+    if layer.name in (MODEL, LOSS):
+        return "pseudo"
+    return "leaf" if layer.leaf else "own"
+
+
+def _layer_json(layer: LayerTrace) -> dict:
+    forward, backward = layer.forward, layer.backward
+    return {
+        "name": layer.name,
+        "type": layer.type,
+        "kind": layer_kind(layer),
+        "output_shape": layer.output_shape,
+        "params": layer.params,
+        "weight_bytes": layer.weight_bytes,
+        "input_bytes": layer.input_bytes,
+        "output_bytes": layer.output_bytes,
+        "working_set_bytes": layer.working_set_bytes,
+        "forward_macs": forward.matmul_flops // 2,
+        "forward_flops": forward.matmul_flops,
+        "forward_other_flops": forward.other_flops,
+        "backward_flops": backward.matmul_flops,
+        "backward_other_flops": backward.other_flops,
+        "forward_bytes": forward.bytes,
+        "backward_bytes": backward.bytes,
+        "forward_ops": forward.ops,
+        "backward_ops": backward.ops,
+        "saved_bytes": layer.saved_bytes,
+        "intensity": forward.flops / forward.bytes if forward.bytes else 0.0,
+        "calls": layer.calls,
+    }
+
+
+def containers(result: ProfileResult) -> list[dict]:
+    """Subtotals of every container module over the rows beneath it (and its own ops)."""
+    rows = [row for row in result.trace.layers if layer_kind(row) != "pseudo"]
+    subtotals = []
+    for name, kind in result.trace.module_types.items():
+        inside = [r for r in rows if r.name == name or r.name.startswith(name + ".")]
+        if not any(r.name.startswith(name + ".") for r in inside):
+            continue  # a leaf, not a container
+        subtotals.append(
+            {
+                "name": name,
+                "type": kind,
+                "params": sum(r.params for r in inside),
+                "forward_flops": sum(r.forward.flops for r in inside),
+                "backward_flops": sum(r.backward.flops for r in inside),
+                "saved_bytes": sum(r.saved_bytes for r in inside),
+            }
+        )
+    return subtotals
+
+
+def totals(result: ProfileResult) -> dict:
+    trace, layers = result.trace, result.trace.layers
+    forward_matmul = sum(r.forward.matmul_flops for r in layers)
+    forward_other = sum(r.forward.other_flops for r in layers)
+    backward_matmul = sum(r.backward.matmul_flops for r in layers)
+    backward_other = sum(r.backward.other_flops for r in layers)
+    optimizer = trace.optimizer.flops
+    return {
+        "params": trace.params,
+        "trainable_params": trace.trainable_params,
+        "non_trainable_params": trace.params - trace.trainable_params,
+        "forward_macs": forward_matmul // 2,
+        "forward_flops": forward_matmul,
+        "forward_other_flops": forward_other,
+        "backward_flops": backward_matmul,
+        "backward_other_flops": backward_other,
+        "optimizer_flops": optimizer,
+        "step_flops": forward_matmul + forward_other + backward_matmul + backward_other + optimizer,
+        "memory": result.memory.to_dict(),
+    }
+
+
+def _hardware_json(report) -> dict:
+    hw, pred, verdict = report.hardware, report.prediction, report.verdict
+    return {
+        "name": hw.name,
+        "display_name": hw.display_name,
+        "kind": hw.kind,
+        "precision_used": pred.precision_used,
+        "fits": verdict.fits,
+        "required_bytes": verdict.required_bytes,
+        "usable_bytes": verdict.usable_bytes,
+        "max_batch": verdict.max_batch,
+        "advice": verdict.advice,
+        "forward_s": pred.forward_s,
+        "backward_s": pred.backward_s,
+        "optimizer_s": pred.optimizer_s,
+        "h2d_s": pred.h2d_s,
+        "step_s": pred.step_s,
+        "samples_per_s": pred.samples_per_s,
+        "steps_per_epoch": pred.steps_per_epoch,
+        "epoch_s": pred.epoch_s,
+        "compute_bound_layers": pred.bound_layers("compute"),
+        "memory_bound_layers": pred.bound_layers("memory"),
+        "overhead_bound_layers": pred.bound_layers("overhead"),
+        "layers": [
+            {
+                "name": t.name,
+                "forward_s": t.forward.seconds,
+                "backward_s": t.backward.seconds,
+                "bound": t.bound,
+                "intensity": t.intensity,
+            }
+            for t in pred.layers
+        ],
+    }
+
+
+def to_json(result: ProfileResult) -> dict:
+    workload, trace = result.workload, result.trace
+    return {
+        "schema": SCHEMA,
+        "target": workload.label,
+        "model": workload.model_name,
+        "batch_size": trace.batch_size,
+        "input_shape": trace.input_shape,
+        "precision": trace.precision,
+        "optimizer": trace.optimizer_name,
+        "dataset_size": workload.dataset_size,
+        "conventions": CONVENTIONS,
+        "totals": totals(result),
+        "layers": [_layer_json(layer) for layer in trace.layers],
+        "containers": containers(result),
+        "uncounted_ops": trace.uncounted_ops,
+        "hardware": [_hardware_json(report) for report in result.reports],
+        "profile_s": result.profile_s,
+    }
+
+
+def render(result: ProfileResult, console: Console) -> None:
+    data = to_json(result)
+    total = data["totals"]
+    console.print(
+        f"[bold]{data['model']}[/]: {total['params']:,} parameters "
+        f"({total['non_trainable_params']:,} not trainable), batch {data['batch_size']}, "
+        f"input {tuple(data['input_shape'])}, {data['precision']}, optimizer {data['optimizer']}; "
+        f"traced on the meta device in {data['profile_s']:.2f} s"
+    )
+    console.print(_layer_table(result))
+    console.print(_totals_table(total))
+    if data["uncounted_ops"]:
+        listed = ", ".join(f"{op} ×{n}" for op, n in data["uncounted_ops"].items())
+        console.print(f"[yellow]ops whose FLOPs are not counted (bytes are):[/] {listed}")
+    if result.reports:
+        console.print(_hardware_table(data["hardware"]))
+        for hw in data["hardware"]:
+            console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
+    console.print(f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['other_flops']}.[/]")
+
+
+def _layer_table(result: ProfileResult) -> Table:
+    table = Table(title="per layer (forward; backward FLOPs beside)", title_justify="left")
+    for column in (
+        "layer",
+        "type",
+        "output",
+        "params",
+        "FLOPs",
+        "other",
+        "bwd FLOPs",
+        "in",
+        "out",
+        "weights",
+        "FLOP/B",
+        "saved",
+    ):
+        justify = "left" if column in ("layer", "type", "output") else "right"
+        table.add_column(column, justify=justify, no_wrap=column == "layer")
+    for row in map(_layer_json, result.trace.layers):
+        depth = row["name"].count(".")
+        name = "  " * depth + row["name"] + (" (own ops)" if row["kind"] == "own" else "")
+        shape = "×".join(map(str, row["output_shape"])) if row["output_shape"] else ""
+        table.add_row(
+            name, row["type"], shape, f"{row['params']:,}", si(row["forward_flops"]),
+            si(row["forward_other_flops"]), si(row["backward_flops"]), binary(row["input_bytes"]),
+            binary(row["output_bytes"]), binary(row["weight_bytes"]), f"{row['intensity']:.1f}",
+            binary(row["saved_bytes"]),
+        )  # fmt: skip
+    return table
+
+
+def _totals_table(total: dict) -> Table:
+    table = Table(title="per training step", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("forward FLOPs (MACs × 2)", si(total["forward_flops"]))
+    table.add_row("forward other FLOPs", si(total["forward_other_flops"]))
+    table.add_row("backward FLOPs", si(total["backward_flops"] + total["backward_other_flops"]))
+    table.add_row("optimizer FLOPs", si(total["optimizer_flops"]))
+    table.add_row("step FLOPs", si(total["step_flops"]))
+    memory = total["memory"]
+    for key, label in (
+        ("weights_bytes", "weights (fp32)"),
+        ("gradients_bytes", "gradients"),
+        ("optimizer_state_bytes", "optimizer state"),
+        ("activations_bytes", "activations saved for backward"),
+        ("batch_bytes", "input batch"),
+        ("total_bytes", "training memory"),
+    ):
+        table.add_row(label, binary(memory[key]))  # fmt: skip
+    return table
+
+
+def _hardware_table(hardware: list[dict]) -> Table:
+    table = Table(title="predicted on each device (roofline)", title_justify="left")
+    for column in (
+        "device",
+        "fits",
+        "memory need / usable",
+        "max batch",
+        "step",
+        "samples/s",
+        "epoch",
+        "compute / memory / overhead-bound",
+    ):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    for hw in hardware:
+        counts = [len(hw[f"{b}_bound_layers"]) for b in ("compute", "memory", "overhead")]
+        table.add_row(
+            hw["name"], "yes" if hw["fits"] else "[red]no[/]",
+            f"{binary(hw['required_bytes'])} / {binary(hw['usable_bytes'])}",
+            f"{hw['max_batch']:,}", seconds(hw["step_s"]), f"{hw['samples_per_s']:,.0f}",
+            seconds(hw["epoch_s"]), " / ".join(map(str, counts)) + " layers",
+        )  # fmt: skip
+    return table

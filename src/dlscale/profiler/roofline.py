@@ -1,0 +1,123 @@
+"""The roofline model: each layer's time on a device from its FLOPs, bytes and op count.
+
+For one phase of one layer (Williams, Waterman and Patterson, "Roofline", CACM 2009):
+
+    time = max(matmul FLOPs / (peak at the training precision × compute efficiency)
+               + other FLOPs / (fp32 peak × compute efficiency),
+               bytes moved / (memory bandwidth × memory efficiency))
+         + ops × per-op overhead
+
+Matrix products run on the precision's fastest units (tensor cores for bf16/fp16); elementwise
+work runs on the vector units, at the fp32 rate. The overhead term is the fixed cost of launching
+one kernel or dispatching one eager op, which is what small layers mostly pay. A step adds the
+optimizer update and the host→device copy of the batch over the host link (not overlapped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlscale.hardware.spec import Hardware
+from dlscale.profiler.trace import PhaseCost, StepTrace
+
+
+@dataclass(frozen=True)
+class PhaseTime:
+    seconds: float
+    compute_s: float
+    memory_s: float
+    overhead_s: float
+
+    @property
+    def bound(self) -> str:
+        """What limits this phase: 'compute', 'memory', or 'overhead' (launch/dispatch)."""
+        if self.overhead_s > max(self.compute_s, self.memory_s):
+            return "overhead"
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    name: str
+    forward: PhaseTime
+    backward: PhaseTime
+    intensity: float  # forward FLOPs per byte moved
+
+    @property
+    def seconds(self) -> float:
+        return self.forward.seconds + self.backward.seconds
+
+    @property
+    def bound(self) -> str:
+        return self.forward.bound
+
+
+@dataclass(frozen=True)
+class Prediction:
+    hardware: str
+    precision_used: str  # the peak used for matrix products (fp32 if the device lacks bf16)
+    layers: list[LayerTime]
+    forward_s: float
+    backward_s: float
+    optimizer_s: float
+    h2d_s: float
+    step_s: float
+    samples_per_s: float
+    steps_per_epoch: int | None
+    epoch_s: float | None
+
+    def bound_layers(self, bound: str) -> list[str]:
+        return [layer.name for layer in self.layers if layer.bound == bound]
+
+    def time_share(self, bound: str) -> float:
+        """Share of forward+backward time spent in layers limited by `bound`."""
+        total = sum(layer.seconds for layer in self.layers) or 1.0
+        return sum(layer.seconds for layer in self.layers if layer.bound == bound) / total
+
+
+def phase_time(cost: PhaseCost, hardware: Hardware, precision: str) -> PhaseTime:
+    matmul_peak, _ = hardware.peak(precision)
+    vector_peak = hardware.peak_flops["fp32"]
+    efficiency = hardware.efficiency_compute
+    compute_s = cost.matmul_flops / (matmul_peak * efficiency) + cost.other_flops / (
+        vector_peak * efficiency
+    )
+    memory_s = cost.bytes / (hardware.memory_bandwidth_bytes_per_s * hardware.efficiency_memory)
+    overhead_s = cost.ops * hardware.overhead_per_op_s
+    return PhaseTime(max(compute_s, memory_s) + overhead_s, compute_s, memory_s, overhead_s)
+
+
+def host_to_device_s(batch_bytes: int, hardware: Hardware) -> float:
+    """The batch crosses the host link once per step; a CPU trains from its own memory."""
+    if hardware.kind == "cpu" or not hardware.host_link_bytes_per_s:
+        return 0.0
+    return batch_bytes / hardware.host_link_bytes_per_s
+
+
+def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = None) -> Prediction:
+    """Step (and epoch) time of a traced training step on `hardware`."""
+    layers = []
+    for layer in trace.layers:
+        forward = phase_time(layer.forward, hardware, trace.precision)
+        backward = phase_time(layer.backward, hardware, trace.precision)
+        intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
+        layers.append(LayerTime(layer.name, forward, backward, intensity))
+    optimizer_s = phase_time(trace.optimizer, hardware, "fp32").seconds
+    h2d_s = host_to_device_s(trace.batch_bytes, hardware)
+    forward_s = sum(layer.forward.seconds for layer in layers)
+    backward_s = sum(layer.backward.seconds for layer in layers)
+    step_s = forward_s + backward_s + optimizer_s + h2d_s
+    steps = dataset_size // trace.batch_size if dataset_size else None
+    return Prediction(
+        hardware=hardware.name,
+        precision_used=hardware.peak(trace.precision)[1],
+        layers=layers,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        optimizer_s=optimizer_s,
+        h2d_s=h2d_s,
+        step_s=step_s,
+        samples_per_s=trace.batch_size / step_s,
+        steps_per_epoch=steps,
+        epoch_s=steps * step_s if steps is not None else None,
+    )

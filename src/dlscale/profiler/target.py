@@ -1,0 +1,105 @@
+"""What to profile: a zoo name, `package.module:factory` or a spec file, as a workload."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dlscale.data import build_data
+from dlscale.errors import UserError
+from dlscale.models import ZOO, build_model, check_model
+from dlscale.spec import OptimizerSpec, load_spec
+
+DEFAULT_BATCH = 32
+DEFAULT_OPTIMIZER = "adam"
+
+
+@dataclass
+class Workload:
+    """A model builder and one sample, with the training settings a step is traced under."""
+
+    label: str  # what the user asked for
+    model_name: str
+    build: Callable[[], nn.Module]
+    sample: torch.Tensor  # one input, no batch dimension
+    batch_size: int
+    precision: str
+    optimizer: OptimizerSpec
+    dataset_size: int | None  # training samples per epoch, when known
+    dataset_bytes: int | None
+
+
+def resolve(
+    target: str,
+    batch_size: int | None = None,
+    input_shape: list[int] | None = None,
+    precision: str | None = None,
+    optimizer: str | None = None,
+    tokens: bool = False,
+    model_kwargs: dict | None = None,
+    dataset_size: int | None = None,
+) -> Workload:
+    """Options given explicitly override what a spec file says."""
+    if batch_size is not None and batch_size <= 0:
+        raise UserError(f"--batch must be a positive number (got {batch_size})")
+    if input_shape is not None and (not input_shape or min(input_shape) <= 0):
+        raise UserError(f"--input-shape must be positive sizes, e.g. 1,28,28 (got {input_shape})")
+    path = Path(target)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        return _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size)
+    if input_shape is None:
+        if target not in ZOO:
+            check_model(target, model_kwargs)  # unknown names get the zoo listing
+            raise UserError(f"'{target}' is not in the zoo: give --input-shape for its samples")
+        input_shape = list(ZOO[target].example_input_shape)
+        tokens = ZOO[target].input_kind == "tokens"
+    sample = torch.zeros(input_shape, dtype=torch.long if tokens else torch.float32)
+    defaults = _defaults_for(input_shape, tokens)
+    kwargs = dict(model_kwargs or {})
+    check_model(target, kwargs)
+    return Workload(
+        label=target,
+        model_name=target,
+        build=lambda: build_model(target, kwargs, defaults),
+        sample=sample,
+        batch_size=batch_size or DEFAULT_BATCH,
+        precision=precision or "fp32",
+        optimizer=OptimizerSpec(name=optimizer or DEFAULT_OPTIMIZER),
+        dataset_size=dataset_size,
+        dataset_bytes=None,
+    )
+
+
+def _defaults_for(input_shape: list[int], tokens: bool) -> dict[str, int]:
+    """Factory arguments the sample shape implies (as DataBundle.model_defaults does for data)."""
+    if tokens:
+        return {"context_length": input_shape[0]}
+    return {"in_channels": input_shape[0], "input_size": math.prod(input_shape)}
+
+
+def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size) -> Workload:
+    spec = load_spec(path)
+    data = build_data(spec.data, spec.seed)
+    if input_shape is not None and list(input_shape) != list(data.input_shape):
+        raise UserError(
+            f"--input-shape {input_shape} contradicts the spec's data {list(data.input_shape)}"
+        )
+    x = data.train.tensors[0]
+    defaults = data.model_defaults()
+    name, kwargs = spec.model.name, dict(spec.model.kwargs)
+    return Workload(
+        label=str(path),
+        model_name=name,
+        build=lambda: build_model(name, kwargs, defaults),
+        sample=torch.zeros_like(x[0]),
+        batch_size=batch_size or spec.batch_size,
+        precision=precision or spec.precision,
+        optimizer=spec.optimizer if optimizer is None else OptimizerSpec(name=optimizer),
+        dataset_size=dataset_size or data.num_train,
+        dataset_bytes=sum(t.numel() * t.element_size() for t in data.train.tensors),
+    )

@@ -1,0 +1,466 @@
+"""Trace one training step on the meta device: per-module FLOPs, bytes moved, saved activations.
+
+Nothing real is allocated: the model, the batch and the optimizer live on the meta device, where
+every aten op still runs its shape logic. A TorchDispatchMode sees every op of the forward pass,
+the loss, the backward pass and the optimizer step:
+
+- FLOPs of conv, linear, matmul and attention come from `torch.utils.flop_counter.flop_registry`,
+  the formulas FlopCounterMode uses (FLOPs = 2 × MACs), attributed to modules by torch's own
+  `ModuleTracker`, which also tells forward from backward;
+- other compute (elementwise, reductions, norms, pooling, losses) is counted separately at one
+  FLOP per element of the op's largest tensor, and shown apart;
+- every op moves the bytes of its tensor inputs and outputs (views move nothing);
+- ops the tracer does not know are listed by name, never silently dropped;
+- activations saved for backward are what autograd actually saves (saved-tensor hooks), counted
+  once per storage, parameters excluded.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+from torch.utils.module_tracker import ModuleTracker
+
+# Ops that move no data and compute nothing (beyond views, which torch marks itself).
+_FREE = {
+    "detach",
+    "alias",
+    "lift_fresh",
+    "_unsafe_view",
+    "unsafe_split",
+    "unsafe_chunk",
+    "_local_scalar_dense",
+    "_record_function_enter_new",
+    "_record_function_exit",
+    "record_stream",
+    "set_",
+    "resize_",
+}
+# Ops that only create a tensor: they write their output, compute nothing.
+_FACTORY = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "zeros",
+    "zeros_like",
+    "new_zeros",
+    "ones",
+    "ones_like",
+    "new_ones",
+    "full",
+    "full_like",
+    "new_full",
+    "arange",
+    "scalar_tensor",
+    "fill_",
+    "zero_",
+}
+# Ops that move data without arithmetic: bytes, no FLOPs.
+_MOVE = {
+    "clone",
+    "copy_",
+    "_to_copy",
+    "cat",
+    "stack",
+    "embedding",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index",
+    "index_put",
+    "index_put_",
+    "tril",
+    "triu",
+    "constant_pad_nd",
+    "repeat",
+    "flip",
+    "roll",
+    "select_backward",
+    "slice_backward",
+    "embedding_dense_backward",
+    "masked_fill",
+    "_unsafe_index",
+    "contiguous",
+}
+# Non-pointwise compute counted at one FLOP per element of the largest tensor.
+_ELEMENTWISE_LIKE = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "var",
+    "var_mean",
+    "std",
+    "norm",
+    "linalg_vector_norm",
+    "cumsum",
+    "prod",
+    "_softmax",
+    "_log_softmax",
+    "_safe_softmax",
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "native_batch_norm",
+    "native_batch_norm_backward",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training",
+    "native_group_norm",
+    "native_group_norm_backward",
+    "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool2d_backward",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "nll_loss2d_forward",
+    "nll_loss2d_backward",
+    "_fused_dropout",
+    "native_dropout",
+    "native_dropout_backward",
+    "bernoulli_",
+    "bernoulli",
+    "rand_like",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_lstm_cell_backward_impl",
+    "_thnn_fused_gru_cell",
+}
+
+LOSS = "(loss)"
+OPTIMIZER = "(optimizer)"
+MODEL = "(model)"  # ops in the root module's own forward, or autograd's own bookkeeping
+
+
+@dataclass
+class PhaseCost:
+    """What one phase (forward or backward) of one module did."""
+
+    matmul_flops: int = 0  # conv / linear / matmul / attention (FlopCounterMode's formulas)
+    other_flops: int = 0  # elementwise, reductions, norms, pooling, losses: 1 per element
+    bytes: int = 0  # inputs + outputs of every op, views excluded
+    ops: int = 0  # aten ops launched (each pays a fixed dispatch or kernel-launch cost)
+
+    @property
+    def flops(self) -> int:
+        return self.matmul_flops + self.other_flops
+
+    def add(self, other: PhaseCost) -> None:
+        self.matmul_flops += other.matmul_flops
+        self.other_flops += other.other_flops
+        self.bytes += other.bytes
+        self.ops += other.ops
+
+
+@dataclass
+class LayerTrace:
+    """One module's share of a training step. `own` rows are a container's own ops."""
+
+    name: str
+    type: str
+    order: int
+    leaf: bool
+    params: int = 0
+    weight_bytes: int = 0
+    input_bytes: int = 0
+    output_bytes: int = 0
+    output_shape: list[int] | None = None
+    calls: int = 0
+    forward: PhaseCost = field(default_factory=PhaseCost)
+    backward: PhaseCost = field(default_factory=PhaseCost)
+    saved_bytes: int = 0
+
+    @property
+    def working_set_bytes(self) -> int:
+        return self.input_bytes + self.output_bytes + self.weight_bytes
+
+
+@dataclass
+class StepTrace:
+    """Everything one traced training step tells us; the input of memory, roofline and advice."""
+
+    layers: list[LayerTrace]  # modules that did work, in execution order, plus loss/optimizer
+    module_types: dict[str, str]  # every module name -> class name (containers included)
+    optimizer: PhaseCost
+    uncounted_ops: dict[str, int]
+    batch_size: int
+    input_shape: list[int]  # one sample
+    batch_bytes: int  # the input batch and its targets, as copied to the device each step
+    params: int
+    trainable_params: int
+    saved_activation_bytes: int
+    optimizer_state_bytes: int
+    precision: str
+    optimizer_name: str
+
+
+class _Recorder(TorchDispatchMode):
+    """Attributes every aten op's FLOPs and bytes to the innermost module running it."""
+
+    def __init__(self, tracker: ModuleTracker, root_name: str):
+        super().__init__()
+        self.tracker = tracker
+        self.root_name = root_name
+        self.scope: str | None = None  # LOSS or OPTIMIZER while those run outside modules
+        self.costs: dict[tuple[str, str], PhaseCost] = {}
+        self.uncounted: Counter[str] = Counter()
+        self.matmul_flops_by_op: Counter[str] = Counter()
+
+    def current(self) -> tuple[str, str]:
+        """(module name, phase) of the op being run."""
+        phase = "backward" if self.tracker.is_bw else "forward"
+        names = [n for n in self.tracker.parents if n != "Global"]
+        if not names:
+            return (self.scope or MODEL), phase
+        innermost = max(names, key=lambda n: n.count("."))
+        if innermost == self.root_name:
+            return MODEL, phase
+        return innermost.split(".", 1)[1], phase
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if func.is_view or name in _FREE:
+            return out
+        cost = PhaseCost(ops=1)
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if name in _FACTORY:
+            cost.bytes = sum(_nbytes(t) for t in outputs)
+        else:
+            cost.bytes = sum(_nbytes(t) for t in inputs + outputs)
+            packet = func.overloadpacket
+            if packet in flop_registry:
+                cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+                self.matmul_flops_by_op[name] += cost.matmul_flops
+            elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
+                cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
+            elif name not in _MOVE:
+                self.uncounted[name] += 1
+        key = self.current()
+        self.costs.setdefault(key, PhaseCost()).add(cost)
+        return out
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _storage_id(tensor: torch.Tensor) -> int:
+    return StorageWeakRef(tensor.untyped_storage()).cdata
+
+
+class _ModuleWatcher:
+    """Forward hooks: call order, input/output bytes and output shape of every module."""
+
+    def __init__(self, model: nn.Module):
+        self.layers: dict[str, LayerTrace] = {}
+        self.handles = []
+        for name, module in model.named_modules():
+            if not name:
+                continue
+            leaf = next(module.children(), None) is None
+            own = list(module.parameters(recurse=False))
+            self.layers[name] = LayerTrace(
+                name=name,
+                type=type(module).__name__,
+                order=-1,
+                leaf=leaf,
+                params=sum(p.numel() for p in own),
+                weight_bytes=sum(_nbytes(p) for p in own),
+            )
+            self.handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            self.handles.append(module.register_forward_hook(self._hook(name)))
+        self.calls = 0
+
+    def _pre_hook(self, name: str):
+        """Order is when a module starts: a container comes just before its children."""
+
+        def hook(module, inputs):
+            layer = self.layers[name]
+            if layer.order < 0:
+                layer.order = self.calls
+                self.calls += 1
+
+        return hook
+
+    def _hook(self, name: str):
+        def hook(module, inputs, output):
+            layer = self.layers[name]
+            if layer.output_shape is None:
+                outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+                layer.output_shape = list(outs[0].shape) if outs else None
+            layer.calls += 1
+            layer.input_bytes += sum(
+                _nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)
+            )
+            layer.output_bytes += sum(
+                _nbytes(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)
+            )
+
+        return hook
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def trace_step(
+    build: Callable[[], nn.Module],
+    sample: torch.Tensor,
+    batch_size: int,
+    precision: str,
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    optimizer_name: str,
+) -> StepTrace:
+    """Run forward, loss, backward and one optimizer step of `build()` on the meta device.
+
+    `sample` is one input (no batch dimension; float for images and features, int64 for tokens).
+    Mixed precision is approximated by running the whole forward and backward in bf16/fp16
+    (activations at 2 bytes, as autocast saves most of them); weights, gradients and optimizer
+    state are kept in fp32, as mixed-precision training keeps them.
+    """
+    dtype = DTYPES[precision]
+    with torch.device("meta"):
+        model = build()
+        x = sample.to("meta").expand(batch_size, *sample.shape).contiguous()
+    if dtype != torch.float32:
+        model.to(dtype)
+        if x.is_floating_point():
+            x = x.to(dtype)
+    model.train()
+    watcher = _ModuleWatcher(model)
+    tracker = ModuleTracker()
+    recorder = _Recorder(tracker, type(model).__name__)
+    saved = _SavedTensors(model, recorder)
+    try:
+        # One tracker context for forward and backward: it arms its backward hooks in forward.
+        with tracker, recorder:
+            with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+                logits = model(x)
+                recorder.scope = LOSS
+                targets = torch.empty(logits.shape[:-1], dtype=torch.long, device="meta")
+                loss = torch.nn.functional.cross_entropy(
+                    logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+                )
+            loss.backward()
+    finally:
+        watcher.remove()
+    optimizer_cost, state_bytes = _trace_optimizer(build, make_optimizer)
+    layers = _collect(watcher, recorder, saved)
+    params = sum(p.numel() for p in model.parameters())
+    return StepTrace(
+        layers=layers,
+        module_types={name: layer.type for name, layer in watcher.layers.items()},
+        optimizer=optimizer_cost,
+        uncounted_ops=dict(recorder.uncounted),
+        batch_size=batch_size,
+        input_shape=list(sample.shape),
+        batch_bytes=_nbytes(x) + targets.numel() * 8,
+        params=params,
+        trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
+        saved_activation_bytes=saved.total_bytes,
+        optimizer_state_bytes=state_bytes,
+        precision=precision,
+        optimizer_name=optimizer_name,
+    )
+
+
+class _SavedTensors:
+    """Saved-tensor hooks: what autograd keeps for backward, once per storage, weights excluded."""
+
+    def __init__(self, model: nn.Module, recorder: _Recorder):
+        self.recorder = recorder
+        self.param_storages = {_storage_id(p) for p in model.parameters()}
+        self.seen: set[int] = set()
+        self.keep: list[torch.Tensor] = []  # alive until the end, so storage ids stay unique
+        self.by_layer: Counter[str] = Counter()
+        self.total_bytes = 0
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        storage = _storage_id(tensor)
+        if storage not in self.seen and storage not in self.param_storages:
+            self.seen.add(storage)
+            self.keep.append(tensor)
+            size = tensor.untyped_storage().nbytes()
+            self.total_bytes += size
+            self.by_layer[self.recorder.current()[0]] += size
+        return tensor
+
+    @staticmethod
+    def unpack(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+
+def _trace_optimizer(
+    build: Callable[[], nn.Module],
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> tuple[PhaseCost, int]:
+    """One real optimizer step on fp32 meta weights: its ops, and the state it allocates."""
+    with torch.device("meta"):
+        model = build()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.empty_like(p)
+    optimizer = make_optimizer(params)
+    recorder = _Recorder(ModuleTracker(), "")
+    recorder.scope = OPTIMIZER
+    with recorder:
+        optimizer.step()
+    cost = PhaseCost()
+    for phase_cost in recorder.costs.values():
+        cost.add(phase_cost)
+    state_bytes = sum(
+        _nbytes(value)
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor) and value.device.type == "meta"
+    )
+    return cost, state_bytes
+
+
+def _collect(
+    watcher: _ModuleWatcher, recorder: _Recorder, saved: _SavedTensors
+) -> list[LayerTrace]:
+    """Rows that did work: leaves, containers' own ops, then the loss; in execution order."""
+    rows: list[LayerTrace] = []
+    for name, layer in watcher.layers.items():
+        forward = recorder.costs.get((name, "forward"), PhaseCost())
+        backward = recorder.costs.get((name, "backward"), PhaseCost())
+        if layer.order < 0 or (not layer.leaf and forward.ops + backward.ops == 0):
+            continue  # never called, or a container with no ops of its own
+        layer.forward, layer.backward = forward, backward
+        layer.saved_bytes = saved.by_layer.get(name, 0)
+        rows.append(layer)
+    rows.sort(key=lambda layer: layer.order)
+    for name, order in ((MODEL, -1), (LOSS, len(watcher.layers))):
+        forward = recorder.costs.get((name, "forward"), PhaseCost())
+        backward = recorder.costs.get((name, "backward"), PhaseCost())
+        if forward.ops + backward.ops:
+            row = LayerTrace(name=name, type=name.strip("()"), order=order, leaf=True)
+            row.forward, row.backward = forward, backward
+            row.saved_bytes = saved.by_layer.get(name, 0)
+            rows.insert(0, row) if name == MODEL else rows.append(row)
+    return rows

@@ -1,0 +1,31 @@
+"""Human-readable numbers: bytes in binary units, counts with SI prefixes, durations."""
+
+from __future__ import annotations
+
+
+def binary_bytes(count: float) -> str:
+    """3 * 2**20 -> '3 MiB'."""
+    for factor, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
+        if abs(count) >= factor:
+            return f"{count / factor:.3g} {prefix}B"
+    return f"{int(count)} B"
+
+
+def si(value: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M'."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= factor:
+            return f"{value / factor:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def duration(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 3600:
+        return f"{value / 3600:.2f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    if value >= 1:
+        return f"{value:.2f} s"
+    return f"{value * 1e3:.3g} ms"
