@@ -1,4 +1,4 @@
-"""The verbs every front door calls: validate, train, models."""
+"""The verbs every front door calls: validate, train, models, hardware."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from dlscale.errors import UserError
+from dlscale.hardware import Hardware, load_catalogue, lookup
 from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.spec import Spec, load_spec
 from dlscale.strategies import STRATEGIES
@@ -127,3 +128,22 @@ def profile(
         target, batch_size, input_shape, precision, optimizer, tokens, model_kwargs, dataset_size
     )
     return profiler.profile(workload, profile_hardware(hardware, hardware_files))
+
+
+def hardware(
+    names: list[str] | None = None, extra_files: list[Path] | None = None
+) -> list[Hardware]:
+    """Every catalogued device (shipped, user files, `extra_files`), or just the named ones."""
+    catalogue = load_catalogue(extra_files)
+    if names is None:
+        return list(catalogue.values())
+    return [lookup(catalogue, name) for name in names]
+
+
+def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):
+    """Time a few real steps of a spec; extrapolate; compare with the roofline on `local`."""
+    from dlscale.hardware.catalogue import get_hardware, local_entry_path
+    from dlscale.profiler.estimate import estimate as run_estimate
+
+    local = get_hardware("local") if local_entry_path().is_file() else None
+    return run_estimate(spec_path, local, steps=steps, warmup=warmup)

@@ -252,9 +252,6 @@ def machine_hardware(result: dict) -> Hardware:
     bandwidth = result["bandwidth"]
     link = result["host_link"]
     overhead = result["op_overhead_s"]
-    flops_table: dict[str, dict[str, float]] = {}
-    for row in result["matmul"]:
-        flops_table.setdefault(row["precision"], {})[str(row["size"])] = row["flops_per_s"]
     return Hardware(
         name="local",
         display_name=f"this machine: {result['name']}",
@@ -273,18 +270,28 @@ def machine_hardware(result: dict) -> Hardware:
         op_overhead_s=max(overhead["add_s"], overhead["mm_s"]),
         sources=(f"measured by dlscale bench machine on {result['measured_at'][:10]}",),
         notes=f"{result['device']}, torch {result['torch_version']}, {result['threads']} threads",
-        measured={
-            "device": result["device"],
-            "measured_at": result["measured_at"],
-            "torch_version": result["torch_version"],
-            "threads": result["threads"],
-            "quick": result["quick"],
-            "matmul_flops_per_s": flops_table,
-            "bandwidth_tensor_bytes": bandwidth["tensor_bytes"],
-            "copy_bytes_per_s": bandwidth["copy_bytes_per_s"],
-            "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],
-            "host_link": dict(link) if link else None,
-            "op_overhead_s": dict(overhead),
-            "last_level_cache_bytes": result["last_level_cache_bytes"],
-        },
+        measured=measured_tables(result),
     )
+
+
+def measured_tables(result: dict) -> dict:
+    """The raw figures kept with the `local` entry, minus None (catalogue TOML has no null)."""
+    flops_by_size: dict[str, dict[str, float]] = {}
+    for row in result["matmul"]:
+        flops_by_size.setdefault(row["precision"], {})[str(row["size"])] = row["flops_per_s"]
+    bandwidth = result["bandwidth"]
+    tables = {
+        "device": result["device"],
+        "measured_at": result["measured_at"],
+        "torch_version": result["torch_version"],
+        "threads": result["threads"],
+        "quick": result["quick"],
+        "matmul_flops_per_s": flops_by_size,
+        "bandwidth_tensor_bytes": bandwidth["tensor_bytes"],
+        "copy_bytes_per_s": bandwidth["copy_bytes_per_s"],
+        "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],
+        "host_link": result["host_link"],
+        "op_overhead_s": dict(result["op_overhead_s"]),
+        "last_level_cache_bytes": result["last_level_cache_bytes"],
+    }
+    return {key: value for key, value in tables.items() if value is not None}

@@ -10,7 +10,10 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale import __version__, api
+from dlscale.cli.bench import app as bench_app
 from dlscale.cli.errors import user_errors
+from dlscale.cli.hardware import app as hardware_app
+from dlscale.cli.profile import estimate as estimate_command
 from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
 
@@ -21,6 +24,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+app.add_typer(hardware_app, name="hardware")
+app.add_typer(bench_app, name="bench")
 console = Console(highlight=False)
 
 
@@ -108,6 +113,7 @@ def models(
 
 
 app.command(name="profile")(profile_command)
+app.command(name="estimate")(estimate_command)
 
 
 def main() -> None:

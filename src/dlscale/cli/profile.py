@@ -93,3 +93,49 @@ def profile(
         (Console(stderr=True) if as_json else console).print(
             "plots: " + ", ".join(str(p) for p in written)
         )
+
+
+@user_errors
+def estimate(
+    spec: Path = typer.Argument(..., help="Job spec (YAML)."),
+    steps: int = typer.Option(20, "--steps", help="Steps to time (after the warm-up)."),
+    warmup: int = typer.Option(5, "--warmup", help="Steps run before timing starts."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Run a few real steps, extrapolate the whole run, and show the roofline prediction beside."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from dlscale.units import duration
+
+    result = api.estimate(spec, steps=steps, warmup=warmup)
+    if as_json:
+        print(json.dumps({**asdict(result), "ratio": result.ratio}, indent=2))
+        return
+    table = Table(title=f"{result.spec_name}: estimate", show_header=True, title_justify="left")
+    table.add_column("")
+    table.add_column("measured here", justify="right")
+    table.add_column("roofline on 'local'", justify="right")
+    predicted = result.predicted_step_s
+    table.add_row(
+        "step",
+        f"{duration(result.step_s_median)} (p10 {duration(result.step_s_p10)}, "
+        f"p90 {duration(result.step_s_p90)})",
+        duration(predicted) if predicted else "-",
+    )
+    table.add_row(
+        f"whole run ({result.total_steps:,} steps, {result.epochs} epochs)",
+        duration(result.total_s),
+        duration(result.predicted_total_s) if predicted else "-",
+    )
+    console.print(table)
+    console.print(
+        f"measured {result.steps_measured} steps after a warm-up; the whole run adds setup "
+        f"({duration(result.setup_s)}) and one validation pass per epoch "
+        f"({duration(result.eval_s)} each)."
+    )
+    if predicted:
+        console.print(f"roofline / measured step time = {result.ratio:.2f}")
+    else:
+        console.print("no roofline prediction: run 'dlscale bench machine' to measure this machine")

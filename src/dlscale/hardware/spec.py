@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import math
 from dataclasses import dataclass, field
 
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8")
@@ -64,3 +66,25 @@ class Hardware:
         if self.op_overhead_s is not None:
             return self.op_overhead_s
         return DEFAULT_OP_OVERHEAD_S[self.kind]
+
+    def matmul_rate(self, precision: str, flops_per_op: float) -> float:
+        """FLOP/s one matrix product of this size reaches.
+
+        With a measured curve (`local`: FLOP/s of n×n products by n), the rate at the product's
+        equivalent square size n = (FLOPs / 2)^(1/3), interpolated in log n and clamped to the
+        measured range: small products run far below the peak. Otherwise peak × efficiency.
+        """
+        peak, used = self.peak(precision)
+        curve = self.measured.get("matmul_flops_per_s", {}).get(used)
+        if not curve or flops_per_op <= 0:
+            return peak * self.efficiency_compute
+        points = sorted((int(size), float(rate)) for size, rate in curve.items())
+        sizes = [math.log(size) for size, _ in points]
+        target = math.log(max(1.0, flops_per_op / 2) ** (1 / 3))
+        i = bisect.bisect_left(sizes, target)
+        if i == 0:
+            return points[0][1]
+        if i == len(points):
+            return points[-1][1]
+        weight = (target - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
+        return points[i - 1][1] + weight * (points[i][1] - points[i - 1][1])

@@ -103,21 +103,29 @@ def _roofline(result: ProfileResult, path: Path) -> Path:
 
 
 def _step_time(result: ProfileResult, path: Path) -> Path:
+    """Total step time per device (log scale) beside where each step's time goes (shares)."""
     names = [r.hardware.name for r in result.reports]
+    totals = [r.prediction.step_s for r in result.reports]
     parts = {
         "forward": [r.prediction.forward_s for r in result.reports],
         "backward": [r.prediction.backward_s for r in result.reports],
         "optimizer": [r.prediction.optimizer_s for r in result.reports],
         "host→device": [r.prediction.h2d_s for r in result.reports],
     }
-    figure, axes = plt.subplots(figsize=(max(6, 0.8 * len(names) + 2), 4.5))
+    width = max(8, 1.2 * len(names) + 4)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(width, 4.5))
+    left.bar(names, [t * 1e3 for t in totals], color="tab:gray")
+    left.set_yscale("log")
+    left.set_ylabel("predicted step time (ms, log scale)")
+    left.set_title(f"{result.workload.model_name}, batch {result.trace.batch_size}")
     bottom = [0.0] * len(names)
     for label, values in parts.items():
-        axes.bar(names, [v * 1e3 for v in values], bottom=[b * 1e3 for b in bottom], label=label)
-        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    axes.set_yscale("log")
-    axes.set_ylabel("predicted step time (ms, log)")
-    axes.set_title(f"{result.workload.model_name}: batch {result.trace.batch_size}")
-    axes.tick_params(axis="x", rotation=45)
-    axes.legend(fontsize=8)
+        shares = [100 * v / t for v, t in zip(values, totals, strict=True)]
+        right.bar(names, shares, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, shares, strict=True)]
+    right.set_ylabel("share of the step (%)")
+    right.set_title("where the step goes")
+    right.legend(fontsize=8)
+    for axes in (left, right):
+        axes.tick_params(axis="x", rotation=45)
     return _save(figure, path)

@@ -2,14 +2,16 @@
 
 For one phase of one layer (Williams, Waterman and Patterson, "Roofline", CACM 2009):
 
-    time = max(matmul FLOPs / (peak at the training precision × compute efficiency)
+    time = max(matmul FLOPs / (rate at the training precision and the products' size)
                + other FLOPs / (fp32 peak × compute efficiency),
                bytes moved / (memory bandwidth × memory efficiency))
          + ops × per-op overhead
 
-Matrix products run on the precision's fastest units (tensor cores for bf16/fp16); elementwise
-work runs on the vector units, at the fp32 rate. The overhead term is the fixed cost of launching
-one kernel or dispatching one eager op, which is what small layers mostly pay. A step adds the
+Matrix products run on the precision's fastest units (tensor cores for bf16/fp16), at the rate a
+product of their size reaches where the device's curve was measured (`local`), else at the
+peak × efficiency; elementwise work runs on the vector units, at the fp32 rate. The overhead term
+is the fixed cost of launching one kernel or dispatching one eager op (autograd included), which
+is what small layers mostly pay. A step adds the
 optimizer update and the host→device copy of the batch over the host link (not overlapped).
 """
 
@@ -30,7 +32,9 @@ class PhaseTime:
 
     @property
     def bound(self) -> str:
-        """What limits this phase: 'compute', 'memory', or 'overhead' (launch/dispatch)."""
+        """What limits this phase: 'compute', 'memory', 'overhead' (launch/dispatch) or 'none'."""
+        if self.seconds == 0:
+            return "none"  # a view (flatten, reshape): no op runs
         if self.overhead_s > max(self.compute_s, self.memory_s):
             return "overhead"
         return "compute" if self.compute_s >= self.memory_s else "memory"
@@ -76,12 +80,12 @@ class Prediction:
 
 
 def phase_time(cost: PhaseCost, hardware: Hardware, precision: str) -> PhaseTime:
-    matmul_peak, _ = hardware.peak(precision)
-    vector_peak = hardware.peak_flops["fp32"]
-    efficiency = hardware.efficiency_compute
-    compute_s = cost.matmul_flops / (matmul_peak * efficiency) + cost.other_flops / (
-        vector_peak * efficiency
-    )
+    matmul_s = 0.0
+    if cost.matmul_flops:
+        per_op = cost.matmul_flops / max(1, cost.matmul_ops)
+        matmul_s = cost.matmul_flops / hardware.matmul_rate(precision, per_op)
+    vector_peak = hardware.peak_flops["fp32"] * hardware.efficiency_compute
+    compute_s = matmul_s + cost.other_flops / vector_peak
     memory_s = cost.bytes / (hardware.memory_bandwidth_bytes_per_s * hardware.efficiency_memory)
     overhead_s = cost.ops * hardware.overhead_per_op_s
     return PhaseTime(max(compute_s, memory_s) + overhead_s, compute_s, memory_s, overhead_s)
@@ -102,7 +106,9 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         backward = phase_time(layer.backward, hardware, trace.precision)
         intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
         layers.append(LayerTime(layer.name, forward, backward, intensity))
-    optimizer_s = phase_time(trace.optimizer, hardware, "fp32").seconds
+    # torch's defaults: a loop of kernels per parameter on a CPU, foreach kernels on accelerators.
+    optimizer = trace.optimizer if hardware.kind == "cpu" else trace.optimizer_foreach
+    optimizer_s = phase_time(optimizer, hardware, "fp32").seconds
     h2d_s = host_to_device_s(trace.batch_bytes, hardware)
     forward_s = sum(layer.forward.seconds for layer in layers)
     backward_s = sum(layer.backward.seconds for layer in layers)

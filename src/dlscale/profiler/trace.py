@@ -5,8 +5,11 @@ every aten op still runs its shape logic. A TorchDispatchMode sees every op of t
 the loss, the backward pass and the optimizer step:
 
 - FLOPs of conv, linear, matmul and attention come from `torch.utils.flop_counter.flop_registry`,
-  the formulas FlopCounterMode uses (FLOPs = 2 × MACs), attributed to modules by torch's own
-  `ModuleTracker`, which also tells forward from backward;
+  the formulas FlopCounterMode uses (FLOPs = 2 × MACs);
+- forward ops belong to the innermost module running (module hooks keep the stack); backward ops
+  belong to the module whose forward created the autograd node now executing (each module's
+  forward hook claims the graph nodes its forward made). torch's ModuleTracker is not used for
+  backward: with residual connections it keeps several modules "active" at once;
 - other compute (elementwise, reductions, norms, pooling, losses) is counted separately at one
   FLOP per element of the op's largest tensor, and shown apart;
 - every op moves the bytes of its tensor inputs and outputs (views move nothing);
@@ -27,7 +30,6 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
-from torch.utils.module_tracker import ModuleTracker
 
 # Ops that move no data and compute nothing (beyond views, which torch marks itself).
 _FREE = {
@@ -158,6 +160,7 @@ class PhaseCost:
     other_flops: int = 0  # elementwise, reductions, norms, pooling, losses: 1 per element
     bytes: int = 0  # inputs + outputs of every op, views excluded
     ops: int = 0  # aten ops launched (each pays a fixed dispatch or kernel-launch cost)
+    matmul_ops: int = 0  # of which matrix products (their size sets the rate they reach)
 
     @property
     def flops(self) -> int:
@@ -168,6 +171,7 @@ class PhaseCost:
         self.other_flops += other.other_flops
         self.bytes += other.bytes
         self.ops += other.ops
+        self.matmul_ops += other.matmul_ops
 
 
 @dataclass
@@ -199,7 +203,8 @@ class StepTrace:
 
     layers: list[LayerTrace]  # modules that did work, in execution order, plus loss/optimizer
     module_types: dict[str, str]  # every module name -> class name (containers included)
-    optimizer: PhaseCost
+    optimizer: PhaseCost  # torch's CPU default: a loop of kernels per parameter tensor
+    optimizer_foreach: PhaseCost  # its GPU default: multi-tensor (foreach) kernels
     uncounted_ops: dict[str, int]
     batch_size: int
     input_shape: list[int]  # one sample
@@ -213,27 +218,38 @@ class StepTrace:
 
 
 class _Recorder(TorchDispatchMode):
-    """Attributes every aten op's FLOPs and bytes to the innermost module running it."""
+    """Attributes every aten op's FLOPs and bytes to the module (and phase) running it."""
 
-    def __init__(self, tracker: ModuleTracker, root_name: str):
+    def __init__(self):
         super().__init__()
-        self.tracker = tracker
-        self.root_name = root_name
+        self.stack: list[str] = []  # forward: the modules being run, outermost first
+        self.node_owner: dict[object, str] = {}  # autograd node -> module whose forward made it
         self.scope: str | None = None  # LOSS or OPTIMIZER while those run outside modules
         self.costs: dict[tuple[str, str], PhaseCost] = {}
         self.uncounted: Counter[str] = Counter()
-        self.matmul_flops_by_op: Counter[str] = Counter()
 
     def current(self) -> tuple[str, str]:
         """(module name, phase) of the op being run."""
-        phase = "backward" if self.tracker.is_bw else "forward"
-        names = [n for n in self.tracker.parents if n != "Global"]
-        if not names:
-            return (self.scope or MODEL), phase
-        innermost = max(names, key=lambda n: n.count("."))
-        if innermost == self.root_name:
-            return MODEL, phase
-        return innermost.split(".", 1)[1], phase
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return self.node_owner.get(node, MODEL), "backward"
+        if self.stack:
+            return self.stack[-1], "forward"
+        return self.scope or MODEL, "forward"
+
+    def claim(self, outputs, owner: str, boundary: frozenset = frozenset()) -> None:
+        """Give `owner` the graph nodes behind `outputs` made since its inputs (`boundary`).
+
+        The walk stops at the inputs' nodes and at nodes an inner module claimed first (inner
+        modules finish, and claim, before their container does).
+        """
+        pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        while pending:
+            node = pending.pop()
+            if node is None or node in self.node_owner or node in boundary:
+                continue
+            self.node_owner[node] = owner
+            pending.extend(next_node for next_node, _ in node.next_functions)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -251,9 +267,11 @@ class _Recorder(TorchDispatchMode):
             packet = func.overloadpacket
             if packet in flop_registry:
                 cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
-                self.matmul_flops_by_op[name] += cost.matmul_flops
+                cost.matmul_ops = 1
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
                 cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
+            elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise
+                cost.other_flops = sum(t.numel() for t in args[0] if isinstance(t, torch.Tensor))
             elif name not in _MOVE:
                 self.uncounted[name] += 1
         key = self.current()
@@ -270,52 +288,58 @@ def _storage_id(tensor: torch.Tensor) -> int:
 
 
 class _ModuleWatcher:
-    """Forward hooks: call order, input/output bytes and output shape of every module."""
+    """Module hooks: the forward stack, call order, input/output bytes and shapes, node claims."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, recorder: _Recorder):
+        self.recorder = recorder
         self.layers: dict[str, LayerTrace] = {}
         self.handles = []
+        self.calls = 0
+        self.boundaries: list[frozenset] = []  # per running module: its inputs' graph nodes
         for name, module in model.named_modules():
-            if not name:
-                continue
-            leaf = next(module.children(), None) is None
+            name = name or MODEL
             own = list(module.parameters(recurse=False))
             self.layers[name] = LayerTrace(
                 name=name,
                 type=type(module).__name__,
                 order=-1,
-                leaf=leaf,
+                leaf=next(module.children(), None) is None,
                 params=sum(p.numel() for p in own),
                 weight_bytes=sum(_nbytes(p) for p in own),
             )
-            self.handles.append(module.register_forward_pre_hook(self._pre_hook(name)))
+            self.handles.append(
+                module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True)
+            )
             self.handles.append(module.register_forward_hook(self._hook(name)))
-        self.calls = 0
 
     def _pre_hook(self, name: str):
         """Order is when a module starts: a container comes just before its children."""
 
-        def hook(module, inputs):
+        def hook(module, args, kwargs):
             layer = self.layers[name]
             if layer.order < 0:
                 layer.order = self.calls
                 self.calls += 1
+            self.recorder.stack.append(name)
+            tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+            self.boundaries.append(frozenset(t.grad_fn for t in tensors if t.grad_fn is not None))
 
         return hook
 
     def _hook(self, name: str):
         def hook(module, inputs, output):
+            popped = self.recorder.stack.pop()
+            assert popped == name, f"module stack out of order: {popped} != {name}"
+            self.recorder.claim(output, name, self.boundaries.pop())
             layer = self.layers[name]
-            if layer.output_shape is None:
-                outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
-                layer.output_shape = list(outs[0].shape) if outs else None
+            outs = [t for t in tree_leaves(output) if isinstance(t, torch.Tensor)]
+            if layer.output_shape is None and outs:
+                layer.output_shape = list(outs[0].shape)
             layer.calls += 1
             layer.input_bytes += sum(
                 _nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)
             )
-            layer.output_bytes += sum(
-                _nbytes(t) for t in tree_leaves(output) if isinstance(t, torch.Tensor)
-            )
+            layer.output_bytes += sum(_nbytes(t) for t in outs)
 
         return hook
 
@@ -351,13 +375,11 @@ def trace_step(
         if x.is_floating_point():
             x = x.to(dtype)
     model.train()
-    watcher = _ModuleWatcher(model)
-    tracker = ModuleTracker()
-    recorder = _Recorder(tracker, type(model).__name__)
+    recorder = _Recorder()
+    watcher = _ModuleWatcher(model, recorder)
     saved = _SavedTensors(model, recorder)
     try:
-        # One tracker context for forward and backward: it arms its backward hooks in forward.
-        with tracker, recorder:
+        with recorder:
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 logits = model(x)
                 recorder.scope = LOSS
@@ -365,16 +387,19 @@ def trace_step(
                 loss = torch.nn.functional.cross_entropy(
                     logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
                 )
+            recorder.claim(loss, LOSS)
             loss.backward()
     finally:
         watcher.remove()
-    optimizer_cost, state_bytes = _trace_optimizer(build, make_optimizer)
+    optimizer_cost, state_bytes = _trace_optimizer(build, make_optimizer, foreach=False)
+    foreach_cost, _ = _trace_optimizer(build, make_optimizer, foreach=True)
     layers = _collect(watcher, recorder, saved)
     params = sum(p.numel() for p in model.parameters())
     return StepTrace(
         layers=layers,
-        module_types={name: layer.type for name, layer in watcher.layers.items()},
+        module_types={n: layer.type for n, layer in watcher.layers.items() if n != MODEL},
         optimizer=optimizer_cost,
+        optimizer_foreach=foreach_cost,
         uncounted_ops=dict(recorder.uncounted),
         batch_size=batch_size,
         input_shape=list(sample.shape),
@@ -417,6 +442,7 @@ class _SavedTensors:
 def _trace_optimizer(
     build: Callable[[], nn.Module],
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+    foreach: bool,
 ) -> tuple[PhaseCost, int]:
     """One real optimizer step on fp32 meta weights: its ops, and the state it allocates."""
     with torch.device("meta"):
@@ -425,7 +451,9 @@ def _trace_optimizer(
     for p in params:
         p.grad = torch.empty_like(p)
     optimizer = make_optimizer(params)
-    recorder = _Recorder(ModuleTracker(), "")
+    for group in optimizer.param_groups:
+        group["foreach"] = foreach
+    recorder = _Recorder()
     recorder.scope = OPTIMIZER
     with recorder:
         optimizer.step()
@@ -444,7 +472,7 @@ def _trace_optimizer(
 def _collect(
     watcher: _ModuleWatcher, recorder: _Recorder, saved: _SavedTensors
 ) -> list[LayerTrace]:
-    """Rows that did work: leaves, containers' own ops, then the loss; in execution order."""
+    """Rows that did work: leaves and containers' own ops in execution order, then the loss."""
     rows: list[LayerTrace] = []
     for name, layer in watcher.layers.items():
         forward = recorder.costs.get((name, "forward"), PhaseCost())
@@ -455,12 +483,8 @@ def _collect(
         layer.saved_bytes = saved.by_layer.get(name, 0)
         rows.append(layer)
     rows.sort(key=lambda layer: layer.order)
-    for name, order in ((MODEL, -1), (LOSS, len(watcher.layers))):
-        forward = recorder.costs.get((name, "forward"), PhaseCost())
-        backward = recorder.costs.get((name, "backward"), PhaseCost())
-        if forward.ops + backward.ops:
-            row = LayerTrace(name=name, type=name.strip("()"), order=order, leaf=True)
-            row.forward, row.backward = forward, backward
-            row.saved_bytes = saved.by_layer.get(name, 0)
-            rows.insert(0, row) if name == MODEL else rows.append(row)
-    return rows
+    loss = LayerTrace(name=LOSS, type="cross_entropy", order=len(rows), leaf=True)
+    loss.forward = recorder.costs.get((LOSS, "forward"), PhaseCost())
+    loss.backward = recorder.costs.get((LOSS, "backward"), PhaseCost())
+    loss.saved_bytes = saved.by_layer.get(LOSS, 0)
+    return [*rows, loss]

@@ -1,0 +1,166 @@
+"""Bench results on disk: one JSON record and one PNG plot per bench, in one output folder.
+
+Plots are drawn on a bare matplotlib Figure with the Agg canvas: no pyplot, no global backend
+switch, no display needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from dlscale.api import new_run_dir
+from dlscale.train.files import write_atomic, write_json_atomic
+
+GIGA = 1e9
+
+
+def output_dir(bench: str, out: str | Path | None = None) -> Path:
+    """`out`, or runs/bench-<bench>-<UTC timestamp>/; created."""
+    folder = Path(out) if out is not None else new_run_dir(f"bench-{bench}")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def write_outputs(bench: str, result: dict, out: str | Path | None = None) -> tuple[Path, Path]:
+    """Write `<bench>.json` and `<bench>.png` into the output folder; returns both paths."""
+    folder = output_dir(bench, out)
+    json_path = folder / f"{bench}.json"
+    png_path = folder / f"{bench}.png"
+    write_json_atomic(json_path, result)
+    figure = Figure(figsize=(9, 5.5), layout="constrained")
+    FigureCanvasAgg(figure)
+    PLOTS[bench](figure, result)
+    write_atomic(png_path, lambda handle: figure.savefig(handle, format="png", dpi=110))
+    return json_path, png_path
+
+
+def plot_machine(figure: Figure, result: dict) -> None:
+    """Matmul FLOP/s vs matrix size, one line per precision."""
+    axes = figure.add_subplot()
+    for precision in dict.fromkeys(row["precision"] for row in result["matmul"]):
+        rows = [row for row in result["matmul"] if row["precision"] == precision]
+        sizes = [row["size"] for row in rows]
+        axes.plot(sizes, [row["flops_per_s"] / GIGA for row in rows], marker="o", label=precision)
+    _log2_ticks(axes, sorted({row["size"] for row in result["matmul"]}))
+    axes.set_xlabel("matrix size n (n×n @ n×n)")
+    axes.set_ylabel("GFLOP/s")
+    bandwidth = result["bandwidth"]
+    overhead = result["op_overhead_s"]
+    axes.set_title(
+        f"{result['name']} ({result['device']}, {result['threads']} threads): copy "
+        f"{bandwidth['copy_bytes_per_s'] / GIGA:.1f} GB/s, triad "
+        f"{bandwidth['triad_bytes_per_s'] / GIGA:.1f} GB/s, op overhead "
+        f"{overhead['add_s'] * 1e6:.1f} µs",
+        fontsize=10,
+    )
+    _finish(axes)
+
+
+def plot_matmul(figure: Figure, result: dict) -> None:
+    """Matmul time vs size (log-log): CPU, GPU, and GPU including the copies there and back."""
+    axes = figure.add_subplot()
+    rows = result["rows"]
+    sizes = [row["size"] for row in rows]
+    lines = [("cpu_time_s", "CPU"), ("gpu_time_s", "GPU"), ("gpu_with_transfer_s", "GPU + copies")]
+    for key, label in lines:
+        if rows and rows[0][key] is not None:
+            axes.plot(sizes, [row[key] for row in rows], marker="o", label=label)
+    for key, style in (("gpu_wins_from_size", ":"), ("gpu_wins_with_transfer_from_size", "--")):
+        if result[key] is not None:
+            axes.axvline(
+                result[key], color="grey", linestyle=style, label=f"GPU wins from {result[key]}"
+            )
+    _log2_ticks(axes, sizes)
+    axes.set_yscale("log")
+    axes.set_xlabel("matrix size n (n×n @ n×n)")
+    axes.set_ylabel("time per product (s)")
+    title = f"{result['precision']} matmul"
+    axes.set_title(title + (f": {result['note']}" if result["note"] else f", {result['gpu']}"))
+    _finish(axes)
+
+
+def plot_loader(figure: Figure, result: dict) -> None:
+    """Throughput and data-wait share vs worker count, per pin setting; the baseline as a line."""
+    throughput = figure.add_subplot(1, 2, 1)
+    waiting = figure.add_subplot(1, 2, 2)
+    rows = [row for row in result["rows"] if row["loading"] == "per-sample"]
+    baseline = next(row for row in result["rows"] if row["loading"] == "in-memory")
+    for pin in dict.fromkeys(row["pin_memory"] for row in rows):
+        chosen = [row for row in rows if row["pin_memory"] == pin]
+        workers = [row["workers"] for row in chosen]
+        label = f"per-sample loading, pin_memory={pin}"
+        throughput.plot(workers, [row["samples_per_s"] for row in chosen], marker="o", label=label)
+        waiting.plot(
+            workers, [100 * row["data_wait_share"] for row in chosen], marker="o", label=label
+        )
+    throughput.axhline(
+        baseline["samples_per_s"], color="grey", linestyle="--", label="in-memory batches"
+    )
+    waiting.axhline(
+        100 * baseline["data_wait_share"], color="grey", linestyle="--", label="in-memory batches"
+    )
+    throughput.set_ylabel("training samples/s (steady state)")
+    waiting.set_ylabel("data wait (% of step time)")
+    for axes in (throughput, waiting):
+        axes.set_xlabel("DataLoader workers")
+        axes.set_xticks(sorted({row["workers"] for row in rows}))
+        axes.set_ylim(bottom=0)
+        _finish(axes)
+    figure.suptitle(
+        f"{result['spec']}: {result['model']}, batch {result['batch_size']}, {result['device']}"
+    )
+
+
+def plot_width(figure: Figure, result: dict) -> None:
+    """Step time and time per parameter vs width (log-log), with the cache crossings marked."""
+    rows = [row for row in result["rows"] if row["step_time_s"] is not None]
+    widths = [row["width"] for row in rows]
+    step = figure.add_subplot(1, 2, 1)
+    per_param = figure.add_subplot(1, 2, 2)
+    step.plot(widths, [row["step_time_s"] for row in rows], marker="o")
+    step.set_ylabel("training step time (s)")
+    per_param.plot(widths, [row["time_per_parameter_s"] * 1e9 for row in rows], marker="o")
+    per_param.set_ylabel("step time per parameter (ns)")
+    marks = (
+        ("state_exceeds_cache_from_width", "--", "weights+grads+Adam > cache"),
+        ("weight_matrix_exceeds_cache_from_width", ":", "one w×w weight > cache"),
+    )
+    for axes in (step, per_param):
+        for key, style, label in marks:
+            if result[key] is not None:
+                axes.axvline(
+                    result[key], color="grey", linestyle=style, label=f"{label} ({result[key]})"
+                )
+        _log2_ticks(axes, widths)
+        axes.set_yscale("log")
+        axes.set_xlabel("hidden width w (mlp hidden=[w, w])")
+        _finish(axes)
+    skipped = [row["width"] for row in result["rows"] if row["skipped"]]
+    note = f"; skipped (memory): {skipped}" if skipped else ""
+    figure.suptitle(f"MLP width sweep, batch {result['batch_size']}, {result['device']}{note}")
+
+
+def _log2_ticks(axes: Axes, values: list[int]) -> None:
+    """A log2 x axis labelled with the measured values themselves (64, 128, ...), not 2^k."""
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(values, labels=[str(v) for v in values])
+    axes.minorticks_off()
+
+
+def _finish(axes: Axes) -> None:
+    axes.grid(True, which="both", alpha=0.3)
+    if axes.get_legend_handles_labels()[0]:
+        axes.legend(fontsize=8)
+
+
+PLOTS: dict[str, Callable[[Figure, dict], None]] = {
+    "machine": plot_machine,
+    "matmul": plot_matmul,
+    "loader": plot_loader,
+    "width": plot_width,
+}

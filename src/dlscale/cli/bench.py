@@ -1,0 +1,298 @@
+"""`dlscale bench ...`: measure this machine, and the field's classic scaling experiments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from dlscale.bench.loader import DEFAULT_STEPS, run_loader_bench
+from dlscale.bench.machine import machine_hardware, run_machine_bench
+from dlscale.bench.matmul import run_matmul_bench
+from dlscale.bench.output import write_outputs
+from dlscale.bench.width import run_width_bench
+from dlscale.cli.errors import user_errors
+from dlscale.cli.progress import percent
+from dlscale.errors import UserError
+from dlscale.hardware import save_local
+from dlscale.spec import load_spec
+from dlscale.units import binary_bytes
+
+app = typer.Typer(
+    name="bench",
+    help="Measure this machine, and rerun the field's classic scaling experiments.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(highlight=False)
+
+OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
+
+
+def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:
+    """'64,128,256' -> [64, 128, 256]; anything else is a one-line UserError naming the option."""
+    values = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = int(part)
+        except ValueError:
+            raise UserError(
+                f"{option}: '{part}' is not an integer (give a comma-separated list, e.g. 64,128)"
+            ) from None
+        if value < minimum:
+            raise UserError(f"{option}: {value} is below the minimum of {minimum}")
+        values.append(value)
+    return values
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1e-3:
+        return f"{value * 1e6:.1f} µs"
+    return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def giga(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value / 1e9:,.1f}{unit}"
+
+
+def print_written(json_path: Path, png_path: Path) -> None:
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+# ------------------------------------------------------------------------------ machine
+
+
+@app.command()
+@user_errors
+def machine(
+    quick: bool = typer.Option(False, "--quick", help="Fewer sizes, shorter timings (seconds)."),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+    no_save: bool = typer.Option(
+        False, "--no-save", help="Do not save the result as the 'local' hardware entry."
+    ),
+    device: str = typer.Option(
+        "auto", "--device", help="auto (cuda if visible, else cpu) | cpu | cuda."
+    ),
+) -> None:
+    """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
+    console.print(
+        "measuring this machine" + (" (quick)" if quick else " (about a minute)") + " ..."
+    )
+    result = run_machine_bench(quick=quick, device=device)
+    hardware = machine_hardware(result)
+    console.print(matmul_sweep_table(result))
+    console.print(machine_table(result))
+    print_written(*write_outputs("machine", result, out))
+    if no_save:
+        console.print("not saved as hardware 'local' (--no-save)")
+    else:
+        console.print(f"saved as hardware 'local': {save_local(hardware)}")
+
+
+def matmul_sweep_table(result: dict) -> Table:
+    precisions = list(dict.fromkeys(row["precision"] for row in result["matmul"]))
+    table = Table(title=f"matmul GFLOP/s, {result['name']} ({result['device']})")
+    table.add_column("n", justify="right", style="bold")
+    for precision in precisions:
+        table.add_column(precision, justify="right")
+    for size in sorted({row["size"] for row in result["matmul"]}):
+        cells = {
+            row["precision"]: row["flops_per_s"] for row in result["matmul"] if row["size"] == size
+        }
+        table.add_row(str(size), *(giga(cells.get(p)) for p in precisions))
+    for precision, sizes in result["matmul_skipped_as_slow"].items():
+        table.caption = f"{precision}: sizes {sizes} skipped (a smaller product took over 0.5 s)"
+    return table
+
+
+def machine_table(result: dict) -> Table:
+    table = Table(title="this machine, measured")
+    table.add_column("what", style="bold")
+    table.add_column("measured", justify="right")
+    for precision, flops in result["peak_flops"].items():
+        table.add_row(f"peak matmul {precision}", giga(flops, " GFLOP/s"))
+    bandwidth = result["bandwidth"]
+    size = binary_bytes(bandwidth["tensor_bytes"])
+    table.add_row(f"memory copy ({size} tensors)", giga(bandwidth["copy_bytes_per_s"], " GB/s"))
+    table.add_row(f"memory triad ({size} tensors)", giga(bandwidth["triad_bytes_per_s"], " GB/s"))
+    link = result["host_link"]
+    if link:
+        for memory in ("pinned", "pageable"):
+            for direction, arrow in (("h2d", "host→device"), ("d2h", "device→host")):
+                rate = link[f"{memory}_{direction}_bytes_per_s"]
+                table.add_row(f"{arrow}, {memory}", giga(rate, " GB/s"))
+    overhead = result["op_overhead_s"]
+    table.add_row("per-op overhead: add of 1 element", seconds(overhead["add_s"]))
+    table.add_row("per-op overhead: 8×8 matmul", seconds(overhead["mm_s"]))
+    cache = result["last_level_cache_bytes"]
+    cache_text = binary_bytes(cache) if cache else "unknown"
+    table.add_row(
+        "memory / last-level cache", f"{binary_bytes(result['memory_bytes'])} / {cache_text}"
+    )
+    table.add_row("torch, threads", f"{result['torch_version']}, {result['threads']}")
+    table.add_row("bench time", f"{result['elapsed_s']:.1f} s")
+    return table
+
+
+# ------------------------------------------------------------------------------- matmul
+
+
+@app.command()
+@user_errors
+def matmul(
+    sizes: str | None = typer.Option(None, "--sizes", help="Matrix sizes, e.g. 64,128,256."),
+    precision: str = typer.Option("fp32", "--precision", help="fp64 | fp32 | tf32 | bf16 | fp16."),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """CPU vs GPU matmul time and FLOP/s across sizes: where the accelerator starts to win."""
+    size_list = parse_int_list(sizes, "--sizes") if sizes is not None else None
+    result = run_matmul_bench(size_list, precision)
+    console.print(matmul_table(result))
+    print_written(*write_outputs("matmul", result, out))
+
+
+def matmul_table(result: dict) -> Table:
+    has_gpu = result["gpu_available"]
+    versus = f"CPU vs {result['gpu']}" if has_gpu else "CPU"
+    table = Table(title=f"{result['precision']} matmul (n×n @ n×n), {versus}")
+    columns = ["n", "CPU time", "CPU GFLOP/s"]
+    if has_gpu:
+        columns += ["GPU time", "GPU GFLOP/s", "GPU + copies", "faster"]
+    for name in columns:
+        table.add_column(name, justify="right")
+    for row in result["rows"]:
+        cells = [str(row["size"]), seconds(row["cpu_time_s"]), giga(row["cpu_flops_per_s"])]
+        if has_gpu:
+            cells += [
+                seconds(row["gpu_time_s"]),
+                giga(row["gpu_flops_per_s"]),
+                seconds(row["gpu_with_transfer_s"]),
+                faster(row),
+            ]
+        table.add_row(*cells)
+    if not has_gpu:
+        table.caption = result["note"]
+    else:
+        table.caption = (
+            f"GPU faster from n = {result['gpu_wins_from_size'] or 'never'}; counting the copies "
+            f"of both operands there and the result back: from n = "
+            f"{result['gpu_wins_with_transfer_from_size'] or 'never'}"
+        )
+    return table
+
+
+def faster(row: dict) -> str:
+    if row["gpu_with_transfer_s"] < row["cpu_time_s"]:
+        return "GPU, even with copies"
+    return "GPU, without copies" if row["gpu_time_s"] < row["cpu_time_s"] else "CPU"
+
+
+# ------------------------------------------------------------------------------- loader
+
+
+@app.command()
+@user_errors
+def loader(
+    spec: Path | None = typer.Option(
+        None, "--spec", help="Job spec to train (default: synthetic 3×32×32 images, an MLP)."
+    ),
+    workers: str = typer.Option("0,1,2", "--workers", help="DataLoader worker counts, e.g. 0,1,2."),
+    steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="Training steps per setting."),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """Training throughput vs DataLoader workers and pin_memory, with per-sample loading."""
+    worker_counts = parse_int_list(workers, "--workers", minimum=0)
+    result = run_loader_bench(load_spec(spec) if spec else None, worker_counts, steps)
+    console.print(loader_table(result))
+    print_written(*write_outputs("loader", result, out))
+
+
+def loader_table(result: dict) -> Table:
+    title = f"{result['spec']}: {result['model']}, batch {result['batch_size']}"
+    table = Table(title=f"{title} on {result['device']}")
+    table.add_column("loading", no_wrap=True)
+    for name in ("workers", "pin", "samples/s", "step", "data wait", "h2d", "compute"):
+        table.add_column(name, justify="right")
+    for row in result["rows"]:
+        table.add_row(
+            row["loading"],
+            str(row["workers"]),
+            "yes" if row["pin_memory"] else "no",
+            f"{row['samples_per_s']:,.0f}",
+            seconds(row["step_time_s"]),
+            percent(row["data_wait_share"]),
+            percent(row["h2d_share"]),
+            percent(row["compute_share"]),
+        )
+    notes = [
+        "in-memory: whole batches gathered from tensors; per-sample: each sample cropped, "
+        "resized, flipped, jittered and normalised on its own",
+        f"steady state (the first {result['warmup_steps_excluded']} steps left out)",
+    ]
+    table.caption = "; ".join([*notes, *([result["note"]] if result["note"] else [])])
+    return table
+
+
+# -------------------------------------------------------------------------------- width
+
+
+@app.command()
+@user_errors
+def width(
+    widths: str = typer.Option(
+        "128,256,512,1024,2048,4096,8192",
+        "--widths",
+        help="Hidden widths w: the MLP has two hidden layers of w units.",
+    ),
+    batch: int = typer.Option(64, "--batch", help="Batch size of each training step."),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """An MLP's training-step time as its width doubles, against the last-level cache and RAM."""
+    if batch < 1:
+        raise UserError(f"--batch: must be a positive integer (got {batch})")
+    result = run_width_bench(parse_int_list(widths, "--widths"), batch)
+    console.print(width_table(result))
+    print_written(*write_outputs("width", result, out))
+
+
+def width_table(result: dict) -> Table:
+    cache = result["last_level_cache_bytes"]
+    title = f"mlp(hidden=[w, w]) training steps, batch {result['batch_size']}, {result['device']}"
+    table = Table(title=escape(title))
+    for name in ("w", "parameters", "state", "step", "per param", "GFLOP/s", "note"):
+        table.add_column(name, justify="left" if name == "note" else "right")
+    for row in result["rows"]:
+        where = "" if not cache else "fits cache" if row["state_bytes"] <= cache else "beyond cache"
+        per_param = row["time_per_parameter_s"]
+        table.add_row(
+            str(row["width"]),
+            f"{row['parameters']:,}",
+            binary_bytes(row["state_bytes"]),
+            seconds(row["step_time_s"]),
+            "-" if per_param is None else f"{per_param * 1e9:.2f} ns",
+            giga(row["flops_per_s"]),
+            row["skipped"] or where,
+        )
+    marks = [
+        f"{label} from w = {result[key]}"
+        for key, label in (
+            ("state_exceeds_cache_from_width", "the state exceeds it"),
+            ("weight_matrix_exceeds_cache_from_width", "one w×w weight exceeds it"),
+        )
+        if result[key] is not None
+    ]
+    table.caption = "; ".join(
+        [
+            "state: weights, gradients and Adam's two moments (16 bytes a parameter)",
+            f"last-level cache {binary_bytes(cache) if cache else 'unknown'}",
+            *marks,
+        ]
+    )
+    return table

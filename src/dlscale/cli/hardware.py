@@ -1,0 +1,148 @@
+"""`dlscale hardware list|show`: the devices dlscale plans for, with their figures and sources."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dlscale import api
+from dlscale.cli.errors import user_errors
+from dlscale.hardware import PRECISIONS, Hardware
+
+app = typer.Typer(
+    help="The hardware catalogue: peak FLOP/s, memory, links and power of known devices.",
+    no_args_is_help=True,
+)
+console = Console(highlight=False)
+
+HARDWARE_FILES = typer.Option(
+    None,
+    "--hardware-file",
+    help="Extra catalogue file (TOML, repeatable); its entries replace same-named ones.",
+)
+AS_JSON = typer.Option(False, "--json", help="Print JSON in SI units (FLOP/s, bytes, bytes/s).")
+
+
+@app.command("list")
+@user_errors
+def list_devices(
+    as_json: bool = AS_JSON,
+    hardware_files: list[Path] | None = HARDWARE_FILES,
+) -> None:
+    """List every known device: shipped ones, ~/.dlscale/hardware/*.toml, and --hardware-file."""
+    devices = api.hardware(extra_files=hardware_files)
+    if as_json:
+        print(json.dumps([record(device) for device in devices], indent=2))
+        return
+    table = Table(title="dlscale hardware catalogue")
+    table.add_column("name", style="bold", no_wrap=True)
+    table.add_column("kind")
+    table.add_column("device")
+    for column in ("fp32\nTFLOP/s", "bf16/fp16\nTFLOP/s", "memory\nGiB", "bandwidth\nGB/s"):
+        table.add_column(column, justify="right")
+    table.add_column("host link")
+    table.add_column("TDP\nW", justify="right")
+    for device in devices:
+        table.add_row(
+            device.name,
+            device.kind,
+            device.display_name,
+            _number(device.peak_flops["fp32"] / 1e12),
+            _half_precision(device),
+            _number(device.memory_bytes / 2**30),
+            _number(device.memory_bandwidth_bytes_per_s / 1e9),
+            device.host_link or "—",
+            _number(device.tdp_w) if device.tdp_w else "—",
+        )
+    console.print(table)
+    console.print(
+        "Peaks are dense (no 2:4 sparsity); a device without bf16/fp16 units trains mixed "
+        "precision at its fp32 rate. 'dlscale hardware show NAME' gives every figure's source."
+    )
+
+
+@app.command("show")
+@user_errors
+def show(
+    name: str = typer.Argument(
+        ..., help="Device name, e.g. a100-40gb (see 'dlscale hardware list')."
+    ),
+    as_json: bool = AS_JSON,
+    hardware_files: list[Path] | None = HARDWARE_FILES,
+) -> None:
+    """Every figure of one device, with the sources it comes from and how it was derived."""
+    (device,) = api.hardware([name], extra_files=hardware_files)
+    if as_json:
+        print(json.dumps(record(device), indent=2))
+        return
+    table = Table(title=f"{device.display_name} ({device.name})", show_header=False)
+    table.add_column("field", style="bold")
+    table.add_column("value", overflow="fold")
+    for field, value in _rows(device):
+        table.add_row(field, value)
+    console.print(table)
+
+
+def record(device: Hardware) -> dict:
+    """A device as a JSON-ready dict in SI units (the Hardware fields)."""
+    return dataclasses.asdict(device) | {"sources": list(device.sources)}
+
+
+def _rows(device: Hardware) -> list[tuple[str, str]]:
+    rows = [("kind", device.kind), ("vendor", device.vendor)]
+    for precision in PRECISIONS:
+        if precision in device.peak_flops:
+            unit = "TOP/s" if precision == "int8" else "TFLOP/s"
+            rows.append(
+                (f"peak {precision}", f"{_number(device.peak_flops[precision] / 1e12)} {unit}")
+            )
+    rows += [
+        ("memory", f"{_number(device.memory_bytes / 2**30)} GiB"),
+        ("memory bandwidth", f"{_number(device.memory_bandwidth_bytes_per_s / 1e9)} GB/s"),
+        ("host link", _link(device.host_link, device.host_link_bytes_per_s, "one direction")),
+        ("interconnect", _link(device.interconnect, device.interconnect_bytes_per_s, "total")),
+        ("TDP", f"{_number(device.tdp_w)} W" if device.tdp_w else "—"),
+        (
+            "compute efficiency",
+            _default_marked(device.efficiency_compute, device.compute_efficiency),
+        ),
+        ("memory efficiency", _default_marked(device.efficiency_memory, device.memory_efficiency)),
+        (
+            "op overhead",
+            _default_marked(device.overhead_per_op_s * 1e6, device.op_overhead_s, " µs"),
+        ),
+        ("sources", "\n".join(device.sources) or "—"),
+        ("notes", device.notes or "—"),
+    ]
+    if device.measured:
+        rows.append(("measured", json.dumps(device.measured, indent=2)))
+    return rows
+
+
+def _number(value: float) -> str:
+    """3 to 4 significant figures, with thousands separators for big values."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.4g}"
+
+
+def _half_precision(device: Hardware) -> str:
+    """The bf16 peak, else the fp16 one (marked), else a dash."""
+    if "bf16" in device.peak_flops:
+        return _number(device.peak_flops["bf16"] / 1e12)
+    if "fp16" in device.peak_flops:
+        return f"{_number(device.peak_flops['fp16'] / 1e12)} fp16"
+    return "—"
+
+
+def _link(name: str | None, bytes_per_s: float | None, direction: str) -> str:
+    if name is None or bytes_per_s is None:
+        return "—"
+    return f"{name}: {_number(bytes_per_s / 1e9)} GB/s {direction}"
+
+
+def _default_marked(value: float, given: float | None, unit: str = "") -> str:
+    return f"{value:.3g}{unit}" + ("" if given is not None else " (default for this kind)")

@@ -1,0 +1,117 @@
+"""`dlscale profile` and `dlscale estimate` as a person runs them."""
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dlscale.cli.main import app
+from tests.conftest import EXAMPLES
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def test_profile_json_schema_for_a_zoo_model():
+    result = run("profile", "lenet", "--batch", "16", "--hardware", "a100-40gb,i7-7700k", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["schema"] == "dlscale.profile/1" and data["batch_size"] == 16
+    assert data["totals"]["params"] == 41_282
+    assert data["totals"]["forward_flops"] == 2 * data["totals"]["forward_macs"]
+    names = [layer["name"] for layer in data["layers"]]
+    assert names[:3] == ["conv1", "relu1", "pool1"] and names[-1] == "(loss)"
+    conv1 = data["layers"][0]
+    assert conv1["working_set_bytes"] == (
+        conv1["input_bytes"] + conv1["output_bytes"] + conv1["weight_bytes"]
+    )
+    memory = data["totals"]["memory"]
+    assert memory["total_bytes"] == sum(
+        memory[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                            "activations_bytes", "batch_bytes")
+    )  # fmt: skip
+    devices = {hw["name"]: hw for hw in data["hardware"]}
+    assert set(devices) == {"a100-40gb", "i7-7700k"}
+    a100 = devices["a100-40gb"]
+    assert a100["fits"] and a100["step_s"] > 0 and a100["h2d_s"] > 0
+    assert devices["i7-7700k"]["h2d_s"] == 0  # a CPU trains from its own memory
+
+
+def test_a_gpu_beats_a_cpu_on_a_real_network_and_idles_on_a_tiny_one():
+    """Large layers run at the GPU's FLOP/s; tiny ones only pay its per-kernel launch cost."""
+
+    def hardware(model, batch):
+        args = ["profile", model, "--batch", batch, "--hardware", "a100-40gb,i7-7700k", "--json"]
+        return {hw["name"]: hw for hw in json.loads(run(*args).stdout)["hardware"]}
+
+    resnet = hardware("resnet18", 64)
+    assert resnet["a100-40gb"]["step_s"] * 20 < resnet["i7-7700k"]["step_s"]
+    lenet = hardware("lenet", 4)["a100-40gb"]
+    bounds = [layer["bound"] for layer in lenet["layers"] if layer["bound"] != "none"]
+    assert bounds.count("overhead") == len(bounds) == 12  # 13 rows; flatten is only a view
+    assert any("launch overhead dominates" in note for note in lenet["advice"])
+
+
+def test_profile_table_and_plots(tmp_path: Path):
+    result = run("profile", "gpt", "--batch", "4", "--hardware", "h100-sxm", "--plot", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "per layer" in result.stdout and "h100-sxm" in result.stdout
+    for name in ("working_set.png", "memory.png", "roofline.png", "step_time.png"):
+        assert (tmp_path / name).stat().st_size > 10_000, name
+
+
+def test_profile_a_spec_file_takes_its_settings():
+    result = run("profile", EXAMPLES / "gpt-synthetic.yaml", "--hardware", "l4", "--json")
+    data = json.loads(result.stdout)
+    assert data["batch_size"] == 32 and data["optimizer"] == "adamw"
+    assert data["dataset_size"] == 1638 and data["hardware"][0]["steps_per_epoch"] == 51
+
+
+def test_a_model_too_big_for_a_device_is_told_to_split():
+    """A 1.5-billion-parameter GPT (GPT-2 XL's shape) with Adam needs ~24 GB before activations."""
+    gpt_xl = '{"n_layer": 48, "d_model": 1600, "n_head": 25, "vocab_size": 50257}'
+    args = ["profile", "gpt", "--kwargs", gpt_xl, "--batch", "1", "--hardware", "gtx-1080,h100-sxm"]
+    hardware = json.loads(run(*args, "--json").stdout)["hardware"]
+    gtx, h100 = hardware
+    assert not gtx["fits"] and gtx["max_batch"] == 0
+    assert "split it across ≥ 4 devices" in gtx["advice"][0] and "pipeline" in gtx["advice"][0]
+    assert h100["fits"] and h100["max_batch"] > 1
+
+
+def test_lstm_advice_is_about_bandwidth():
+    data = json.loads(run("profile", "lstm", "--hardware", "v100-sxm2-16gb", "--json").stdout)
+    assert any("memory bandwidth" in note for note in data["hardware"][0]["advice"])
+
+
+def test_profile_bad_inputs_are_one_line_exit_2():
+    cases = [
+        (["profile", "lenet", "--hardware", "tpu-v9"], "unknown hardware 'tpu-v9'"),
+        (["profile", "lenet", "--input-shape", "1,8,8"], "cannot take samples of shape (1, 8, 8)"),
+        (["profile", "lenet", "--input-shape", "a,b"], "--input-shape takes comma-separated"),
+        (["profile", "nosuch"], "unknown model 'nosuch'"),
+        (["profile", "lenet", "--precision", "fp8"], "--precision must be"),
+        (["profile", "lenet", "--kwargs", "{bad"], "--kwargs is not valid JSON"),
+        (["profile", "missing.yaml"], "spec file not found"),
+        (["profile", "mymodels:build"], "cannot import module 'mymodels'"),
+    ]
+    for args, expected in cases:
+        result = run(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert expected in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_estimate_measures_and_extrapolates(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path))  # no `local` entry: measurement only
+    result = run(
+        "estimate", EXAMPLES / "mlp-digits.yaml", "--steps", "5", "--warmup", "2", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["steps_measured"] == 5 and data["total_steps"] == 20 * 22
+    assert data["step_s_p10"] <= data["step_s_median"] <= data["step_s_p90"]
+    expected = data["setup_s"] + 440 * data["step_s_median"] + 20 * data["eval_s"]
+    assert abs(data["total_s"] - expected) < 1e-9 and data["predicted_step_s"] is None
