@@ -18,6 +18,7 @@ import torch
 from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
+from dlscale.profiler.calibrate import conv_rates, op_efficiencies, training_op_overhead_s
 from dlscale.train.env import cpu_model
 
 SCHEMA = "dlscale.bench.machine/1"
@@ -186,6 +187,27 @@ def bandwidth_bytes_for(device: torch.device, quick: bool) -> int:
     return min(wanted, available_memory_bytes(device) // 12)
 
 
+def default_sizes(on_gpu: bool, quick: bool) -> tuple[int, ...]:
+    if on_gpu:
+        return QUICK_GPU_SIZES if quick else GPU_SIZES
+    return QUICK_SIZES if quick else DEFAULT_SIZES
+
+
+def matmul_table(sizes: list[int], device: torch.device, min_run_time_s: float) -> dict:
+    """Every precision's sweep: rows, sizes skipped as too slow, and the best FLOP/s of each."""
+    precisions = GPU_PRECISIONS if device.type == "cuda" else CPU_PRECISIONS
+    rows: list[dict] = []
+    skipped: dict[str, list[int]] = {}
+    peak_flops: dict[str, float] = {}
+    for precision in precisions:
+        sweep, too_slow = matmul_sweep(sizes, precision, device, min_run_time_s)
+        rows += sweep
+        peak_flops[precision] = max(row["flops_per_s"] for row in sweep)
+        if too_slow:
+            skipped[precision] = too_slow
+    return {"matmul": rows, "matmul_skipped_as_slow": skipped, "peak_flops": peak_flops}
+
+
 def run_machine_bench(
     sizes: Iterable[int] | None = None,
     quick: bool = False,
@@ -201,28 +223,17 @@ def run_machine_bench(
     dev = bench_device(device)
     on_gpu = dev.type == "cuda"
     if sizes is None:
-        sizes = (
-            (QUICK_GPU_SIZES if quick else GPU_SIZES)
-            if on_gpu
-            else (QUICK_SIZES if quick else DEFAULT_SIZES)
-        )
+        sizes = default_sizes(on_gpu, quick)
     sizes = sorted(set(sizes))
     if not sizes or sizes[0] < 1:
         raise UserError("matrix sizes must be positive integers")
     run_time_s = MIN_RUN_TIME_S[quick] if min_run_time_s is None else min_run_time_s
-    matmul: list[dict] = []
-    skipped: dict[str, list[int]] = {}
-    for precision in GPU_PRECISIONS if on_gpu else CPU_PRECISIONS:
-        rows, too_slow = matmul_sweep(sizes, precision, dev, run_time_s)
-        matmul += rows
-        if too_slow:
-            skipped[precision] = too_slow
-    peak_flops: dict[str, float] = {}
-    for row in matmul:
-        peak_flops[row["precision"]] = max(
-            peak_flops.get(row["precision"], 0.0), row["flops_per_s"]
-        )
-    stream_bytes = bandwidth_bytes or bandwidth_bytes_for(dev, quick)
+    link_bytes = bandwidth_bytes or HOST_LINK_BYTES[quick]
+    bandwidth = stream_bandwidth(
+        dev, bandwidth_bytes or bandwidth_bytes_for(dev, quick), run_time_s
+    )
+    best_bandwidth = max(bandwidth["copy_bytes_per_s"], bandwidth["triad_bytes_per_s"])
+    training_overhead_s = training_op_overhead_s(dev, run_time_s)
     return {
         "schema": SCHEMA,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -235,14 +246,15 @@ def run_machine_bench(
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "quick": quick,
-        "matmul": matmul,
-        "matmul_skipped_as_slow": skipped,
-        "peak_flops": peak_flops,
-        "bandwidth": stream_bandwidth(dev, stream_bytes, run_time_s),
-        "host_link": host_link_bandwidth(dev, bandwidth_bytes or HOST_LINK_BYTES[quick], run_time_s)
-        if on_gpu
-        else None,
+        **matmul_table(sizes, dev, run_time_s),
+        "bandwidth": bandwidth,
+        "host_link": host_link_bandwidth(dev, link_bytes, run_time_s) if on_gpu else None,
         "op_overhead_s": op_overhead(dev, run_time_s),
+        "training_op_overhead_s": training_overhead_s,
+        # Efficiencies of real training ops, for the roofline: convolutions by size, and the
+        # share of stream bandwidth each common memory-bound op reaches.
+        "conv_flops_per_s": conv_rates(dev, training_overhead_s, run_time_s),
+        "op_efficiency": op_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s),
         "elapsed_s": time.perf_counter() - t_start,
     }
 
@@ -251,7 +263,6 @@ def machine_hardware(result: dict) -> Hardware:
     """The `local` Hardware entry: measured peaks, so both efficiencies are 1.0 by definition."""
     bandwidth = result["bandwidth"]
     link = result["host_link"]
-    overhead = result["op_overhead_s"]
     return Hardware(
         name="local",
         display_name=f"this machine: {result['name']}",
@@ -266,8 +277,9 @@ def machine_hardware(result: dict) -> Hardware:
         host_link_bytes_per_s=link["pinned_h2d_bytes_per_s"] if link else None,
         compute_efficiency=1.0,
         memory_efficiency=1.0,
-        # A layer's ops are mostly products; the tiny matmul is the costlier of the two probes.
-        op_overhead_s=max(overhead["add_s"], overhead["mm_s"]),
+        # What an op costs inside a training step (autograd and optimizer included), not the
+        # bare dispatch of one `torch.add`: that is what the roofline's overhead term models.
+        op_overhead_s=result["training_op_overhead_s"],
         sources=(f"measured by dlscale bench machine on {result['measured_at'][:10]}",),
         notes=f"{result['device']}, torch {result['torch_version']}, {result['threads']} threads",
         measured=measured_tables(result),
@@ -292,6 +304,9 @@ def measured_tables(result: dict) -> dict:
         "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],
         "host_link": result["host_link"],
         "op_overhead_s": dict(result["op_overhead_s"]),
+        "training_op_overhead_s": result["training_op_overhead_s"],
+        "conv_flops_per_s": result["conv_flops_per_s"],
+        "op_efficiency": result["op_efficiency"],
         "last_level_cache_bytes": result["last_level_cache_bytes"],
     }
     return {key: value for key, value in tables.items() if value is not None}

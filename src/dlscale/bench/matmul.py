@@ -23,6 +23,7 @@ GPU_EXTRA_SIZES = (4096,)
 # A sweep stops growing once one product takes this long: a slow precision (bf16 on a CPU without
 # bf16 instructions is ~10× slower than fp32) must not eat the whole time budget.
 MAX_PRODUCT_S = 0.5
+MAX_CPU_PRODUCT_S = 2.0  # the CPU-vs-GPU bench: past this the GPU has won by a wide margin
 
 
 def median_time_s(stmt: str, env: dict, min_run_time_s: float) -> float:
@@ -108,17 +109,41 @@ def matmul_sweep(
 
 
 def first_gpu_win(rows: list[dict], key: str) -> int | None:
-    """The smallest size at which the GPU time under `key` beats the CPU's, if any."""
+    """The smallest size at which the GPU time under `key` beats the (measured) CPU time."""
     for row in rows:
-        if row[key] is not None and row[key] < row["cpu_time_s"]:
+        if row[key] is not None and row["cpu_time_s"] is not None and row[key] < row["cpu_time_s"]:
             return row["size"]
     return None
+
+
+def cpu_vs_gpu_row(
+    n: int, precision: str, gpu: torch.device | None, measure_cpu: bool, min_run_time_s: float
+) -> dict:
+    """One size: CPU time, GPU time, and GPU time with the copies there and back (s, FLOP/s)."""
+    flops = matmul_flops(n)
+    times: dict[str, float | None] = {"cpu": None, "gpu": None, "gpu_with_transfer": None}
+    if measure_cpu:
+        times["cpu"] = time_matmul_s(n, precision, torch.device("cpu"), min_run_time_s)
+    if gpu is not None:
+        times["gpu"] = time_matmul_s(n, precision, gpu, min_run_time_s)
+        times["gpu_with_transfer"] = time_matmul_s(
+            n, precision, gpu, min_run_time_s, with_transfer=True
+        )
+    row: dict = {"size": n, "flops": flops}
+    for name, time_s in times.items():
+        row[f"{name}_time_s"] = time_s
+        row[f"{name}_flops_per_s"] = flops / time_s if time_s else None
+    return row
 
 
 def run_matmul_bench(
     sizes: Iterable[int] | None = None, precision: str = "fp32", min_run_time_s: float = 0.2
 ) -> dict:
-    """CPU vs GPU (when one is visible) time and FLOP/s of square products across sizes."""
+    """CPU vs GPU (when one is visible) time and FLOP/s of square products across sizes.
+
+    Once one CPU product takes over MAX_CPU_PRODUCT_S, larger sizes skip the CPU (fp16 runs at
+    ~1 GFLOP/s on many CPUs: n = 4096 would take minutes a product).
+    """
     check_precision(precision)
     has_gpu = torch.cuda.is_available()
     if sizes is None:
@@ -127,29 +152,19 @@ def run_matmul_bench(
     if not sizes or min(sizes) < 1:
         raise UserError("matrix sizes must be positive integers")
     gpu = torch.device("cuda") if has_gpu else None
-    rows = []
+    rows: list[dict] = []
+    cpu_skipped_from = None
     for n in sizes:
-        cpu_s = time_matmul_s(n, precision, torch.device("cpu"), min_run_time_s)
-        row = {
-            "size": n,
-            "flops": matmul_flops(n),
-            "cpu_time_s": cpu_s,
-            "cpu_flops_per_s": matmul_flops(n) / cpu_s,
-            "gpu_time_s": None,
-            "gpu_flops_per_s": None,
-            "gpu_with_transfer_s": None,
-            "gpu_with_transfer_flops_per_s": None,
-        }
-        if gpu is not None:
-            gpu_s = time_matmul_s(n, precision, gpu, min_run_time_s)
-            moved_s = time_matmul_s(n, precision, gpu, min_run_time_s, with_transfer=True)
-            row.update(
-                gpu_time_s=gpu_s,
-                gpu_flops_per_s=matmul_flops(n) / gpu_s,
-                gpu_with_transfer_s=moved_s,
-                gpu_with_transfer_flops_per_s=matmul_flops(n) / moved_s,
-            )
-        rows.append(row)
+        rows.append(cpu_vs_gpu_row(n, precision, gpu, cpu_skipped_from is None, min_run_time_s))
+        cpu_s = rows[-1]["cpu_time_s"]
+        if cpu_skipped_from is None and cpu_s is not None and cpu_s > MAX_CPU_PRODUCT_S:
+            cpu_skipped_from = next((size for size in sizes if size > n), None)
+    notes = [] if has_gpu else ["no CUDA GPU visible here: CPU only"]
+    if cpu_skipped_from is not None:
+        notes.append(
+            f"CPU not timed from n = {cpu_skipped_from}: a smaller product took over "
+            f"{MAX_CPU_PRODUCT_S:g} s"
+        )
     return {
         "schema": SCHEMA,
         "precision": precision,
@@ -157,10 +172,8 @@ def run_matmul_bench(
         "threads": torch.get_num_threads(),
         "gpu_available": has_gpu,
         "gpu": torch.cuda.get_device_name(gpu) if gpu is not None else None,
-        "note": None if has_gpu else "no CUDA GPU visible here: CPU only",
+        "note": "; ".join(notes) or None,
         "rows": rows,
-        "gpu_wins_from_size": first_gpu_win(rows, "gpu_time_s") if has_gpu else None,
-        "gpu_wins_with_transfer_from_size": first_gpu_win(rows, "gpu_with_transfer_s")
-        if has_gpu
-        else None,
+        "gpu_wins_from_size": first_gpu_win(rows, "gpu_time_s"),
+        "gpu_wins_with_transfer_from_size": first_gpu_win(rows, "gpu_with_transfer_time_s"),
     }

@@ -66,21 +66,31 @@ def plot_matmul(figure: Figure, result: dict) -> None:
     axes = figure.add_subplot()
     rows = result["rows"]
     sizes = [row["size"] for row in rows]
-    lines = [("cpu_time_s", "CPU"), ("gpu_time_s", "GPU"), ("gpu_with_transfer_s", "GPU + copies")]
+    lines = (
+        ("cpu_time_s", "CPU"),
+        ("gpu_time_s", "GPU"),
+        ("gpu_with_transfer_time_s", "GPU + copies"),
+    )
     for key, label in lines:
-        if rows and rows[0][key] is not None:
-            axes.plot(sizes, [row[key] for row in rows], marker="o", label=label)
-    for key, style in (("gpu_wins_from_size", ":"), ("gpu_wins_with_transfer_from_size", "--")):
+        measured = [(row["size"], row[key]) for row in rows if row[key] is not None]
+        if measured:
+            axes.plot(*zip(*measured, strict=True), marker="o", label=label)
+    wins = (
+        ("gpu_wins_from_size", ":", "GPU faster"),
+        ("gpu_wins_with_transfer_from_size", "--", "GPU + copies faster"),
+    )
+    for key, style, label in wins:
         if result[key] is not None:
             axes.axvline(
-                result[key], color="grey", linestyle=style, label=f"GPU wins from {result[key]}"
+                result[key], color="grey", linestyle=style, label=f"{label} from {result[key]}"
             )
     _log2_ticks(axes, sizes)
     axes.set_yscale("log")
     axes.set_xlabel("matrix size n (n×n @ n×n)")
     axes.set_ylabel("time per product (s)")
-    title = f"{result['precision']} matmul"
-    axes.set_title(title + (f": {result['note']}" if result["note"] else f", {result['gpu']}"))
+    versus = f"CPU vs {result['gpu']}" if result["gpu_available"] else "CPU"
+    note = f"\n{result['note']}" if result["note"] else ""
+    axes.set_title(f"{result['precision']} matmul, {versus}{note}", fontsize=10)
     _finish(axes)
 
 

@@ -17,6 +17,7 @@ from dlscale.errors import UserError
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import OptimizerSpec
 from dlscale.train.step import TrainStep, build_optimizer
+from dlscale.units import binary_bytes
 
 SCHEMA = "dlscale.bench.width/1"
 DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -90,6 +91,35 @@ def first_width(rows: list[dict], key: str, limit: int | None) -> int | None:
     return next((row["width"] for row in rows if row[key] > limit), None)
 
 
+def width_row(
+    width: int, batch_size: int, device: torch.device, free_bytes: int, min_run_time_s: float
+) -> dict:
+    """One width: sizes in bytes, and the measured step unless it would not fit in memory."""
+    params = parameter_count(width)
+    flops = step_matmul_flops(width, batch_size)
+    row = {
+        "width": width,
+        "parameters": params,
+        "state_bytes": STATE_BYTES_PER_PARAMETER * params,
+        "weight_matrix_bytes": FLOAT_BYTES * width * width,
+        "memory_estimate_bytes": memory_estimate_bytes(width, batch_size),
+        "flops": flops,
+        "step_time_s": None,
+        "time_per_parameter_s": None,
+        "flops_per_s": None,
+        "skipped": None,
+    }
+    if row["memory_estimate_bytes"] > MEMORY_SHARE * free_bytes:
+        row["skipped"] = (
+            f"needs ~{binary_bytes(row['memory_estimate_bytes'])}, over {MEMORY_SHARE:.0%} "
+            f"of the {binary_bytes(free_bytes)} free"
+        )
+        return row
+    step_s = time_train_step_s(width, batch_size, device, min_run_time_s)
+    row.update(step_time_s=step_s, time_per_parameter_s=step_s / params, flops_per_s=flops / step_s)
+    return row
+
+
 def run_width_bench(
     widths: Iterable[int] | None = None,
     batch_size: int = 64,
@@ -105,33 +135,7 @@ def run_width_bench(
     dev = bench_device(device)
     cache_bytes = last_level_cache_bytes(dev)
     free_bytes = available_memory_bytes(dev)
-    rows = []
-    for width in widths:
-        params = parameter_count(width)
-        flops = step_matmul_flops(width, batch_size)
-        row = {
-            "width": width,
-            "parameters": params,
-            "state_bytes": STATE_BYTES_PER_PARAMETER * params,
-            "weight_matrix_bytes": FLOAT_BYTES * width * width,
-            "memory_estimate_bytes": memory_estimate_bytes(width, batch_size),
-            "flops": flops,
-            "step_time_s": None,
-            "time_per_parameter_s": None,
-            "flops_per_s": None,
-            "skipped": None,
-        }
-        if row["memory_estimate_bytes"] > MEMORY_SHARE * free_bytes:
-            row["skipped"] = (
-                f"needs ~{row['memory_estimate_bytes'] / 2**30:.1f} GiB, over "
-                f"{MEMORY_SHARE:.0%} of the {free_bytes / 2**30:.1f} GiB free"
-            )
-        else:
-            step_s = time_train_step_s(width, batch_size, dev, min_run_time_s)
-            row.update(
-                step_time_s=step_s, time_per_parameter_s=step_s / params, flops_per_s=flops / step_s
-            )
-        rows.append(row)
+    rows = [width_row(w, batch_size, dev, free_bytes, min_run_time_s) for w in widths]
     return {
         "schema": SCHEMA,
         "device": str(dev),

@@ -83,7 +83,7 @@ def machine(
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
     console.print(
-        "measuring this machine" + (" (quick)" if quick else " (about a minute)") + " ..."
+        "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
     result = run_machine_bench(quick=quick, device=device)
     hardware = machine_hardware(result)
@@ -131,6 +131,7 @@ def machine_table(result: dict) -> Table:
     overhead = result["op_overhead_s"]
     table.add_row("per-op overhead: add of 1 element", seconds(overhead["add_s"]))
     table.add_row("per-op overhead: 8×8 matmul", seconds(overhead["mm_s"]))
+    table.add_row("per-op overhead in a training step", seconds(result["training_op_overhead_s"]))
     cache = result["last_level_cache_bytes"]
     cache_text = binary_bytes(cache) if cache else "unknown"
     table.add_row(
@@ -173,23 +174,29 @@ def matmul_table(result: dict) -> Table:
             cells += [
                 seconds(row["gpu_time_s"]),
                 giga(row["gpu_flops_per_s"]),
-                seconds(row["gpu_with_transfer_s"]),
+                seconds(row["gpu_with_transfer_time_s"]),
                 faster(row),
             ]
         table.add_row(*cells)
-    if not has_gpu:
-        table.caption = result["note"]
-    else:
-        table.caption = (
-            f"GPU faster from n = {result['gpu_wins_from_size'] or 'never'}; counting the copies "
-            f"of both operands there and the result back: from n = "
-            f"{result['gpu_wins_with_transfer_from_size'] or 'never'}"
+    notes = [result["note"]] if result["note"] else []
+    if has_gpu:
+        with_copies = from_size(result["gpu_wins_with_transfer_from_size"])
+        notes.append(
+            f"GPU faster {from_size(result['gpu_wins_from_size'])}; counting the copies of both "
+            f"operands there and the result back, {with_copies}"
         )
+    table.caption = "; ".join(notes)
     return table
 
 
+def from_size(size: int | None) -> str:
+    return f"from n = {size}" if size is not None else "at none of these sizes"
+
+
 def faster(row: dict) -> str:
-    if row["gpu_with_transfer_s"] < row["cpu_time_s"]:
+    if row["cpu_time_s"] is None:
+        return "GPU (CPU not timed)"
+    if row["gpu_with_transfer_time_s"] < row["cpu_time_s"]:
         return "GPU, even with copies"
     return "GPU, without copies" if row["gpu_time_s"] < row["cpu_time_s"] else "CPU"
 
@@ -218,7 +225,7 @@ def loader_table(result: dict) -> Table:
     title = f"{result['spec']}: {result['model']}, batch {result['batch_size']}"
     table = Table(title=f"{title} on {result['device']}")
     table.add_column("loading", no_wrap=True)
-    for name in ("workers", "pin", "samples/s", "step", "data wait", "h2d", "compute"):
+    for name in ("workers", "pin", "samples/s", "step", "data", "h2d", "compute"):
         table.add_column(name, justify="right")
     for row in result["rows"]:
         table.add_row(
@@ -234,6 +241,8 @@ def loader_table(result: dict) -> Table:
     notes = [
         "in-memory: whole batches gathered from tensors; per-sample: each sample cropped, "
         "resized, flipped, jittered and normalised on its own",
+        "data, h2d, compute: shares of the step spent waiting for the batch, copying it to the "
+        "device, and in forward, backward and update",
         f"steady state (the first {result['warmup_steps_excluded']} steps left out)",
     ]
     table.caption = "; ".join([*notes, *([result["note"]] if result["note"] else [])])
@@ -269,7 +278,7 @@ def width_table(result: dict) -> Table:
     for name in ("w", "parameters", "state", "step", "per param", "GFLOP/s", "note"):
         table.add_column(name, justify="left" if name == "note" else "right")
     for row in result["rows"]:
-        where = "" if not cache else "fits cache" if row["state_bytes"] <= cache else "beyond cache"
+        where = "" if not cache else "in cache" if row["state_bytes"] <= cache else "> cache"
         per_param = row["time_per_parameter_s"]
         table.add_row(
             str(row["width"]),

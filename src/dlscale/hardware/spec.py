@@ -78,13 +78,30 @@ class Hardware:
         curve = self.measured.get("matmul_flops_per_s", {}).get(used)
         if not curve or flops_per_op <= 0:
             return peak * self.efficiency_compute
-        points = sorted((int(size), float(rate)) for size, rate in curve.items())
-        sizes = [math.log(size) for size, _ in points]
-        target = math.log(max(1.0, flops_per_op / 2) ** (1 / 3))
-        i = bisect.bisect_left(sizes, target)
-        if i == 0:
-            return points[0][1]
-        if i == len(points):
-            return points[-1][1]
-        weight = (target - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
-        return points[i - 1][1] + weight * (points[i][1] - points[i - 1][1])
+        size = max(1.0, flops_per_op / 2) ** (1 / 3)
+        return _interpolate({int(n): rate for n, rate in curve.items()}, size)
+
+    def conv_rate(self, precision: str, flops_per_op: float) -> float:
+        """FLOP/s a convolution of this many FLOPs reaches (measured fp32 curve, if any)."""
+        curve = self.measured.get("conv_flops_per_s")
+        if not curve or flops_per_op <= 0 or precision != "fp32":
+            return self.matmul_rate(precision, flops_per_op)
+        return _interpolate({float(f): rate for f, rate in curve.items()}, flops_per_op)
+
+    def op_efficiency(self, op: str) -> float:
+        """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default."""
+        return self.measured.get("op_efficiency", {}).get(op, self.efficiency_memory)
+
+
+def _interpolate(curve: dict[float, float], x: float) -> float:
+    """y at x on a measured curve, linear in log x, clamped to the measured range."""
+    points = sorted(curve.items())
+    logs = [math.log(key) for key, _ in points]
+    target = math.log(x)
+    i = bisect.bisect_left(logs, target)
+    if i == 0:
+        return points[0][1]
+    if i == len(points):
+        return points[-1][1]
+    weight = (target - logs[i - 1]) / (logs[i] - logs[i - 1])
+    return points[i - 1][1] + weight * (points[i][1] - points[i - 1][1])

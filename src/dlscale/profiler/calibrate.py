@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import torch
 from torch import nn
 
-from dlscale.profiler.trace import trace_step
+from dlscale.profiler.trace import LOSS, trace_step
 from dlscale.train.device import synchronize
 
 TINY_WIDTH = 8  # products this small cost nothing; what remains is the per-op overhead
@@ -53,3 +54,143 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
         steps += 1
     synchronize(device)
     return (time.perf_counter() - start) / steps / ops
+
+
+CONV_CHANNELS = (4, 8, 16, 32, 64, 128)
+CONV_SIDE = 32
+CONV_BATCH = 8
+
+
+def _time_training_step(
+    model: nn.Module, x: torch.Tensor, device: torch.device, min_time_s: float
+) -> float:
+    """Seconds of one forward + backward of `model` on `x` (a sum as the loss), median-ish."""
+    model = model.to(device)
+    x = x.to(device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(x).float().sum().backward()
+
+    for _ in range(3):
+        step()
+    synchronize(device)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < min_time_s or steps < 5:
+        step()
+        steps += 1
+    synchronize(device)
+    return (time.perf_counter() - start) / steps
+
+
+def _traced(build, sample: torch.Tensor, batch: int, input_requires_grad: bool = False):
+    step = trace_step(build, sample, batch, "fp32", torch.optim.SGD, "sgd", input_requires_grad)
+    layers = [layer for layer in step.layers if layer.name != LOSS]
+    return layers
+
+
+def conv_rates(
+    device: torch.device, overhead_s: float, min_time_s: float = 0.3
+) -> dict[str, float]:
+    """Achieved FLOP/s of 3×3 convolutions (forward + backward) keyed by FLOPs per forward op.
+
+    Convolutions with few channels run far below a matrix product of the same FLOPs (im2col,
+    layout changes), so they get a curve of their own. Rates count the tracer's FLOPs.
+    """
+    rates = {}
+    for channels in CONV_CHANNELS:
+        build = lambda c=channels: nn.Conv2d(c, c, 3, padding=1)  # noqa: E731
+        sample = torch.zeros(channels, CONV_SIDE, CONV_SIDE)
+        (conv,) = _traced(build, sample, CONV_BATCH)
+        flops = conv.forward.matmul_flops + conv.backward.matmul_flops
+        ops = conv.forward.ops + conv.backward.ops
+        x = torch.randn(CONV_BATCH, channels, CONV_SIDE, CONV_SIDE)
+        seconds = _time_training_step(build(), x, device, min_time_s) - ops * overhead_s
+        rates[str(conv.forward.matmul_flops)] = flops / max(seconds, 1e-9)
+    return rates
+
+
+class _Probe(nn.Module):
+    """One memory-bound operation as a module, so it can be traced and timed alike."""
+
+    def __init__(self, kind: str, channels: int):
+        super().__init__()
+        self.kind = kind
+        self.norm = nn.LayerNorm(channels) if kind == "layer_norm" else None
+        self.batch_norm = nn.BatchNorm2d(channels) if kind == "batch_norm" else None
+
+    def forward(self, x):  # (B, C, H, W)
+        if self.kind == "relu":
+            return torch.relu(x)
+        if self.kind == "gelu":
+            return nn.functional.gelu(x)
+        if self.kind == "max_pool":
+            return nn.functional.max_pool2d(x, 2)
+        if self.kind == "softmax":
+            return torch.softmax(x, dim=-1)
+        if self.kind == "add":
+            return x + x.flip(0)
+        if self.kind == "layer_norm":
+            return self.norm(x)
+        return self.batch_norm(x)
+
+
+PROBES = ("relu", "gelu", "max_pool", "softmax", "add", "layer_norm", "batch_norm")
+PROBE_SHAPE = (16, 64, 64)  # one sample: 256 KiB; batch 8 makes 2 MiB tensors
+PROBE_BATCH = 8
+
+
+def op_efficiencies(
+    device: torch.device, bandwidth_bytes_per_s: float, overhead_s: float, min_time_s: float = 0.3
+) -> dict[str, float]:
+    """Share of stream bandwidth each common memory-bound op reaches here, by aten op name.
+
+    Each probe runs forward and backward (its input needs a gradient, as mid-network); its bytes
+    and ops come from the tracer, so the efficiency matches how the roofline counts. The
+    optimizer's elementwise ops are probed with a real Adam step over 4M parameters.
+    """
+    found: dict[str, float] = {}
+    channels = PROBE_SHAPE[-1]
+    for kind in PROBES:
+        step = trace_step(
+            lambda k=kind: _Probe(k, channels if k == "layer_norm" else PROBE_SHAPE[0]),
+            torch.zeros(PROBE_SHAPE), PROBE_BATCH, "fp32", torch.optim.SGD, "sgd", True,
+        )  # fmt: skip
+        rows = [layer for layer in step.layers if layer.name != LOSS]  # timed without a loss
+        costs = [layer.forward for layer in rows] + [layer.backward for layer in rows]
+        by_op = sum((cost.bytes_by_op for cost in costs), Counter())
+        ops = sum(cost.ops for cost in costs)
+        model = _Probe(kind, channels if kind == "layer_norm" else PROBE_SHAPE[0])
+        x = torch.randn(PROBE_BATCH, *PROBE_SHAPE, requires_grad=True)
+        seconds = _time_training_step(model, x, device, min_time_s) - ops * overhead_s
+        efficiency = sum(by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s
+        for op in by_op:
+            found[op] = _clamp(efficiency)
+    found.update(_optimizer_efficiencies(device, bandwidth_bytes_per_s, overhead_s, min_time_s))
+    return found
+
+
+def _optimizer_efficiencies(device, bandwidth_bytes_per_s, overhead_s, min_time_s) -> dict:
+    size = 1 << 22
+    step = trace_step(
+        lambda: nn.Linear(size, 1, bias=False), torch.zeros(size), 1, "fp32",
+        torch.optim.Adam, "adam",
+    )  # fmt: skip
+    cost = step.optimizer if device.type == "cpu" else step.optimizer_foreach
+    weight = nn.Parameter(torch.randn(size, device=device))
+    weight.grad = torch.randn(size, device=device)
+    optimizer = torch.optim.Adam([weight])
+    optimizer.step()
+    synchronize(device)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < min_time_s or steps < 5:
+        optimizer.step()
+        steps += 1
+    synchronize(device)
+    seconds = (time.perf_counter() - start) / steps - cost.ops * overhead_s
+    efficiency = _clamp(sum(cost.bytes_by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s)
+    return dict.fromkeys(cost.bytes_by_op, efficiency)
+
+
+def _clamp(efficiency: float) -> float:
+    return min(1.0, max(0.01, efficiency))

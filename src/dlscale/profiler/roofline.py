@@ -80,13 +80,24 @@ class Prediction:
 
 
 def phase_time(cost: PhaseCost, hardware: Hardware, precision: str) -> PhaseTime:
-    matmul_s = 0.0
-    if cost.matmul_flops:
-        per_op = cost.matmul_flops / max(1, cost.matmul_ops)
-        matmul_s = cost.matmul_flops / hardware.matmul_rate(precision, per_op)
+    products_s = 0.0
+    if cost.conv_flops:
+        rate = hardware.conv_rate(precision, cost.conv_flops / cost.conv_ops)
+        products_s += cost.conv_flops / rate
+    other_products = cost.matmul_flops - cost.conv_flops
+    if other_products:
+        per_op = other_products / max(1, cost.matmul_ops - cost.conv_ops)
+        products_s += other_products / hardware.matmul_rate(precision, per_op)
     vector_peak = hardware.peak_flops["fp32"] * hardware.efficiency_compute
-    compute_s = matmul_s + cost.other_flops / vector_peak
-    memory_s = cost.bytes / (hardware.memory_bandwidth_bytes_per_s * hardware.efficiency_memory)
+    compute_s = products_s + cost.other_flops / vector_peak
+    bandwidth = hardware.memory_bandwidth_bytes_per_s
+    # Memory-bound ops at their own measured efficiency (max-pooling on a CPU reaches a tenth of
+    # the stream bandwidth that ReLU reaches); everything else at the device's default.
+    memory_s = sum(
+        moved / (bandwidth * hardware.op_efficiency(op)) for op, moved in cost.bytes_by_op.items()
+    )
+    rest = cost.bytes - sum(cost.bytes_by_op.values())
+    memory_s += rest / (bandwidth * hardware.efficiency_memory)
     overhead_s = cost.ops * hardware.overhead_per_op_s
     return PhaseTime(max(compute_s, memory_s) + overhead_s, compute_s, memory_s, overhead_s)
 

@@ -161,6 +161,9 @@ class PhaseCost:
     bytes: int = 0  # inputs + outputs of every op, views excluded
     ops: int = 0  # aten ops launched (each pays a fixed dispatch or kernel-launch cost)
     matmul_ops: int = 0  # of which matrix products (their size sets the rate they reach)
+    conv_flops: int = 0  # the convolutions among the matrix products, and their count
+    conv_ops: int = 0
+    bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
 
     @property
     def flops(self) -> int:
@@ -172,6 +175,9 @@ class PhaseCost:
         self.bytes += other.bytes
         self.ops += other.ops
         self.matmul_ops += other.matmul_ops
+        self.conv_flops += other.conv_flops
+        self.conv_ops += other.conv_ops
+        self.bytes_by_op.update(other.bytes_by_op)
 
 
 @dataclass
@@ -268,12 +274,16 @@ class _Recorder(TorchDispatchMode):
             if packet in flop_registry:
                 cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
                 cost.matmul_ops = 1
+                if "conv" in name:
+                    cost.conv_flops, cost.conv_ops = cost.matmul_flops, 1
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
                 cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
             elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise
                 cost.other_flops = sum(t.numel() for t in args[0] if isinstance(t, torch.Tensor))
             elif name not in _MOVE:
                 self.uncounted[name] += 1
+            if not cost.matmul_ops:
+                cost.bytes_by_op[name] = cost.bytes
         key = self.current()
         self.costs.setdefault(key, PhaseCost()).add(cost)
         return out
@@ -358,10 +368,12 @@ def trace_step(
     precision: str,
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
     optimizer_name: str,
+    input_requires_grad: bool = False,
 ) -> StepTrace:
     """Run forward, loss, backward and one optimizer step of `build()` on the meta device.
 
     `sample` is one input (no batch dimension; float for images and features, int64 for tokens).
+    Data needs no gradient; `input_requires_grad` traces a block as if it sat mid-network.
     Mixed precision is approximated by running the whole forward and backward in bf16/fp16
     (activations at 2 bytes, as autocast saves most of them); weights, gradients and optimizer
     state are kept in fp32, as mixed-precision training keeps them.
@@ -374,6 +386,7 @@ def trace_step(
         model.to(dtype)
         if x.is_floating_point():
             x = x.to(dtype)
+    x.requires_grad_(input_requires_grad)
     model.train()
     recorder = _Recorder()
     watcher = _ModuleWatcher(model, recorder)
@@ -448,6 +461,8 @@ def _trace_optimizer(
     with torch.device("meta"):
         model = build()
     params = [p for p in model.parameters() if p.requires_grad]
+    if not params:  # nothing to update
+        return PhaseCost(), 0
     for p in params:
         p.grad = torch.empty_like(p)
     optimizer = make_optimizer(params)
