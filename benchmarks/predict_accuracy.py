@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 
 from dlscale import profiler
+from dlscale.bench.batch import synthetic_spec
 from dlscale.bench.machine import machine_hardware, run_machine_bench
 from dlscale.profiler.estimate import measure_steps
 from dlscale.profiler.target import resolve
-from dlscale.spec import parse_spec
 from dlscale.train.loop import Trainer
 
 GOAL = (0.7, 1.3)
@@ -28,24 +28,6 @@ WORKLOADS = [
     ("resnet18", {"num_classes": 10}, [3, 64, 64], False, (8, 32)),
     ("gpt", {}, [64], True, (8, 32)),
 ]
-
-
-def synthetic_spec(model: str, kwargs: dict, shape: list[int], tokens: bool, batch: int):
-    data = (
-        {"name": "synthetic", "kind": "tokens", "task": "language_modeling", "seq_len": shape[0],
-         "vocab_size": 256, "num_samples": batch * 40}
-        if tokens
-        else {"name": "synthetic", "shape": shape, "num_classes": 10, "num_samples": batch * 40}
-    )  # fmt: skip
-    return parse_spec(
-        {
-            "name": f"predict-{model}",
-            "model": {"name": model, "kwargs": kwargs},
-            "data": data,
-            "batch_size": batch,
-            "device": "cpu",
-        }
-    )
 
 
 def main() -> None:
@@ -64,7 +46,7 @@ def main() -> None:
     ratios = []
     for model, kwargs, shape, tokens, batches in WORKLOADS:
         for batch in batches:
-            spec = synthetic_spec(model, kwargs, shape, tokens, batch)
+            spec = synthetic_spec(model, kwargs, shape, tokens, batch, batch * 40, "cpu")
             with tempfile.TemporaryDirectory() as scratch:
                 trainer = Trainer(spec, Path(scratch))
                 times = sorted(measure_steps(trainer, warmup=3, steps=args.steps))
@@ -76,7 +58,8 @@ def main() -> None:
             label = f"{model} batch {batch}"
             print(f"{label:<22} {measured * 1e3:>8.2f}ms {predicted * 1e3:>8.2f}ms {ratio:>7.2f}")
     inside = sum(GOAL[0] <= r <= GOAL[1] for r in ratios)
-    print(f"{inside}/{len(ratios)} predictions within ±30% (ratios {min(ratios):.2f}–{max(ratios):.2f})")
+    spread = f"ratios {min(ratios):.2f}–{max(ratios):.2f}"
+    print(f"{inside}/{len(ratios)} predictions within ±30% ({spread})")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
 """Shared test helpers: the repository root and a reporter that records what the loop says."""
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Tests never see the developer's own hardware entries (~/.dlscale/hardware/local.toml, ...):
+# each test run gets an empty DLSCALE_HOME; tests that need one set their own.
+os.environ["DLSCALE_HOME"] = tempfile.mkdtemp(prefix="dlscale-home-")
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

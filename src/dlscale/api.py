@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from dlscale.errors import UserError
@@ -11,9 +10,8 @@ from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.spec import Spec, load_spec
 from dlscale.strategies import STRATEGIES
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
 from dlscale.train.reporter import Reporter
-
-DEFAULT_RUNS_DIR = Path("runs")
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
@@ -50,17 +48,6 @@ def train(
             )
     run = STRATEGIES[spec.strategy.name]
     return run(spec, run_dir, resume_from, reporter)
-
-
-def new_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
-    """runs/<name>-<UTC timestamp>, with a suffix if two runs start in the same second."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-    candidate = root / f"{name}-{stamp}"
-    suffix = 1
-    while candidate.exists():
-        suffix += 1
-        candidate = root / f"{name}-{stamp}-{suffix}"
-    return candidate
 
 
 def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:

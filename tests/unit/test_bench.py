@@ -242,3 +242,19 @@ def test_cli_bad_arguments_are_one_line_and_exit_2(args, expected):
     assert result.exit_code == 2
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_batch_bench_stops_before_memory_runs_out(tmp_path, monkeypatch):
+    """Rows up to the budget are measured; the first predicted over it ends the sweep unrun."""
+    from dlscale.bench import batch as batch_bench
+
+    monkeypatch.setattr(batch_bench, "available_memory_bytes", lambda device: 64 * 2**20)
+    result = batch_bench.run_batch_bench("mlp", [4, 16, 1 << 20, 1 << 21], {"hidden": [8]}, 2, 0.5)
+    rows = result["rows"]
+    assert [row["batch_size"] for row in rows] == [4, 16, 1 << 20]  # 2**21 never tried
+    assert [row["status"] for row in rows] == ["measured", "measured", "over memory budget"]
+    assert rows[0]["measured_samples_per_s"] > 0 and rows[2]["measured_step_s"] is None
+    assert rows[2]["predicted_memory_bytes"] > result["memory_budget_bytes"] == 32 * 2**20
+    assert result["predicted_on"] is None and rows[0]["predicted_step_s"] is None
+    json_path, png_path = write_outputs("batch", result, tmp_path)
+    assert json_path.exists() and png_path.stat().st_size > 10_000

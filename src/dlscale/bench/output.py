@@ -13,8 +13,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dlscale.api import new_run_dir
-from dlscale.train.files import write_atomic, write_json_atomic
+from dlscale.train.files import new_run_dir, write_atomic, write_json_atomic
 
 GIGA = 1e9
 
@@ -168,7 +167,44 @@ def _finish(axes: Axes) -> None:
         axes.legend(fontsize=8)
 
 
+def plot_batch(figure: Figure, result: dict) -> None:
+    """Throughput vs batch size, measured beside the roofline; predicted memory vs the budget."""
+    rows = result["rows"]
+    batches = [row["batch_size"] for row in rows]
+    throughput = figure.add_subplot(1, 2, 1)
+    memory = figure.add_subplot(1, 2, 2)
+    measured = [row for row in rows if row["measured_step_s"]]
+    throughput.plot(
+        [row["batch_size"] for row in measured],
+        [row["measured_samples_per_s"] for row in measured],
+        marker="o",
+        label="measured",
+    )
+    predicted = [row for row in rows if row["predicted_step_s"]]
+    if predicted:
+        throughput.plot(
+            [row["batch_size"] for row in predicted],
+            [row["predicted_samples_per_s"] for row in predicted],
+            marker="x",
+            linestyle="--",
+            label="predicted (roofline on local)",
+        )
+    throughput.set_ylabel("training samples/s")
+    memory.plot(batches, [row["predicted_memory_bytes"] / GIGA for row in rows], marker="o",
+                label="predicted training memory")  # fmt: skip
+    memory.axhline(result["memory_budget_bytes"] / GIGA, color="red", linestyle="--",
+                   label="memory budget")  # fmt: skip
+    memory.set_ylabel("GB")
+    memory.set_yscale("log")
+    for axes in (throughput, memory):
+        _log2_ticks(axes, batches)
+        axes.set_xlabel("batch size")
+        _finish(axes)
+    figure.suptitle(f"{result['model']}: throughput vs batch size, {result['device']}")
+
+
 PLOTS: dict[str, Callable[[Figure, dict], None]] = {
+    "batch": plot_batch,
     "machine": plot_machine,
     "matmul": plot_matmul,
     "loader": plot_loader,

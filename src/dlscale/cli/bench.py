@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -9,6 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dlscale.bench.batch import DEFAULT_BATCHES, run_batch_bench
 from dlscale.bench.loader import DEFAULT_STEPS, run_loader_bench
 from dlscale.bench.machine import machine_hardware, run_machine_bench
 from dlscale.bench.matmul import run_matmul_bench
@@ -304,4 +306,54 @@ def width_table(result: dict) -> Table:
             *marks,
         ]
     )
+    return table
+
+
+@app.command()
+@user_errors
+def batch(
+    model: str = typer.Option("lenet", "--model", help="A zoo model (or package.module:factory)."),
+    batches: str = typer.Option(
+        ",".join(str(b) for b in DEFAULT_BATCHES), "--batches", help="Batch sizes to try."
+    ),
+    kwargs: str | None = typer.Option(None, "--kwargs", help="Model kwargs as JSON."),
+    steps: int = typer.Option(5, "--steps", help="Timed steps per batch size."),
+    memory_fraction: float = typer.Option(
+        0.5, "--memory-fraction", help="Share of free memory a batch may be predicted to use."
+    ),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """Throughput vs batch size until memory runs out, with the roofline's curve beside it."""
+    if steps < 1:
+        raise UserError(f"--steps: must be a positive integer (got {steps})")
+    try:
+        model_kwargs = json.loads(kwargs) if kwargs else None
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
+    result = run_batch_bench(
+        model, parse_int_list(batches, "--batches"), model_kwargs, steps, memory_fraction
+    )
+    console.print(batch_table(result))
+    print_written(*write_outputs("batch", result, out))
+
+
+def batch_table(result: dict) -> Table:
+    title = f"{result['model']}: training throughput vs batch size, {result['device']}"
+    table = Table(title=escape(title))
+    for name in ("batch", "memory (predicted)", "measured step", "samples/s", "predicted step",
+                 "predicted samples/s", "status"):  # fmt: skip
+        table.add_column(name, justify="left" if name == "status" else "right")
+    for row in result["rows"]:
+        table.add_row(
+            str(row["batch_size"]),
+            binary_bytes(row["predicted_memory_bytes"]),
+            seconds(row["measured_step_s"]),
+            f"{row['measured_samples_per_s']:,.0f}" if row["measured_step_s"] else "-",
+            seconds(row["predicted_step_s"]),
+            f"{row['predicted_samples_per_s']:,.0f}" if row["predicted_step_s"] else "-",
+            row["status"],
+        )
+    budget = binary_bytes(result["memory_budget_bytes"])
+    note = "" if result["predicted_on"] else "; no prediction: run 'dlscale bench machine' first"
+    table.caption = f"memory budget {budget} (a share of free memory){note}"
     return table

@@ -1,4 +1,4 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Run folders and atomic file writes: a reader sees the old file or the new one, never half."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+DEFAULT_RUNS_DIR = Path("runs")
 
 
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
@@ -46,3 +49,14 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def new_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
+    """runs/<name>-<UTC timestamp>, with a suffix if two runs start in the same second."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    candidate = root / f"{name}-{stamp}"
+    suffix = 1
+    while candidate.exists():
+        suffix += 1
+        candidate = root / f"{name}-{stamp}-{suffix}"
+    return candidate
