@@ -8,11 +8,16 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 
 # package -> the dlscale modules it may import (besides itself)
+BASE = {"dlscale.errors", "dlscale.units"}
+TRAIN = BASE | {"dlscale.spec", "dlscale.models", "dlscale.data", "dlscale.train"}
 ALLOWED = {
     "models": {"dlscale.errors"},
     "data": {"dlscale.errors", "dlscale.spec"},
     "spec": {"dlscale.errors"},
-    "train": {"dlscale.errors", "dlscale.spec", "dlscale.models", "dlscale.data"},
+    "hardware": BASE | {"dlscale.train.files"},
+    "train": TRAIN,
+    "profiler": TRAIN | {"dlscale.hardware", "dlscale.profiler"},
+    "bench": TRAIN | {"dlscale.hardware", "dlscale.profiler", "dlscale.bench"},
 }
 NEVER_IN_MODELS = ("ray", "torch.distributed")
 
@@ -22,6 +27,8 @@ def imports_of(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "dlscale":
+            found.update(f"dlscale.{alias.name}" for alias in node.names)  # from dlscale import x
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
     return found

@@ -39,26 +39,31 @@ def list_devices(
     if as_json:
         print(json.dumps([record(device) for device in devices], indent=2))
         return
+    # Narrow terminals get the figures; names and links need room (`show` has them all).
+    wide = console.width >= 140
     table = Table(title="dlscale hardware catalogue")
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("kind")
-    table.add_column("device")
+    if wide:
+        table.add_column("device")
     for column in ("fp32\nTFLOP/s", "bf16/fp16\nTFLOP/s", "memory\nGiB", "bandwidth\nGB/s"):
-        table.add_column(column, justify="right")
-    table.add_column("host link")
+        table.add_column(column, justify="right", no_wrap=True)
+    if wide:
+        table.add_column("host link")
     table.add_column("TDP\nW", justify="right")
     for device in devices:
-        table.add_row(
-            device.name,
-            device.kind,
-            device.display_name,
+        figures = [
             _number(device.peak_flops["fp32"] / 1e12),
             _half_precision(device),
             _number(device.memory_bytes / 2**30),
             _number(device.memory_bandwidth_bytes_per_s / 1e9),
-            device.host_link or "—",
-            _number(device.tdp_w) if device.tdp_w else "—",
-        )
+        ]
+        tdp = _number(device.tdp_w) if device.tdp_w else "—"
+        if wide:
+            row = [device.display_name, *figures, device.host_link or "—", tdp]
+        else:
+            row = [*figures, tdp]
+        table.add_row(device.name, device.kind, *row)
     console.print(table)
     console.print(
         "Peaks are dense (no 2:4 sparsity); a device without bf16/fp16 units trains mixed "
