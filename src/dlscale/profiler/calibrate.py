@@ -16,6 +16,19 @@ TINY_DEPTH = 16
 TINY_BATCH = 4
 
 
+def seconds_per_call(fn, device: torch.device, min_time_s: float, warmup: int = 3) -> float:
+    """Mean seconds of `fn()` over at least `min_time_s` (and 5 calls), after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    synchronize(device)
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < min_time_s or calls < 5:
+        fn()
+        calls += 1
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
 def _tiny_model() -> nn.Module:
     layers = []
     for _ in range(TINY_DEPTH):
@@ -45,15 +58,7 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
         optimizer.step()
         loss.item()
 
-    for _ in range(10):
-        step()
-    synchronize(device)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_time_s or steps < 20:
-        step()
-        steps += 1
-    synchronize(device)
-    return (time.perf_counter() - start) / steps / ops
+    return seconds_per_call(step, device, min_time_s, warmup=10) / ops
 
 
 CONV_CHANNELS = (4, 8, 16, 32, 64, 128)
@@ -72,15 +77,7 @@ def _time_training_step(
         model.zero_grad(set_to_none=True)
         model(x).float().sum().backward()
 
-    for _ in range(3):
-        step()
-    synchronize(device)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_time_s or steps < 5:
-        step()
-        steps += 1
-    synchronize(device)
-    return (time.perf_counter() - start) / steps
+    return seconds_per_call(step, device, min_time_s)
 
 
 def _traced(build, sample: torch.Tensor, batch: int, input_requires_grad: bool = False):
@@ -180,14 +177,7 @@ def _optimizer_efficiencies(device, bandwidth_bytes_per_s, overhead_s, min_time_
     weight = nn.Parameter(torch.randn(size, device=device))
     weight.grad = torch.randn(size, device=device)
     optimizer = torch.optim.Adam([weight])
-    optimizer.step()
-    synchronize(device)
-    steps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_time_s or steps < 5:
-        optimizer.step()
-        steps += 1
-    synchronize(device)
-    seconds = (time.perf_counter() - start) / steps - cost.ops * overhead_s
+    seconds = seconds_per_call(optimizer.step, device, min_time_s) - cost.ops * overhead_s
     efficiency = _clamp(sum(cost.bytes_by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s)
     return dict.fromkeys(cost.bytes_by_op, efficiency)
 

@@ -26,158 +26,19 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from torch.multiprocessing.reductions import StorageWeakRef
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import flop_registry
 
-# Ops that move no data and compute nothing (beyond views, which torch marks itself).
-_FREE = {
-    "detach",
-    "alias",
-    "lift_fresh",
-    "_unsafe_view",
-    "unsafe_split",
-    "unsafe_chunk",
-    "_local_scalar_dense",
-    "_record_function_enter_new",
-    "_record_function_exit",
-    "record_stream",
-    "set_",
-    "resize_",
-}
-# Ops that only create a tensor: they write their output, compute nothing.
-_FACTORY = {
-    "empty",
-    "empty_like",
-    "empty_strided",
-    "new_empty",
-    "new_empty_strided",
-    "zeros",
-    "zeros_like",
-    "new_zeros",
-    "ones",
-    "ones_like",
-    "new_ones",
-    "full",
-    "full_like",
-    "new_full",
-    "arange",
-    "scalar_tensor",
-    "fill_",
-    "zero_",
-}
-# Ops that move data without arithmetic: bytes, no FLOPs.
-_MOVE = {
-    "clone",
-    "copy_",
-    "_to_copy",
-    "cat",
-    "stack",
-    "embedding",
-    "index_select",
-    "gather",
-    "scatter",
-    "scatter_add",
-    "index",
-    "index_put",
-    "index_put_",
-    "tril",
-    "triu",
-    "constant_pad_nd",
-    "repeat",
-    "flip",
-    "roll",
-    "select_backward",
-    "slice_backward",
-    "embedding_dense_backward",
-    "masked_fill",
-    "_unsafe_index",
-    "contiguous",
-}
-# Non-pointwise compute counted at one FLOP per element of the largest tensor.
-_ELEMENTWISE_LIKE = {
-    "sum",
-    "mean",
-    "amax",
-    "amin",
-    "max",
-    "min",
-    "var",
-    "var_mean",
-    "std",
-    "norm",
-    "linalg_vector_norm",
-    "cumsum",
-    "prod",
-    "_softmax",
-    "_log_softmax",
-    "_safe_softmax",
-    "_softmax_backward_data",
-    "_log_softmax_backward_data",
-    "native_layer_norm",
-    "native_layer_norm_backward",
-    "native_batch_norm",
-    "native_batch_norm_backward",
-    "_native_batch_norm_legit",
-    "_native_batch_norm_legit_functional",
-    "_native_batch_norm_legit_no_training",
-    "native_group_norm",
-    "native_group_norm_backward",
-    "max_pool2d_with_indices",
-    "max_pool2d_with_indices_backward",
-    "avg_pool2d",
-    "avg_pool2d_backward",
-    "_adaptive_avg_pool2d",
-    "_adaptive_avg_pool2d_backward",
-    "adaptive_max_pool2d",
-    "adaptive_max_pool2d_backward",
-    "nll_loss_forward",
-    "nll_loss_backward",
-    "nll_loss2d_forward",
-    "nll_loss2d_backward",
-    "_fused_dropout",
-    "native_dropout",
-    "native_dropout_backward",
-    "bernoulli_",
-    "bernoulli",
-    "rand_like",
-    "_thnn_fused_lstm_cell",
-    "_thnn_fused_lstm_cell_backward_impl",
-    "_thnn_fused_gru_cell",
-}
+from dlscale.profiler.recorder import (
+    LOSS,
+    MODEL,
+    OPTIMIZER,
+    PhaseCost,
+    Recorder,
+    nbytes,
+    storage_id,
+)
 
-LOSS = "(loss)"
-OPTIMIZER = "(optimizer)"
-MODEL = "(model)"  # ops in the root module's own forward, or autograd's own bookkeeping
-
-
-@dataclass
-class PhaseCost:
-    """What one phase (forward or backward) of one module did."""
-
-    matmul_flops: int = 0  # conv / linear / matmul / attention (FlopCounterMode's formulas)
-    other_flops: int = 0  # elementwise, reductions, norms, pooling, losses: 1 per element
-    bytes: int = 0  # inputs + outputs of every op, views excluded
-    ops: int = 0  # aten ops launched (each pays a fixed dispatch or kernel-launch cost)
-    matmul_ops: int = 0  # of which matrix products (their size sets the rate they reach)
-    conv_flops: int = 0  # the convolutions among the matrix products, and their count
-    conv_ops: int = 0
-    bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
-
-    @property
-    def flops(self) -> int:
-        return self.matmul_flops + self.other_flops
-
-    def add(self, other: PhaseCost) -> None:
-        self.matmul_flops += other.matmul_flops
-        self.other_flops += other.other_flops
-        self.bytes += other.bytes
-        self.ops += other.ops
-        self.matmul_ops += other.matmul_ops
-        self.conv_flops += other.conv_flops
-        self.conv_ops += other.conv_ops
-        self.bytes_by_op.update(other.bytes_by_op)
+__all__ = ["LOSS", "MODEL", "OPTIMIZER", "LayerTrace", "PhaseCost", "StepTrace", "trace_step"]
 
 
 @dataclass
@@ -223,84 +84,10 @@ class StepTrace:
     optimizer_name: str
 
 
-class _Recorder(TorchDispatchMode):
-    """Attributes every aten op's FLOPs and bytes to the module (and phase) running it."""
-
-    def __init__(self):
-        super().__init__()
-        self.stack: list[str] = []  # forward: the modules being run, outermost first
-        self.node_owner: dict[object, str] = {}  # autograd node -> module whose forward made it
-        self.scope: str | None = None  # LOSS or OPTIMIZER while those run outside modules
-        self.costs: dict[tuple[str, str], PhaseCost] = {}
-        self.uncounted: Counter[str] = Counter()
-
-    def current(self) -> tuple[str, str]:
-        """(module name, phase) of the op being run."""
-        node = torch._C._current_autograd_node()
-        if node is not None:
-            return self.node_owner.get(node, MODEL), "backward"
-        if self.stack:
-            return self.stack[-1], "forward"
-        return self.scope or MODEL, "forward"
-
-    def claim(self, outputs, owner: str, boundary: frozenset = frozenset()) -> None:
-        """Give `owner` the graph nodes behind `outputs` made since its inputs (`boundary`).
-
-        The walk stops at the inputs' nodes and at nodes an inner module claimed first (inner
-        modules finish, and claim, before their container does).
-        """
-        pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
-        while pending:
-            node = pending.pop()
-            if node is None or node in self.node_owner or node in boundary:
-                continue
-            self.node_owner[node] = owner
-            pending.extend(next_node for next_node, _ in node.next_functions)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        name = func.overloadpacket.__name__
-        if func.is_view or name in _FREE:
-            return out
-        cost = PhaseCost(ops=1)
-        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        if name in _FACTORY:
-            cost.bytes = sum(_nbytes(t) for t in outputs)
-        else:
-            cost.bytes = sum(_nbytes(t) for t in inputs + outputs)
-            packet = func.overloadpacket
-            if packet in flop_registry:
-                cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
-                cost.matmul_ops = 1
-                if "conv" in name:
-                    cost.conv_flops, cost.conv_ops = cost.matmul_flops, 1
-            elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
-                cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
-            elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise
-                cost.other_flops = sum(t.numel() for t in args[0] if isinstance(t, torch.Tensor))
-            elif name not in _MOVE:
-                self.uncounted[name] += 1
-            if not cost.matmul_ops:
-                cost.bytes_by_op[name] = cost.bytes
-        key = self.current()
-        self.costs.setdefault(key, PhaseCost()).add(cost)
-        return out
-
-
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def _storage_id(tensor: torch.Tensor) -> int:
-    return StorageWeakRef(tensor.untyped_storage()).cdata
-
-
 class _ModuleWatcher:
     """Module hooks: the forward stack, call order, input/output bytes and shapes, node claims."""
 
-    def __init__(self, model: nn.Module, recorder: _Recorder):
+    def __init__(self, model: nn.Module, recorder: Recorder):
         self.recorder = recorder
         self.layers: dict[str, LayerTrace] = {}
         self.handles = []
@@ -315,7 +102,7 @@ class _ModuleWatcher:
                 order=-1,
                 leaf=next(module.children(), None) is None,
                 params=sum(p.numel() for p in own),
-                weight_bytes=sum(_nbytes(p) for p in own),
+                weight_bytes=sum(nbytes(p) for p in own),
             )
             self.handles.append(
                 module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True)
@@ -347,9 +134,9 @@ class _ModuleWatcher:
                 layer.output_shape = list(outs[0].shape)
             layer.calls += 1
             layer.input_bytes += sum(
-                _nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)
+                nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)
             )
-            layer.output_bytes += sum(_nbytes(t) for t in outs)
+            layer.output_bytes += sum(nbytes(t) for t in outs)
 
         return hook
 
@@ -388,7 +175,7 @@ def trace_step(
             x = x.to(dtype)
     x.requires_grad_(input_requires_grad)
     model.train()
-    recorder = _Recorder()
+    recorder = Recorder()
     watcher = _ModuleWatcher(model, recorder)
     saved = _SavedTensors(model, recorder)
     try:
@@ -416,7 +203,7 @@ def trace_step(
         uncounted_ops=dict(recorder.uncounted),
         batch_size=batch_size,
         input_shape=list(sample.shape),
-        batch_bytes=_nbytes(x) + targets.numel() * 8,
+        batch_bytes=nbytes(x) + targets.numel() * 8,
         params=params,
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         saved_activation_bytes=saved.total_bytes,
@@ -429,16 +216,16 @@ def trace_step(
 class _SavedTensors:
     """Saved-tensor hooks: what autograd keeps for backward, once per storage, weights excluded."""
 
-    def __init__(self, model: nn.Module, recorder: _Recorder):
+    def __init__(self, model: nn.Module, recorder: Recorder):
         self.recorder = recorder
-        self.param_storages = {_storage_id(p) for p in model.parameters()}
+        self.param_storages = {storage_id(p) for p in model.parameters()}
         self.seen: set[int] = set()
         self.keep: list[torch.Tensor] = []  # alive until the end, so storage ids stay unique
         self.by_layer: Counter[str] = Counter()
         self.total_bytes = 0
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        storage = _storage_id(tensor)
+        storage = storage_id(tensor)
         if storage not in self.seen and storage not in self.param_storages:
             self.seen.add(storage)
             self.keep.append(tensor)
@@ -468,7 +255,7 @@ def _trace_optimizer(
     optimizer = make_optimizer(params)
     for group in optimizer.param_groups:
         group["foreach"] = foreach
-    recorder = _Recorder()
+    recorder = Recorder()
     recorder.scope = OPTIMIZER
     with recorder:
         optimizer.step()
@@ -476,7 +263,7 @@ def _trace_optimizer(
     for phase_cost in recorder.costs.values():
         cost.add(phase_cost)
     state_bytes = sum(
-        _nbytes(value)
+        nbytes(value)
         for state in optimizer.state.values()
         for value in state.values()
         if isinstance(value, torch.Tensor) and value.device.type == "meta"
@@ -484,9 +271,7 @@ def _trace_optimizer(
     return cost, state_bytes
 
 
-def _collect(
-    watcher: _ModuleWatcher, recorder: _Recorder, saved: _SavedTensors
-) -> list[LayerTrace]:
+def _collect(watcher: _ModuleWatcher, recorder: Recorder, saved: _SavedTensors) -> list[LayerTrace]:
     """Rows that did work: leaves and containers' own ops in execution order, then the loss."""
     rows: list[LayerTrace] = []
     for name, layer in watcher.layers.items():

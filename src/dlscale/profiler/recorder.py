@@ -1,0 +1,240 @@
+"""The op recorder: every aten op's FLOPs and bytes, attributed to a module and a phase.
+
+FLOPs of conv, linear, matmul and attention come from `torch.utils.flop_counter.flop_registry`,
+the formulas FlopCounterMode uses (FLOPs = 2 × MACs). Other compute (elementwise, reductions,
+norms, pooling, losses) counts one FLOP per element of the op's largest tensor. Every op moves the
+bytes of its tensor inputs and outputs; views move nothing. Unknown ops are listed by name.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+# Ops that move no data and compute nothing (beyond views, which torch marks itself).
+_FREE = {
+    "detach",
+    "alias",
+    "lift_fresh",
+    "_unsafe_view",
+    "unsafe_split",
+    "unsafe_chunk",
+    "_local_scalar_dense",
+    "_record_function_enter_new",
+    "_record_function_exit",
+    "record_stream",
+    "set_",
+    "resize_",
+}
+# Ops that only create a tensor: they write their output, compute nothing.
+_FACTORY = {
+    "empty",
+    "empty_like",
+    "empty_strided",
+    "new_empty",
+    "new_empty_strided",
+    "zeros",
+    "zeros_like",
+    "new_zeros",
+    "ones",
+    "ones_like",
+    "new_ones",
+    "full",
+    "full_like",
+    "new_full",
+    "arange",
+    "scalar_tensor",
+    "fill_",
+    "zero_",
+}
+# Ops that move data without arithmetic: bytes, no FLOPs.
+_MOVE = {
+    "clone",
+    "copy_",
+    "_to_copy",
+    "cat",
+    "stack",
+    "embedding",
+    "index_select",
+    "gather",
+    "scatter",
+    "scatter_add",
+    "index",
+    "index_put",
+    "index_put_",
+    "tril",
+    "triu",
+    "constant_pad_nd",
+    "repeat",
+    "flip",
+    "roll",
+    "select_backward",
+    "slice_backward",
+    "embedding_dense_backward",
+    "masked_fill",
+    "_unsafe_index",
+    "contiguous",
+}
+# Non-pointwise compute counted at one FLOP per element of the largest tensor.
+_ELEMENTWISE_LIKE = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "var",
+    "var_mean",
+    "std",
+    "norm",
+    "linalg_vector_norm",
+    "cumsum",
+    "prod",
+    "_softmax",
+    "_log_softmax",
+    "_safe_softmax",
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "native_batch_norm",
+    "native_batch_norm_backward",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training",
+    "native_group_norm",
+    "native_group_norm_backward",
+    "max_pool2d_with_indices",
+    "max_pool2d_with_indices_backward",
+    "avg_pool2d",
+    "avg_pool2d_backward",
+    "_adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d_backward",
+    "adaptive_max_pool2d",
+    "adaptive_max_pool2d_backward",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "nll_loss2d_forward",
+    "nll_loss2d_backward",
+    "_fused_dropout",
+    "native_dropout",
+    "native_dropout_backward",
+    "bernoulli_",
+    "bernoulli",
+    "rand_like",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_lstm_cell_backward_impl",
+    "_thnn_fused_gru_cell",
+}
+
+LOSS = "(loss)"
+OPTIMIZER = "(optimizer)"
+MODEL = "(model)"  # ops in the root module's own forward, or autograd's own bookkeeping
+
+
+@dataclass
+class PhaseCost:
+    """What one phase (forward or backward) of one module did."""
+
+    matmul_flops: int = 0  # conv / linear / matmul / attention (FlopCounterMode's formulas)
+    other_flops: int = 0  # elementwise, reductions, norms, pooling, losses: 1 per element
+    bytes: int = 0  # inputs + outputs of every op, views excluded
+    ops: int = 0  # aten ops launched (each pays a fixed dispatch or kernel-launch cost)
+    matmul_ops: int = 0  # of which matrix products (their size sets the rate they reach)
+    conv_flops: int = 0  # the convolutions among the matrix products, and their count
+    conv_ops: int = 0
+    bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
+
+    @property
+    def flops(self) -> int:
+        return self.matmul_flops + self.other_flops
+
+    def add(self, other: PhaseCost) -> None:
+        self.matmul_flops += other.matmul_flops
+        self.other_flops += other.other_flops
+        self.bytes += other.bytes
+        self.ops += other.ops
+        self.matmul_ops += other.matmul_ops
+        self.conv_flops += other.conv_flops
+        self.conv_ops += other.conv_ops
+        self.bytes_by_op.update(other.bytes_by_op)
+
+
+class Recorder(TorchDispatchMode):
+    """Attributes every aten op's FLOPs and bytes to the module (and phase) running it."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[str] = []  # forward: the modules being run, outermost first
+        self.node_owner: dict[object, str] = {}  # autograd node -> module whose forward made it
+        self.scope: str | None = None  # LOSS or OPTIMIZER while those run outside modules
+        self.costs: dict[tuple[str, str], PhaseCost] = {}
+        self.uncounted: Counter[str] = Counter()
+
+    def current(self) -> tuple[str, str]:
+        """(module name, phase) of the op being run."""
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return self.node_owner.get(node, MODEL), "backward"
+        if self.stack:
+            return self.stack[-1], "forward"
+        return self.scope or MODEL, "forward"
+
+    def claim(self, outputs, owner: str, boundary: frozenset = frozenset()) -> None:
+        """Give `owner` the graph nodes behind `outputs` made since its inputs (`boundary`).
+
+        The walk stops at the inputs' nodes and at nodes an inner module claimed first (inner
+        modules finish, and claim, before their container does).
+        """
+        pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        while pending:
+            node = pending.pop()
+            if node is None or node in self.node_owner or node in boundary:
+                continue
+            self.node_owner[node] = owner
+            pending.extend(next_node for next_node, _ in node.next_functions)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        if func.is_view or name in _FREE:
+            return out
+        cost = PhaseCost(ops=1)
+        inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        if name in _FACTORY:
+            cost.bytes = sum(nbytes(t) for t in outputs)
+        else:
+            cost.bytes = sum(nbytes(t) for t in inputs + outputs)
+            packet = func.overloadpacket
+            if packet in flop_registry:
+                cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+                cost.matmul_ops = 1
+                if "conv" in name:
+                    cost.conv_flops, cost.conv_ops = cost.matmul_flops, 1
+            elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
+                cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
+            elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise
+                cost.other_flops = sum(t.numel() for t in args[0] if isinstance(t, torch.Tensor))
+            elif name not in _MOVE:
+                self.uncounted[name] += 1
+            if not cost.matmul_ops:
+                cost.bytes_by_op[name] = cost.bytes
+        key = self.current()
+        self.costs.setdefault(key, PhaseCost()).add(cost)
+        return out
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def storage_id(tensor: torch.Tensor) -> int:
+    return StorageWeakRef(tensor.untyped_storage()).cdata
