@@ -115,3 +115,24 @@ def test_estimate_measures_and_extrapolates(tmp_path: Path, monkeypatch):
     assert data["step_s_p10"] <= data["step_s_median"] <= data["step_s_p90"]
     expected = data["setup_s"] + 440 * data["step_s_median"] + 20 * data["eval_s"]
     assert abs(data["total_s"] - expected) < 1e-9 and data["predicted_step_s"] is None
+
+
+def test_estimate_shows_the_roofline_when_this_machine_was_measured(tmp_path: Path, monkeypatch):
+    from dlscale.hardware.catalogue import save_local
+    from dlscale.hardware.spec import Hardware
+
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path))
+    save_local(
+        Hardware(
+            name="local", display_name="this machine", kind="cpu", vendor="test",
+            peak_flops={"fp32": 100e9}, memory_bytes=8 * 2**30,
+            memory_bandwidth_bytes_per_s=20e9, compute_efficiency=1.0, memory_efficiency=1.0,
+            op_overhead_s=3e-6,
+        )
+    )  # fmt: skip
+    args = ["estimate", EXAMPLES / "mlp-digits.yaml", "--steps", "4", "--warmup", "1"]
+    data = json.loads(run(*args, "--json").stdout)
+    assert data["predicted_step_s"] > 0
+    assert data["ratio"] == data["predicted_step_s"] / data["step_s_median"]
+    table = run(*args)
+    assert table.exit_code == 0 and "roofline / measured step time" in table.stdout
