@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "installing dlscale and its pinned dependencies into $(VENV) (first run only) ..."
 	@# torch first and alone: constraints pin it to 2.13.0, which pip takes from the local CPU wheel.
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
 	@touch $(STAMP)
 
 demo: setup

@@ -29,10 +29,23 @@ def train(
     out_dir: str | Path | None = None,
     resume: bool = False,
     reporter: Reporter | None = None,
+    cluster: str = "local",
+    address: str | None = None,
 ) -> dict:
-    """Train a spec with its strategy; returns the run record also written to run.json."""
+    """Train a spec with its strategy; returns the run record also written to run.json.
+
+    `cluster` picks where workers run: `local` processes (the default) or a `ray` cluster at
+    `address` (`auto`, or HOST:PORT of its head).
+    """
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
+    if cluster != "local" and spec.strategy.name == "single":
+        raise UserError(
+            f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
+        )
+    from dlscale.launch import make_launcher
+
+    launcher = make_launcher(cluster, address)
     resume_from = None
     if resume:
         run_dir = Path(out_dir) if out_dir else latest_run_dir(spec.name)
@@ -47,7 +60,7 @@ def train(
                 "or choose another --out"
             )
     run = STRATEGIES[spec.strategy.name]
-    return run(spec, run_dir, resume_from, reporter)
+    return run(spec, run_dir, resume_from, reporter, launcher)
 
 
 def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:

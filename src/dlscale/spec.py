@@ -177,8 +177,18 @@ class SingleStrategy(Strict):
     name: Literal["single"] = "single"
 
 
-# Later strategies (ddp, ps, pipeline, hybrid) join this union.
-StrategySpec = Annotated[SingleStrategy, Field(discriminator="name")]
+class DdpStrategy(Strict):
+    """Synchronous data parallel: N workers, a shard of every global batch each, allreduce."""
+
+    name: Literal["ddp"]
+    workers: PositiveInt = 2
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL on GPUs, gloo on CPUs
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None  # rendezvous; None: a free one
+    timeout_s: PositiveFloat = 60.0  # a collective waiting longer than this fails the job
+
+
+# Later strategies (ps, pipeline, hybrid) join this union.
+StrategySpec = Annotated[SingleStrategy | DdpStrategy, Field(discriminator="name")]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 

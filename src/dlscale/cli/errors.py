@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dlscale.errors import UserError
 
@@ -15,7 +16,8 @@ stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def fail(message: str, exit_code: int = 2) -> typer.Exit:
-    stderr.print(f"[bold red]error:[/] {message}", markup=True)
+    # Escaped: messages quote paths and library errors, and "[...]" in them is not markup.
+    stderr.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     return typer.Exit(exit_code)
 
 

@@ -54,11 +54,19 @@ def train(
     resume: bool = typer.Option(
         False, "--resume", help="Continue from the last checkpoint (of --out, or the newest run)."
     ),
+    cluster: str = typer.Option(
+        "local", "--cluster", help="Where parallel workers run: local processes, or ray."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Ray cluster: auto, or the head's HOST:PORT."
+    ),
 ) -> None:
     """Train a spec: progress bar, summary table, DIR/run.json and checkpoints."""
     reporter = RichReporter(console)
     try:
-        api.train(spec, out_dir=out, resume=resume, reporter=reporter)
+        api.train(
+            spec, out_dir=out, resume=resume, reporter=reporter, cluster=cluster, address=address
+        )
     finally:
         reporter.close()
 

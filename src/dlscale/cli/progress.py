@@ -97,7 +97,12 @@ def summary_table(record: dict) -> Table:
     table.add_column("value")
     table.add_row("validation accuracy", percent(final["val_accuracy"]))
     table.add_row("validation loss", f"{final['val_loss']:.4f}")
-    table.add_row("steps", f"{final['step']:,} (batch {record['plan']['global_batch_size']})")
+    plan = record["plan"]
+    workers = record.get("distributed", {}).get("workers", 1)
+    batch = f"batch {plan['global_batch_size']}"
+    if workers > 1:
+        batch += f" = {workers} workers × {plan['batch_size']}"
+    table.add_row("steps", f"{final['step']:,} ({batch})")
     table.add_row("wall time", f"{final['wall_s']:.1f} s (setup {final['setup_s']:.1f} s)")
     table.add_row("throughput", f"{final['train_samples_per_s']:,.0f} samples/s")
     table.add_row(
@@ -105,6 +110,21 @@ def summary_table(record: dict) -> Table:
         f"data wait {percent(timing['data_wait_share'])} · host→device "
         f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}",
     )
+    if workers > 1:
+        dist = record["distributed"]
+        table.add_row(
+            "per worker",
+            f"{final['per_worker_samples_per_s']:,.0f} samples/s "
+            f"(slowest {min(w['samples_per_s'] for w in record['workers']):,.0f})",
+        )
+        per_step_ms = dist["allreduce_s_per_step"] * 1e3
+        payload = binary_bytes(dist["allreduce_payload_bytes_per_step"])
+        sent = binary_bytes(dist["bytes_sent_per_worker_per_step"])
+        table.add_row(
+            "allreduce",
+            f"{per_step_ms:.2f} ms a step ({percent(dist['allreduce_share'])} of it, overlapping "
+            f"backward); {payload} of gradients, {sent} sent per worker ({dist['backend']})",
+        )
     kind = final["peak_memory_kind"].replace("_", " ")
     table.add_row("peak memory", f"{binary_bytes(final['peak_memory_bytes'])} ({kind})")
     table.add_row("run record", f"{record['run_dir']}/run.json")

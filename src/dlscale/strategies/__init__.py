@@ -2,9 +2,9 @@
 
 from collections.abc import Callable
 
-from dlscale.strategies import single
+from dlscale.strategies import ddp, single
 
-# name -> run(spec, run_dir, resume_from, reporter) -> the run record (run.json's content)
-STRATEGIES: dict[str, Callable[..., dict]] = {"single": single.run}
+# name -> run(spec, run_dir, resume_from, reporter, launcher) -> the run record (run.json)
+STRATEGIES: dict[str, Callable[..., dict]] = {"single": single.run, "ddp": ddp.run}
 
 __all__ = ["STRATEGIES"]

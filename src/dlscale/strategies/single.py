@@ -9,7 +9,10 @@ from dlscale.train.loop import Trainer
 from dlscale.train.reporter import Reporter
 
 
-def run(spec: Spec, run_dir: Path, resume_from: Path | None, reporter: Reporter) -> dict:
+def run(
+    spec: Spec, run_dir: Path, resume_from: Path | None, reporter: Reporter, launcher=None
+) -> dict:
+    """One process: the launcher is not needed (a cluster launcher is refused by api.train)."""
     trainer = Trainer(spec, run_dir, reporter)
     if resume_from is not None:
         trainer.resume(resume_from)

@@ -18,9 +18,9 @@ from dlscale.errors import UserError, one_line
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import Spec
 from dlscale.train import checkpoint as ckpt
+from dlscale.train import distributed
 from dlscale.train.device import (
     check_precision,
-    peak_memory,
     reset_peak_memory,
     resolve_device,
     synchronize,
@@ -28,11 +28,11 @@ from dlscale.train.device import (
 from dlscale.train.env import environment
 from dlscale.train.files import write_json_atomic
 from dlscale.train.metrics import StepSampler, StepTiming, TimingTotals, starving_advice
+from dlscale.train.record import run_record
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
 from dlscale.train.step import TrainStep, build_optimizer, evaluate
 
-RUN_SCHEMA = "dlscale.run/1"
 PROGRESS_EVERY_S = 0.1  # how often the reporter hears about steps; per-step calls cost time
 
 
@@ -107,24 +107,43 @@ class InProcessBatches:
 class Trainer:
     """Runs one spec on one device: the single strategy, and each worker of parallel ones."""
 
-    def __init__(self, spec: Spec, run_dir: Path, reporter: Reporter | None = None):
+    def __init__(
+        self,
+        spec: Spec,
+        run_dir: Path,
+        reporter: Reporter | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        device: torch.device | None = None,
+    ):
         self.spec = spec
         self.run_dir = Path(run_dir)
+        self.rank, self.world_size = rank, world_size
+        self.is_main = rank == 0  # the one worker that reports, evaluates and writes files
         self.reporter = reporter or NullReporter()
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.t_start = time.perf_counter()
-        self.device = resolve_device(spec.device)
+        self.device = device or resolve_device(spec.device)
         check_precision(spec.precision, self.device)
         torch.manual_seed(spec.seed)
         self.data = build_data(spec.data, spec.seed)
-        self.model = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
-        check_model_fits_data(self.model, self.data, spec.model.name)
-        self.model.to(self.device)
-        self.optimizer = build_optimizer(self.model.parameters(), spec.optimizer)
+        self.module = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
+        check_model_fits_data(self.module, self.data, spec.model.name)
+        self.module.to(self.device)
+        self.model, self.comm = self.module, None
+        if world_size > 1:
+            self.model, self.comm = distributed.wrap(self.module, self.device, world_size)
+            torch.manual_seed(spec.seed + 1 + rank)  # dropout differs between workers
+        self.optimizer = build_optimizer(self.module.parameters(), spec.optimizer)
         self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision)
-        self.plan = Plan.of(spec, self.data.num_train)
+        self.plan = Plan.of(spec, self.data.num_train, world_size)
         self.sampler = GlobalBatchSampler(
-            self.data.num_train, spec.batch_size, spec.seed, as_lists=spec.loader.workers > 0
+            self.data.num_train,
+            spec.batch_size,
+            spec.seed,
+            rank=rank,
+            world_size=world_size,
+            as_lists=spec.loader.workers > 0,
         )
         self.train_loader = self._loader()
         self.val_loader = DataLoader(self.data.val, batch_size=max(256, spec.batch_size))
@@ -138,6 +157,9 @@ class Trainer:
             self.warnings.append(f"loader.pin_memory is ignored on {self.device.type}")
         self.starving_warned = False
         self.train_wall_s = 0.0
+        self.workers: list[dict] = []
+        self.worker_info: dict = {}  # set by a launcher: where this worker runs
+        self.first_step_at: float | None = None
         self._epoch_losses: list[float] = []
         self.environment = environment(self.device)
         self.setup_s = time.perf_counter() - self.t_start
@@ -176,7 +198,7 @@ class Trainer:
                 f"{path} was written by a different spec (hash {state.get('spec_hash')}, "
                 f"this spec {self.spec.spec_hash()}); start a new run instead of --resume"
             )
-        self.model.load_state_dict(state["model"])
+        self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.step_fn.scaler is not None and state.get("scaler"):
             self.step_fn.scaler.load_state_dict(state["scaler"])
@@ -188,11 +210,15 @@ class Trainer:
         self.starving_warned = history["starving_warned"]
         self.step = self.resumed_from = int(state["step"])
         ckpt.restore_rng(state["rng"])
+        if self.world_size > 1:  # the checkpoint holds rank 0's stream; give each its own
+            torch.manual_seed(self.spec.seed + 1 + self.rank + 1_000_003 * self.step)
 
-    def save_checkpoint(self) -> Path:
+    def save_checkpoint(self) -> Path | None:
+        if not self.is_main:
+            return None
         state = {
             "spec_hash": self.spec.spec_hash(),
-            "model": self.model.state_dict(),
+            "model": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.step_fn.scaler.state_dict() if self.step_fn.scaler else None,
             "rng": ckpt.rng_state(self.device),
@@ -219,16 +245,18 @@ class Trainer:
         while self.step < self.plan.total_steps:
             epoch = self.step // self.plan.steps_per_epoch
             epoch_done = self.run_epoch(epoch)
-            if epoch_done or self.step == self.plan.total_steps:
+            if (epoch_done or self.step == self.plan.total_steps) and self.is_main:
                 self._end_epoch(epoch)
                 last_eval = self.step
                 self.save_checkpoint()
                 last_saved = self.step
-            self._write_record("running")
-        if last_eval != self.step:  # resumed at the very end: still report validation
+            if self.is_main:
+                self._write_record("running")
+        if last_eval != self.step and self.is_main:  # resumed at the end: still validate
             self._end_epoch(max(0, (self.step - 1) // self.plan.steps_per_epoch))
         if last_saved != self.step:
             self.save_checkpoint()
+        self.workers = distributed.gather(self.worker_summary(), self.world_size)
         record = self._write_record("completed")
         self.reporter.finish(record)
         return record
@@ -245,6 +273,7 @@ class Trainer:
         t_prev = time.perf_counter()
         for x, y in self.train_loader:
             t_data = time.perf_counter()
+            comm_before = self.comm.totals() if self.comm else (0.0, 0)
             x = x.to(self.device, non_blocking=non_blocking)
             y = y.to(self.device, non_blocking=non_blocking)
             synchronize(self.device)
@@ -252,14 +281,20 @@ class Trainer:
             loss = float(self.step_fn(x, y))  # .item() waits for the device: compute is timed
             t_end = time.perf_counter()
             self.step += 1
+            if self.first_step_at is None:
+                self.first_step_at = time.time()  # wall clock: comparable across processes
             timing = StepTiming(t_data - t_prev, t_copy - t_data, t_end - t_copy)
             self.timing.add(timing, y.shape[0])
+            if self.comm:  # DDP's backward returns once every bucket's allreduce is done
+                seconds, payload = self.comm.totals()
+                self.timing.add_comm(seconds - comm_before[0], payload - comm_before[1])
             epoch_losses.append(loss)
             if self.steps_log.wants(self.step):
                 self.steps_log.records.append(self._step_record(epoch, loss, timing))
             if t_end - last_report >= PROGRESS_EVERY_S:
                 last_report = t_end
-                self.reporter.step(self.step, epoch + 1, loss, y.shape[0] / timing.step_s)
+                rate = y.shape[0] * self.world_size / timing.step_s
+                self.reporter.step(self.step, epoch + 1, loss, rate)
                 self._check_starving()
             if every and self.step % every == 0 and self.step % self.plan.steps_per_epoch:
                 t_save = time.perf_counter()
@@ -284,8 +319,19 @@ class Trainer:
             "step_s": timing.step_s,
         }
 
+    def worker_summary(self) -> dict:
+        """This worker's own figures, gathered into run.json's `workers`."""
+        return {
+            "rank": self.rank,
+            **self.worker_info,
+            "steps": self.timing.steps,
+            "samples": self.timing.samples,
+            "samples_per_s": self.timing.samples / self.train_wall_s if self.train_wall_s else 0.0,
+            **{k: v for k, v in self.timing.summary().items() if k.endswith(("_s", "_share"))},
+        }
+
     def _check_starving(self) -> None:
-        if self.starving_warned:
+        if self.starving_warned or not self.is_main:
             return
         loader = self.spec.loader
         advice = starving_advice(self.timing, loader.workers, loader.pin_memory, self.device.type)
@@ -295,7 +341,8 @@ class Trainer:
             self.reporter.warn(advice)
 
     def _end_epoch(self, epoch: int) -> None:
-        val_loss, val_acc = evaluate(self.model, self.val_loader, self.device, self.spec.precision)
+        # The bare module: DDP's forward would wait for the other workers, which do not evaluate.
+        val_loss, val_acc = evaluate(self.module, self.val_loader, self.device, self.spec.precision)
         losses = self._epoch_losses
         record = {
             "epoch": epoch + 1,
@@ -313,7 +360,7 @@ class Trainer:
 
     def describe(self) -> dict:
         """What is about to run: the facts a person checks before waiting for a result."""
-        params = count_parameters(self.model)
+        params = count_parameters(self.module)
         return {
             "name": self.spec.name,
             "model": self.spec.model.name,
@@ -323,54 +370,12 @@ class Trainer:
             "train_samples": self.data.num_train,
             "val_samples": len(self.data.val),
             "start_step": self.step,
+            "workers": self.world_size,
             **self.plan.__dict__,
         }
 
     def _write_record(self, status: str) -> dict:
-        peak_bytes, peak_kind = peak_memory(self.device)
-        last = self.epochs_log[-1] if self.epochs_log else {}
-        record = {
-            "schema": RUN_SCHEMA,
-            "status": status,
-            "name": self.spec.name,
-            "run_dir": str(self.run_dir),
-            "spec_hash": self.spec.spec_hash(),
-            "spec": self.spec.model_dump(mode="json"),
-            "started_at": self.started_at,
-            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "resumed_from_step": self.resumed_from,
-            "environment": self.environment,
-            "model": {
-                "name": self.spec.model.name,
-                "parameters": count_parameters(self.model),
-                "trainable_parameters": count_parameters(self.model, trainable_only=True),
-            },
-            "data": {
-                "train_samples": self.data.num_train,
-                "val_samples": len(self.data.val),
-                "input_shape": list(self.data.input_shape),
-                "num_classes": self.data.num_classes,
-                "task": self.data.task,
-            },
-            "plan": dict(self.plan.__dict__),
-            "timing": self.timing.summary(),
-            "epochs": self.epochs_log,
-            "steps": self.steps_log.records,
-            "warnings": self.warnings,
-            "checkpoints": [str(p) for _, p in ckpt.list_checkpoints(self.run_dir)],
-            "final": {
-                "step": self.step,
-                "val_accuracy": last.get("val_accuracy"),
-                "val_loss": last.get("val_loss"),
-                "train_loss": last.get("train_loss"),
-                "train_samples_per_s": self.timing.samples / self.train_wall_s
-                if self.train_wall_s > 0
-                else 0.0,
-                "wall_s": time.perf_counter() - self.t_start,
-                "setup_s": self.setup_s,
-                "peak_memory_bytes": peak_bytes,
-                "peak_memory_kind": peak_kind,
-            },
-        }
-        write_json_atomic(self.run_dir / "run.json", record)
+        record = run_record(self, status)
+        if self.is_main:
+            write_json_atomic(self.run_dir / "run.json", record)
         return record

@@ -33,6 +33,12 @@ class TimingTotals:
     steady_steps: int = 0
     steady_data_wait_s: float = 0.0
     steady_step_s: float = 0.0
+    comm_s: float = 0.0  # allreduce time (data parallel), overlapping with compute
+    comm_payload_bytes: int = 0
+
+    def add_comm(self, seconds: float, payload_bytes: int) -> None:
+        self.comm_s += seconds
+        self.comm_payload_bytes += payload_bytes
 
     def add(self, timing: StepTiming, samples: int) -> None:
         self.steps += 1
@@ -75,6 +81,9 @@ class TimingTotals:
             "compute_share": self.compute_s / total,
             "steady_data_wait_share": self.data_wait_fraction,
             "samples_per_s": self.samples_per_s,
+            "comm_s": self.comm_s,
+            "comm_share": self.comm_s / total,
+            "comm_payload_bytes_per_step": self.comm_payload_bytes / max(1, self.steps),
         }
 
     def to_state(self) -> dict[str, float]:

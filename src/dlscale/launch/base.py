@@ -1,0 +1,69 @@
+"""The launcher interface every parallel strategy uses, and what a worker is told."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from dlscale.errors import UserError
+
+# A worker function: runs in the worker, gets its context and the job's payload, returns a
+# picklable result. It must be a module-level function so that it pickles to the worker.
+WorkerFn = Callable[["WorkerContext", Any], Any]
+# Parent-side handler for events a worker sends while it runs (progress, warnings).
+EventHandler = Callable[[str, tuple], None]
+
+WORKER_EXIT_GRACE_S = 5.0  # after SIGTERM, how long a worker gets before SIGKILL
+
+
+class WorkerFailed(UserError):
+    """A worker died or raised: the job stops, naming the worker (exit code 1, not usage)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Who a worker is and where its peers meet (torch.distributed's env:// rendezvous)."""
+
+    rank: int
+    world_size: int
+    local_rank: int  # index among the workers on the same machine (its GPU, if any)
+    master_addr: str
+    master_port: int
+    events: Any = None  # a queue-like object with put(); None when nobody listens
+    node: str = ""  # where the worker runs: a host name, or a Ray node id
+
+    def send(self, kind: str, *args: Any) -> None:
+        if self.events is not None:
+            self.events.put((kind, args))
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What each worker needs from the machine or cluster."""
+
+    cpus: float = 1.0
+    gpus: float = 0.0
+
+
+class Launcher(Protocol):
+    """Starts `num_workers` copies of `fn`, supervises them and returns their results by rank.
+
+    Every wait has a timeout; a worker that dies or raises stops the whole job with WorkerFailed
+    naming it; no worker outlives the call.
+    """
+
+    name: str
+
+    def run(
+        self,
+        fn: WorkerFn,
+        payload: Any,
+        num_workers: int,
+        resources: Resources,
+        port: int | None = None,
+        on_event: EventHandler | None = None,
+    ) -> list[Any]: ...

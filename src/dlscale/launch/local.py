@@ -1,0 +1,207 @@
+"""LocalLauncher: N worker processes on this machine, started and supervised by dlscale itself.
+
+No service to start: the workers are spawned processes that meet over torch.distributed's TCP
+rendezvous on 127.0.0.1. The parent polls them; the first that dies or raises stops the job (the
+others get SIGTERM, then SIGKILL), and every child kills itself if the parent disappears.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+from typing import Any
+
+from dlscale.errors import UserError, one_line
+from dlscale.launch.base import (
+    WORKER_EXIT_GRACE_S,
+    EventHandler,
+    Resources,
+    WorkerContext,
+    WorkerFailed,
+    WorkerFn,
+)
+
+LOOPBACK = "127.0.0.1"
+POLL_S = 0.05
+DEATH_NOTICE_S = 2.0  # how long to look for a dead peer behind a worker's error
+RESULT_GRACE_S = 30.0  # a worker that exited cleanly has this long for its result to arrive
+
+
+def check_port(port: int, host: str = LOOPBACK) -> int:
+    """The rendezvous port must be free now; say so in one line if it is not."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(
+                    f"port {port} on {host} is already in use (strategy.port); choose another "
+                    "or leave it out to take a free one"
+                ) from None
+            raise UserError(f"cannot use port {port} on {host}: {exc.strerror}") from None
+    return port
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (out of memory, or killed)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="dlscale-parent-watch").start()
+
+
+def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, threads: int) -> None:
+    """What each spawned process runs: set up, call `fn`, report its result or its error."""
+    _die_with_parent(parent_pid)
+    import torch  # after the parent check: importing torch takes a second or two
+
+    torch.set_num_threads(threads)  # workers share the cores instead of each taking them all
+    os.environ.update(
+        MASTER_ADDR=context.master_addr,
+        MASTER_PORT=str(context.master_port),
+        RANK=str(context.rank),
+        WORLD_SIZE=str(context.world_size),
+        LOCAL_RANK=str(context.local_rank),
+    )
+    try:
+        results.put(("ok", context.rank, fn(context, payload)))
+    except UserError as exc:
+        results.put(("user_error", context.rank, str(exc)))
+    except BaseException as exc:  # report everything else, traceback included, then fail
+        results.put(("error", context.rank, f"{type(exc).__name__}: {one_line(exc)}"))
+        traceback.print_exc()
+        raise SystemExit(1) from None
+
+
+class LocalLauncher:
+    """Processes on this machine, spawned (not forked: torch's threads do not survive fork)."""
+
+    name = "local"
+
+    def run(
+        self,
+        fn: WorkerFn,
+        payload: Any,
+        num_workers: int,
+        resources: Resources,
+        port: int | None = None,
+        on_event: EventHandler | None = None,
+    ) -> list[Any]:
+        port = check_port(port) if port is not None else free_port()
+        ctx = mp.get_context("spawn")
+        results, events = ctx.Queue(), ctx.Queue()
+        threads = max(1, (os.cpu_count() or 1) // num_workers)
+        processes = []
+        for rank in range(num_workers):
+            context = WorkerContext(
+                rank, num_workers, rank, LOOPBACK, port, events, socket.gethostname()
+            )
+            process = ctx.Process(
+                target=_entry,
+                args=(fn, payload, context, results, os.getpid(), threads),
+                name=f"dlscale-worker-{rank}",
+            )
+            process.start()
+            processes.append(process)
+        try:
+            return self._supervise(processes, results, events, on_event)
+        finally:
+            _stop(processes)
+
+    def _supervise(self, processes, results, events, on_event) -> list[Any]:
+        done: dict[int, Any] = {}
+        exited_at: dict[int, float] = {}
+        while len(done) < len(processes):
+            _drain(events, on_event)
+            try:
+                status, rank, value = results.get(timeout=POLL_S)
+            except queue.Empty:
+                status = None
+            if status == "ok":
+                done[rank] = value
+            elif status == "user_error":
+                raise UserError(value)
+            elif status == "error":
+                raise _first_cause(processes, rank, value)
+            for rank, process in enumerate(processes):
+                code = process.exitcode
+                if code is None or rank in done:
+                    continue
+                if code != 0:
+                    raise WorkerFailed(f"worker {rank} (pid {process.pid}) {describe_exit(code)}")
+                exited_at.setdefault(rank, time.monotonic())
+                if time.monotonic() - exited_at[rank] > RESULT_GRACE_S:
+                    raise WorkerFailed(f"worker {rank} exited without reporting a result")
+        _drain(events, on_event)
+        return [done[rank] for rank in range(len(processes))]
+
+
+def _first_cause(processes, rank: int, error: str) -> WorkerFailed:
+    """When one worker dies, its peers fail too (their allreduce loses a partner); name the
+    dead one first. Its exit may trail its peers' error reports by a moment."""
+    deadline = time.monotonic() + DEATH_NOTICE_S
+    while time.monotonic() < deadline:
+        for other, process in enumerate(processes):
+            code = process.exitcode
+            if other != rank and code not in (None, 0):
+                return WorkerFailed(
+                    f"worker {other} (pid {process.pid}) {describe_exit(code)}; "
+                    f"then worker {rank} failed: {error}"
+                )
+        time.sleep(POLL_S)
+    return WorkerFailed(f"worker {rank} failed: {error}")
+
+
+def _drain(events, on_event: EventHandler | None) -> None:
+    while True:
+        try:
+            kind, args = events.get_nowait()
+        except queue.Empty:
+            return
+        if on_event is not None:
+            on_event(kind, args)
+
+
+def _stop(processes) -> None:
+    """SIGTERM the live ones, give them a moment, SIGKILL what is left, and reap all."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+    deadline = time.monotonic() + WORKER_EXIT_GRACE_S
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=WORKER_EXIT_GRACE_S)

@@ -1,0 +1,188 @@
+"""RayLauncher: the same workers as Ray actors on a cluster; Ray places and supervises them.
+
+Tensors never travel through Ray: the actors meet over torch.distributed (a TCP rendezvous on
+worker 0's node), exactly as local processes do. Ray only finds room for each worker (CPUs and
+GPUs), starts it where there is room, and tells us when one dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import socket
+from typing import Any
+
+from dlscale.errors import UserError, one_line
+from dlscale.launch.base import EventHandler, Resources, WorkerContext, WorkerFailed, WorkerFn
+
+CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
+PLACE_TIMEOUT_S = 120.0  # actors not started by then (no room, or nodes too slow) fail the job
+POLL_S = 0.1
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise UserError(
+            "--cluster ray needs Ray: pip install 'dlscale[ray]' (or ray) on every node"
+        ) from None
+    return ray
+
+
+def check_reachable(address: str) -> None:
+    """A HOST:PORT address must accept a TCP connection; fail in seconds, not minutes."""
+    if address == "auto":
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise UserError(f"--address must be 'auto' or HOST:PORT of the Ray head (got '{address}')")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise UserError(
+            f"the Ray cluster at {address} does not answer ({exc.strerror or exc}); "
+            "is `ray start --head` running there?"
+        ) from None
+
+
+class _RayWorker:
+    """One worker as an actor: reports where it runs, finds a port, runs the worker function."""
+
+    def node(self) -> tuple[str, str]:
+        import ray
+
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+
+    def free_port(self, wanted: int | None) -> int:
+        from dlscale.launch.local import check_port, free_port
+
+        host = self.node()[0]
+        return check_port(wanted, host) if wanted else free_port(host)
+
+    def run(self, fn: WorkerFn, payload: Any, context: WorkerContext, threads: int) -> Any:
+        import torch
+
+        torch.set_num_threads(threads)
+        os.environ.update(
+            MASTER_ADDR=context.master_addr,
+            MASTER_PORT=str(context.master_port),
+            RANK=str(context.rank),
+            WORLD_SIZE=str(context.world_size),
+        )
+        return fn(context, payload)
+
+
+class RayLauncher:
+    name = "ray"
+
+    def __init__(self, address: str = "auto"):
+        self.address = address
+
+    def run(
+        self,
+        fn: WorkerFn,
+        payload: Any,
+        num_workers: int,
+        resources: Resources,
+        port: int | None = None,
+        on_event: EventHandler | None = None,
+    ) -> list[Any]:
+        ray = import_ray()
+        connected_here = self._connect(ray)
+        actors: list[Any] = []
+        try:
+            self._check_capacity(ray, num_workers, resources)
+            from ray.util.queue import Queue
+
+            events = Queue()
+            actor_class = ray.remote(
+                num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0
+            )(_RayWorker)
+            actors = [actor_class.remote() for _ in range(num_workers)]
+            nodes = [
+                self._get(ray, a.node.remote(), r, PLACE_TIMEOUT_S) for r, a in enumerate(actors)
+            ]
+            master_addr = nodes[0][0]
+            master_port = self._get(ray, actors[0].free_port.remote(port), 0, PLACE_TIMEOUT_S)
+            threads = max(1, int(resources.cpus))
+            futures = {}
+            for rank, actor in enumerate(actors):
+                # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: its GPU is cuda:0.
+                context = WorkerContext(
+                    rank, num_workers, 0, master_addr, master_port, events, nodes[rank][1]
+                )
+                futures[actor.run.remote(fn, payload, context, threads)] = rank
+            return self._supervise(ray, futures, events, on_event)
+        finally:
+            for actor in actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            if connected_here:
+                ray.shutdown()
+
+    def _connect(self, ray) -> bool:
+        if ray.is_initialized():
+            return False
+        check_reachable(self.address)
+        try:
+            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise UserError(
+                f"cannot join the Ray cluster at '{self.address}': {one_line(exc)}"
+            ) from None
+        return True
+
+    @staticmethod
+    def _check_capacity(ray, num_workers: int, resources: Resources) -> None:
+        total = ray.cluster_resources()
+        for kind, each in (("CPU", resources.cpus), ("GPU", resources.gpus)):
+            have = total.get(kind, 0.0)
+            if each and num_workers * each > have:
+                raise UserError(
+                    f"the Ray cluster has {have:g} {kind}s; {num_workers} workers × {each:g} "
+                    f"{kind} each cannot be placed (add nodes, or lower strategy.workers)"
+                )
+
+    @staticmethod
+    def _get(ray, ref, rank: int, timeout: float) -> Any:
+        try:
+            return ray.get(ref, timeout=timeout)
+        except ray.exceptions.GetTimeoutError:
+            raise WorkerFailed(f"worker {rank} did not start within {timeout:g} s") from None
+        except ray.exceptions.RayTaskError as exc:
+            _reraise(exc, rank)
+        except ray.exceptions.RayActorError as exc:
+            raise WorkerFailed(f"worker {rank} died: {one_line(exc)}") from None
+
+    def _supervise(self, ray, futures: dict, events, on_event: EventHandler | None) -> list[Any]:
+        results: dict[int, Any] = {}
+        pending = list(futures)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
+            _drain(events, on_event)
+            for ref in ready:
+                rank = futures[ref]
+                results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
+        _drain(events, on_event)
+        return [results[rank] for rank in range(len(futures))]
+
+
+def _reraise(exc, rank: int) -> None:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, UserError) and not isinstance(cause, WorkerFailed):
+        raise UserError(str(cause)) from None
+    detail = one_line(cause) if cause is not None else one_line(exc)
+    raise WorkerFailed(f"worker {rank} failed: {type(cause).__name__}: {detail}") from None
+
+
+def _drain(events, on_event: EventHandler | None) -> None:
+    while True:
+        try:
+            kind, args = events.get_nowait()
+        except (queue.Empty, Exception):  # ray.util.queue.Empty subclasses queue.Empty
+            return
+        if on_event is not None:
+            on_event(kind, args)

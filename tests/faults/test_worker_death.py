@@ -1,0 +1,98 @@
+"""A data-parallel worker killed mid-run: the job stops naming it, leaves no process, resumes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale.train.checkpoint import list_checkpoints
+
+SPEC = """
+name: ddp-fault
+model: {name: lenet}
+data: {name: synthetic, shape: [1, 28, 28], num_samples: 4000}
+batch_size: 16
+steps: 400
+optimizer: {name: sgd, lr: 0.05}
+device: cpu
+checkpoint: {every_steps: 20, keep_last: 2}
+strategy: {name: ddp, workers: 2}
+"""
+DLSCALE = str(Path(sys.executable).parent / "dlscale")
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The launcher's spawned workers (not multiprocessing's resource tracker)."""
+    pids = []
+    for child in children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(child)
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_killed_worker_stops_the_job_then_resume_finishes(tmp_path: Path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not any(step >= 20 for step, _ in list_checkpoints(run_dir)):
+        assert job.poll() is None, job.stderr.read()
+        assert time.monotonic() < deadline, "no checkpoint within 120 s"
+        time.sleep(0.01)
+    workers = worker_pids(job.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    job.wait(timeout=60)
+    assert time.monotonic() - killed_at < 60
+    stderr = job.stderr.read()
+    assert job.returncode == 1, stderr
+    assert f"(pid {workers[1]}) was killed by SIGKILL" in stderr and "error: worker" in stderr
+    assert "Traceback" not in stderr
+    assert not any(alive(pid) for pid in workers), "a worker outlived the job"
+    stopped_at = list_checkpoints(run_dir)[-1][0]
+    assert stopped_at < 400
+
+    resumed = subprocess.run(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir), "--resume"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {stopped_at}" in " ".join(resumed.stdout.split())
+    assert list_checkpoints(run_dir)[-1][0] == 400

@@ -1,0 +1,80 @@
+"""Synchronous data parallel against its reference: N workers at batch B == one process at N·B."""
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dlscale import api
+from dlscale.cli.main import app
+from dlscale.errors import UserError
+from dlscale.spec import parse_spec
+from tests.conftest import EXAMPLES
+
+BASE = {
+    "name": "ddp-eq",
+    "model": {"name": "lenet"},
+    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
+    "steps": 12,
+    "optimizer": {"name": "sgd", "lr": 0.05},
+    "device": "cpu",
+    "seed": 3,
+}
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    (checkpoint,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1:]
+    return torch.load(checkpoint, weights_only=True)["model"]
+
+
+@pytest.mark.slow
+def test_two_workers_at_batch_b_equal_one_process_at_2b(tmp_path: Path):
+    single = parse_spec({**BASE, "batch_size": 16})
+    ddp = parse_spec({**BASE, "batch_size": 8, "strategy": {"name": "ddp", "workers": 2}})
+    api.train(single, out_dir=tmp_path / "single")
+    record = api.train(ddp, out_dir=tmp_path / "ddp")
+    reference, parallel = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    for name, expected in reference.items():
+        difference = (parallel[name] - expected).norm() / expected.norm()
+        assert difference <= 1e-5, (name, float(difference))
+
+    # What the run shows: global batch, per-worker figures, the allreduce payload (the gradients).
+    assert record["plan"]["global_batch_size"] == 16 and record["final"]["step"] == 12
+    dist = record["distributed"]
+    assert dist["workers"] == 2 and dist["backend"] == "gloo"
+    assert dist["allreduce_payload_bytes_per_step"] == 41_282 * 4  # every fp32 gradient, once
+    assert dist["bytes_sent_per_worker_per_step"] == 41_282 * 4  # ring: 2(N−1)/N × payload
+    assert [w["rank"] for w in record["workers"]] == [0, 1]
+    assert all(w["steps"] == 12 and w["samples"] == 12 * 8 for w in record["workers"])
+    assert 0 < dist["allreduce_share"] < 1
+    on_disk = json.loads((tmp_path / "ddp" / "run.json").read_text())
+    assert on_disk["workers"] == record["workers"]
+
+
+@pytest.mark.slow
+def test_ddp_digits_example_reaches_95_percent(tmp_path: Path):
+    result = CliRunner().invoke(
+        app, ["train", str(EXAMPLES / "ddp-digits.yaml"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "2 workers × 32" in " ".join(result.stdout.split())
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["final"]["val_accuracy"] >= 0.95
+
+
+def test_a_port_in_use_is_one_line(tmp_path: Path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        spec = parse_spec({**BASE, "batch_size": 8, "strategy": {"name": "ddp", "port": port}})
+        with pytest.raises(UserError, match=f"port {port} on 127.0.0.1 is already in use"):
+            api.train(spec, out_dir=tmp_path)
+
+
+def test_single_strategy_refuses_a_cluster(tmp_path: Path):
+    with pytest.raises(UserError, match="strategy 'single' runs in this process"):
+        api.train(parse_spec({**BASE, "batch_size": 8}), out_dir=tmp_path, cluster="ray")

@@ -1,0 +1,64 @@
+"""The Ray launcher against a real two-node Ray cluster that the test starts on 127.0.0.1."""
+
+import os
+
+# Ray swaps a loopback head address for this machine's network address unless it runs in its
+# single-machine mode; tests keep all traffic on 127.0.0.1. Set before Ray is imported.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+from pathlib import Path
+
+import pytest
+import ray  # installed by `make` (the `ray` extra): a missing Ray fails here, never skips
+
+from dlscale import api
+from dlscale.errors import UserError
+from dlscale.spec import parse_spec
+
+SPEC = {
+    "name": "ray-ddp",
+    "model": {"name": "lenet"},
+    "data": {"name": "digits", "image_size": 28},
+    "batch_size": 32,
+    "epochs": 2,
+    "device": "cpu",
+    "strategy": {"name": "ddp", "workers": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    two_nodes = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "node_ip_address": "127.0.0.1"}
+    )
+    two_nodes.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    yield two_nodes
+    two_nodes.shutdown()
+
+
+@pytest.mark.slow
+def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
+    local = api.train(parse_spec(SPEC), out_dir=tmp_path / "local")
+    placed = api.train(
+        parse_spec(SPEC), out_dir=tmp_path / "ray", cluster="ray", address=cluster.address
+    )
+    assert placed["status"] == "completed" and placed["distributed"]["backend"] == "gloo"
+    nodes = {worker["node"] for worker in placed["workers"]}
+    assert len(nodes) == 2, "one worker per node: each node has one CPU"
+    # Same data plane, same math: the launcher changes where workers run, not what they compute.
+    assert placed["final"]["val_accuracy"] == pytest.approx(local["final"]["val_accuracy"])
+    assert not ray.is_initialized()  # the launcher disconnects what it connected
+
+
+@pytest.mark.slow
+def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
+    spec = parse_spec({**SPEC, "strategy": {"name": "ddp", "workers": 3}})
+    with pytest.raises(UserError, match="has 2 CPUs; 3 workers × 1 CPU each cannot be placed"):
+        api.train(spec, out_dir=tmp_path, cluster="ray", address=cluster.address)
+
+
+def test_an_address_that_does_not_answer(tmp_path: Path):
+    with pytest.raises(UserError, match=r"the Ray cluster at 127.0.0.1:9 does not answer"):
+        api.train(parse_spec(SPEC), out_dir=tmp_path, cluster="ray", address="127.0.0.1:9")
