@@ -147,3 +147,28 @@ def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):
 
     local = get_hardware("local") if local_entry_path().is_file() else None
     return run_estimate(spec_path, local, steps=steps, warmup=warmup)
+
+
+def scale(
+    spec_path: str | Path,
+    workers: list[int],
+    out: Path,
+    steps: int | None = 50,
+    cluster: str = "local",
+    address: str | None = None,
+    on_run=None,
+) -> dict:
+    """Train a spec with each data-parallel worker count; throughput and scaling efficiency."""
+    from dlscale.bench.scale import scale_result, scale_row, scaled_spec
+
+    if not workers or min(workers) < 1:
+        raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
+    spec = load_spec(spec_path)
+    rows = []
+    for count in sorted(set(workers)):
+        run_dir = Path(out) / f"workers-{count}"
+        record = train(scaled_spec(spec, count, steps), run_dir, cluster=cluster, address=address)
+        rows.append(scale_row(count, record, str(run_dir)))
+        if on_run is not None:
+            on_run(rows[-1])
+    return scale_result(spec, str(spec_path), rows, steps, cluster)

@@ -78,3 +78,20 @@ def test_a_port_in_use_is_one_line(tmp_path: Path):
 def test_single_strategy_refuses_a_cluster(tmp_path: Path):
     with pytest.raises(UserError, match="strategy 'single' runs in this process"):
         api.train(parse_spec({**BASE, "batch_size": 8}), out_dir=tmp_path, cluster="ray")
+
+
+@pytest.mark.slow
+def test_scale_runs_each_worker_count_and_plots(tmp_path: Path):
+    args = ["scale", str(EXAMPLES / "mlp-digits.yaml"), "--workers", "1,2", "--steps", "10"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "scale.json").read_text())
+    rows = data["rows"]
+    assert [row["workers"] for row in rows] == [1, 2]
+    assert [row["global_batch_size"] for row in rows] == [64, 128]
+    assert rows[0]["efficiency"] == 1.0
+    assert rows[1]["efficiency"] == pytest.approx(
+        rows[1]["samples_per_s"] / (2 * rows[0]["samples_per_s"])
+    )
+    assert (tmp_path / "scale.png").stat().st_size > 10_000
+    assert (tmp_path / "workers-2" / "run.json").exists()

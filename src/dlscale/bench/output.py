@@ -203,7 +203,33 @@ def plot_batch(figure: Figure, result: dict) -> None:
     figure.suptitle(f"{result['model']}: throughput vs batch size, {result['device']}")
 
 
+def plot_scale(figure: Figure, result: dict) -> None:
+    """Throughput vs workers (with perfect scaling as a line) and scaling efficiency."""
+    rows = result["rows"]
+    workers = [row["workers"] for row in rows]
+    throughput = figure.add_subplot(1, 2, 1)
+    efficiency = figure.add_subplot(1, 2, 2)
+    base = rows[0]
+    ideal = [base["samples_per_s"] * n / base["workers"] for n in workers]
+    throughput.plot(workers, [row["samples_per_s"] for row in rows], marker="o", label="measured")
+    throughput.plot(workers, ideal, linestyle="--", color="grey", label="perfect scaling")
+    throughput.set_ylabel("training samples/s (all workers)")
+    efficiency.plot(workers, [100 * row["efficiency"] for row in rows], marker="o")
+    efficiency.axhline(100, linestyle="--", color="grey")
+    efficiency.set_ylabel(f"scaling efficiency vs {result['baseline_workers']} worker(s) (%)")
+    efficiency.set_ylim(bottom=0)
+    for axes in (throughput, efficiency):
+        axes.set_xlabel("workers")
+        axes.set_xticks(workers)
+        _finish(axes)
+    figure.suptitle(
+        f"{result['model']}: data parallel ({result['cluster']}), batch "
+        f"{result['per_worker_batch_size']} per worker"
+    )
+
+
 PLOTS: dict[str, Callable[[Figure, dict], None]] = {
+    "scale": plot_scale,
     "batch": plot_batch,
     "machine": plot_machine,
     "matmul": plot_matmul,

@@ -120,6 +120,45 @@ def models(
     )
 
 
+@app.command()
+@user_errors
+def scale(
+    spec: Path = typer.Argument(..., help="Job spec (YAML); its model, data and batch per worker."),
+    workers: str = typer.Option("1,2,4", "--workers", help="Worker counts to run."),
+    steps: int = typer.Option(50, "--steps", help="Training steps per run."),
+    cluster: str = typer.Option("local", "--cluster", help="local processes, or ray."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address."),
+    out: Path | None = typer.Option(None, "--out", help="Output folder."),
+) -> None:
+    """Train a spec with 1, 2, 4, ... data-parallel workers: throughput and scaling efficiency."""
+    from dlscale.bench.output import output_dir, write_outputs
+    from dlscale.cli.bench import parse_int_list
+
+    folder = output_dir("scale", out)
+
+    def show(row: dict) -> None:
+        console.print(
+            f"{row['workers']} worker(s): {row['samples_per_s']:,.0f} samples/s "
+            f"(global batch {row['global_batch_size']})"
+        )
+
+    result = api.scale(
+        spec, parse_int_list(workers, "--workers"), folder, steps, cluster, address, show
+    )
+    table = Table(title=f"{result['model']}: data-parallel scaling ({cluster})")
+    for column in ("workers", "global batch", "samples/s", "per worker", "efficiency", "allreduce"):
+        table.add_column(column, justify="right")
+    for row in result["rows"]:
+        table.add_row(
+            str(row["workers"]), str(row["global_batch_size"]), f"{row['samples_per_s']:,.0f}",
+            f"{row['per_worker_samples_per_s']:,.0f}", f"{100 * row['efficiency']:.0f}%",
+            f"{100 * row['allreduce_share']:.0f}% of step",
+        )  # fmt: skip
+    console.print(table)
+    json_path, png_path = write_outputs("scale", result, folder)
+    console.print(f"wrote {json_path} and {png_path}")
+
+
 app.command(name="profile")(profile_command)
 app.command(name="estimate")(estimate_command)
 

@@ -133,7 +133,8 @@ class LocalLauncher:
                 args=(fn, payload, context, results, os.getpid(), threads),
                 name=f"dlscale-worker-{rank}",
             )
-            process.start()
+            with _thread_env(threads):
+                process.start()
             processes.append(process)
         try:
             return self._supervise(processes, results, events, on_event)
@@ -182,6 +183,26 @@ def _first_cause(processes, rank: int, error: str) -> WorkerFailed:
                 )
         time.sleep(POLL_S)
     return WorkerFailed(f"worker {rank} failed: {error}")
+
+
+@contextlib.contextmanager
+def _thread_env(threads: int):
+    """Children inherit the environment at spawn: size OpenMP's pool before torch loads there.
+
+    Unpickling a worker's function imports torch before any of our code runs in the child, and
+    an OpenMP pool sized for every core then competes with the other workers for the cores.
+    """
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, str(threads)))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _drain(events, on_event: EventHandler | None) -> None:
