@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -67,3 +68,14 @@ class Launcher(Protocol):
         port: int | None = None,
         on_event: EventHandler | None = None,
     ) -> list[Any]: ...
+
+
+def drain_events(events: Any, on_event: EventHandler | None) -> None:
+    """Hand every event waiting in `events` (a multiprocessing or Ray queue) to `on_event`."""
+    while True:
+        try:
+            kind, args = events.get_nowait()
+        except queue.Empty:  # Ray's queue raises a subclass of it
+            return
+        if on_event is not None:
+            on_event(kind, args)

@@ -28,6 +28,7 @@ from dlscale.launch.base import (
     WorkerContext,
     WorkerFailed,
     WorkerFn,
+    drain_events,
 )
 
 LOOPBACK = "127.0.0.1"
@@ -145,7 +146,7 @@ class LocalLauncher:
         done: dict[int, Any] = {}
         exited_at: dict[int, float] = {}
         while len(done) < len(processes):
-            _drain(events, on_event)
+            drain_events(events, on_event)
             try:
                 status, rank, value = results.get(timeout=POLL_S)
             except queue.Empty:
@@ -165,7 +166,7 @@ class LocalLauncher:
                 exited_at.setdefault(rank, time.monotonic())
                 if time.monotonic() - exited_at[rank] > RESULT_GRACE_S:
                     raise WorkerFailed(f"worker {rank} exited without reporting a result")
-        _drain(events, on_event)
+        drain_events(events, on_event)
         return [done[rank] for rank in range(len(processes))]
 
 
@@ -203,16 +204,6 @@ def _thread_env(threads: int):
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-def _drain(events, on_event: EventHandler | None) -> None:
-    while True:
-        try:
-            kind, args = events.get_nowait()
-        except queue.Empty:
-            return
-        if on_event is not None:
-            on_event(kind, args)
 
 
 def _stop(processes) -> None:

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import queue
 import socket
 from typing import Any
 
 from dlscale.errors import UserError, one_line
-from dlscale.launch.base import EventHandler, Resources, WorkerContext, WorkerFailed, WorkerFn
+from dlscale.launch.base import (
+    EventHandler,
+    Resources,
+    WorkerContext,
+    WorkerFailed,
+    WorkerFn,
+    drain_events,
+)
 
 CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
 PLACE_TIMEOUT_S = 120.0  # actors not started by then (no room, or nodes too slow) fail the job
@@ -162,11 +168,11 @@ class RayLauncher:
         pending = list(futures)
         while pending:
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
-            _drain(events, on_event)
+            drain_events(events, on_event)
             for ref in ready:
                 rank = futures[ref]
                 results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
-        _drain(events, on_event)
+        drain_events(events, on_event)
         return [results[rank] for rank in range(len(futures))]
 
 
@@ -176,13 +182,3 @@ def _reraise(exc, rank: int) -> None:
         raise UserError(str(cause)) from None
     detail = one_line(cause) if cause is not None else one_line(exc)
     raise WorkerFailed(f"worker {rank} failed: {type(cause).__name__}: {detail}") from None
-
-
-def _drain(events, on_event: EventHandler | None) -> None:
-    while True:
-        try:
-            kind, args = events.get_nowait()
-        except (queue.Empty, Exception):  # ray.util.queue.Empty subclasses queue.Empty
-            return
-        if on_event is not None:
-            on_event(kind, args)
