@@ -81,9 +81,10 @@ class Hardware:
         size = max(1.0, flops_per_op / 2) ** (1 / 3)
         return _interpolate({int(n): rate for n, rate in curve.items()}, size)
 
-    def conv_rate(self, precision: str, flops_per_op: float) -> float:
-        """FLOP/s a convolution of this many FLOPs reaches (measured fp32 curve, if any)."""
-        curve = self.measured.get("conv_flops_per_s")
+    def conv_rate(self, precision: str, flops_per_op: float, phase: str = "forward") -> float:
+        """FLOP/s a convolution op of this many FLOPs reaches in `phase` (measured fp32 curves:
+        forward, backward), else what a matrix product of that size reaches."""
+        curve = self.measured.get("conv_flops_per_s", {}).get(phase)
         if not curve or flops_per_op <= 0 or precision != "fp32":
             return self.matmul_rate(precision, flops_per_op)
         return _interpolate({float(f): rate for f, rate in curve.items()}, flops_per_op)

@@ -88,23 +88,36 @@ def _traced(build, sample: torch.Tensor, batch: int, input_requires_grad: bool =
 
 def conv_rates(
     device: torch.device, overhead_s: float, min_time_s: float = 0.3
-) -> dict[str, float]:
-    """Achieved FLOP/s of 3×3 convolutions (forward + backward) keyed by FLOPs per forward op.
+) -> dict[str, dict[str, float]]:
+    """Achieved FLOP/s of 3×3 convolutions, forward and backward apart, keyed by op FLOPs.
 
     Convolutions with few channels run far below a matrix product of the same FLOPs (im2col,
-    layout changes), so they get a curve of their own. Rates count the tracer's FLOPs.
+    layout changes), so they get curves of their own; the backward op (the gradients of the
+    weights, and of the input where it needs one) is timed as a training step minus a forward.
+    Rates count the tracer's FLOPs and are keyed by the FLOPs of the op they describe.
     """
-    rates = {}
+    forward_rates, backward_rates = {}, {}
     for channels in CONV_CHANNELS:
         build = lambda c=channels: nn.Conv2d(c, c, 3, padding=1)  # noqa: E731
         sample = torch.zeros(channels, CONV_SIDE, CONV_SIDE)
-        (conv,) = _traced(build, sample, CONV_BATCH)
-        flops = conv.forward.matmul_flops + conv.backward.matmul_flops
-        ops = conv.forward.ops + conv.backward.ops
-        x = torch.randn(CONV_BATCH, channels, CONV_SIDE, CONV_SIDE)
-        seconds = _time_training_step(build(), x, device, min_time_s) - ops * overhead_s
-        rates[str(conv.forward.matmul_flops)] = flops / max(seconds, 1e-9)
-    return rates
+        (conv,) = _traced(build, sample, CONV_BATCH, input_requires_grad=True)
+        model = build().to(device)
+        x = torch.randn(CONV_BATCH, channels, CONV_SIDE, CONV_SIDE, device=device)
+
+        def forward(model=model, x=x) -> None:
+            with torch.no_grad():
+                model(x)
+
+        forward_s = seconds_per_call(forward, device, min_time_s) - conv.forward.ops * overhead_s
+        step_s = _time_training_step(model, x.requires_grad_(), device, min_time_s)
+        backward_s = step_s - forward_s - (conv.forward.ops + conv.backward.ops) * overhead_s
+        forward_rates[str(conv.forward.matmul_flops)] = conv.forward.matmul_flops / max(
+            forward_s, 1e-9
+        )
+        backward_rates[str(conv.backward.matmul_flops)] = conv.backward.matmul_flops / max(
+            backward_s, 1e-9
+        )
+    return {"forward": forward_rates, "backward": backward_rates}
 
 
 class _Probe(nn.Module):

@@ -79,10 +79,12 @@ class Prediction:
         return sum(layer.seconds for layer in self.layers if layer.bound == bound) / total
 
 
-def phase_time(cost: PhaseCost, hardware: Hardware, precision: str) -> PhaseTime:
+def phase_time(
+    cost: PhaseCost, hardware: Hardware, precision: str, phase: str = "forward"
+) -> PhaseTime:
     products_s = 0.0
     if cost.conv_flops:
-        rate = hardware.conv_rate(precision, cost.conv_flops / cost.conv_ops)
+        rate = hardware.conv_rate(precision, cost.conv_flops / cost.conv_ops, phase)
         products_s += cost.conv_flops / rate
     other_products = cost.matmul_flops - cost.conv_flops
     if other_products:
@@ -114,7 +116,7 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
     layers = []
     for layer in trace.layers:
         forward = phase_time(layer.forward, hardware, trace.precision)
-        backward = phase_time(layer.backward, hardware, trace.precision)
+        backward = phase_time(layer.backward, hardware, trace.precision, "backward")
         intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
         layers.append(LayerTime(layer.name, forward, backward, intensity))
     # torch's defaults: a loop of kernels per parameter on a CPU, foreach kernels on accelerators.
