@@ -96,7 +96,7 @@ DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
 
 def profile_hardware(names: list[str] | None, files: list[Path] | None = None) -> list:
     """The devices to predict on: named ones, `all`, or by default `local` (if measured) + a few."""
-    from dlscale.hardware.catalogue import get_hardware, load_catalogue, local_entry_path
+    from dlscale.hardware.catalogue import load_catalogue, local_entry_path, lookup
 
     catalogue = load_catalogue(files)
     if names == ["all"]:
@@ -105,7 +105,7 @@ def profile_hardware(names: list[str] | None, files: list[Path] | None = None) -
         names = (["local"] if local_entry_path().is_file() else []) + [
             n for n in DEFAULT_PROFILE_HARDWARE if n in catalogue
         ]
-    return [get_hardware(name, files) for name in names]
+    return [lookup(catalogue, name) for name in names]
 
 
 def profile(

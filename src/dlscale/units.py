@@ -28,4 +28,6 @@ def duration(value: float | None) -> str:
         return f"{value / 60:.1f} min"
     if value >= 1:
         return f"{value:.2f} s"
-    return f"{value * 1e3:.3g} ms"
+    if value >= 1e-3:
+        return f"{value * 1e3:.3g} ms"
+    return f"{value * 1e6:.3g} µs"

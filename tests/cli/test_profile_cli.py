@@ -90,7 +90,7 @@ def test_profile_bad_inputs_are_one_line_exit_2():
     cases = [
         (["profile", "lenet", "--hardware", "tpu-v9"], "unknown hardware 'tpu-v9'"),
         (["profile", "lenet", "--input-shape", "1,8,8"], "cannot take samples of shape (1, 8, 8)"),
-        (["profile", "lenet", "--input-shape", "a,b"], "--input-shape takes comma-separated"),
+        (["profile", "lenet", "--input-shape", "a,b"], "--input-shape: 'a' is not an integer"),
         (["profile", "nosuch"], "unknown model 'nosuch'"),
         (["profile", "lenet", "--precision", "fp8"], "--precision must be"),
         (["profile", "lenet", "--kwargs", "{bad"], "--kwargs is not valid JSON"),

@@ -78,11 +78,7 @@ def plot_matmul(figure: Figure, result: dict) -> None:
         ("gpu_wins_from_size", ":", "GPU faster"),
         ("gpu_wins_with_transfer_from_size", "--", "GPU + copies faster"),
     )
-    for key, style, label in wins:
-        if result[key] is not None:
-            axes.axvline(
-                result[key], color="grey", linestyle=style, label=f"{label} from {result[key]}"
-            )
+    _vertical_marks(axes, result, wins, "{label} from {value}")
     _log2_ticks(axes, sizes)
     axes.set_yscale("log")
     axes.set_xlabel("matrix size n (n×n @ n×n)")
@@ -140,11 +136,7 @@ def plot_width(figure: Figure, result: dict) -> None:
         ("weight_matrix_exceeds_cache_from_width", ":", "one w×w weight > cache"),
     )
     for axes in (step, per_param):
-        for key, style, label in marks:
-            if result[key] is not None:
-                axes.axvline(
-                    result[key], color="grey", linestyle=style, label=f"{label} ({result[key]})"
-                )
+        _vertical_marks(axes, result, marks, "{label} ({value})")
         _log2_ticks(axes, widths)
         axes.set_yscale("log")
         axes.set_xlabel("hidden width w (mlp hidden=[w, w])")
@@ -152,6 +144,14 @@ def plot_width(figure: Figure, result: dict) -> None:
     skipped = [row["width"] for row in result["rows"] if row["skipped"]]
     note = f"; skipped (memory): {skipped}" if skipped else ""
     figure.suptitle(f"MLP width sweep, batch {result['batch_size']}, {result['device']}{note}")
+
+
+def _vertical_marks(axes: Axes, result: dict, marks: tuple, template: str) -> None:
+    """A grey vertical line at result[key] for each (key, style, label) whose value is known."""
+    for key, style, label in marks:
+        if result[key] is not None:
+            text = template.format(label=label, value=result[key])
+            axes.axvline(result[key], color="grey", linestyle=style, label=text)
 
 
 def _log2_ticks(axes: Axes, values: list[int]) -> None:

@@ -17,11 +17,13 @@ from dlscale.bench.matmul import run_matmul_bench
 from dlscale.bench.output import write_outputs
 from dlscale.bench.width import run_width_bench
 from dlscale.cli.errors import user_errors
+from dlscale.cli.options import parse_int_list
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
 from dlscale.hardware import save_local
 from dlscale.spec import load_spec
 from dlscale.units import binary_bytes
+from dlscale.units import duration as seconds
 
 app = typer.Typer(
     name="bench",
@@ -33,31 +35,6 @@ app = typer.Typer(
 console = Console(highlight=False)
 
 OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
-
-
-def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:
-    """'64,128,256' -> [64, 128, 256]; anything else is a one-line UserError naming the option."""
-    values = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            value = int(part)
-        except ValueError:
-            raise UserError(
-                f"{option}: '{part}' is not an integer (give a comma-separated list, e.g. 64,128)"
-            ) from None
-        if value < minimum:
-            raise UserError(f"{option}: {value} is below the minimum of {minimum}")
-        values.append(value)
-    return values
-
-
-def seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    if value < 1e-3:
-        return f"{value * 1e6:.1f} µs"
-    return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.2f} s"
 
 
 def giga(value: float | None, unit: str = "") -> str:

@@ -132,7 +132,7 @@ def scale(
 ) -> None:
     """Train a spec with 1, 2, 4, ... data-parallel workers: throughput and scaling efficiency."""
     from dlscale.bench.output import output_dir, write_outputs
-    from dlscale.cli.bench import parse_int_list
+    from dlscale.cli.options import parse_int_list
 
     folder = output_dir("scale", out)
 

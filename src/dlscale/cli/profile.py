@@ -10,20 +10,10 @@ from rich.console import Console
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
+from dlscale.cli.options import parse_int_list
 from dlscale.errors import UserError
 
 console = Console(highlight=False)
-
-
-def parse_ints(text: str | None, option: str) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.replace("x", ",").split(",") if part.strip()]
-    except ValueError:
-        raise UserError(
-            f"{option} takes comma-separated integers, e.g. 1,28,28 (got '{text}')"
-        ) from None
 
 
 def parse_names(text: str | None) -> list[str] | None:
@@ -71,7 +61,9 @@ def profile(
     result = api.profile(
         target,
         batch_size=batch,
-        input_shape=parse_ints(input_shape, "--input-shape"),
+        input_shape=(
+            parse_int_list(input_shape.replace("x", ","), "--input-shape") if input_shape else None
+        ),
         precision=precision,
         optimizer=optimizer,
         hardware=parse_names(hardware),
