@@ -1,5 +1,7 @@
 """The profiler against references: hand counts, FlopCounterMode, and real autograd on CPU."""
 
+from collections import Counter
+
 import pytest
 import torch
 from torch import nn
@@ -53,6 +55,8 @@ def test_conv_counts_by_hand():
     macs = (2 * 3 * 3) * (1 * 3 * 3)  # outputs × (in_channels × kernel)
     assert conv.forward.matmul_flops == 2 * macs and conv.params == 2 * 9 + 2
     assert conv.backward.matmul_flops == 2 * macs  # weight gradient only
+    # Each convolution's shape, which sets its speed: 2·1·3·3 weights, 3×3 output pixels.
+    assert conv.forward.convs == [(2 * macs, 18, 9)] and conv.backward.convs == [(2 * macs, 18, 9)]
 
 
 def test_saved_activations_by_hand():
@@ -188,6 +192,36 @@ def test_phase_time_is_the_roofline_by_hand():
     assert memory_bound.bound == "memory" and memory_bound.seconds == pytest.approx(0.02 + 1e-6)
     tiny = phase_time(PhaseCost(10, 0, 10, 5), device(), "fp32")
     assert tiny.bound == "overhead"
+
+
+def test_measured_conv_grid_sets_each_convolution_rate():
+    """Rates interpolate in log weight and log pixels; each conv of a phase pays its own."""
+    grid = [[100, 10, 1e9], [100, 1000, 3e9], [10000, 10, 5e9], [10000, 1000, 9e9]]
+    hw = device(kind="cpu", measured={"conv_flops_per_s": {"forward": grid, "backward": grid}})
+    assert hw.conv_rate("fp32", 1e6, 100, 100) == pytest.approx(2e9)  # half way in log pixels
+    assert hw.conv_rate("fp32", 1e6, 1000, 1000) == pytest.approx(6e9)  # half way in log weight
+    assert hw.conv_rate("fp32", 1e6, 1, 1) == pytest.approx(1e9)  # clamped to the grid
+    assert hw.conv_rate("bf16", 1e6, 1000, 1000) == device().matmul_rate("bf16", 1e6)
+    cost = PhaseCost(
+        matmul_flops=int(3e9), matmul_ops=2, convs=[(int(1e9), 100, 10), (int(2e9), 10000, 1000)]
+    )
+    assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(1e9 / 1e9 + 2e9 / 9e9)
+
+
+def test_optimizer_state_in_the_last_level_cache_runs_at_the_cached_rate():
+    measured = {"op_efficiency": {"add_": 1.0}, "op_efficiency_cached": {"add_": 4.0}}
+    hw = device(kind="cpu", measured=measured)
+    cost = PhaseCost(bytes=int(1e9), ops=1, bytes_by_op=Counter(add_=int(1e9)))
+    assert phase_time(cost, hw, "fp32").memory_s == pytest.approx(1e-3)
+    assert phase_time(cost, hw, "fp32", cached=True).memory_s == pytest.approx(0.25e-3)
+    # A step takes the cached rate when parameters, gradients and Adam's state fit the cache.
+    step = trace(lambda: nn.Linear(64, 64), torch.zeros(64), 8, optimizer=adam)
+    footprint = 4 * 4 * (64 * 64 + 64)
+    for cache, cached in ((footprint, True), (footprint - 1, False)):
+        hw = device(kind="cpu", measured={**measured, "last_level_cache_bytes": cache})
+        expected = phase_time(step.optimizer, hw, "fp32", cached=cached).seconds
+        assert predict(step, hw).optimizer_s == expected
+    assert phase_time(step.optimizer, hw, "fp32", cached=True).seconds < expected
 
 
 def test_step_prediction_adds_up_and_copies_the_batch_over_the_host_link():

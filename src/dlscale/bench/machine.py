@@ -18,7 +18,12 @@ import torch
 from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
-from dlscale.profiler.calibrate import conv_rates, op_efficiencies, training_op_overhead_s
+from dlscale.profiler.calibrate import (
+    conv_rates,
+    op_efficiencies,
+    optimizer_efficiencies,
+    training_op_overhead_s,
+)
 from dlscale.train.env import cpu_model
 
 SCHEMA = "dlscale.bench.machine/1"
@@ -234,6 +239,7 @@ def run_machine_bench(
     )
     best_bandwidth = max(bandwidth["copy_bytes_per_s"], bandwidth["triad_bytes_per_s"])
     training_overhead_s = training_op_overhead_s(dev, run_time_s)
+    optimizer = optimizer_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s)
     return {
         "schema": SCHEMA,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -254,7 +260,12 @@ def run_machine_bench(
         # Efficiencies of real training ops, for the roofline: convolutions by size, and the
         # share of stream bandwidth each common memory-bound op reaches.
         "conv_flops_per_s": conv_rates(dev, training_overhead_s, run_time_s),
-        "op_efficiency": op_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s),
+        "op_efficiency": {
+            **op_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s),
+            **optimizer["op_efficiency"],
+        },
+        # The optimizer's ops when its parameters and state fit in the last-level cache.
+        "op_efficiency_cached": optimizer["op_efficiency_cached"],
         "elapsed_s": time.perf_counter() - t_start,
     }
 
@@ -307,6 +318,7 @@ def measured_tables(result: dict) -> dict:
         "training_op_overhead_s": result["training_op_overhead_s"],
         "conv_flops_per_s": result["conv_flops_per_s"],
         "op_efficiency": result["op_efficiency"],
+        "op_efficiency_cached": result.get("op_efficiency_cached"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],
     }
     return {key: value for key, value in tables.items() if value is not None}

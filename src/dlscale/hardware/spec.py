@@ -81,17 +81,39 @@ class Hardware:
         size = max(1.0, flops_per_op / 2) ** (1 / 3)
         return _interpolate({int(n): rate for n, rate in curve.items()}, size)
 
-    def conv_rate(self, precision: str, flops_per_op: float, phase: str = "forward") -> float:
-        """FLOP/s a convolution op of this many FLOPs reaches in `phase` (measured fp32 curves:
-        forward, backward), else what a matrix product of that size reaches."""
-        curve = self.measured.get("conv_flops_per_s", {}).get(phase)
-        if not curve or flops_per_op <= 0 or precision != "fp32":
-            return self.matmul_rate(precision, flops_per_op)
-        return _interpolate({float(f): rate for f, rate in curve.items()}, flops_per_op)
+    def conv_rate(
+        self, precision: str, flops: float, weight: float, pixels: float, phase: str = "forward"
+    ) -> float:
+        """FLOP/s a convolution (or its backward, by `phase`) reaches: on a measured fp32 grid of
+        (weight elements, output pixels, FLOP/s) points (`local`), interpolated in log weight and
+        log pixels and clamped to the grid; else what a matrix product of its FLOPs reaches.
 
-    def op_efficiency(self, op: str) -> float:
-        """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default."""
+        Few channels (a small weight) or few output pixels run far below a matrix product of
+        the same FLOPs: im2col, layout changes and the fixed cost of each call.
+        """
+        grid = self.measured.get("conv_flops_per_s", {}).get(phase)
+        if not grid or flops <= 0 or precision != "fp32" or not isinstance(grid, list):
+            return self.matmul_rate(precision, flops)
+        by_weight: dict[float, dict[float, float]] = {}
+        for point_weight, point_pixels, rate in grid:
+            by_weight.setdefault(float(point_weight), {})[float(point_pixels)] = rate
+        at_weight = {w: _interpolate(row, max(1.0, pixels)) for w, row in by_weight.items()}
+        return _interpolate(at_weight, max(1.0, weight))
+
+    def op_efficiency(self, op: str, cached: bool = False) -> float:
+        """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default.
+
+        `cached`: its tensors stay in the last-level cache (measured for the optimizer's ops);
+        the share can then exceed 1.
+        """
+        if cached and op in self.measured.get("op_efficiency_cached", {}):
+            return self.measured["op_efficiency_cached"][op]
         return self.measured.get("op_efficiency", {}).get(op, self.efficiency_memory)
+
+    @property
+    def cache_bytes(self) -> int:
+        """The last-level cache measured on `local`; 0 where unknown."""
+        return int(self.measured.get("last_level_cache_bytes", 0))
 
 
 def _interpolate(curve: dict[float, float], x: float) -> float:

@@ -16,8 +16,22 @@ TINY_DEPTH = 16
 TINY_BATCH = 4
 
 
+def settle_allocator() -> None:
+    """Put the C allocator in the state a training process reaches after its first step.
+
+    glibc serves blocks above its mmap threshold with fresh pages, one page fault per 4 KiB on
+    first touch, and raises that threshold to the size of each such block freed (up to 32 MiB).
+    A training loop frees its large activations after the first step, so from then on its
+    temporaries come from the heap without faults; a fresh benchmark process has not yet, and
+    an Adam step over 4M parameters runs 3× slower there. Freeing one large block first makes
+    calibration measure the steady state.
+    """
+    torch.empty((32 << 20) - 4096, dtype=torch.uint8)  # allocated and freed at once
+
+
 def seconds_per_call(fn, device: torch.device, min_time_s: float, warmup: int = 3) -> float:
     """Mean seconds of `fn()` over at least `min_time_s` (and 5 calls), after `warmup` calls."""
+    settle_allocator()
     for _ in range(warmup):
         fn()
     synchronize(device)
@@ -61,15 +75,18 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
     return seconds_per_call(step, device, min_time_s, warmup=10) / ops
 
 
-CONV_CHANNELS = (4, 8, 16, 32, 64, 128)
-CONV_SIDE = 32
-CONV_BATCH = 8
+# The grid of convolutions timed: (input channels, output channels, kernel, input grad?) by
+# (batch, side) of the input. The smallest is a first layer (one input channel, no gradient for
+# the input, as every network's first convolution); the others are mid-network 3×3 layers. Their
+# weights span 200 to 590k elements, and their outputs 128 to 8192 pixels.
+CONV_LAYERS = ((1, 8, 5, False), (16, 16, 3, True), (64, 64, 3, True), (256, 256, 3, True))
+CONV_INPUTS = ((2, 8), (16, 8), (8, 32))  # (batch, side): 128, 1024 and 8192 output pixels
 
 
 def _time_training_step(
     model: nn.Module, x: torch.Tensor, device: torch.device, min_time_s: float
 ) -> float:
-    """Seconds of one forward + backward of `model` on `x` (a sum as the loss), median-ish."""
+    """Seconds of one forward + backward of `model` on `x` (a sum as the loss)."""
     model = model.to(device)
     x = x.to(device)
 
@@ -82,42 +99,44 @@ def _time_training_step(
 
 def _traced(build, sample: torch.Tensor, batch: int, input_requires_grad: bool = False):
     step = trace_step(build, sample, batch, "fp32", torch.optim.SGD, "sgd", input_requires_grad)
-    layers = [layer for layer in step.layers if layer.name != LOSS]
-    return layers
+    return [layer for layer in step.layers if layer.name != LOSS]
 
 
 def conv_rates(
     device: torch.device, overhead_s: float, min_time_s: float = 0.3
-) -> dict[str, dict[str, float]]:
-    """Achieved FLOP/s of 3×3 convolutions, forward and backward apart, keyed by op FLOPs.
+) -> dict[str, list[list[float]]]:
+    """Achieved FLOP/s of convolutions, forward and backward apart, on a grid of shapes.
 
-    Convolutions with few channels run far below a matrix product of the same FLOPs (im2col,
-    layout changes), so they get curves of their own; the backward op (the gradients of the
-    weights, and of the input where it needs one) is timed as a training step minus a forward.
-    Rates count the tracer's FLOPs and are keyed by the FLOPs of the op they describe.
+    Each phase gets a list of [weight elements, output pixels, FLOP/s] points. The backward op
+    (the gradients of the weights, and of the input where it needs one) is timed as a training
+    step minus a forward. Rates count the tracer's FLOPs, so they match how the roofline counts.
     """
-    forward_rates, backward_rates = {}, {}
-    for channels in CONV_CHANNELS:
-        build = lambda c=channels: nn.Conv2d(c, c, 3, padding=1)  # noqa: E731
-        sample = torch.zeros(channels, CONV_SIDE, CONV_SIDE)
-        (conv,) = _traced(build, sample, CONV_BATCH, input_requires_grad=True)
-        model = build().to(device)
-        x = torch.randn(CONV_BATCH, channels, CONV_SIDE, CONV_SIDE, device=device)
+    forward, backward = [], []
+    for c_in, c_out, kernel, input_grad in CONV_LAYERS:
+        for batch, side in CONV_INPUTS:
+            build = lambda c_in=c_in, c_out=c_out, k=kernel: nn.Conv2d(  # noqa: E731
+                c_in, c_out, k, padding=k // 2
+            )
+            sample = torch.zeros(c_in, side, side)
+            (conv,) = _traced(build, sample, batch, input_requires_grad=input_grad)
+            model = build().to(device)
+            x = torch.randn(batch, c_in, side, side, device=device)
 
-        def forward(model=model, x=x) -> None:
-            with torch.no_grad():
-                model(x)
+            def run_forward(model=model, x=x) -> None:
+                with torch.no_grad():
+                    model(x)
 
-        forward_s = seconds_per_call(forward, device, min_time_s) - conv.forward.ops * overhead_s
-        step_s = _time_training_step(model, x.requires_grad_(), device, min_time_s)
-        backward_s = step_s - forward_s - (conv.forward.ops + conv.backward.ops) * overhead_s
-        forward_rates[str(conv.forward.matmul_flops)] = conv.forward.matmul_flops / max(
-            forward_s, 1e-9
-        )
-        backward_rates[str(conv.backward.matmul_flops)] = conv.backward.matmul_flops / max(
-            backward_s, 1e-9
-        )
-    return {"forward": forward_rates, "backward": backward_rates}
+            forward_s = seconds_per_call(run_forward, device, min_time_s)
+            forward_s -= conv.forward.ops * overhead_s
+            step_s = _time_training_step(model, x.requires_grad_(input_grad), device, min_time_s)
+            backward_s = step_s - forward_s - (conv.forward.ops + conv.backward.ops) * overhead_s
+            for phase, found, seconds in (
+                (conv.forward, forward, forward_s),
+                (conv.backward, backward, backward_s),
+            ):
+                ((flops, weight, pixels),) = phase.convs
+                found.append([weight, pixels, flops / max(seconds, 1e-9)])
+    return {"forward": forward, "backward": backward}
 
 
 class _Probe(nn.Module):
@@ -157,7 +176,7 @@ def op_efficiencies(
 
     Each probe runs forward and backward (its input needs a gradient, as mid-network); its bytes
     and ops come from the tracer, so the efficiency matches how the roofline counts. The
-    optimizer's elementwise ops are probed with a real Adam step over 4M parameters.
+    optimizer's elementwise ops are probed apart, by `optimizer_efficiencies`.
     """
     found: dict[str, float] = {}
     channels = PROBE_SHAPE[-1]
@@ -176,24 +195,40 @@ def op_efficiencies(
         efficiency = sum(by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s
         for op in by_op:
             found[op] = _clamp(efficiency)
-    found.update(_optimizer_efficiencies(device, bandwidth_bytes_per_s, overhead_s, min_time_s))
     return found
 
 
-def _optimizer_efficiencies(device, bandwidth_bytes_per_s, overhead_s, min_time_s) -> dict:
-    size = 1 << 22
-    step = trace_step(
-        lambda: nn.Linear(size, 1, bias=False), torch.zeros(size), 1, "fp32",
-        torch.optim.Adam, "adam",
-    )  # fmt: skip
-    cost = step.optimizer if device.type == "cpu" else step.optimizer_foreach
-    weight = nn.Parameter(torch.randn(size, device=device))
-    weight.grad = torch.randn(size, device=device)
-    optimizer = torch.optim.Adam([weight])
-    seconds = seconds_per_call(optimizer.step, device, min_time_s) - cost.ops * overhead_s
-    efficiency = _clamp(sum(cost.bytes_by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s)
-    return dict.fromkeys(cost.bytes_by_op, efficiency)
+OPTIMIZER_SIZES = {"op_efficiency": 1 << 22, "op_efficiency_cached": 1 << 18}
 
 
-def _clamp(efficiency: float) -> float:
-    return min(1.0, max(0.01, efficiency))
+def optimizer_efficiencies(
+    device: torch.device, bandwidth_bytes_per_s: float, overhead_s: float, min_time_s: float = 0.3
+) -> dict[str, dict[str, float]]:
+    """Share of stream bandwidth an Adam step reaches, by its aten ops, at two sizes.
+
+    `op_efficiency`: 4M parameters, whose state (64 MiB) streams from memory.
+    `op_efficiency_cached`: 256k parameters (4 MiB of state), which a CPU's last-level cache
+    keeps between its ops and between steps: small models update several times faster than the
+    stream bandwidth implies.
+    """
+    found = {}
+    for table, size in OPTIMIZER_SIZES.items():
+        step = trace_step(
+            lambda size=size: nn.Linear(size, 1, bias=False), torch.zeros(size), 1, "fp32",
+            torch.optim.Adam, "adam",
+        )  # fmt: skip
+        cost = step.optimizer if device.type == "cpu" else step.optimizer_foreach
+        weight = nn.Parameter(torch.randn(size, device=device))
+        weight.grad = torch.randn(size, device=device)
+        optimizer = torch.optim.Adam([weight])
+        seconds = seconds_per_call(optimizer.step, device, min_time_s) - cost.ops * overhead_s
+        moved = sum(cost.bytes_by_op.values())
+        efficiency = moved / max(seconds, 1e-9) / bandwidth_bytes_per_s
+        found[table] = dict.fromkeys(
+            cost.bytes_by_op, _clamp(efficiency, 1.0 if "cached" not in table else 20.0)
+        )
+    return found
+
+
+def _clamp(efficiency: float, most: float = 1.0) -> float:
+    return min(most, max(0.01, efficiency))

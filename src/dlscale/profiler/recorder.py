@@ -147,13 +147,18 @@ class PhaseCost:
     bytes: int = 0  # inputs + outputs of every op, views excluded
     ops: int = 0  # aten ops launched (each pays a fixed dispatch or kernel-launch cost)
     matmul_ops: int = 0  # of which matrix products (their size sets the rate they reach)
-    conv_flops: int = 0  # the convolutions among the matrix products, and their count
-    conv_ops: int = 0
+    # The convolutions among the matrix products, one (FLOPs, weight elements, output pixels)
+    # each: their speed depends on the weight's size and the number of output pixels.
+    convs: list[tuple[int, int, int]] = field(default_factory=list)
     bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
 
     @property
     def flops(self) -> int:
         return self.matmul_flops + self.other_flops
+
+    @property
+    def conv_flops(self) -> int:
+        return sum(flops for flops, _, _ in self.convs)
 
     def add(self, other: PhaseCost) -> None:
         self.matmul_flops += other.matmul_flops
@@ -161,8 +166,7 @@ class PhaseCost:
         self.bytes += other.bytes
         self.ops += other.ops
         self.matmul_ops += other.matmul_ops
-        self.conv_flops += other.conv_flops
-        self.conv_ops += other.conv_ops
+        self.convs.extend(other.convs)
         self.bytes_by_op.update(other.bytes_by_op)
 
 
@@ -217,8 +221,8 @@ class Recorder(TorchDispatchMode):
             if packet in flop_registry:
                 cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
                 cost.matmul_ops = 1
-                if "conv" in name:
-                    cost.conv_flops, cost.conv_ops = cost.matmul_flops, 1
+                if name in _CONV:
+                    cost.convs.append(conv_shape(name, args, out, cost.matmul_flops))
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
                 cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
             elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise
@@ -230,6 +234,17 @@ class Recorder(TorchDispatchMode):
         key = self.current()
         self.costs.setdefault(key, PhaseCost()).add(cost)
         return out
+
+
+_CONV = {"convolution", "convolution_backward"}
+
+
+def conv_shape(name: str, args, out, flops: int) -> tuple[int, int, int]:
+    """(FLOPs, weight elements, output pixels) of a convolution or of its backward."""
+    # convolution(input, weight, ...) -> output; convolution_backward(grad_output, input,
+    # weight, ...), whose grad_output has the output's shape.
+    output, weight = (out, args[1]) if name == "convolution" else (args[0], args[2])
+    return flops, weight.numel(), output.numel() // max(1, output.shape[1])
 
 
 def nbytes(tensor: torch.Tensor) -> int:

@@ -80,15 +80,20 @@ class Prediction:
 
 
 def phase_time(
-    cost: PhaseCost, hardware: Hardware, precision: str, phase: str = "forward"
+    cost: PhaseCost,
+    hardware: Hardware,
+    precision: str,
+    phase: str = "forward",
+    cached: bool = False,
 ) -> PhaseTime:
-    products_s = 0.0
-    if cost.conv_flops:
-        rate = hardware.conv_rate(precision, cost.conv_flops / cost.conv_ops, phase)
-        products_s += cost.conv_flops / rate
+    products_s = sum(
+        flops / hardware.conv_rate(precision, flops, weight, pixels, phase)
+        for flops, weight, pixels in cost.convs
+        if flops
+    )
     other_products = cost.matmul_flops - cost.conv_flops
     if other_products:
-        per_op = other_products / max(1, cost.matmul_ops - cost.conv_ops)
+        per_op = other_products / max(1, cost.matmul_ops - len(cost.convs))
         products_s += other_products / hardware.matmul_rate(precision, per_op)
     vector_peak = hardware.peak_flops["fp32"] * hardware.efficiency_compute
     compute_s = products_s + cost.other_flops / vector_peak
@@ -96,7 +101,8 @@ def phase_time(
     # Memory-bound ops at their own measured efficiency (max-pooling on a CPU reaches a tenth of
     # the stream bandwidth that ReLU reaches); everything else at the device's default.
     memory_s = sum(
-        moved / (bandwidth * hardware.op_efficiency(op)) for op, moved in cost.bytes_by_op.items()
+        moved / (bandwidth * hardware.op_efficiency(op, cached))
+        for op, moved in cost.bytes_by_op.items()
     )
     rest = cost.bytes - sum(cost.bytes_by_op.values())
     memory_s += rest / (bandwidth * hardware.efficiency_memory)
@@ -121,7 +127,10 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         layers.append(LayerTime(layer.name, forward, backward, intensity))
     # torch's defaults: a loop of kernels per parameter on a CPU, foreach kernels on accelerators.
     optimizer = trace.optimizer if hardware.kind == "cpu" else trace.optimizer_foreach
-    optimizer_s = phase_time(optimizer, hardware, "fp32").seconds
+    # Parameters, gradients and optimizer state that fit in the last-level cache stay there.
+    footprint = 2 * trace.trainable_params * 4 + trace.optimizer_state_bytes
+    cached = footprint <= hardware.cache_bytes
+    optimizer_s = phase_time(optimizer, hardware, "fp32", cached=cached).seconds
     h2d_s = host_to_device_s(trace.batch_bytes, hardware)
     forward_s = sum(layer.forward.seconds for layer in layers)
     backward_s = sum(layer.backward.seconds for layer in layers)
