@@ -144,9 +144,9 @@ DATA_KINDS = ("digits", "synthetic", "idx", "cifar10", "npz")
 
 
 class OptimizerSpec(Strict):
-    """`sgd` (plain), `momentum` (SGD with momentum), `adam`, `adamw`."""
+    """`sgd` (plain), `momentum` (SGD with momentum), `adam`, `adamw`, `adagrad`."""
 
-    name: Literal["sgd", "momentum", "adam", "adamw"] = "adam"
+    name: Literal["sgd", "momentum", "adam", "adamw", "adagrad"] = "adam"
     lr: PositiveFloat = 1e-3
     weight_decay: NonNegativeFloat = 0.0
     momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
@@ -187,8 +187,47 @@ class DdpStrategy(Strict):
     timeout_s: PositiveFloat = 60.0  # a collective waiting longer than this fails the job
 
 
-# Later strategies (ps, pipeline, hybrid) join this union.
-StrategySpec = Annotated[SingleStrategy | DdpStrategy, Field(discriminator="name")]
+class StragglerSpec(Strict):
+    """For experiments: one worker runs `factor` times slower (it sleeps after each step)."""
+
+    worker: NonNegativeInt = 0
+    factor: Annotated[float, Field(ge=1.0)] = 2.0
+
+
+class PsStrategy(Strict):
+    """Parameter servers: `servers` processes hold the parameters (sharded by size), `workers`
+    train on their shards of the data. `averaging`: synchronous parameter averaging every
+    `local_steps`; `async`: every gradient applied at once; `downpour`: fetch every `n_fetch`
+    steps, push accumulated gradients every `n_push`. The server applies gradients with the
+    spec's optimizer (sgd or adagrad, as in Downpour); averaging workers step it locally."""
+
+    name: Literal["ps"]
+    mode: Literal["averaging", "async", "downpour"] = "async"
+    workers: PositiveInt = 2
+    servers: PositiveInt = 1
+    local_steps: PositiveInt = 1  # averaging: local steps between averages
+    n_fetch: PositiveInt = 1  # downpour: fetch parameters every n_fetch steps
+    n_push: PositiveInt = 1  # downpour: push accumulated gradients every n_push steps
+    staleness_lr: bool = False  # async/downpour: scale each update's lr by 1 / (1 + staleness)
+    max_staleness: NonNegativeInt | None = None  # stale-synchronous bound on the clock gap
+    straggler: StragglerSpec | None = None
+    checkpoint_every_s: PositiveFloat = 30.0  # each server writes its shard this often
+    heartbeat_timeout_s: PositiveFloat = 10.0  # a silent worker is declared dead after this
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    timeout_s: PositiveFloat = 120.0  # any single wait longer than this fails the job
+
+    @model_validator(mode="after")
+    def _straggler_exists(self) -> PsStrategy:
+        if self.straggler is not None and self.straggler.worker >= self.workers:
+            raise ValueError(
+                f"straggler.worker {self.straggler.worker} does not exist: workers are "
+                f"0..{self.workers - 1}"
+            )
+        return self
+
+
+# Later strategies (pipeline, hybrid) join this union.
+StrategySpec = Annotated[SingleStrategy | DdpStrategy | PsStrategy, Field(discriminator="name")]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -233,6 +272,23 @@ class Spec(Strict):
             found.append(f"optimizer.momentum is ignored by optimizer '{opt.name}'")
         if "betas" in opt.model_fields_set and opt.name not in ("adam", "adamw"):
             found.append(f"optimizer.betas is ignored by optimizer '{opt.name}'")
+        strategy = self.strategy
+        if isinstance(strategy, PsStrategy):
+            unused = {
+                "averaging": ("n_fetch", "n_push", "staleness_lr", "max_staleness"),
+                "async": ("local_steps", "n_fetch", "n_push"),
+                "downpour": ("local_steps",),
+            }[strategy.mode]
+            found += [
+                f"strategy.{key} is ignored by ps mode '{strategy.mode}'"
+                for key in unused
+                if key in strategy.model_fields_set
+            ]
+            if strategy.mode != "averaging" and opt.name not in ("sgd", "adagrad", "momentum"):
+                found.append(
+                    f"ps mode '{strategy.mode}' applies optimizer '{opt.name}' on the server, "
+                    "across every worker's gradients; sgd or adagrad are the classic choices"
+                )
         if self.loader.prefetch is not None and self.loader.workers == 0:
             found.append("loader.prefetch is ignored with loader.workers: 0")
         data = self.data

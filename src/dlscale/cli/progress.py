@@ -98,19 +98,20 @@ def summary_table(record: dict) -> Table:
     table.add_row("validation accuracy", percent(final["val_accuracy"]))
     table.add_row("validation loss", f"{final['val_loss']:.4f}")
     plan = record["plan"]
-    workers = record.get("distributed", {}).get("workers", 1)
+    workers = record.get("distributed", record.get("ps", {})).get("workers", 1)
     batch = f"batch {plan['global_batch_size']}"
     if workers > 1:
         batch += f" = {workers} workers × {plan['batch_size']}"
     table.add_row("steps", f"{final['step']:,} ({batch})")
     table.add_row("wall time", f"{final['wall_s']:.1f} s (setup {final['setup_s']:.1f} s)")
     table.add_row("throughput", f"{final['train_samples_per_s']:,.0f} samples/s")
-    table.add_row(
-        "step time split",
-        f"data wait {percent(timing['data_wait_share'])} · host→device "
-        f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}",
-    )
-    if workers > 1:
+    if "ps" not in record:
+        table.add_row(
+            "step time split",
+            f"data wait {percent(timing['data_wait_share'])} · host→device "
+            f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}",
+        )
+    if workers > 1 and "distributed" in record:
         dist = record["distributed"]
         table.add_row(
             "per worker",
@@ -125,9 +126,36 @@ def summary_table(record: dict) -> Table:
             f"{per_step_ms:.2f} ms a step ({percent(dist['allreduce_share'])} of it, overlapping "
             f"backward); {payload} of gradients, {sent} sent per worker ({dist['backend']})",
         )
+    if "ps" in record:
+        ps_rows(table, record)
     kind = final["peak_memory_kind"].replace("_", " ")
     table.add_row("peak memory", f"{binary_bytes(final['peak_memory_bytes'])} ({kind})")
     table.add_row("run record", f"{record['run_dir']}/run.json")
     if record["checkpoints"]:
         table.add_row("last checkpoint", record["checkpoints"][-1])
     return table
+
+
+def ps_rows(table: Table, record: dict) -> None:
+    """Parameter-server figures: updates, traffic, staleness, waiting, per-server load."""
+    ps = record["ps"]
+    table.add_row(
+        "parameter servers",
+        f"{ps['mode']}: {ps['workers']} workers, {ps['servers']} server(s); {ps['updates']:,} "
+        f"updates ({ps['updates_per_s']:,.1f}/s), {binary_bytes(ps['bytes_per_s'])}/s moved",
+    )
+    live = [w for w in record["workers"] if "wait_share" in w]
+    waits = ", ".join(f"{percent(w['wait_share'])}" for w in live)
+    table.add_row("workers waiting", f"{waits} of each worker's time (pull, push, average)")
+    if ps["mode"] != "averaging":
+        table.add_row(
+            "staleness",
+            f"mean {ps['mean_staleness']:.2f}, max {ps['max_staleness']} (updates behind the "
+            "server when applied)",
+        )
+    load = ", ".join(
+        f"#{s['shard']} {s['elements']:,} params {s['updates']:,} updates" for s in ps["per_server"]
+    )
+    table.add_row("per server", load)
+    if ps["dropped_workers"]:
+        table.add_row("dropped workers", ", ".join(str(w) for w in ps["dropped_workers"]))

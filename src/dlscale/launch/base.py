@@ -54,7 +54,8 @@ class Launcher(Protocol):
     """Starts `num_workers` copies of `fn`, supervises them and returns their results by rank.
 
     Every wait has a timeout; a worker that dies or raises stops the whole job with WorkerFailed
-    naming it; no worker outlives the call.
+    naming it, unless its rank is in `expendable` (a strategy that trains on without it): then
+    its result is None and a warning event says so. No worker outlives the call.
     """
 
     name: str
@@ -67,7 +68,14 @@ class Launcher(Protocol):
         resources: Resources,
         port: int | None = None,
         on_event: EventHandler | None = None,
+        expendable: frozenset[int] = frozenset(),
     ) -> list[Any]: ...
+
+
+def lost_worker(rank: int, why: str, on_event: EventHandler | None) -> None:
+    """Tell the user an expendable worker is gone and the job goes on without it."""
+    if on_event is not None:
+        on_event("warn", (f"worker {rank} {why}; training continues without it",))
 
 
 def drain_events(events: Any, on_event: EventHandler | None) -> None:

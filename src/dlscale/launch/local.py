@@ -29,6 +29,7 @@ from dlscale.launch.base import (
     WorkerFailed,
     WorkerFn,
     drain_events,
+    lost_worker,
 )
 
 LOOPBACK = "127.0.0.1"
@@ -133,6 +134,7 @@ class LocalLauncher:
         resources: Resources,
         port: int | None = None,
         on_event: EventHandler | None = None,
+        expendable: frozenset[int] = frozenset(),
     ) -> list[Any]:
         port = check_port(port) if port is not None else free_port()
         ctx = mp.get_context("spawn")
@@ -152,11 +154,11 @@ class LocalLauncher:
                 process.start()
             processes.append(process)
         try:
-            return self._supervise(processes, results, events, on_event)
+            return self._supervise(processes, results, events, on_event, expendable)
         finally:
             _stop(processes)
 
-    def _supervise(self, processes, results, events, on_event) -> list[Any]:
+    def _supervise(self, processes, results, events, on_event, expendable) -> list[Any]:
         done: dict[int, Any] = {}
         exited_at: dict[int, float] = {}
         while len(done) < len(processes):
@@ -167,6 +169,9 @@ class LocalLauncher:
                 status = None
             if status == "ok":
                 done[rank] = value
+            elif status in ("user_error", "error") and rank in expendable:
+                done[rank] = None
+                lost_worker(rank, f"failed: {value}", on_event)
             elif status == "user_error":
                 raise UserError(value)
             elif status == "error":
@@ -174,6 +179,10 @@ class LocalLauncher:
             for rank, process in enumerate(processes):
                 code = process.exitcode
                 if code is None or rank in done:
+                    continue
+                if code != 0 and rank in expendable:
+                    done[rank] = None
+                    lost_worker(rank, f"(pid {process.pid}) {describe_exit(code)}", on_event)
                     continue
                 if code != 0:
                     raise WorkerFailed(f"worker {rank} (pid {process.pid}) {describe_exit(code)}")

@@ -20,6 +20,7 @@ from dlscale.launch.base import (
     WorkerFailed,
     WorkerFn,
     drain_events,
+    lost_worker,
 )
 
 CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
@@ -95,6 +96,7 @@ class RayLauncher:
         resources: Resources,
         port: int | None = None,
         on_event: EventHandler | None = None,
+        expendable: frozenset[int] = frozenset(),
     ) -> list[Any]:
         ray = import_ray()
         connected_here = self._connect(ray)
@@ -121,7 +123,7 @@ class RayLauncher:
                     rank, num_workers, 0, master_addr, master_port, events, nodes[rank][1]
                 )
                 futures[actor.run.remote(fn, payload, context, threads)] = rank
-            return self._supervise(ray, futures, events, on_event)
+            return self._supervise(ray, futures, events, on_event, expendable)
         finally:
             for actor in actors:
                 with contextlib.suppress(Exception):
@@ -163,7 +165,9 @@ class RayLauncher:
         except ray.exceptions.RayActorError as exc:
             raise WorkerFailed(f"worker {rank} died: {one_line(exc)}") from None
 
-    def _supervise(self, ray, futures: dict, events, on_event: EventHandler | None) -> list[Any]:
+    def _supervise(
+        self, ray, futures: dict, events, on_event: EventHandler | None, expendable=frozenset()
+    ) -> list[Any]:
         results: dict[int, Any] = {}
         pending = list(futures)
         while pending:
@@ -171,7 +175,13 @@ class RayLauncher:
             drain_events(events, on_event)
             for ref in ready:
                 rank = futures[ref]
-                results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
+                try:
+                    results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
+                except UserError as exc:
+                    if rank not in expendable:
+                        raise
+                    results[rank] = None
+                    lost_worker(rank, f"failed: {exc}", on_event)
         drain_events(events, on_event)
         return [results[rank] for rank in range(len(futures))]
 

@@ -2,9 +2,9 @@
 
 from collections.abc import Callable
 
-from dlscale.strategies import ddp, single
+from dlscale.strategies import ddp, ps, single
 
 # name -> run(spec, run_dir, resume_from, reporter, launcher) -> the run record (run.json)
-STRATEGIES: dict[str, Callable[..., dict]] = {"single": single.run, "ddp": ddp.run}
+STRATEGIES: dict[str, Callable[..., dict]] = {"single": single.run, "ddp": ddp.run, "ps": ps.run}
 
 __all__ = ["STRATEGIES"]

@@ -27,6 +27,8 @@ def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
         return torch.optim.AdamW(
             params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
         )
+    if spec.name == "adagrad":
+        return torch.optim.Adagrad(params, lr=spec.lr, weight_decay=spec.weight_decay)
     raise AssertionError(f"optimizer {spec.name} passed validation but has no builder")
 
 

@@ -1,0 +1,779 @@
+"""Strategy `ps`: parameter servers (averaging, asynchronous SGD, Downpour SGD), sharded.
+
+One process group of `servers + workers` ranks: ranks 0..S-1 are servers, each holding one shard
+of the parameters (whole tensors, balanced by size); the rest are workers, each training on its
+own slice of every global batch. Tensors travel over torch.distributed point-to-point (gloo
+send/recv); every request starts with a small header tensor (op, version, steps, worker step).
+A server answers each worker from a thread of its own, so one slow worker never holds up the
+others, and serialises updates under one lock.
+
+- averaging: each worker steps its own optimizer `local_steps` times, then sends its shard
+  parameters to every server; a server waits for every live worker, takes the mean, and sends it
+  back (synchronous parameter averaging).
+- async / downpour: a worker pulls parameters (every step, or every `n_fetch`), computes
+  gradients, and pushes them (every step, or their sum every `n_push`); the server applies each
+  push at once with the spec's optimizer. The staleness of each update (server version minus the
+  version it was computed from) is recorded; `max_staleness` makes a worker that is that many
+  pushes ahead of the slowest live worker wait (stale-synchronous parallel).
+
+Faults: workers send heartbeats through the process group's store; in async and downpour a
+worker that dies (or goes silent for `heartbeat_timeout_s`) is dropped and the others finish.
+Servers write their shard to `checkpoints/ps-shard-<s>.pt` every `checkpoint_every_s`; a server
+that dies stops the job (the launcher names it) and `--resume` continues from those files.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dlscale.data import build_data
+from dlscale.errors import UserError
+from dlscale.launch.base import Launcher, Resources, WorkerContext
+from dlscale.models import build_model, count_parameters
+from dlscale.spec import PsStrategy, Spec, parse_spec
+from dlscale.train import checkpoint as ckpt
+from dlscale.train.device import peak_memory
+from dlscale.train.env import environment
+from dlscale.train.files import write_atomic, write_json_atomic
+from dlscale.train.loop import InProcessBatches, Plan
+from dlscale.train.metrics import StepTiming, TimingTotals
+from dlscale.train.record import RUN_SCHEMA
+from dlscale.train.reporter import NullReporter, Reporter
+from dlscale.train.sampler import GlobalBatchSampler
+from dlscale.train.step import build_optimizer, compute_loss, evaluate
+
+PULL, PUSH, AVERAGE, DONE = 1, 2, 3, 4
+HEADER_FIELDS = 4  # op, version (or round), steps in the push, the worker's step count
+HEARTBEAT_S = 1.0
+STEP_EVENT_INTERVAL_S = 0.1
+FORWARDED = ("start", "step", "epoch_end", "warn")
+
+
+# ------------------------------------------------------------------------------------ layout
+
+
+def shard_parameters(sizes: list[int], servers: int) -> list[list[int]]:
+    """Split parameter tensors (by index) over `servers`, balanced by elements: largest first,
+    each to the least-loaded server. A tensor is never split."""
+    if servers > len(sizes):
+        raise UserError(
+            f"strategy.servers {servers} is more than the model's {len(sizes)} parameter tensors"
+        )
+    loads, shards = [0] * servers, [[] for _ in range(servers)]
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        target = min(range(servers), key=lambda s: (loads[s], s))
+        shards[target].append(index)
+        loads[target] += sizes[index]
+    return [sorted(shard) for shard in shards]
+
+
+def flatten(tensors: list[torch.Tensor], indices: list[int]) -> torch.Tensor:
+    return torch.cat([tensors[i].detach().reshape(-1) for i in indices])
+
+
+def unflatten_into(tensors: list[torch.Tensor], indices: list[int], flat: torch.Tensor) -> None:
+    offset = 0
+    with torch.no_grad():
+        for i in indices:
+            n = tensors[i].numel()
+            tensors[i].copy_(flat[offset : offset + n].view_as(tensors[i]))
+            offset += n
+
+
+def build_ps_model(spec: Spec) -> tuple[nn.Module, Any]:
+    """The model every rank starts from (same seed: same initial weights), and the data."""
+    torch.manual_seed(spec.seed)
+    data = build_data(spec.data, spec.seed)
+    model = build_model(spec.model.name, spec.model.kwargs, data.model_defaults())
+    return model, data
+
+
+def shard_path(run_dir: Path, shard: int) -> Path:
+    return Path(run_dir) / "checkpoints" / f"ps-shard-{shard}.pt"
+
+
+# ------------------------------------------------------------------------------------ server
+
+
+class ParameterServer:
+    """One shard of the parameters, its optimizer, and one thread per worker."""
+
+    def __init__(self, spec: Spec, shard: int, indices: list[int], run_dir: Path, resume: bool):
+        self.spec, self.strategy = spec, spec.strategy
+        self.shard, self.run_dir = shard, Path(run_dir)
+        self.servers, n_workers = self.strategy.servers, self.strategy.workers
+        self.workers = list(range(self.servers, self.servers + n_workers))
+        model, _ = build_ps_model(spec)
+        params = list(model.parameters())
+        self.flat = nn.Parameter(flatten(params, indices).clone())
+        self.optimizer = build_optimizer([self.flat], spec.optimizer)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.version = 0
+        self.cond = threading.Condition()
+        self.clock = dict.fromkeys(self.workers, 0)  # pushes (or averaging rounds) per worker
+        self.worker_steps = dict.fromkeys(self.workers, 0)
+        self.done: set[int] = set()
+        self.dead: set[int] = set()
+        self.staleness: Counter[int] = Counter()
+        self.updates = 0
+        self.bytes_in = self.bytes_out = 0
+        self.wait_s = 0.0  # time pulls spent held back by the staleness bound
+        self.error: BaseException | None = None
+        self.last_activity = time.monotonic()
+        # averaging rounds
+        self.round_sum: torch.Tensor | None = None
+        self.round_members: set[int] = set()
+        self.rounds_done = 0
+        if resume:
+            self._load()
+
+    # ---- state on disk
+
+    def _state(self) -> dict:
+        return {
+            "spec_hash": self.spec.spec_hash(),
+            "shard": self.shard,
+            "flat": self.flat.detach().clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "worker_steps": {str(k): v for k, v in self.worker_steps.items()},
+            "updates": self.updates,
+        }
+
+    def checkpoint(self) -> None:
+        with self.cond:
+            state = self._state()
+        path = shard_path(self.run_dir, self.shard)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, lambda handle: torch.save(state, handle))
+
+    def _load(self) -> None:
+        state = load_shard(self.run_dir, self.shard, self.spec)
+        with torch.no_grad():
+            self.flat.copy_(state["flat"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version, self.updates = state["version"], state["updates"]
+        self.worker_steps = {int(k): v for k, v in state["worker_steps"].items()}
+
+    # ---- serving
+
+    def live(self) -> list[int]:
+        return [w for w in self.workers if w not in self.done and w not in self.dead]
+
+    def serve(self, store) -> dict:
+        t0 = time.perf_counter()
+        for worker in self.workers:
+            threading.Thread(
+                target=self._handle, args=(worker,), daemon=True, name=f"ps-{worker}"
+            ).start()
+        beats: dict[int, tuple[int, float]] = {}
+        last_checkpoint = time.monotonic()
+        while True:
+            with self.cond:
+                self.cond.wait(timeout=0.5)
+                if self.error is not None:
+                    raise self.error
+                if not self.live():
+                    break
+            now = time.monotonic()
+            for worker in self.live():
+                count = store.add(f"ps/beat/{worker}", 0)
+                if worker not in beats or beats[worker][0] != count:
+                    beats[worker] = (count, now)
+                elif now - beats[worker][1] > self.strategy.heartbeat_timeout_s:
+                    self.drop(worker, f"sent no heartbeat for {now - beats[worker][1]:.0f} s")
+            if now - self.last_activity > self.strategy.timeout_s:
+                raise UserError(
+                    f"server {self.shard}: no message from any worker for "
+                    f"{self.strategy.timeout_s:g} s (strategy.timeout_s)"
+                )
+            if now - last_checkpoint > self.strategy.checkpoint_every_s:
+                self.checkpoint()
+                last_checkpoint = now
+        self.checkpoint()
+        wall = time.perf_counter() - t0
+        return {
+            "role": "server",
+            "shard": self.shard,
+            # numpy pickles by value; a tensor would travel as a shared-memory handle that dies
+            # with this process.
+            "flat": self.flat.detach().numpy().copy(),
+            "elements": self.flat.numel(),
+            "version": self.version,
+            "updates": self.updates,
+            "updates_per_s": self.updates / wall if wall else 0.0,
+            "bytes_in": self.bytes_in,
+            "bytes_out": self.bytes_out,
+            "bytes_per_s": (self.bytes_in + self.bytes_out) / wall if wall else 0.0,
+            "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+            "staleness_wait_s": self.wait_s,
+            "dropped_workers": sorted(w - self.servers for w in self.dead),
+            "wall_s": wall,
+            "peak_memory_bytes": peak_memory(torch.device("cpu"))[0],
+        }
+
+    def drop(self, worker: int, why: str) -> None:
+        with self.cond:
+            if worker in self.done or worker in self.dead:
+                return
+            self.dead.add(worker)
+            self.cond.notify_all()
+        del why  # the launcher reports the death to the user; the server only moves on
+
+    def _handle(self, worker: int) -> None:
+        header = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
+        buffer = torch.empty_like(self.flat.detach())
+        nbytes = buffer.numel() * buffer.element_size()
+        try:
+            while True:
+                dist.recv(header, src=worker)
+                op, version, _steps, worker_step = (int(v) for v in header)
+                self.last_activity = time.monotonic()
+                if op == PULL:
+                    data, version = self._pull(worker)
+                    dist.send(torch.tensor([version, 0, 0, 0]), dst=worker)
+                    dist.send(data, dst=worker)
+                    self.bytes_out += nbytes
+                elif op == PUSH:
+                    dist.recv(buffer, src=worker)
+                    self.bytes_in += nbytes
+                    self._apply(worker, buffer, version, worker_step)
+                elif op == AVERAGE:
+                    dist.recv(buffer, src=worker)
+                    self.bytes_in += nbytes
+                    data = self._average(worker, buffer, version, worker_step)
+                    dist.send(data, dst=worker)
+                    self.bytes_out += nbytes
+                elif op == DONE:
+                    with self.cond:
+                        self.done.add(worker)
+                        self.worker_steps[worker] = worker_step
+                        self.cond.notify_all()
+                    return
+                else:
+                    raise RuntimeError(f"unknown request {op} from rank {worker}")
+        except BaseException as exc:  # a lost peer in async modes; anything else stops the job
+            with self.cond:
+                if worker in self.dead:
+                    return
+                if self.strategy.mode != "averaging" and isinstance(exc, RuntimeError):
+                    self.dead.add(worker)
+                else:
+                    self.error = exc
+                self.cond.notify_all()
+
+    def _pull(self, worker: int) -> tuple[torch.Tensor, int]:
+        bound = self.strategy.max_staleness
+        with self.cond:
+            if bound is not None:
+                t0 = time.monotonic()
+
+                def ahead() -> bool:
+                    others = [self.clock[w] for w in self.live() if w != worker]
+                    return bool(others) and self.clock[worker] - min(others) > bound
+
+                while ahead():
+                    if time.monotonic() - t0 > self.strategy.timeout_s:
+                        raise TimeoutError(
+                            f"waited {self.strategy.timeout_s:g} s on slower workers"
+                        )
+                    self.cond.wait(timeout=0.5)
+                self.wait_s += time.monotonic() - t0
+            return self.flat.detach().clone(), self.version
+
+    def _apply(self, worker: int, grad: torch.Tensor, from_version: int, worker_step: int) -> None:
+        with self.cond:
+            staleness = self.version - from_version
+            self.staleness[staleness] += 1
+            scale = 1.0 / (1 + staleness) if self.strategy.staleness_lr else 1.0
+            for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
+                group["lr"] = lr * scale
+            self.flat.grad = grad
+            self.optimizer.step()
+            self.flat.grad = None
+            self.version += 1
+            self.updates += 1
+            self.clock[worker] += 1
+            self.worker_steps[worker] = worker_step
+            self.cond.notify_all()
+
+    def _average(self, worker: int, params: torch.Tensor, round_: int, worker_step: int):
+        with self.cond:
+            if self.round_sum is None:
+                self.round_sum = params.clone()
+            else:
+                self.round_sum += params
+            self.round_members.add(worker)
+            self.clock[worker] += 1
+            self.worker_steps[worker] = worker_step
+            if self.round_members >= set(self.live()):
+                with torch.no_grad():
+                    self.flat.copy_(self.round_sum / len(self.round_members))
+                self.round_sum, self.round_members = None, set()
+                self.version += 1
+                self.updates += 1
+                self.rounds_done = round_
+                self.cond.notify_all()
+            t0 = time.monotonic()
+            while self.rounds_done < round_:
+                if self.error is not None or time.monotonic() - t0 > self.strategy.timeout_s:
+                    raise TimeoutError(f"averaging round {round_} did not complete")
+                self.cond.wait(timeout=0.5)
+            return self.flat.detach().clone()
+
+
+def load_shard(run_dir: Path, shard: int, spec: Spec) -> dict:
+    path = shard_path(run_dir, shard)
+    if not path.exists():
+        raise UserError(f"nothing to resume: {path} is missing")
+    state = ckpt.load_checkpoint(path, map_location="cpu")
+    if state.get("spec_hash") != spec.spec_hash():
+        raise UserError(
+            f"{path} was written by a different spec; start a new run instead of --resume"
+        )
+    return state
+
+
+# ------------------------------------------------------------------------------------ worker
+
+
+class PsWorker:
+    """One worker: its slice of every global batch, a local model, requests to every server."""
+
+    def __init__(self, spec: Spec, context: WorkerContext, shards: list[list[int]], payload):
+        self.spec, self.strategy, self.context = spec, spec.strategy, context
+        self.shards = shards
+        self.servers = len(shards)
+        self.index = context.rank - self.servers  # 0..workers-1
+        self.t_start = time.perf_counter()
+        self.model, self.data = build_ps_model(spec)
+        torch.manual_seed(spec.seed + 1 + self.index)  # dropout differs between workers
+        self.params = list(self.model.parameters())
+        self.plan = Plan.of(spec, self.data.num_train, self.strategy.workers)
+        self.sampler = GlobalBatchSampler(
+            self.data.num_train, spec.batch_size, spec.seed, self.index, self.strategy.workers
+        )
+        self.loader = InProcessBatches(self.data.train, self.sampler)
+        self.val_loader = torch.utils.data.DataLoader(
+            self.data.val, batch_size=max(256, spec.batch_size)
+        )
+        self.averaging = self.strategy.mode == "averaging"
+        self.optimizer = build_optimizer(self.params, spec.optimizer) if self.averaging else None
+        self.versions = [0] * self.servers
+        self.step = int(payload["start_steps"].get(str(self.index), 0))
+        self.start_step = self.step
+        self.timing = TimingTotals()
+        self.wait_s = 0.0
+        self.bytes_moved = 0
+        self.epochs: list[dict] = []
+        self.setup_s = time.perf_counter() - self.t_start
+        self.is_main = self.index == 0
+        self.last_event = 0.0
+        n_fetch = self.strategy.n_fetch if self.strategy.mode == "downpour" else 1
+        n_push = self.strategy.n_push if self.strategy.mode == "downpour" else 1
+        self.n_fetch, self.n_push = n_fetch, n_push
+
+    # ---- requests
+
+    def _header(self, op: int, version: int = 0, steps: int = 0) -> torch.Tensor:
+        return torch.tensor([op, version, steps, self.step], dtype=torch.int64)
+
+    def pull(self) -> None:
+        t0 = time.perf_counter()
+        for server in range(self.servers):
+            dist.send(self._header(PULL), dst=server)
+        reply = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
+        for server, indices in enumerate(self.shards):
+            flat = torch.empty(sum(self.params[i].numel() for i in indices))
+            dist.recv(reply, src=server)
+            dist.recv(flat, src=server)
+            self.versions[server] = int(reply[0])
+            unflatten_into(self.params, indices, flat)
+            self.bytes_moved += flat.numel() * flat.element_size()
+        self.wait_s += time.perf_counter() - t0
+
+    def push(self, steps: int) -> None:
+        t0 = time.perf_counter()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        for server, indices in enumerate(self.shards):
+            flat = flatten(grads, indices)
+            dist.send(self._header(PUSH, self.versions[server], steps), dst=server)
+            dist.send(flat, dst=server)
+            self.bytes_moved += flat.numel() * flat.element_size()
+        self.wait_s += time.perf_counter() - t0
+
+    def average(self, round_: int) -> None:
+        t0 = time.perf_counter()
+        flats = []
+        for server, indices in enumerate(self.shards):
+            flat = flatten(self.params, indices)
+            dist.send(self._header(AVERAGE, round_), dst=server)
+            dist.send(flat, dst=server)
+            flats.append(flat)
+        for server, indices in enumerate(self.shards):
+            dist.recv(flats[server], src=server)
+            unflatten_into(self.params, indices, flats[server])
+            self.bytes_moved += 2 * flats[server].numel() * flats[server].element_size()
+        self.wait_s += time.perf_counter() - t0
+
+    def done(self) -> None:
+        for server in range(self.servers):
+            dist.send(self._header(DONE), dst=server)
+
+    # ---- training
+
+    def describe(self) -> dict:
+        return {
+            "name": self.spec.name,
+            "model": self.spec.model.name,
+            "parameters": count_parameters(self.model),
+            "device": "cpu",
+            "precision": self.spec.precision,
+            "train_samples": self.data.num_train,
+            "val_samples": len(self.data.val),
+            "start_step": self.step,
+            "workers": self.strategy.workers,
+            **self.plan.__dict__,
+        }
+
+    def run(self) -> dict:
+        if self.is_main:
+            self.context.send("start", self.describe())
+        self.pull()  # everyone starts from the servers' parameters
+        straggler = self.strategy.straggler
+        slow = straggler.factor if straggler and straggler.worker == self.index else 1.0
+        accumulated = 0
+        rounds = self.step // self.strategy.local_steps if self.averaging else 0
+        self.model.train()
+        while self.step < self.plan.total_steps:
+            epoch = self.step // self.plan.steps_per_epoch
+            self.sampler.set_epoch(epoch, self.step - epoch * self.plan.steps_per_epoch)
+            losses = []
+            t_prev = time.perf_counter()
+            for x, y in self.loader:
+                t_data = time.perf_counter()
+                fetch = not self.averaging and accumulated == 0 and self.step % self.n_fetch == 0
+                if fetch and self.step != self.start_step:
+                    self.pull()
+                wait_before = self.wait_s
+                t_compute = time.perf_counter()
+                if accumulated == 0:
+                    self.model.zero_grad(set_to_none=True)
+                loss = compute_loss(self.model(x), y)
+                loss.backward()
+                if self.averaging:
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                losses.append(float(loss))
+                compute_s = time.perf_counter() - t_compute
+                if slow > 1.0:
+                    time.sleep((slow - 1.0) * compute_s)
+                self.step += 1
+                if self.averaging:
+                    if self.step % self.strategy.local_steps == 0:
+                        rounds += 1
+                        self.average(rounds)
+                else:
+                    accumulated += 1
+                    if accumulated == self.n_push:
+                        self.push(accumulated)
+                        accumulated = 0
+                t_end = time.perf_counter()
+                comm = self.wait_s - wait_before
+                self.timing.add(StepTiming(t_data - t_prev, 0.0, t_end - t_data - comm), len(y))
+                self.timing.add_comm(comm, 0)
+                self._progress(epoch, losses[-1], len(y) / max(t_end - t_prev, 1e-9))
+                t_prev = time.perf_counter()
+                if self.step >= self.plan.total_steps:
+                    break
+            if self.is_main and (
+                self.step % self.plan.steps_per_epoch == 0 or self.step >= self.plan.total_steps
+            ):
+                self._end_epoch(epoch, losses)
+        if self.averaging and self.step % self.strategy.local_steps:
+            self.average(rounds + 1)
+        if accumulated:
+            self.push(accumulated)
+        self.done()
+        return self.summary()
+
+    def _progress(self, epoch: int, loss: float, rate: float) -> None:
+        now = time.monotonic()
+        if self.is_main and now - self.last_event >= STEP_EVENT_INTERVAL_S:
+            self.last_event = now
+            self.context.send("step", self.step, epoch + 1, loss, rate * self.strategy.workers)
+
+    def _end_epoch(self, epoch: int, losses: list[float]) -> None:
+        val_loss, val_acc = evaluate(self.model, self.val_loader, torch.device("cpu"), "fp32")
+        self.model.train()
+        record = {
+            "epoch": epoch + 1,
+            "step": self.step,
+            "train_loss": sum(losses) / len(losses) if losses else None,
+            "val_loss": val_loss,
+            "val_accuracy": val_acc,
+            "samples_per_s": self.timing.samples_per_s,
+            "elapsed_s": time.perf_counter() - self.t_start,
+        }
+        self.epochs.append(record)
+        self.context.send("epoch_end", record)
+
+    def summary(self) -> dict:
+        wall = time.perf_counter() - self.t_start - self.setup_s
+        return {
+            "role": "worker",
+            "rank": self.index,
+            "node": self.context.node,
+            "steps": self.step - self.start_step,
+            "samples": self.timing.samples,
+            "samples_per_s": self.timing.samples / wall if wall > 0 else 0.0,
+            "compute_s": self.timing.compute_s,
+            "wait_s": self.wait_s,
+            "wait_share": self.wait_s / wall if wall > 0 else 0.0,
+            "bytes_moved": self.bytes_moved,
+            "train_wall_s": wall,
+            "setup_s": self.setup_s,
+            "peak_memory_bytes": peak_memory(torch.device("cpu"))[0],
+            "timing": self.timing.to_state(),
+            "epochs": self.epochs,
+            "buffers": {k: v.numpy().copy() for k, v in self.model.named_buffers()},
+        }
+
+
+def _heartbeat(store, rank: int, stop: threading.Event) -> None:
+    while not stop.wait(HEARTBEAT_S):
+        try:
+            store.add(f"ps/beat/{rank}", 1)
+        except Exception:  # the store went away: the job is ending
+            return
+
+
+def ps_process(context: WorkerContext, payload: dict) -> dict:
+    """Every rank of a ps job: servers first, then workers."""
+    spec = parse_spec(payload["spec"])
+    strategy = spec.strategy
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://{context.master_addr}:{context.master_port}",
+        rank=context.rank,
+        world_size=context.world_size,
+        timeout=timedelta(seconds=strategy.timeout_s),
+    )
+    store = dist.distributed_c10d._get_default_store()
+    shards = payload["shards"]
+    if context.rank < strategy.servers:
+        server = ParameterServer(
+            spec, context.rank, shards[context.rank], Path(payload["run_dir"]), payload["resume"]
+        )
+        # No destroy_process_group: a dropped worker's receive thread may still be waiting.
+        return server.serve(store)
+    stop = threading.Event()
+    threading.Thread(
+        target=_heartbeat, args=(store, context.rank, stop), daemon=True, name="ps-heartbeat"
+    ).start()
+    try:
+        return PsWorker(spec, context, shards, payload).run()
+    finally:
+        stop.set()
+
+
+# ------------------------------------------------------------------------------------ parent
+
+
+def run(
+    spec: Spec,
+    run_dir: Path,
+    resume_from: Path | None,
+    reporter: Reporter,
+    launcher: Launcher | None = None,
+) -> dict:
+    """Start the servers and workers; assemble, evaluate and save the final model."""
+    if launcher is None:
+        from dlscale.launch.local import LocalLauncher
+
+        launcher = LocalLauncher()
+    reporter = reporter or NullReporter()
+    strategy: PsStrategy = spec.strategy
+    if spec.device not in ("auto", "cpu") or spec.precision != "fp32":
+        raise UserError("strategy 'ps' trains fp32 on CPU workers (device: cpu, precision: fp32)")
+    t_start = time.perf_counter()
+    started_at = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    model, data = build_ps_model(spec)
+    params = list(model.parameters())
+    shards = shard_parameters([p.numel() for p in params], strategy.servers)
+    Plan.of(spec, data.num_train, strategy.workers)  # a batch too large is one line, here
+    resume = resume_from is not None
+    start_steps: dict[str, int] = {}
+    if resume:
+        states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
+        for worker in range(strategy.workers):
+            key = str(strategy.servers + worker)
+            start_steps[str(worker)] = min(int(s["worker_steps"].get(key, 0)) for s in states)
+    payload = {
+        "spec": spec.model_dump(mode="json"),
+        "run_dir": str(run_dir),
+        "shards": shards,
+        "resume": resume,
+        "start_steps": start_steps,
+    }
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    def forward(kind: str, args: tuple[Any, ...]) -> None:
+        if kind in FORWARDED:
+            getattr(reporter, kind)(*args)
+
+    expendable = frozenset()
+    if strategy.mode != "averaging":
+        expendable = frozenset(range(strategy.servers, strategy.servers + strategy.workers))
+    warnings = list(spec.warnings())
+    for message in warnings:
+        reporter.warn(message)
+
+    def collect(kind: str, args: tuple[Any, ...]) -> None:
+        if kind == "warn":
+            warnings.append(args[0])
+        forward(kind, args)
+
+    results = launcher.run(
+        ps_process, payload, strategy.servers + strategy.workers, Resources(cpus=1.0),
+        strategy.port, collect, expendable,
+    )  # fmt: skip
+    servers, workers = results[: strategy.servers], results[strategy.servers :]
+    alive = [w for w in workers if w is not None]
+    if not alive:
+        raise UserError("every worker died; nothing was trained to the end")
+    for server, indices in zip(servers, shards, strict=True):
+        unflatten_into(params, indices, torch.from_numpy(server["flat"]))
+    main = next((w for w in workers if w is not None and w["epochs"]), alive[0])
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            buffer.copy_(torch.from_numpy(main["buffers"][name]))
+    val_loader = torch.utils.data.DataLoader(data.val, batch_size=max(256, spec.batch_size))
+    val_loss, val_acc = evaluate(model, val_loader, torch.device("cpu"), "fp32")
+    step = max(w["steps"] + int(start_steps.get(str(w["rank"]), 0)) for w in alive)
+    checkpoint = ckpt.save_checkpoint(
+        run_dir,
+        step,
+        {"spec_hash": spec.spec_hash(), "model": model.state_dict(), "strategy": "ps"},
+        spec.checkpoint.keep_last,
+    )
+    record = ps_record(
+        spec, run_dir, model, data, servers, workers, shards, main, warnings,
+        (val_loss, val_acc, step), started_at, time.perf_counter() - t_start, checkpoint, resume,
+    )  # fmt: skip
+    write_json_atomic(run_dir / "run.json", record)
+    reporter.finish(record)
+    return record
+
+
+def ps_record(
+    spec, run_dir, model, data, servers, workers, shards, main, warnings, final, started_at,
+    wall_s, checkpoint, resumed,
+) -> dict:  # fmt: skip
+    """run.json for a ps job: the common schema, plus `ps` (servers, staleness, traffic)."""
+    val_loss, val_acc, step = final
+    strategy = spec.strategy
+    alive = [w for w in workers if w is not None]
+    timing = TimingTotals.from_state(main["timing"])
+    samples = sum(w["samples"] for w in alive)
+    train_wall = max(w["train_wall_s"] for w in alive)
+    staleness: Counter[int] = Counter()
+    for server in servers:
+        staleness.update({int(k): v for k, v in server["staleness"].items()})
+    updates = sum(s["updates"] for s in servers)
+    server_wall = max(s["wall_s"] for s in servers)
+    epochs = main["epochs"]
+    train_losses = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
+    plan = Plan.of(spec, data.num_train, strategy.workers)
+    mean_staleness = (
+        sum(k * v for k, v in staleness.items()) / sum(staleness.values()) if staleness else 0.0
+    )
+    return {
+        "schema": RUN_SCHEMA,
+        "status": "completed",
+        "name": spec.name,
+        "run_dir": str(run_dir),
+        "spec_hash": spec.spec_hash(),
+        "spec": spec.model_dump(mode="json"),
+        "started_at": started_at,
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "resumed_from_step": min(w["steps"] for w in alive) if resumed else None,
+        "environment": environment(torch.device("cpu")),
+        "model": {
+            "name": spec.model.name,
+            "parameters": count_parameters(model),
+            "trainable_parameters": count_parameters(model, trainable_only=True),
+        },
+        "data": {
+            "train_samples": data.num_train,
+            "val_samples": len(data.val),
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "task": data.task,
+        },
+        "plan": dict(plan.__dict__),
+        "timing": timing.summary(),
+        "epochs": epochs,
+        "steps": [],
+        "warnings": warnings,
+        "checkpoints": [str(p) for _, p in ckpt.list_checkpoints(run_dir)],
+        "final": {
+            "step": step,
+            "val_accuracy": val_acc,
+            "val_loss": val_loss,
+            "train_loss": train_losses[-1] if train_losses else None,
+            "train_samples_per_s": samples / train_wall if train_wall else 0.0,
+            "per_worker_samples_per_s": samples / train_wall / len(alive) if train_wall else 0.0,
+            "wall_s": wall_s,
+            "setup_s": main["setup_s"],
+            "first_step_at_unix": None,
+            "peak_memory_bytes": max(p["peak_memory_bytes"] for p in [*servers, *alive]),
+            "peak_memory_kind": "host_peak_rss",
+        },
+        "ps": {
+            "mode": strategy.mode,
+            "workers": strategy.workers,
+            "servers": strategy.servers,
+            "updates": updates,
+            "updates_per_s": updates / server_wall if server_wall else 0.0,
+            "bytes_per_s": sum(s["bytes_per_s"] for s in servers),
+            "staleness_histogram": {str(k): v for k, v in sorted(staleness.items())},
+            "mean_staleness": mean_staleness,
+            "max_staleness": max(staleness) if staleness else 0,
+            "dropped_workers": sorted({w for s in servers for w in s["dropped_workers"]}),
+            "per_server": [
+                {
+                    "shard": s["shard"],
+                    "tensors": len(indices),
+                    "elements": s["elements"],
+                    "updates": s["updates"],
+                    "updates_per_s": s["updates_per_s"],
+                    "bytes_in": s["bytes_in"],
+                    "bytes_out": s["bytes_out"],
+                    "bytes_per_s": s["bytes_per_s"],
+                    "staleness_wait_s": s["staleness_wait_s"],
+                }
+                for s, indices in zip(servers, shards, strict=True)
+            ],
+        },
+        "workers": [
+            {k: v for k, v in w.items() if k not in ("buffers", "timing", "epochs", "role")}
+            if w is not None
+            else {"rank": i, "status": "died"}
+            for i, w in enumerate(workers)
+        ],
+        "time_to_accuracy": [
+            {"elapsed_s": e["elapsed_s"], "epoch": e["epoch"], "val_accuracy": e["val_accuracy"]}
+            for e in epochs
+        ],
+    }
