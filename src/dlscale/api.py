@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from dlscale.errors import UserError
@@ -172,3 +173,42 @@ def scale(
         if on_run is not None:
             on_run(rows[-1])
     return scale_result(spec, str(spec_path), rows, steps, cluster)
+
+
+def compare(
+    spec_path: str | Path,
+    strategies: list[str],
+    workers: int,
+    out: Path,
+    epochs: int | None = None,
+    cluster: str = "local",
+    address: str | None = None,
+    on_run=None,
+) -> dict:
+    """Train a spec with each strategy at the same worker count; accuracy against wall time."""
+    from dlscale.bench.compare import compare_result, compare_row, compare_spec
+
+    if not strategies:
+        raise UserError("--strategies takes strategy names, e.g. ddp,async")
+    spec = load_spec(spec_path)
+    names = list(dict.fromkeys(strategies))
+    # Every problem is found before the first run starts, not after an hour of training.
+    specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
+    if cluster != "local" and "single" in specs:
+        raise UserError(
+            f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
+        )
+    for name in names:
+        if ckpt.list_checkpoints(Path(out) / name):
+            raise UserError(
+                f"{Path(out) / name} already holds checkpoints of a run: choose another --out"
+            )
+    rows = []
+    for name, run_spec in specs.items():
+        run_dir = Path(out) / name
+        started = time.perf_counter()
+        record = train(run_spec, run_dir, cluster=cluster, address=address)
+        rows.append(compare_row(name, record, str(run_dir), time.perf_counter() - started))
+        if on_run is not None:
+            on_run(rows[-1])
+    return compare_result(spec, str(spec_path), rows, workers, epochs, cluster)

@@ -12,6 +12,7 @@ from pathlib import Path
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from dlscale.train.files import new_run_dir, write_atomic, write_json_atomic
 
@@ -228,8 +229,55 @@ def plot_scale(figure: Figure, result: dict) -> None:
     )
 
 
+def plot_compare(figure: Figure, result: dict) -> None:
+    """Validation accuracy and loss against wall time and against epochs, one line per strategy."""
+    figure.set_size_inches(11, 8)
+    panels = figure.subplots(2, 2)
+    (acc_time, acc_epoch), (loss_time, loss_epoch) = panels
+    target = result["target_accuracy"]
+    for name, curve in result["curves"].items():
+        color = None
+        for axes, x_key, y_key, style, label in (
+            (acc_time, "elapsed_s", "val_accuracy", "-", name),
+            (acc_epoch, "epoch", "val_accuracy", "-", name),
+            (loss_time, "elapsed_s", "val_loss", "-", name),
+            (loss_epoch, "epoch", "val_loss", "-", name),
+            (loss_time, "elapsed_s", "train_loss", "--", "_nolegend_"),
+            (loss_epoch, "epoch", "train_loss", "--", "_nolegend_"),
+        ):
+            points = [(p[x_key], p[y_key]) for p in curve if p[y_key] is not None]
+            if not points:
+                continue
+            xs, ys = zip(*points, strict=True)
+            if y_key == "val_accuracy":
+                ys = [100 * y for y in ys]
+            (line,) = axes.plot(xs, ys, style, marker="o", markersize=3, color=color, label=label)
+            color = line.get_color()
+    for axes in (acc_time, acc_epoch):
+        if target is not None:
+            axes.axhline(100 * target, color="grey", linestyle=":",
+                         label=f"target {100 * target:.1f}%")  # fmt: skip
+        axes.set_ylabel("validation accuracy (%)")
+    for axes in (loss_time, loss_epoch):
+        axes.set_ylabel("loss (validation solid, training dashed)")
+    for axes in (acc_time, loss_time):
+        axes.set_xlabel("wall time since the run's start (s)")
+    for axes in (acc_epoch, loss_epoch):
+        axes.set_xlabel("epoch")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for axes in panels.flat:
+        _finish(axes)
+    figure.suptitle(
+        f"{result['model']} on {result['data']}: {result['workers']} workers "
+        f"({result['cluster']}), batch {result['per_worker_batch_size']} per worker; "
+        f"target = {result['target_rule']}",
+        fontsize=10,
+    )
+
+
 PLOTS: dict[str, Callable[[Figure, dict], None]] = {
     "scale": plot_scale,
+    "compare": plot_compare,
     "batch": plot_batch,
     "machine": plot_machine,
     "matmul": plot_matmul,

@@ -159,6 +159,72 @@ def scale(
     console.print(f"wrote {json_path} and {png_path}")
 
 
+@app.command()
+@user_errors
+def compare(
+    spec: Path = typer.Argument(..., help="Job spec (YAML); its model, data, batch per worker."),
+    strategies: str = typer.Option(
+        "ddp,averaging,async,downpour",
+        "--strategies",
+        help="Strategies to run: single, ddp, and the ps modes averaging, async, downpour.",
+    ),
+    workers: int = typer.Option(2, "--workers", help="Workers for every parallel strategy."),
+    epochs: int | None = typer.Option(
+        None, "--epochs", help="Epochs per run (default: the spec's own length)."
+    ),
+    cluster: str = typer.Option("local", "--cluster", help="local processes, or ray."),
+    address: str | None = typer.Option(None, "--address", help="Ray cluster address."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Output folder (default runs/bench-compare-<timestamp>)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Train a spec with each strategy at the same worker count: accuracy against wall time."""
+    from dlscale.bench.compare import parse_strategies
+    from dlscale.bench.output import write_outputs
+    from dlscale.cli.progress import percent
+    from dlscale.train.files import new_run_dir
+
+    names = parse_strategies(strategies)
+    # Created by the first run, so a bad spec or option leaves no empty folder behind.
+    folder = out if out is not None else new_run_dir("bench-compare")
+    say = Console(stderr=True, highlight=False) if as_json else console
+
+    def show(row: dict) -> None:
+        say.print(
+            f"{row['strategy']} ({row['workers']} worker(s)): {percent(row['val_accuracy'])} "
+            f"validation accuracy in {row['total_s']:.1f} s ({row['samples_per_s']:,.0f} samples/s)"
+        )
+
+    result = api.compare(spec, names, workers, folder, epochs, cluster, address, show)
+    json_path, png_path = write_outputs("compare", result, folder)
+    if as_json:
+        print(json.dumps(result, indent=2))
+        say.print(f"wrote {json_path} and {png_path}")
+        return
+    table = Table(title=f"{result['model']}: strategies compared, {workers} workers ({cluster})")
+    table.add_column("strategy", style="bold")
+    for column in ("workers", "accuracy", "wall", "samples/s", "time to target"):
+        table.add_column(column, justify="right")
+    for row in result["rows"]:
+        reached = row["time_to_target_s"]
+        to_target = "not reached"
+        if reached is not None:
+            to_target = f"{reached:.1f} s (epoch {row['epochs_to_target']})"
+        table.add_row(
+            row["strategy"], str(row["workers"]), percent(row["val_accuracy"]),
+            f"{row['total_s']:.1f} s", f"{row['samples_per_s']:,.0f}", to_target,
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        f"target accuracy {percent(result['target_accuracy'])} = {result['target_rule']} "
+        f"({percent(result['best_val_accuracy'])}); time to target: seconds from a run's start "
+        "to its first epoch end at or above it; wall: the whole run, process start-up included"
+        + (f"; fastest: {result['fastest_to_target']}" if result["fastest_to_target"] else "")
+    )
+    console.print(f"wrote {json_path} and {png_path}")
+
+
 app.command(name="profile")(profile_command)
 app.command(name="estimate")(estimate_command)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -78,7 +79,7 @@ class RichReporter:
 
     def warn(self, message: str) -> None:
         target = self.progress.console if self.progress else self.console
-        target.print(f"[bold yellow]warning:[/] {message}")
+        target.print(f"[bold yellow]warning:[/] {escape(message)}")
 
     def finish(self, record: dict) -> None:
         self.close()

@@ -24,6 +24,7 @@ that dies stops the job (the launcher names it) and `--resume` continues from th
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections import Counter
@@ -37,7 +38,7 @@ from torch import nn
 
 from dlscale.data import build_data
 from dlscale.errors import UserError
-from dlscale.launch.base import Launcher, Resources, WorkerContext
+from dlscale.launch.base import Launcher, Resources, WorkerContext, WorkerFailed
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import PsStrategy, Spec, parse_spec
 from dlscale.train import checkpoint as ckpt
@@ -55,6 +56,7 @@ PULL, PUSH, AVERAGE, DONE = 1, 2, 3, 4
 HEADER_FIELDS = 4  # op, version (or round), steps in the push, the worker's step count
 HEARTBEAT_S = 1.0
 STEP_EVENT_INTERVAL_S = 0.1
+PEER_DEATH_GRACE_S = 10.0
 FORWARDED = ("start", "step", "epoch_end", "warn")
 
 
@@ -140,6 +142,7 @@ class ParameterServer:
 
     def _state(self) -> dict:
         return {
+            "format": ckpt.FORMAT_VERSION,
             "spec_hash": self.spec.spec_hash(),
             "shard": self.shard,
             "flat": self.flat.detach().clone(),
@@ -176,6 +179,7 @@ class ParameterServer:
                 target=self._handle, args=(worker,), daemon=True, name=f"ps-{worker}"
             ).start()
         beats: dict[int, tuple[int, float]] = {}
+        self.checkpoint()  # from now on a --resume has this shard to start from
         last_checkpoint = time.monotonic()
         while True:
             with self.cond:
@@ -358,6 +362,20 @@ class PsWorker:
         self.model, self.data = build_ps_model(spec)
         torch.manual_seed(spec.seed + 1 + self.index)  # dropout differs between workers
         self.params = list(self.model.parameters())
+        # Each shard's parameters and gradients live in one flat buffer that the model's tensors
+        # view: a pull receives straight into the model, a push sends the gradients as they are.
+        self.flat_params, self.flat_grads = [], []
+        for indices in shards:
+            flat = flatten(self.params, indices).clone()
+            grads = torch.zeros_like(flat)
+            offset = 0
+            for i in indices:
+                param, n = self.params[i], self.params[i].numel()
+                param.data = flat[offset : offset + n].view_as(param)
+                param.grad = grads[offset : offset + n].view_as(param)
+                offset += n
+            self.flat_params.append(flat)
+            self.flat_grads.append(grads)
         self.plan = Plan.of(spec, self.data.num_train, self.strategy.workers)
         self.sampler = GlobalBatchSampler(
             self.data.num_train, spec.batch_size, spec.seed, self.index, self.strategy.workers
@@ -392,20 +410,16 @@ class PsWorker:
         for server in range(self.servers):
             dist.send(self._header(PULL), dst=server)
         reply = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
-        for server, indices in enumerate(self.shards):
-            flat = torch.empty(sum(self.params[i].numel() for i in indices))
+        for server, flat in enumerate(self.flat_params):
             dist.recv(reply, src=server)
             dist.recv(flat, src=server)
             self.versions[server] = int(reply[0])
-            unflatten_into(self.params, indices, flat)
             self.bytes_moved += flat.numel() * flat.element_size()
         self.wait_s += time.perf_counter() - t0
 
     def push(self, steps: int) -> None:
         t0 = time.perf_counter()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        for server, indices in enumerate(self.shards):
-            flat = flatten(grads, indices)
+        for server, flat in enumerate(self.flat_grads):
             dist.send(self._header(PUSH, self.versions[server], steps), dst=server)
             dist.send(flat, dst=server)
             self.bytes_moved += flat.numel() * flat.element_size()
@@ -413,16 +427,12 @@ class PsWorker:
 
     def average(self, round_: int) -> None:
         t0 = time.perf_counter()
-        flats = []
-        for server, indices in enumerate(self.shards):
-            flat = flatten(self.params, indices)
+        for server, flat in enumerate(self.flat_params):
             dist.send(self._header(AVERAGE, round_), dst=server)
             dist.send(flat, dst=server)
-            flats.append(flat)
-        for server, indices in enumerate(self.shards):
-            dist.recv(flats[server], src=server)
-            unflatten_into(self.params, indices, flats[server])
-            self.bytes_moved += 2 * flats[server].numel() * flats[server].element_size()
+        for server, flat in enumerate(self.flat_params):
+            dist.recv(flat, src=server)
+            self.bytes_moved += 2 * flat.numel() * flat.element_size()
         self.wait_s += time.perf_counter() - t0
 
     def done(self) -> None:
@@ -449,6 +459,7 @@ class PsWorker:
         if self.is_main:
             self.context.send("start", self.describe())
         self.pull()  # everyone starts from the servers' parameters
+        self.t_train = time.perf_counter()
         straggler = self.strategy.straggler
         slow = straggler.factor if straggler and straggler.worker == self.index else 1.0
         accumulated = 0
@@ -461,19 +472,19 @@ class PsWorker:
             t_prev = time.perf_counter()
             for x, y in self.loader:
                 t_data = time.perf_counter()
+                wait_before = self.wait_s
                 fetch = not self.averaging and accumulated == 0 and self.step % self.n_fetch == 0
                 if fetch and self.step != self.start_step:
                     self.pull()
-                wait_before = self.wait_s
                 t_compute = time.perf_counter()
                 if accumulated == 0:
-                    self.model.zero_grad(set_to_none=True)
+                    for grads in self.flat_grads:
+                        grads.zero_()
                 loss = compute_loss(self.model(x), y)
                 loss.backward()
                 if self.averaging:
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                losses.append(float(loss))
+                    self.optimizer.step()  # the gradients are zeroed before the next backward
+                losses.append(float(loss.detach()))
                 compute_s = time.perf_counter() - t_compute
                 if slow > 1.0:
                     time.sleep((slow - 1.0) * compute_s)
@@ -528,7 +539,7 @@ class PsWorker:
         self.context.send("epoch_end", record)
 
     def summary(self) -> dict:
-        wall = time.perf_counter() - self.t_start - self.setup_s
+        wall = time.perf_counter() - self.t_train
         return {
             "role": "worker",
             "rank": self.index,
@@ -562,6 +573,16 @@ def ps_process(context: WorkerContext, payload: dict) -> dict:
     spec = parse_spec(payload["spec"])
     strategy = spec.strategy
     torch.set_num_threads(1)
+    shards = payload["shards"]
+    # Everything is built before the process group exists: on the development machine, a
+    # torch.optim optimizer created after init_process_group made every later gloo send of a
+    # 4 MB tensor take 11 ms instead of 1.3 ms (benchmarks/ps_throughput.py shows the figure).
+    if context.rank < strategy.servers:
+        role = ParameterServer(
+            spec, context.rank, shards[context.rank], Path(payload["run_dir"]), payload["resume"]
+        )
+    else:
+        role = PsWorker(spec, context, shards, payload)
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{context.master_addr}:{context.master_port}",
@@ -570,19 +591,20 @@ def ps_process(context: WorkerContext, payload: dict) -> dict:
         timeout=timedelta(seconds=strategy.timeout_s),
     )
     store = dist.distributed_c10d._get_default_store()
-    shards = payload["shards"]
-    if context.rank < strategy.servers:
-        server = ParameterServer(
-            spec, context.rank, shards[context.rank], Path(payload["run_dir"]), payload["resume"]
-        )
+    if isinstance(role, ParameterServer):
         # No destroy_process_group: a dropped worker's receive thread may still be waiting.
-        return server.serve(store)
+        return role.serve(store)
     stop = threading.Event()
     threading.Thread(
         target=_heartbeat, args=(store, context.rank, stop), daemon=True, name="ps-heartbeat"
     ).start()
     try:
-        return PsWorker(spec, context, shards, payload).run()
+        return role.run()
+    except RuntimeError:  # gloo reports a lost peer as a RuntimeError (DistError or not)
+        # A server died under us: the launcher sees its exit, names it and stops the job within
+        # a moment; a traceback from here would only bury that line. If it does not, fail.
+        time.sleep(PEER_DEATH_GRACE_S)
+        raise
     finally:
         stop.set()
 
@@ -641,13 +663,22 @@ def run(
 
     def collect(kind: str, args: tuple[Any, ...]) -> None:
         if kind == "warn":
+            args = (role_names(args[0], strategy.servers),)
             warnings.append(args[0])
         forward(kind, args)
 
-    results = launcher.run(
-        ps_process, payload, strategy.servers + strategy.workers, Resources(cpus=1.0),
-        strategy.port, collect, expendable,
-    )  # fmt: skip
+    if not resume:  # the starting point: what a bare --resume finds before any shard is saved
+        ckpt.save_checkpoint(
+            run_dir, 0, {"spec_hash": spec.spec_hash(), "model": model.state_dict(),
+                         "strategy": "ps"}, spec.checkpoint.keep_last,
+        )  # fmt: skip
+    try:
+        results = launcher.run(
+            ps_process, payload, strategy.servers + strategy.workers, Resources(cpus=1.0),
+            strategy.port, collect, expendable,
+        )  # fmt: skip
+    except WorkerFailed as exc:
+        raise WorkerFailed(role_names(str(exc), strategy.servers)) from None
     servers, workers = results[: strategy.servers], results[strategy.servers :]
     alive = [w for w in workers if w is not None]
     if not alive:
@@ -674,6 +705,16 @@ def run(
     write_json_atomic(run_dir / "run.json", record)
     reporter.finish(record)
     return record
+
+
+def role_names(message: str, servers: int) -> str:
+    """The launcher numbers every process 'worker N'; a ps job calls them servers and workers."""
+
+    def name(match: re.Match) -> str:
+        rank = int(match.group(1))
+        return f"server {rank}" if rank < servers else f"worker {rank - servers}"
+
+    return re.sub(r"\bworker (\d+)", name, message)
 
 
 def ps_record(

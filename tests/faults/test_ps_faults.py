@@ -1,0 +1,111 @@
+"""Parameter servers under faults: a worker killed mid-run, a server killed mid-run."""
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from dlscale.train.checkpoint import list_checkpoints
+from tests.conftest import EXAMPLES
+from tests.faults.test_worker_death import DLSCALE, alive, worker_pids
+
+SERVER_FAULT = """
+name: ps-server-fault
+model: {name: lenet}
+data: {name: synthetic, shape: [1, 28, 28], num_samples: 8000}
+batch_size: 16
+steps: 250
+optimizer: {name: sgd, lr: 0.05}
+strategy: {name: ps, mode: async, workers: 2, servers: 1, checkpoint_every_s: 0.5}
+"""
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def train(spec: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir), *extra],
+        capture_output=True, text=True, timeout=300, check=False, env=ENV,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_async_training_finishes_without_a_killed_worker(tmp_path: Path):
+    spec = EXAMPLES / "ps-async-digits.yaml"  # LeNet on digits, 3 workers, 20 epochs
+    clean = train(spec, tmp_path / "clean")
+    assert clean.returncode == 0, clean.stderr
+    reference = json.loads((tmp_path / "clean" / "run.json").read_text())["final"]
+
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(tmp_path / "faulty")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    for line in job.stdout:  # kill a worker once three epochs are done
+        if line.lstrip().startswith("epoch") and "3/20" in line:
+            break
+    processes = sorted(worker_pids(job.pid))  # spawned in rank order: server 0, workers 0..2
+    assert len(processes) == 4
+    os.kill(processes[3], signal.SIGKILL)
+    output = job.stdout.read()
+    job.wait(timeout=120)
+    assert job.returncode == 0, job.stderr.read()
+    assert f"worker 2 (pid {processes[3]}) was killed by SIGKILL" in " ".join(output.split())
+    record = json.loads((tmp_path / "faulty" / "run.json").read_text())
+    assert record["ps"]["dropped_workers"] == [2]
+    assert record["workers"][2] == {"rank": 2, "status": "died"}
+    assert record["workers"][0]["steps"] == record["plan"]["total_steps"]
+    assert abs(record["final"]["val_accuracy"] - reference["val_accuracy"]) <= 0.02, (
+        record["final"]["val_accuracy"],
+        reference["val_accuracy"],
+    )
+    assert not any(alive(pid) for pid in processes)
+
+
+@pytest.mark.slow
+def test_killed_server_stops_the_job_naming_it_then_resume_finishes(tmp_path: Path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SERVER_FAULT)
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
+    )  # fmt: skip
+    shard = run_dir / "checkpoints" / "ps-shard-0.pt"
+    deadline = time.monotonic() + 120
+    while not (shard.exists() and _saved_twice(shard)):
+        assert job.poll() is None, job.stderr.read()
+        assert time.monotonic() < deadline, "no server checkpoint within 120 s"
+        time.sleep(0.05)
+    processes = sorted(worker_pids(job.pid))
+    assert len(processes) == 3
+    os.kill(processes[0], signal.SIGKILL)  # server 0
+    killed_at = time.monotonic()
+    job.wait(timeout=60)
+    assert time.monotonic() - killed_at < 60
+    stderr = job.stderr.read()
+    assert job.returncode == 1, stderr
+    assert f"server 0 (pid {processes[0]}) was killed by SIGKILL" in stderr
+    assert "Traceback" not in stderr
+    assert not any(alive(pid) for pid in processes), "a process outlived the job"
+
+    resumed = train(spec, run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    words = " ".join(resumed.stdout.split())
+    assert "resuming at step" in words and "resuming at step 0 " not in words
+    assert list_checkpoints(run_dir)[-1][0] == 250
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["resumed_from_step"] is not None
+    assert all(w["steps"] < 250 for w in record["workers"])  # only the rest was trained
+
+
+_first_seen: dict[Path, float] = {}
+
+
+def _saved_twice(path: Path) -> bool:
+    """The shard was rewritten after training began: a mid-run state, not the starting one."""
+    mtime = path.stat().st_mtime
+    first = _first_seen.setdefault(path, mtime)
+    return mtime > first + 1.0

@@ -1,0 +1,139 @@
+"""Parameter servers: averaging equals large-batch SGD, async/downpour train, stragglers, bounds."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dlscale import api
+from dlscale.cli.main import app
+from dlscale.errors import UserError
+from dlscale.spec import parse_spec
+from dlscale.strategies.ps import role_names, shard_parameters
+from tests.conftest import EXAMPLES
+
+BASE = {
+    "name": "ps-eq",
+    "model": {"name": "lenet"},
+    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
+    "optimizer": {"name": "sgd", "lr": 0.05},
+    "device": "cpu",
+    "seed": 3,
+}
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    return torch.load(checkpoint, weights_only=True)["model"]
+
+
+def ps_spec(mode: str, **strategy) -> dict:
+    return {"name": "ps", "mode": mode, **strategy}
+
+
+def test_shards_are_balanced_by_size_and_never_split_a_tensor():
+    sizes = [100, 60, 50, 10, 5, 1]
+    shards = shard_parameters(sizes, 2)
+    assert sorted(i for shard in shards for i in shard) == list(range(6))
+    loads = [sum(sizes[i] for i in shard) for shard in shards]
+    assert loads == [111, 115] or loads == [115, 111]  # largest first, to the lighter server
+    assert shard_parameters(sizes, 1) == [list(range(6))]
+    with pytest.raises(UserError, match="more than the model's 6 parameter tensors"):
+        shard_parameters(sizes, 7)
+
+
+def test_processes_are_named_by_role_in_errors():
+    message = "worker 0 (pid 7) was killed by SIGKILL; then worker 2 failed: lost peer"
+    assert role_names(message, servers=2) == (
+        "server 0 (pid 7) was killed by SIGKILL; then worker 0 failed: lost peer"
+    )
+
+
+def test_ps_spec_is_validated_and_unused_settings_warned():
+    with pytest.raises(UserError, match=r"straggler\.worker 3 does not exist"):
+        parse_spec({**BASE, "batch_size": 8, "strategy": {
+            "name": "ps", "workers": 3, "straggler": {"worker": 3, "factor": 2}}})  # fmt: skip
+    spec = parse_spec({**BASE, "batch_size": 8, "strategy": ps_spec("async", local_steps=4)})
+    assert "strategy.local_steps is ignored by ps mode 'async'" in spec.warnings()
+    spec = parse_spec({**BASE, "batch_size": 8, "optimizer": {"name": "adagrad", "lr": 0.01},
+                       "strategy": ps_spec("downpour", n_fetch=2)})  # fmt: skip
+    assert spec.strategy.n_fetch == 2 and spec.warnings() == []
+
+
+@pytest.mark.slow
+def test_averaging_one_local_step_equals_one_process_at_n_times_b(tmp_path: Path):
+    """Plain SGD, local_steps 1: the mean of the workers' updated weights is exactly one SGD step
+    on the union of their batches. Two servers, so the shards are reassembled too."""
+    single = parse_spec({**BASE, "batch_size": 16, "steps": 12})
+    ps = parse_spec({**BASE, "batch_size": 8, "steps": 12,
+                     "strategy": ps_spec("averaging", workers=2, servers=2)})  # fmt: skip
+    api.train(single, out_dir=tmp_path / "single")
+    record = api.train(ps, out_dir=tmp_path / "ps")
+    reference, averaged = final_weights(tmp_path / "single"), final_weights(tmp_path / "ps")
+    for name, expected in reference.items():
+        difference = (averaged[name] - expected).norm() / expected.norm()
+        assert difference <= 1e-5, (name, float(difference))
+    stats = record["ps"]
+    assert stats["mode"] == "averaging" and record["final"]["step"] == 12
+    assert [s["updates"] for s in stats["per_server"]] == [12, 12]  # one average a step each
+    assert sum(s["elements"] for s in stats["per_server"]) == 41_282
+    assert all(w["steps"] == 12 and w["samples"] == 12 * 8 for w in record["workers"])
+    on_disk = json.loads((tmp_path / "ps" / "run.json").read_text())
+    assert on_disk["ps"]["per_server"] == stats["per_server"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["averaging", "async", "downpour"])
+def test_digits_examples_reach_93_percent(tmp_path: Path, mode: str):
+    result = CliRunner().invoke(
+        app, ["train", str(EXAMPLES / f"ps-{mode}-digits.yaml"), "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["final"]["val_accuracy"] >= 0.93, record["final"]
+    stats = record["ps"]
+    assert stats["workers"] == 3 and len(record["workers"]) == 3
+    assert stats["updates_per_s"] > 0 and stats["bytes_per_s"] > 0
+    if mode == "averaging":
+        assert stats["staleness_histogram"] == {}
+    else:  # every push recorded its staleness; with 3 workers some are stale
+        pushes = sum(w["steps"] for w in record["workers"]) // (2 if mode == "downpour" else 1)
+        assert sum(stats["staleness_histogram"].values()) == pushes * stats["servers"]
+        assert stats["max_staleness"] >= 1
+    assert "parameter servers" in result.output and mode in result.output
+    # Accuracy against wall time, for comparisons.
+    assert [e["epoch"] for e in record["time_to_accuracy"]] == list(range(1, 21))
+
+
+def straggler_run(tmp_path: Path, name: str, mode: str, **strategy) -> dict:
+    spec = parse_spec({**BASE, "name": name, "batch_size": 16, "steps": 40,
+                       "strategy": ps_spec(mode, workers=2, **strategy,
+                                           straggler={"worker": 1, "factor": 4.0})})  # fmt: skip
+    record = api.train(spec, out_dir=tmp_path / name)
+    fast, slow = (w["samples_per_s"] for w in record["workers"])
+    return {"ratio": fast / slow, "record": record}
+
+
+@pytest.mark.slow
+def test_a_straggler_slows_synchronous_training_but_not_asynchronous(tmp_path: Path):
+    synchronous = straggler_run(tmp_path, "avg", "averaging")
+    asynchronous = straggler_run(tmp_path, "async", "async")
+    bounded = straggler_run(tmp_path, "ssp", "async", max_staleness=1)
+    # Averaging: everyone waits for the slowest worker each round, so rates match.
+    assert synchronous["ratio"] < 1.3, synchronous["ratio"]
+    # Async: the fast worker never waits for the slow one.
+    assert asynchronous["ratio"] > 1.8, asynchronous["ratio"]
+    # A staleness bound of 1 holds the fast worker back to the slow one's pace.
+    assert bounded["ratio"] < 1.5, bounded["ratio"]
+    waited = sum(s["staleness_wait_s"] for s in bounded["record"]["ps"]["per_server"])
+    assert waited > 0
+
+
+def test_more_servers_than_tensors_is_one_line(tmp_path: Path):
+    spec = parse_spec({**BASE, "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
+                       "batch_size": 8, "steps": 2,
+                       "strategy": ps_spec("async", servers=5)})  # fmt: skip
+    with pytest.raises(UserError, match=r"strategy\.servers 5 is more than"):
+        api.train(spec, out_dir=tmp_path)
