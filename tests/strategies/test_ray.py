@@ -53,6 +53,21 @@ def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
+    """The ps strategy through the same launcher interface: a server and a worker as actors (the
+    cluster has one CPU a node), the tensors over gloo point-to-point between the nodes."""
+    spec = parse_spec({**SPEC, "name": "ray-ps", "optimizer": {"name": "sgd", "lr": 0.05},
+                       "strategy": {"name": "ps", "mode": "async", "workers": 1}})  # fmt: skip
+    local = api.train(spec, out_dir=tmp_path / "local")
+    placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
+    assert placed["status"] == "completed" and placed["ps"]["updates"] == local["ps"]["updates"]
+    # One worker: no staleness, so the run is deterministic and both launchers agree exactly.
+    assert placed["ps"]["staleness_histogram"] == {"0": placed["ps"]["updates"]}
+    assert placed["final"]["val_accuracy"] == pytest.approx(local["final"]["val_accuracy"])
+    assert not ray.is_initialized()
+
+
+@pytest.mark.slow
 def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
     spec = parse_spec({**SPEC, "strategy": {"name": "ddp", "workers": 3}})
     with pytest.raises(UserError, match="has 2 CPUs; 3 workers × 1 CPU each cannot be placed"):

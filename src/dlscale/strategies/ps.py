@@ -684,11 +684,11 @@ def run(
     if not alive:
         raise UserError("every worker died; nothing was trained to the end")
     for server, indices in zip(servers, shards, strict=True):
-        unflatten_into(params, indices, torch.from_numpy(server["flat"]))
+        unflatten_into(params, indices, torch.tensor(server["flat"]))  # Ray: read-only array
     main = next((w for w in workers if w is not None and w["epochs"]), alive[0])
     with torch.no_grad():
         for name, buffer in model.named_buffers():
-            buffer.copy_(torch.from_numpy(main["buffers"][name]))
+            buffer.copy_(torch.tensor(main["buffers"][name]))
     val_loader = torch.utils.data.DataLoader(data.val, batch_size=max(256, spec.batch_size))
     val_loss, val_acc = evaluate(model, val_loader, torch.device("cpu"), "fp32")
     step = max(w["steps"] + int(start_steps.get(str(w["rank"]), 0)) for w in alive)
