@@ -167,15 +167,19 @@ def main() -> None:
                   f"{measured[2]['updates_per_s']:>9.1f} {ratios[2]:>6.3f}")  # fmt: skip
     bandwidth = statistics.median(r["bandwidth"] for r in rows)
     bound = statistics.median(r["bound"] for r in rows)
-    print(f"raw gloo send/recv bandwidth: median {bandwidth / 1e9:.2f} GB/s one way; "
-          f"bound B / (2P) = {bound:.1f} updates/s (worker pushes, summed over workers)")
+    print(
+        f"raw gloo send/recv bandwidth: median {bandwidth / 1e9:.2f} GB/s one way; "
+        f"bound B / (2P) = {bound:.1f} updates/s (worker pushes, summed over workers)"
+    )
     for servers in (1, 2):
         rate = statistics.median(r["measured"][servers]["updates_per_s"] for r in rows)
         wait = statistics.median(r["measured"][servers]["wait_share"] for r in rows)
         ratio = statistics.median(r["ratios"][servers] for r in rows)
-        print(f"S = {servers}: {rate:.1f} updates/s (workers wait on communication "
-              f"{wait:.0%} of their time); median ratio to bound = {ratio:.3f} "
-              f"(goal ≥ {GOAL_RATIO}: {'met' if ratio >= GOAL_RATIO else 'NOT met'})")
+        print(
+            f"S = {servers}: {rate:.1f} updates/s (workers wait on communication "
+            f"{wait:.0%} of their time); median ratio to bound = {ratio:.3f} "
+            f"(goal ≥ {GOAL_RATIO}: {'met' if ratio >= GOAL_RATIO else 'NOT met'})"
+        )
 
 
 if __name__ == "__main__":

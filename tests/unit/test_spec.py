@@ -60,7 +60,7 @@ def test_unknown_data_and_strategy_names_list_the_choices():
     assert "unknown data name 'mnist' (choose from: digits, synthetic, idx" in error_of(
         data={"name": "mnist"}
     )
-    assert "unknown strategy name 'gossip' (choose from: single, ddp)" in error_of(
+    assert "unknown strategy name 'gossip' (choose from: single, ddp, ps)" in error_of(
         strategy={"name": "gossip"}
     )
 
