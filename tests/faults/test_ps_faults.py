@@ -109,3 +109,44 @@ def _saved_twice(path: Path) -> bool:
     mtime = path.stat().st_mtime
     first = _first_seen.setdefault(path, mtime)
     return mtime > first + 1.0
+
+
+@pytest.mark.slow
+def test_a_silent_worker_is_dropped_by_heartbeat_and_the_job_still_ends(tmp_path, monkeypatch):
+    """SIGSTOP: alive (the launcher sees no exit) but silent. The server drops it after
+    heartbeat_timeout_s, the others finish, and the launcher gives up on it after its grace."""
+    import threading
+
+    from dlscale import api
+    from dlscale.launch import local
+    from dlscale.spec import parse_spec
+    from tests.conftest import RecordingReporter
+
+    monkeypatch.setattr(local, "RESULT_GRACE_S", 2.0)
+    spec = parse_spec({
+        "name": "ps-silent", "model": {"name": "lenet"},
+        "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 8000},
+        "batch_size": 16, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05},
+        "strategy": {"name": "ps", "mode": "async", "workers": 2, "heartbeat_timeout_s": 2},
+    })  # fmt: skip
+    stopped: list[int] = []
+
+    def stop_a_worker() -> None:
+        deadline = time.monotonic() + 120
+        while len(worker_pids(os.getpid())) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(4)  # rendezvous done, training under way
+        stopped.append(sorted(worker_pids(os.getpid()))[2])  # server 0, workers 0 and 1
+        os.kill(stopped[0], signal.SIGSTOP)
+
+    threading.Thread(target=stop_a_worker, daemon=True).start()
+    reporter = RecordingReporter()
+    record = api.train(spec, out_dir=tmp_path, reporter=reporter)
+    assert stopped, "the worker was never stopped"
+    assert record["ps"]["dropped_workers"] == [1]
+    assert record["workers"][1] == {"rank": 1, "status": "died"}
+    assert record["workers"][0]["steps"] == 200
+    warnings = " ".join(record["warnings"])
+    assert "server 0: worker 1 sent no heartbeat" in warnings
+    assert "worker 1 did not finish within 2 s of the others" in warnings
+    assert not alive(stopped[0]), "the stopped worker outlived the job"

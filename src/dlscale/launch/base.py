@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ WorkerFn = Callable[["WorkerContext", Any], Any]
 # Parent-side handler for events a worker sends while it runs (progress, warnings).
 EventHandler = Callable[[str, tuple], None]
 
+RESULT_GRACE_S = 30.0  # a worker that exited cleanly, or an expendable one left behind, gets this
 WORKER_EXIT_GRACE_S = 5.0  # after SIGTERM, how long a worker gets before SIGKILL
 
 
@@ -70,6 +72,31 @@ class Launcher(Protocol):
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
     ) -> list[Any]: ...
+
+
+class LateExpendables:
+    """Expendable ranks still running after every other rank has finished get `grace_s`.
+
+    A job that trains on without them (asynchronous parameter servers) is complete once the
+    others are; one that hangs or was stopped (SIGSTOP, a dead node) must not hold it forever.
+    """
+
+    def __init__(self, size: int, expendable: frozenset[int], grace_s: float):
+        self.required = set(range(size)) - set(expendable)
+        self.expendable, self.grace_s = expendable, grace_s
+        self.since: float | None = None
+
+    def overdue(self, finished) -> list[int]:
+        """The expendable ranks to give up on now, given the ranks finished so far."""
+        finished = set(finished)
+        if not self.expendable or not self.required <= finished:
+            return []
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        if now - self.since < self.grace_s:
+            return []
+        return sorted(self.expendable - finished)
 
 
 def lost_worker(rank: int, why: str, on_event: EventHandler | None) -> None:

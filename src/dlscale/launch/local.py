@@ -22,8 +22,10 @@ from typing import Any
 
 from dlscale.errors import UserError, one_line
 from dlscale.launch.base import (
+    RESULT_GRACE_S,
     WORKER_EXIT_GRACE_S,
     EventHandler,
+    LateExpendables,
     Resources,
     WorkerContext,
     WorkerFailed,
@@ -35,7 +37,6 @@ from dlscale.launch.base import (
 LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
 DEATH_NOTICE_S = 2.0  # how long to look for a dead peer behind a worker's error
-RESULT_GRACE_S = 30.0  # a worker that exited cleanly has this long for its result to arrive
 
 
 def check_port(port: int, host: str = LOOPBACK) -> int:
@@ -161,7 +162,12 @@ class LocalLauncher:
     def _supervise(self, processes, results, events, on_event, expendable) -> list[Any]:
         done: dict[int, Any] = {}
         exited_at: dict[int, float] = {}
+        late = LateExpendables(len(processes), expendable, RESULT_GRACE_S)
         while len(done) < len(processes):
+            for rank in late.overdue(done):
+                done[rank] = None
+                lost_worker(rank, f"did not finish within {RESULT_GRACE_S:g} s of the others",
+                            on_event)  # fmt: skip
             drain_events(events, on_event)
             try:
                 status, rank, value = results.get(timeout=POLL_S)

@@ -14,7 +14,9 @@ from typing import Any
 
 from dlscale.errors import UserError, one_line
 from dlscale.launch.base import (
+    RESULT_GRACE_S,
     EventHandler,
+    LateExpendables,
     Resources,
     WorkerContext,
     WorkerFailed,
@@ -170,7 +172,15 @@ class RayLauncher:
     ) -> list[Any]:
         results: dict[int, Any] = {}
         pending = list(futures)
+        late = LateExpendables(len(futures), expendable, RESULT_GRACE_S)
         while pending:
+            for rank in late.overdue(results):
+                results[rank] = None
+                pending = [ref for ref in pending if futures[ref] != rank]
+                lost_worker(rank, f"did not finish within {RESULT_GRACE_S:g} s of the others",
+                            on_event)  # fmt: skip
+            if not pending:
+                break
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
             drain_events(events, on_event)
             for ref in ready:

@@ -8,55 +8,18 @@ writes; the launcher (local processes or Ray actors) places and supervises the w
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.spec import Spec, parse_spec
+from dlscale.strategies.events import EventReporter, default_launcher, forward_to
 from dlscale.train.device import resolve_device
 from dlscale.train.loop import Trainer
 from dlscale.train.reporter import NullReporter, Reporter
-
-FORWARDED = ("start", "step", "epoch_end", "warn")  # `finish` is the parent's own
-
-
-STEP_EVENT_INTERVAL_S = 0.1  # a progress bar needs no more; each event costs both processes CPU
-
-
-class EventReporter:
-    """Worker 0's reporter: sends events to the parent, which shows them.
-
-    Step events are thinned to one per STEP_EVENT_INTERVAL_S (the last step of an epoch always
-    goes, with the epoch's end): pickling, the queue's pipe and the parent's redraw cost CPU
-    that the workers need, a few percent of a small model's throughput on a 2-core machine.
-    """
-
-    def __init__(self, context: WorkerContext):
-        self.context = context
-        self.last_step_sent = 0.0
-
-    def start(self, plan: dict) -> None:
-        self.context.send("start", plan)
-
-    def step(self, step: int, epoch: int, loss: float, samples_per_s: float) -> None:
-        now = time.monotonic()
-        if now - self.last_step_sent >= STEP_EVENT_INTERVAL_S:
-            self.last_step_sent = now
-            self.context.send("step", step, epoch, loss, samples_per_s)
-
-    def epoch_end(self, record: dict) -> None:
-        self.context.send("epoch_end", record)
-
-    def warn(self, message: str) -> None:
-        self.context.send("warn", message)
-
-    def finish(self, record: dict) -> None:
-        pass
 
 
 def worker_device(spec: Spec, local_rank: int) -> torch.device:
@@ -104,10 +67,7 @@ def run(
     launcher: Launcher | None = None,
 ) -> dict:
     """Start `spec.strategy.workers` workers with the launcher; return worker 0's record."""
-    if launcher is None:
-        from dlscale.launch.local import LocalLauncher
-
-        launcher = LocalLauncher()
+    launcher = default_launcher(launcher)
     reporter = reporter or NullReporter()
     strategy = spec.strategy
     gpus = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
@@ -117,13 +77,9 @@ def run(
         "resume_from": str(resume_from) if resume_from else None,
     }
 
-    def forward(kind: str, args: tuple[Any, ...]) -> None:
-        if kind in FORWARDED:
-            getattr(reporter, kind)(*args)
-
     results = launcher.run(
         ddp_worker, payload, strategy.workers, Resources(cpus=1.0, gpus=gpus), strategy.port,
-        forward,
+        forward_to(reporter),
     )  # fmt: skip
     record = results[0]
     reporter.finish(record)

@@ -41,11 +41,12 @@ from dlscale.errors import UserError
 from dlscale.launch.base import Launcher, Resources, WorkerContext, WorkerFailed
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import PsStrategy, Spec, parse_spec
+from dlscale.strategies.events import EventReporter, default_launcher, forward_to
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
 from dlscale.train.env import environment
 from dlscale.train.files import write_atomic, write_json_atomic
-from dlscale.train.loop import InProcessBatches, Plan
+from dlscale.train.loop import InProcessBatches, Plan, epoch_record
 from dlscale.train.metrics import StepTiming, TimingTotals
 from dlscale.train.record import RUN_SCHEMA
 from dlscale.train.reporter import NullReporter, Reporter
@@ -55,9 +56,7 @@ from dlscale.train.step import build_optimizer, compute_loss, evaluate
 PULL, PUSH, AVERAGE, DONE = 1, 2, 3, 4
 HEADER_FIELDS = 4  # op, version (or round), steps in the push, the worker's step count
 HEARTBEAT_S = 1.0
-STEP_EVENT_INTERVAL_S = 0.1
 PEER_DEATH_GRACE_S = 10.0
-FORWARDED = ("start", "step", "epoch_end", "warn")
 
 
 # ------------------------------------------------------------------------------------ layout
@@ -109,8 +108,11 @@ def shard_path(run_dir: Path, shard: int) -> Path:
 class ParameterServer:
     """One shard of the parameters, its optimizer, and one thread per worker."""
 
-    def __init__(self, spec: Spec, shard: int, indices: list[int], run_dir: Path, resume: bool):
-        self.spec, self.strategy = spec, spec.strategy
+    def __init__(
+        self, spec: Spec, context: WorkerContext, indices: list[int], run_dir: Path, resume: bool
+    ):
+        self.spec, self.strategy, self.context = spec, spec.strategy, context
+        shard = context.rank
         self.shard, self.run_dir = shard, Path(run_dir)
         self.servers, n_workers = self.strategy.servers, self.strategy.workers
         self.workers = list(range(self.servers, self.servers + n_workers))
@@ -127,7 +129,7 @@ class ParameterServer:
         self.dead: set[int] = set()
         self.staleness: Counter[int] = Counter()
         self.updates = 0
-        self.bytes_in = self.bytes_out = 0
+        self.requests: Counter[str] = Counter()  # served: pull, push, average (bytes follow)
         self.wait_s = 0.0  # time pulls spent held back by the staleness bound
         self.error: BaseException | None = None
         self.last_activity = time.monotonic()
@@ -205,6 +207,9 @@ class ParameterServer:
                 last_checkpoint = now
         self.checkpoint()
         wall = time.perf_counter() - t0
+        shard_bytes = self.flat.numel() * self.flat.element_size()
+        bytes_in = shard_bytes * (self.requests["push"] + self.requests["average"])
+        bytes_out = shard_bytes * (self.requests["pull"] + self.requests["average"])
         return {
             "role": "server",
             "shard": self.shard,
@@ -215,9 +220,9 @@ class ParameterServer:
             "version": self.version,
             "updates": self.updates,
             "updates_per_s": self.updates / wall if wall else 0.0,
-            "bytes_in": self.bytes_in,
-            "bytes_out": self.bytes_out,
-            "bytes_per_s": (self.bytes_in + self.bytes_out) / wall if wall else 0.0,
+            "bytes_in": bytes_in,
+            "bytes_out": bytes_out,
+            "bytes_per_s": (bytes_in + bytes_out) / wall if wall else 0.0,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "staleness_wait_s": self.wait_s,
             "dropped_workers": sorted(w - self.servers for w in self.dead),
@@ -226,17 +231,20 @@ class ParameterServer:
         }
 
     def drop(self, worker: int, why: str) -> None:
+        """A worker that is alive but silent: the launcher cannot see it, so say so here."""
         with self.cond:
             if worker in self.done or worker in self.dead:
                 return
             self.dead.add(worker)
             self.cond.notify_all()
-        del why  # the launcher reports the death to the user; the server only moves on
+        self.context.send(
+            "warn",
+            f"server {self.shard}: worker {worker} {why}; training continues without it",
+        )
 
     def _handle(self, worker: int) -> None:
         header = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
         buffer = torch.empty_like(self.flat.detach())
-        nbytes = buffer.numel() * buffer.element_size()
         try:
             while True:
                 dist.recv(header, src=worker)
@@ -246,17 +254,13 @@ class ParameterServer:
                     data, version = self._pull(worker)
                     dist.send(torch.tensor([version, 0, 0, 0]), dst=worker)
                     dist.send(data, dst=worker)
-                    self.bytes_out += nbytes
                 elif op == PUSH:
                     dist.recv(buffer, src=worker)
-                    self.bytes_in += nbytes
                     self._apply(worker, buffer, version, worker_step)
                 elif op == AVERAGE:
                     dist.recv(buffer, src=worker)
-                    self.bytes_in += nbytes
                     data = self._average(worker, buffer, version, worker_step)
                     dist.send(data, dst=worker)
-                    self.bytes_out += nbytes
                 elif op == DONE:
                     with self.cond:
                         self.done.add(worker)
@@ -292,12 +296,14 @@ class ParameterServer:
                         )
                     self.cond.wait(timeout=0.5)
                 self.wait_s += time.monotonic() - t0
+            self.requests["pull"] += 1
             return self.flat.detach().clone(), self.version
 
     def _apply(self, worker: int, grad: torch.Tensor, from_version: int, worker_step: int) -> None:
         with self.cond:
             staleness = self.version - from_version
             self.staleness[staleness] += 1
+            self.requests["push"] += 1
             scale = 1.0 / (1 + staleness) if self.strategy.staleness_lr else 1.0
             for group, lr in zip(self.optimizer.param_groups, self.base_lrs, strict=True):
                 group["lr"] = lr * scale
@@ -317,6 +323,7 @@ class ParameterServer:
             else:
                 self.round_sum += params
             self.round_members.add(worker)
+            self.requests["average"] += 1
             self.clock[worker] += 1
             self.worker_steps[worker] = worker_step
             if self.round_members >= set(self.live()):
@@ -395,7 +402,7 @@ class PsWorker:
         self.epochs: list[dict] = []
         self.setup_s = time.perf_counter() - self.t_start
         self.is_main = self.index == 0
-        self.last_event = 0.0
+        self.events = EventReporter(context) if self.is_main else NullReporter()
         n_fetch = self.strategy.n_fetch if self.strategy.mode == "downpour" else 1
         n_push = self.strategy.n_push if self.strategy.mode == "downpour" else 1
         self.n_fetch, self.n_push = n_fetch, n_push
@@ -456,8 +463,7 @@ class PsWorker:
         }
 
     def run(self) -> dict:
-        if self.is_main:
-            self.context.send("start", self.describe())
+        self.events.start(self.describe())
         self.pull()  # everyone starts from the servers' parameters
         self.t_train = time.perf_counter()
         straggler = self.strategy.straggler
@@ -502,7 +508,8 @@ class PsWorker:
                 comm = self.wait_s - wait_before
                 self.timing.add(StepTiming(t_data - t_prev, 0.0, t_end - t_data - comm), len(y))
                 self.timing.add_comm(comm, 0)
-                self._progress(epoch, losses[-1], len(y) / max(t_end - t_prev, 1e-9))
+                rate = len(y) * self.strategy.workers / max(t_end - t_prev, 1e-9)
+                self.events.step(self.step, epoch + 1, losses[-1], rate)
                 t_prev = time.perf_counter()
                 if self.step >= self.plan.total_steps:
                     break
@@ -517,26 +524,12 @@ class PsWorker:
         self.done()
         return self.summary()
 
-    def _progress(self, epoch: int, loss: float, rate: float) -> None:
-        now = time.monotonic()
-        if self.is_main and now - self.last_event >= STEP_EVENT_INTERVAL_S:
-            self.last_event = now
-            self.context.send("step", self.step, epoch + 1, loss, rate * self.strategy.workers)
-
     def _end_epoch(self, epoch: int, losses: list[float]) -> None:
-        val_loss, val_acc = evaluate(self.model, self.val_loader, torch.device("cpu"), "fp32")
+        validation = evaluate(self.model, self.val_loader, torch.device("cpu"), "fp32")
         self.model.train()
-        record = {
-            "epoch": epoch + 1,
-            "step": self.step,
-            "train_loss": sum(losses) / len(losses) if losses else None,
-            "val_loss": val_loss,
-            "val_accuracy": val_acc,
-            "samples_per_s": self.timing.samples_per_s,
-            "elapsed_s": time.perf_counter() - self.t_start,
-        }
+        record = epoch_record(epoch, self.step, losses, validation, self.timing, self.t_start)
         self.epochs.append(record)
-        self.context.send("epoch_end", record)
+        self.events.epoch_end(record)
 
     def summary(self) -> dict:
         wall = time.perf_counter() - self.t_train
@@ -579,7 +572,7 @@ def ps_process(context: WorkerContext, payload: dict) -> dict:
     # 4 MB tensor take 11 ms instead of 1.3 ms (README, "Parameter-server update throughput").
     if context.rank < strategy.servers:
         role = ParameterServer(
-            spec, context.rank, shards[context.rank], Path(payload["run_dir"]), payload["resume"]
+            spec, context, shards[context.rank], Path(payload["run_dir"]), payload["resume"]
         )
     else:
         role = PsWorker(spec, context, shards, payload)
@@ -620,10 +613,7 @@ def run(
     launcher: Launcher | None = None,
 ) -> dict:
     """Start the servers and workers; assemble, evaluate and save the final model."""
-    if launcher is None:
-        from dlscale.launch.local import LocalLauncher
-
-        launcher = LocalLauncher()
+    launcher = default_launcher(launcher)
     reporter = reporter or NullReporter()
     strategy: PsStrategy = spec.strategy
     if spec.device not in ("auto", "cpu") or spec.precision != "fp32":
@@ -650,10 +640,7 @@ def run(
     }
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    def forward(kind: str, args: tuple[Any, ...]) -> None:
-        if kind in FORWARDED:
-            getattr(reporter, kind)(*args)
-
+    forward = forward_to(reporter)
     expendable = frozenset()
     if strategy.mode != "averaging":
         expendable = frozenset(range(strategy.servers, strategy.servers + strategy.workers))

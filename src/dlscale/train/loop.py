@@ -65,6 +65,27 @@ class Plan:
         return cls(steps_per_epoch, total, epochs, spec.batch_size, global_batch)
 
 
+def epoch_record(
+    epoch: int,
+    step: int,
+    losses: list[float],
+    validation: tuple[float, float],
+    timing: TimingTotals,
+    t_start: float,
+) -> dict:
+    """One entry of run.json's `epochs`: where training stands after `epoch` (0-based)."""
+    val_loss, val_acc = validation
+    return {
+        "epoch": epoch + 1,
+        "step": step,
+        "train_loss": sum(losses) / len(losses) if losses else None,
+        "val_loss": val_loss,
+        "val_accuracy": val_acc,
+        "samples_per_s": timing.samples_per_s,
+        "elapsed_s": time.perf_counter() - t_start,
+    }
+
+
 def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -> None:
     """One forward pass on one real sample, so a shape mismatch is one clear line, not a trace."""
     x = data.train.tensors[0][:1]
@@ -343,16 +364,9 @@ class Trainer:
     def _end_epoch(self, epoch: int) -> None:
         # The bare module: DDP's forward would wait for the other workers, which do not evaluate.
         val_loss, val_acc = evaluate(self.module, self.val_loader, self.device, self.spec.precision)
-        losses = self._epoch_losses
-        record = {
-            "epoch": epoch + 1,
-            "step": self.step,
-            "train_loss": sum(losses) / len(losses) if losses else None,
-            "val_loss": val_loss,
-            "val_accuracy": val_acc,
-            "samples_per_s": self.timing.samples_per_s,
-            "elapsed_s": time.perf_counter() - self.t_start,
-        }
+        record = epoch_record(
+            epoch, self.step, self._epoch_losses, (val_loss, val_acc), self.timing, self.t_start
+        )
         self.epochs_log.append(record)
         self.reporter.epoch_end(record)
 
