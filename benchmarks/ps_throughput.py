@@ -22,10 +22,16 @@ parallel. Both S = 1 and S = 2 are measured against that one bound.
 
 Measured throughput: total worker steps (each an update pushed to the servers; counted once per
 worker step, not once per server) / training wall time (the slowest worker's `train_wall_s`).
-Each round runs S = 1 and S = 2 back to back, alternating their order (1, 2, 2, 1, ...); the
-median of per-round ratios (each against that round's bandwidth) is printed.
+Both data planes run: `gloo` (parameters and gradients as gloo sends, the path two hosts take)
+and `shm` (buffers in /dev/shm mapped by worker and server, what `data_plane: auto` picks on one
+host). A copy through shared memory does not cross the loopback at all, so `shm` can beat the
+bound that gloo's bandwidth implies; the bound stays the yardstick the issue names. Each round
+runs every (plane, S) pair back to back, in an order that alternates between rounds; the median
+of per-round ratios (each against that round's bandwidth) is printed. The Ray object store, the
+third candidate the issue names, is measured as a bandwidth beside gloo's (same ping-pong).
 
     .venv/bin/python benchmarks/ps_throughput.py [--rounds 2] [--steps 200] [--pingpong 200]
+        [--planes shm,gloo]
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ SHAPE = [1, 28, 28]
 WARMUP = 10
 
 
-def make_spec(servers: int, steps: int) -> dict:
+def make_spec(servers: int, steps: int, plane: str) -> dict:
     # Enough samples that `steps` stay inside the first epoch: no evaluation in the middle.
     val_fraction = 0.05
     num_samples = int(steps * BATCH * WORKERS / (1 - val_fraction)) + 512
@@ -69,12 +75,14 @@ def make_spec(servers: int, steps: int) -> dict:
         "optimizer": {"name": "sgd", "lr": 0.01},
         "device": "cpu",
         "checkpoint": {"keep_last": 1},
-        "strategy": {"name": "ps", "mode": "async", "workers": WORKERS, "servers": servers},
+        "strategy": {"name": "ps", "mode": "async", "workers": WORKERS, "servers": servers,
+                     "data_plane": plane},
     }  # fmt: skip
 
 
-def run_ps(servers: int, steps: int, out: Path) -> dict:
-    record = train(parse_spec(make_spec(servers, steps)), out_dir=out)
+def run_ps(servers: int, steps: int, plane: str, out: Path) -> dict:
+    record = train(parse_spec(make_spec(servers, steps, plane)), out_dir=out)
+    assert record["ps"]["data_plane"] == plane, record["ps"]["data_plane"]
     alive = [w for w in record["workers"] if w.get("status") != "died"]
     worker_steps = sum(w["steps"] for w in alive)
     wall = max(w["train_wall_s"] for w in alive)
@@ -127,6 +135,37 @@ def raw_bandwidth(elements: int, iters: int, scratch: Path) -> float:
     return max(found)
 
 
+def ray_object_store_bandwidth(elements: int, iters: int) -> float:
+    """Bytes per second one way through Ray's object store: the driver and one actor ping-pong
+    fp32 arrays of the model's size (each call puts the argument, each reply puts the result)."""
+    import numpy as np
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+
+        @ray.remote(num_cpus=1)
+        class Echo:
+            def __init__(self, n: int):
+                self.reply = np.random.rand(n).astype(np.float32)
+
+            def echo(self, array: np.ndarray) -> np.ndarray:
+                assert array.size == self.reply.size  # read what was sent, answer as large
+                return self.reply
+
+        peer = Echo.remote(elements)
+        mine = np.random.rand(elements).astype(np.float32)
+        for _ in range(WARMUP):
+            ray.get(peer.echo.remote(mine))
+        start = time.perf_counter()
+        for _ in range(iters):
+            ray.get(peer.echo.remote(mine))
+        elapsed = time.perf_counter() - start
+    finally:
+        ray.shutdown()
+    return 2 * iters * elements * 4 / elapsed
+
+
 def parameter_count() -> int:
     from dlscale.models.mlp import mlp
 
@@ -139,44 +178,52 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--steps", type=int, default=200, help="steps per worker per run")
     parser.add_argument("--pingpong", type=int, default=200, help="round trips to time")
+    parser.add_argument("--planes", default="shm,gloo", help="data planes to measure")
+    parser.add_argument("--no-ray", action="store_true", help="skip the Ray object store")
     args = parser.parse_args()
+    planes = args.planes.split(",")
+    configs = [(plane, servers) for plane in planes for servers in (1, 2)]
     elements = parameter_count()
     nbytes = 4 * elements
     print(f"model: mlp {HIDDEN}, {elements:,} parameters, P = {nbytes / 1e6:.2f} MB; "
           f"{WORKERS} workers × batch {BATCH}, {args.steps} steps each")  # fmt: skip
     rows = []
-    header = (f"{'round':>5} {'B GB/s':>7} {'bound upd/s':>11} {'S=1 upd/s':>9} {'ratio':>6} "
-              f"{'S=2 upd/s':>9} {'ratio':>6}")  # fmt: skip
-    print(header)
+    print(f"{'round':>5} {'B GB/s':>7} {'bound upd/s':>11} "
+          + " ".join(f"{f'{p} S={s} upd/s':>16} {'ratio':>6}" for p, s in configs))  # fmt: skip
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
         for round_ in range(1, args.rounds + 1):
             bandwidth = raw_bandwidth(elements, args.pingpong, scratch)
             bound = bandwidth / (2 * nbytes)
-            order = (1, 2) if round_ % 2 else (2, 1)
             measured = {}
-            for servers in order:
-                out = scratch / f"run-{round_}-s{servers}"
-                measured[servers] = run_ps(servers, args.steps, out)
-                assert measured[servers]["parameters"] == elements
-            ratios = {s: measured[s]["updates_per_s"] / bound for s in (1, 2)}
+            for plane, servers in configs if round_ % 2 else configs[::-1]:
+                out = scratch / f"run-{round_}-{plane}-s{servers}"
+                measured[plane, servers] = run_ps(servers, args.steps, plane, out)
+                assert measured[plane, servers]["parameters"] == elements
+            ratios = {c: measured[c]["updates_per_s"] / bound for c in configs}
             rows.append({"bandwidth": bandwidth, "bound": bound, "measured": measured,
                          "ratios": ratios})  # fmt: skip
-            print(f"{round_:>5} {bandwidth / 1e9:>7.2f} {bound:>11.1f} "
-                  f"{measured[1]['updates_per_s']:>9.1f} {ratios[1]:>6.3f} "
-                  f"{measured[2]['updates_per_s']:>9.1f} {ratios[2]:>6.3f}")  # fmt: skip
+            print(f"{round_:>5} {bandwidth / 1e9:>7.2f} {bound:>11.1f} " + " ".join(
+                f"{measured[c]['updates_per_s']:>16.1f} {ratios[c]:>6.3f}" for c in configs
+            ))  # fmt: skip
     bandwidth = statistics.median(r["bandwidth"] for r in rows)
     bound = statistics.median(r["bound"] for r in rows)
     print(
         f"raw gloo send/recv bandwidth: median {bandwidth / 1e9:.2f} GB/s one way; "
         f"bound B / (2P) = {bound:.1f} updates/s (worker pushes, summed over workers)"
     )
-    for servers in (1, 2):
-        rate = statistics.median(r["measured"][servers]["updates_per_s"] for r in rows)
-        wait = statistics.median(r["measured"][servers]["wait_share"] for r in rows)
-        ratio = statistics.median(r["ratios"][servers] for r in rows)
+    if not args.no_ray:  # the third candidate plane: bandwidth only, against gloo's
+        ray_bandwidth = ray_object_store_bandwidth(elements, args.pingpong)
         print(
-            f"S = {servers}: {rate:.1f} updates/s (workers wait on communication "
+            f"Ray object store (driver ↔ actor, same ping-pong): {ray_bandwidth / 1e9:.2f} GB/s "
+            f"one way = {ray_bandwidth / bandwidth:.2f} × gloo's"
+        )
+    for plane, servers in configs:
+        rate = statistics.median(r["measured"][plane, servers]["updates_per_s"] for r in rows)
+        wait = statistics.median(r["measured"][plane, servers]["wait_share"] for r in rows)
+        ratio = statistics.median(r["ratios"][plane, servers] for r in rows)
+        print(
+            f"{plane} S = {servers}: {rate:.1f} updates/s (workers wait on communication "
             f"{wait:.0%} of their time); median ratio to bound = {ratio:.3f} "
             f"(goal ≥ {GOAL_RATIO}: {'met' if ratio >= GOAL_RATIO else 'NOT met'})"
         )

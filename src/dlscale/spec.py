@@ -215,6 +215,10 @@ class PsStrategy(Strict):
     heartbeat_timeout_s: PositiveFloat = 10.0  # a silent worker is declared dead after this
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
     timeout_s: PositiveFloat = 120.0  # any single wait longer than this fails the job
+    # How parameters and gradients travel: `shm` maps buffers that servers and workers share
+    # (one host only), `gloo` sends them over torch.distributed; `auto` takes shm when every
+    # process runs on one host and /dev/shm has room (the faster of the two measured here).
+    data_plane: Literal["auto", "shm", "gloo"] = "auto"
 
     @model_validator(mode="after")
     def _straggler_exists(self) -> PsStrategy:

@@ -18,7 +18,7 @@ name: ps-server-fault
 model: {name: lenet}
 data: {name: synthetic, shape: [1, 28, 28], num_samples: 8000}
 batch_size: 16
-steps: 250
+steps: 1500
 optimizer: {name: sgd, lr: 0.05}
 strategy: {name: ps, mode: async, workers: 2, servers: 1, checkpoint_every_s: 0.5}
 """
@@ -38,6 +38,7 @@ def test_async_training_finishes_without_a_killed_worker(tmp_path: Path):
     clean = train(spec, tmp_path / "clean")
     assert clean.returncode == 0, clean.stderr
     reference = json.loads((tmp_path / "clean" / "run.json").read_text())["final"]
+    shared_before = set(Path("/dev/shm").glob("dlscale-*"))
 
     job = subprocess.Popen(
         [DLSCALE, "train", str(spec), "--out", str(tmp_path / "faulty")],
@@ -62,6 +63,7 @@ def test_async_training_finishes_without_a_killed_worker(tmp_path: Path):
         reference["val_accuracy"],
     )
     assert not any(alive(pid) for pid in processes)
+    assert set(Path("/dev/shm").glob("dlscale-*")) <= shared_before  # no buffer left behind
 
 
 @pytest.mark.slow
@@ -95,10 +97,10 @@ def test_killed_server_stops_the_job_naming_it_then_resume_finishes(tmp_path: Pa
     assert resumed.returncode == 0, resumed.stderr
     words = " ".join(resumed.stdout.split())
     assert "resuming at step" in words and "resuming at step 0 " not in words
-    assert list_checkpoints(run_dir)[-1][0] == 250
+    assert list_checkpoints(run_dir)[-1][0] == 1500
     record = json.loads((run_dir / "run.json").read_text())
     assert record["resumed_from_step"] is not None
-    assert all(w["steps"] < 250 for w in record["workers"])  # only the rest was trained
+    assert all(w["steps"] < 1500 for w in record["workers"])  # only the rest was trained
 
 
 _first_seen: dict[Path, float] = {}
@@ -130,17 +132,17 @@ def test_a_silent_worker_is_dropped_by_heartbeat_and_the_job_still_ends(tmp_path
         "strategy": {"name": "ps", "mode": "async", "workers": 2, "heartbeat_timeout_s": 2},
     })  # fmt: skip
     stopped: list[int] = []
+    reporter = RecordingReporter()
 
     def stop_a_worker() -> None:
         deadline = time.monotonic() + 120
-        while len(worker_pids(os.getpid())) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(4)  # rendezvous done, training under way
+        # Worker 0 steps only once every process has joined the process group.
+        while not reporter.of("step") and time.monotonic() < deadline:
+            time.sleep(0.01)
         stopped.append(sorted(worker_pids(os.getpid()))[2])  # server 0, workers 0 and 1
         os.kill(stopped[0], signal.SIGSTOP)
 
     threading.Thread(target=stop_a_worker, daemon=True).start()
-    reporter = RecordingReporter()
     record = api.train(spec, out_dir=tmp_path, reporter=reporter)
     assert stopped, "the worker was never stopped"
     assert record["ps"]["dropped_workers"] == [1]

@@ -1,6 +1,7 @@
 """Parameter servers: averaging equals large-batch SGD, async/downpour train, stragglers, bounds."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,8 @@ from dlscale import api
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.spec import parse_spec
-from dlscale.strategies.ps import role_names, shard_parameters
+from dlscale.strategies import ps as ps_module
+from dlscale.strategies.ps import SHM_DIR, choose_data_plane, role_names, shard_parameters
 from tests.conftest import EXAMPLES
 
 BASE = {
@@ -62,15 +64,39 @@ def test_ps_spec_is_validated_and_unused_settings_warned():
     assert spec.strategy.n_fetch == 2 and spec.warnings() == []
 
 
+def shm_files() -> set[Path]:
+    return set(SHM_DIR.glob("dlscale-*")) if SHM_DIR.is_dir() else set()
+
+
+def test_the_data_plane_is_shared_memory_only_on_one_host_with_room(monkeypatch, tmp_path):
+    assert choose_data_plane("auto", hosts=1, needed_bytes=1 << 20) == ("shm", None)
+    assert choose_data_plane("gloo", hosts=1, needed_bytes=1 << 20) == ("gloo", None)
+    assert choose_data_plane("auto", hosts=2, needed_bytes=1 << 20) == ("gloo", None)
+    plane, why = choose_data_plane("shm", hosts=2, needed_bytes=1 << 20)
+    assert plane == "gloo" and "not possible (the processes run on 2 hosts); using gloo" in why
+    plane, why = choose_data_plane("shm", hosts=1, needed_bytes=1 << 60)
+    assert plane == "gloo" and re.search(r"MiB free and the buffers need [\d,]+ MiB", why)
+    assert choose_data_plane("auto", hosts=1, needed_bytes=1 << 60) == ("gloo", None)
+    monkeypatch.setattr(ps_module, "SHM_DIR", tmp_path / "missing")
+    plane, why = choose_data_plane("shm", hosts=1, needed_bytes=1)
+    assert plane == "gloo" and "does not exist here" in why
+
+
 @pytest.mark.slow
-def test_averaging_one_local_step_equals_one_process_at_n_times_b(tmp_path: Path):
+@pytest.mark.parametrize("plane", ["shm", "gloo"])
+def test_averaging_one_local_step_equals_one_process_at_n_times_b(tmp_path: Path, plane: str):
     """Plain SGD, local_steps 1: the mean of the workers' updated weights is exactly one SGD step
-    on the union of their batches. Two servers, so the shards are reassembled too."""
+    on the union of their batches. Two servers, so the shards are reassembled too; on both data
+    planes, and the shared buffers leave nothing behind in /dev/shm."""
     single = parse_spec({**BASE, "batch_size": 16, "steps": 12})
     ps = parse_spec({**BASE, "batch_size": 8, "steps": 12,
-                     "strategy": ps_spec("averaging", workers=2, servers=2)})  # fmt: skip
+                     "strategy": ps_spec("averaging", workers=2, servers=2,
+                                         data_plane=plane)})  # fmt: skip
     api.train(single, out_dir=tmp_path / "single")
+    before = shm_files()
     record = api.train(ps, out_dir=tmp_path / "ps")
+    assert record["ps"]["data_plane"] == plane
+    assert shm_files() <= before
     reference, averaged = final_weights(tmp_path / "single"), final_weights(tmp_path / "ps")
     for name, expected in reference.items():
         difference = (averaged[name] - expected).norm() / expected.norm()

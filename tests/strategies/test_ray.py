@@ -55,11 +55,16 @@ def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
 @pytest.mark.slow
 def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
     """The ps strategy through the same launcher interface: a server and a worker as actors (the
-    cluster has one CPU a node), the tensors over gloo point-to-point between the nodes."""
+    cluster has one CPU a node), the tensors over gloo point-to-point between the nodes, as
+    between two hosts; the local run shares memory instead. Same numbers either way."""
+    strategy = {"name": "ps", "mode": "async", "workers": 1}
     spec = parse_spec({**SPEC, "name": "ray-ps", "optimizer": {"name": "sgd", "lr": 0.05},
-                       "strategy": {"name": "ps", "mode": "async", "workers": 1}})  # fmt: skip
+                       "strategy": strategy})  # fmt: skip
     local = api.train(spec, out_dir=tmp_path / "local")
+    spec = parse_spec({**SPEC, "name": "ray-ps", "optimizer": {"name": "sgd", "lr": 0.05},
+                       "strategy": {**strategy, "data_plane": "gloo"}})  # fmt: skip
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
+    assert (local["ps"]["data_plane"], placed["ps"]["data_plane"]) == ("shm", "gloo")
     assert placed["status"] == "completed" and placed["ps"]["updates"] == local["ps"]["updates"]
     # One worker: no staleness, so the run is deterministic and both launchers agree exactly.
     assert placed["ps"]["staleness_histogram"] == {"0": placed["ps"]["updates"]}

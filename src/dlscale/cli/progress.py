@@ -143,7 +143,8 @@ def ps_rows(table: Table, record: dict) -> None:
     table.add_row(
         "parameter servers",
         f"{ps['mode']}: {ps['workers']} workers, {ps['servers']} server(s); {ps['updates']:,} "
-        f"updates ({ps['updates_per_s']:,.1f}/s), {binary_bytes(ps['bytes_per_s'])}/s moved",
+        f"updates ({ps['updates_per_s']:,.1f}/s), {binary_bytes(ps['bytes_per_s'])}/s moved "
+        f"({ps['data_plane']})",
     )
     live = [w for w in record["workers"] if "wait_share" in w]
     waits = ", ".join(f"{percent(w['wait_share'])}" for w in live)

@@ -2,10 +2,13 @@
 
 One process group of `servers + workers` ranks: ranks 0..S-1 are servers, each holding one shard
 of the parameters (whole tensors, balanced by size); the rest are workers, each training on its
-own slice of every global batch. Tensors travel over torch.distributed point-to-point (gloo
-send/recv); every request starts with a small header tensor (op, version, steps, worker step).
-A server answers each worker from a thread of its own, so one slow worker never holds up the
-others, and serialises updates under one lock.
+own slice of every global batch. Requests are small header tensors (op, version, steps, worker
+step) over torch.distributed point-to-point (gloo send/recv). The parameters and gradients
+themselves travel on the data plane: when every process runs on one host, through buffers in
+/dev/shm that a worker and a server both map (the server copies parameters straight into the
+worker's model and reads its gradients where backward wrote them; one copy instead of a socket
+round trip), else as gloo sends. A server answers each worker from a thread of its own, so one
+slow worker never holds up the others, and serialises updates under one lock.
 
 - averaging: each worker steps its own optimizer `local_steps` times, then sends its shard
   parameters to every server; a server waits for every live worker, takes the mean, and sends it
@@ -24,9 +27,12 @@ that dies stops the job (the launcher names it) and `--resume` continues from th
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import threading
 import time
+import uuid
 from collections import Counter
 from datetime import timedelta
 from pathlib import Path
@@ -53,10 +59,11 @@ from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
 from dlscale.train.step import build_optimizer, compute_loss, evaluate
 
-PULL, PUSH, AVERAGE, DONE = 1, 2, 3, 4
+PULL, PUSH, AVERAGE, DONE, PUSH_PULL = 1, 2, 3, 4, 5  # PUSH_PULL: apply, then send back
 HEADER_FIELDS = 4  # op, version (or round), steps in the push, the worker's step count
 HEARTBEAT_S = 1.0
 PEER_DEATH_GRACE_S = 10.0
+SHM_DIR = Path("/dev/shm")
 
 
 # ------------------------------------------------------------------------------------ layout
@@ -102,6 +109,67 @@ def shard_path(run_dir: Path, shard: int) -> Path:
     return Path(run_dir) / "checkpoints" / f"ps-shard-{shard}.pt"
 
 
+# ------------------------------------------------------------------------------------ data plane
+
+
+def slot_path(token: str, worker: int, server: int, kind: str) -> Path:
+    """The /dev/shm file behind one worker's `kind` ('params' or 'grads') buffer for one shard."""
+    return SHM_DIR / f"dlscale-{token}-w{worker}-s{server}-{kind}"
+
+
+def map_shared(path: Path, elements: int) -> torch.Tensor:
+    """A float32 tensor backed by `path` (created if missing) that every process mapping it sees."""
+    return torch.from_file(str(path), shared=True, size=elements, dtype=torch.float32)
+
+
+def host_id() -> str:
+    """This machine: host name and boot id (two containers may share a host name)."""
+    boot = Path("/proc/sys/kernel/random/boot_id")
+    return socket.gethostname() + (":" + boot.read_text().strip() if boot.exists() else "")
+
+
+def choose_data_plane(asked: str, hosts: int, needed_bytes: int) -> tuple[str, str | None]:
+    """'shm' or 'gloo' for a job whose processes run on `hosts` machines, and why not the one
+    asked for, if it cannot be had. Shared memory needs one host and room in /dev/shm."""
+    if asked == "gloo":
+        return "gloo", None
+    why = None
+    if hosts > 1:
+        why = f"the processes run on {hosts} hosts"
+    elif not SHM_DIR.is_dir():
+        why = f"{SHM_DIR} does not exist here"
+    else:
+        stat = os.statvfs(SHM_DIR)
+        free = stat.f_bavail * stat.f_frsize
+        if needed_bytes > free // 2:  # leave the rest to everything else that uses it
+            why = (
+                f"{SHM_DIR} has {free / 2**20:,.0f} MiB free and the buffers need "
+                f"{needed_bytes / 2**20:,.0f} MiB"
+            )
+    if why is None:
+        return "shm", None
+    if asked == "shm":
+        return "gloo", f"data_plane shm is not possible ({why}); using gloo"
+    return "gloo", None
+
+
+def agree_on_data_plane(store, context: WorkerContext, strategy: PsStrategy, elements: int) -> str:
+    """Every rank says where it runs; rank 0 chooses the data plane and tells the others."""
+    store.set(f"ps/host/{context.rank}", host_id())
+    if context.rank == 0:
+        hosts = {store.get(f"ps/host/{rank}") for rank in range(context.world_size)}
+        needed = 2 * strategy.workers * elements * 4  # parameters and gradients per worker
+        plane, why = choose_data_plane(strategy.data_plane, len(hosts), needed)
+        if why:
+            context.send("warn", why)
+        store.set("ps/plane", plane)
+    return store.get("ps/plane").decode()
+
+
+def _reply(version: int) -> torch.Tensor:
+    return torch.tensor([version, 0, 0, 0], dtype=torch.int64)
+
+
 # ------------------------------------------------------------------------------------ server
 
 
@@ -123,6 +191,7 @@ class ParameterServer:
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.version = 0
         self.cond = threading.Condition()
+        self.changed = threading.Event()  # a worker finished, died or failed
         self.clock = dict.fromkeys(self.workers, 0)  # pushes (or averaging rounds) per worker
         self.worker_steps = dict.fromkeys(self.workers, 0)
         self.done: set[int] = set()
@@ -137,6 +206,8 @@ class ParameterServer:
         self.round_sum: torch.Tensor | None = None
         self.round_members: set[int] = set()
         self.rounds_done = 0
+        self.data_plane = "gloo"
+        self.slots: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # shm: (params, grads)
         if resume:
             self._load()
 
@@ -174,6 +245,19 @@ class ParameterServer:
     def live(self) -> list[int]:
         return [w for w in self.workers if w not in self.done and w not in self.dead]
 
+    def attach(self, token: str) -> None:
+        """Map every worker's buffers for this shard (the workers created them), then remove
+        their names: the mappings stay, and nothing is left in /dev/shm when the job ends."""
+        elements = self.flat.numel()
+        for worker in self.workers:
+            paths = [slot_path(token, worker - self.servers, self.shard, kind)
+                     for kind in ("params", "grads")]  # fmt: skip
+            params, grads = (map_shared(path, elements) for path in paths)
+            self.slots[worker] = (params, grads)
+            for path in paths:
+                path.unlink()
+        self.data_plane = "shm"
+
     def serve(self, store) -> dict:
         t0 = time.perf_counter()
         for worker in self.workers:
@@ -184,8 +268,11 @@ class ParameterServer:
         self.checkpoint()  # from now on a --resume has this shard to start from
         last_checkpoint = time.monotonic()
         while True:
+            # Woken when a worker finishes or fails; every update notifies `cond`, and the
+            # heartbeat checks below (store round trips) would then run hundreds of times a second.
+            self.changed.wait(timeout=HEARTBEAT_S / 2)
+            self.changed.clear()
             with self.cond:
-                self.cond.wait(timeout=0.5)
                 if self.error is not None:
                     raise self.error
                 if not self.live():
@@ -213,6 +300,7 @@ class ParameterServer:
         return {
             "role": "server",
             "shard": self.shard,
+            "data_plane": self.data_plane,
             # numpy pickles by value; a tensor would travel as a shared-memory handle that dies
             # with this process.
             "flat": self.flat.detach().numpy().copy(),
@@ -237,35 +325,62 @@ class ParameterServer:
                 return
             self.dead.add(worker)
             self.cond.notify_all()
+        self.changed.set()
         self.context.send(
             "warn",
             f"server {self.shard}: worker {worker} {why}; training continues without it",
         )
 
     def _handle(self, worker: int) -> None:
+        """Serve one worker. On shm, parameters go straight into the worker's buffer and its
+        gradients are read where it wrote them; a push is acknowledged once applied, so the
+        worker knows when it may write them again. On gloo, both travel as sends."""
         header = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
-        buffer = torch.empty_like(self.flat.detach())
+        shared = worker in self.slots
+        if shared:
+            params, grads = self.slots[worker]
+        else:
+            params = grads = torch.empty_like(self.flat.detach())  # received, or to be sent
+        # An acknowledgement goes out without waiting for the worker to take it (a gloo send
+        # waits for the matching receive, and the worker may be sending its next request); the
+        # worker takes it before its next request is answered, so it is waited for then.
+        ack: tuple[dist.Work, torch.Tensor] | None = None
         try:
             while True:
                 dist.recv(header, src=worker)
                 op, version, _steps, worker_step = (int(v) for v in header)
                 self.last_activity = time.monotonic()
+                if ack is not None:
+                    ack[0].wait()
+                    ack = None
                 if op == PULL:
-                    data, version = self._pull(worker)
-                    dist.send(torch.tensor([version, 0, 0, 0]), dst=worker)
-                    dist.send(data, dst=worker)
-                elif op == PUSH:
-                    dist.recv(buffer, src=worker)
-                    self._apply(worker, buffer, version, worker_step)
+                    version = self._pull(worker, params)
+                    dist.send(_reply(version), dst=worker)
+                    if not shared:
+                        dist.send(params, dst=worker)
+                elif op in (PUSH, PUSH_PULL):
+                    if not shared:
+                        dist.recv(grads, src=worker)
+                    self._apply(worker, grads, version, worker_step)
+                    if op == PUSH_PULL:
+                        version = self._pull(worker, params)
+                        dist.send(_reply(version), dst=worker)
+                        if not shared:
+                            dist.send(params, dst=worker)
+                    elif shared:
+                        reply = _reply(version)
+                        ack = (dist.isend(reply, dst=worker), reply)  # the tensor lives on
                 elif op == AVERAGE:
-                    dist.recv(buffer, src=worker)
-                    data = self._average(worker, buffer, version, worker_step)
-                    dist.send(data, dst=worker)
+                    if not shared:
+                        dist.recv(params, src=worker)
+                    self._average(worker, params, version, worker_step)
+                    dist.send(_reply(version) if shared else params, dst=worker)
                 elif op == DONE:
                     with self.cond:
                         self.done.add(worker)
                         self.worker_steps[worker] = worker_step
                         self.cond.notify_all()
+                    self.changed.set()
                     return
                 else:
                     raise RuntimeError(f"unknown request {op} from rank {worker}")
@@ -278,8 +393,10 @@ class ParameterServer:
                 else:
                     self.error = exc
                 self.cond.notify_all()
+            self.changed.set()
 
-    def _pull(self, worker: int) -> tuple[torch.Tensor, int]:
+    def _pull(self, worker: int, out: torch.Tensor) -> int:
+        """Copy the shard's parameters into `out` (once the staleness bound allows); the version."""
         bound = self.strategy.max_staleness
         with self.cond:
             if bound is not None:
@@ -297,7 +414,8 @@ class ParameterServer:
                     self.cond.wait(timeout=0.5)
                 self.wait_s += time.monotonic() - t0
             self.requests["pull"] += 1
-            return self.flat.detach().clone(), self.version
+            out.copy_(self.flat.detach())
+            return self.version
 
     def _apply(self, worker: int, grad: torch.Tensor, from_version: int, worker_step: int) -> None:
         with self.cond:
@@ -316,7 +434,9 @@ class ParameterServer:
             self.worker_steps[worker] = worker_step
             self.cond.notify_all()
 
-    def _average(self, worker: int, params: torch.Tensor, round_: int, worker_step: int):
+    def _average(self, worker: int, params: torch.Tensor, round_: int, worker_step: int) -> None:
+        """Add `params` to this round's sum; once every live worker has, the mean becomes the
+        shard's parameters; then copy them back into `params`."""
         with self.cond:
             if self.round_sum is None:
                 self.round_sum = params.clone()
@@ -339,7 +459,7 @@ class ParameterServer:
                 if self.error is not None or time.monotonic() - t0 > self.strategy.timeout_s:
                     raise TimeoutError(f"averaging round {round_} did not complete")
                 self.cond.wait(timeout=0.5)
-            return self.flat.detach().clone()
+            params.copy_(self.flat.detach())
 
 
 def load_shard(run_dir: Path, shard: int, spec: Spec) -> dict:
@@ -370,19 +490,12 @@ class PsWorker:
         torch.manual_seed(spec.seed + 1 + self.index)  # dropout differs between workers
         self.params = list(self.model.parameters())
         # Each shard's parameters and gradients live in one flat buffer that the model's tensors
-        # view: a pull receives straight into the model, a push sends the gradients as they are.
-        self.flat_params, self.flat_grads = [], []
-        for indices in shards:
-            flat = flatten(self.params, indices).clone()
-            grads = torch.zeros_like(flat)
-            offset = 0
-            for i in indices:
-                param, n = self.params[i], self.params[i].numel()
-                param.data = flat[offset : offset + n].view_as(param)
-                param.grad = grads[offset : offset + n].view_as(param)
-                offset += n
-            self.flat_params.append(flat)
-            self.flat_grads.append(grads)
+        # view: a pull lands straight in the model, a push sends the gradients as they are.
+        self.flat_params = [flatten(self.params, indices).clone() for indices in shards]
+        self.flat_grads = [torch.zeros_like(flat) for flat in self.flat_params]
+        self._bind()
+        self.shared = False  # shm data plane: the buffers are mapped by the servers too
+        self.acks_due = [0] * self.servers  # shm pushes the server has not yet confirmed
         self.plan = Plan.of(spec, self.data.num_train, self.strategy.workers)
         self.sampler = GlobalBatchSampler(
             self.data.num_train, spec.batch_size, spec.seed, self.index, self.strategy.workers
@@ -407,6 +520,27 @@ class PsWorker:
         n_push = self.strategy.n_push if self.strategy.mode == "downpour" else 1
         self.n_fetch, self.n_push = n_fetch, n_push
 
+    def _bind(self) -> None:
+        """Make the model's parameters and gradients views of the flat buffers."""
+        buffers = zip(self.shards, self.flat_params, self.flat_grads, strict=True)
+        for indices, flat, grads in buffers:
+            offset = 0
+            for i in indices:
+                param, n = self.params[i], self.params[i].numel()
+                param.data = flat[offset : offset + n].view_as(param)
+                param.grad = grads[offset : offset + n].view_as(param)
+                offset += n
+
+    def share(self, token: str) -> None:
+        """Move the buffers to /dev/shm files that the servers map next (shm data plane)."""
+        for kind, buffers in (("params", self.flat_params), ("grads", self.flat_grads)):
+            for server, flat in enumerate(buffers):
+                mapped = map_shared(slot_path(token, self.index, server, kind), flat.numel())
+                mapped.copy_(flat)
+                buffers[server] = mapped
+        self._bind()
+        self.shared = True
+
     # ---- requests
 
     def _header(self, op: int, version: int = 0, steps: int = 0) -> torch.Tensor:
@@ -416,33 +550,64 @@ class PsWorker:
         t0 = time.perf_counter()
         for server in range(self.servers):
             dist.send(self._header(PULL), dst=server)
-        reply = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
-        for server, flat in enumerate(self.flat_params):
-            dist.recv(reply, src=server)
-            dist.recv(flat, src=server)
-            self.versions[server] = int(reply[0])
-            self.bytes_moved += flat.numel() * flat.element_size()
+        self._receive_parameters()
         self.wait_s += time.perf_counter() - t0
 
-    def push(self, steps: int) -> None:
+    def _receive_parameters(self) -> None:
+        reply = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
+        for server, flat in enumerate(self.flat_params):
+            self._await_acks(server, reply)
+            dist.recv(reply, src=server)
+            if not self.shared:
+                dist.recv(flat, src=server)
+            self.versions[server] = int(reply[0])
+            self.bytes_moved += flat.numel() * flat.element_size()
+
+    def push(self, steps: int, fetch: bool = False) -> None:
+        """Send the gradients of the last `steps` steps; with `fetch`, take the parameters the
+        server holds once it has applied them."""
         t0 = time.perf_counter()
         for server, flat in enumerate(self.flat_grads):
-            dist.send(self._header(PUSH, self.versions[server], steps), dst=server)
-            dist.send(flat, dst=server)
+            op = PUSH_PULL if fetch else PUSH
+            dist.send(self._header(op, self.versions[server], steps), dst=server)
+            if not self.shared:
+                dist.send(flat, dst=server)
+            elif not fetch:
+                self.acks_due[server] += 1  # the server reads them in place; confirmed later
             self.bytes_moved += flat.numel() * flat.element_size()
+        if fetch:
+            self._receive_parameters()  # the reply is also the acknowledgement
         self.wait_s += time.perf_counter() - t0
+
+    def _await_acks(self, server: int, reply: torch.Tensor) -> None:
+        while self.acks_due[server]:
+            dist.recv(reply, src=server)
+            self.acks_due[server] -= 1
+
+    def gradients_free(self) -> None:
+        """Wait until every server has applied the gradients pushed from the shared buffers,
+        before backward writes new ones there (shm only; a gloo push sent a copy)."""
+        if any(self.acks_due):
+            t0 = time.perf_counter()
+            reply = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
+            for server in range(self.servers):
+                self._await_acks(server, reply)
+            self.wait_s += time.perf_counter() - t0
 
     def average(self, round_: int) -> None:
         t0 = time.perf_counter()
         for server, flat in enumerate(self.flat_params):
             dist.send(self._header(AVERAGE, round_), dst=server)
-            dist.send(flat, dst=server)
+            if not self.shared:
+                dist.send(flat, dst=server)
+        reply = torch.zeros(HEADER_FIELDS, dtype=torch.int64)
         for server, flat in enumerate(self.flat_params):
-            dist.recv(flat, src=server)
+            dist.recv(reply if self.shared else flat, src=server)  # shm: the mean is in place
             self.bytes_moved += 2 * flat.numel() * flat.element_size()
         self.wait_s += time.perf_counter() - t0
 
     def done(self) -> None:
+        self.gradients_free()
         for server in range(self.servers):
             dist.send(self._header(DONE), dst=server)
 
@@ -479,11 +644,9 @@ class PsWorker:
             for x, y in self.loader:
                 t_data = time.perf_counter()
                 wait_before = self.wait_s
-                fetch = not self.averaging and accumulated == 0 and self.step % self.n_fetch == 0
-                if fetch and self.step != self.start_step:
-                    self.pull()
                 t_compute = time.perf_counter()
                 if accumulated == 0:
+                    self.gradients_free()
                     for grads in self.flat_grads:
                         grads.zero_()
                 loss = compute_loss(self.model(x), y)
@@ -500,9 +663,12 @@ class PsWorker:
                         rounds += 1
                         self.average(rounds)
                 else:
+                    # Parameters for the next step come back with the push that they follow
+                    # (one request: the server applies the gradients, then replies with them).
                     accumulated += 1
                     if accumulated == self.n_push:
-                        self.push(accumulated)
+                        fetch = self.step % self.n_fetch == 0
+                        self.push(accumulated, fetch and self.step < self.plan.total_steps)
                         accumulated = 0
                 t_end = time.perf_counter()
                 comm = self.wait_s - wait_before
@@ -584,6 +750,14 @@ def ps_process(context: WorkerContext, payload: dict) -> dict:
         timeout=timedelta(seconds=strategy.timeout_s),
     )
     store = dist.distributed_c10d._get_default_store()
+    elements = sum(payload["shard_elements"])
+    if agree_on_data_plane(store, context, strategy, elements) == "shm":
+        if isinstance(role, PsWorker):
+            role.share(payload["token"])
+        dist.barrier()  # every worker's buffers exist
+        if isinstance(role, ParameterServer):
+            role.attach(payload["token"])
+        dist.barrier()  # every server has mapped them
     if isinstance(role, ParameterServer):
         # No destroy_process_group: a dropped worker's receive thread may still be waiting.
         return role.serve(store)
@@ -637,6 +811,8 @@ def run(
         "shards": shards,
         "resume": resume,
         "start_steps": start_steps,
+        "shard_elements": [sum(params[i].numel() for i in shard) for shard in shards],
+        "token": uuid.uuid4().hex[:12],  # names this job's shared buffers
     }
     run_dir.mkdir(parents=True, exist_ok=True)
 
@@ -666,6 +842,9 @@ def run(
         )  # fmt: skip
     except WorkerFailed as exc:
         raise WorkerFailed(role_names(str(exc), strategy.servers)) from None
+    finally:  # a job stopped before the servers mapped the workers' buffers leaves their files
+        for path in SHM_DIR.glob(f"dlscale-{payload['token']}-*") if SHM_DIR.is_dir() else ():
+            path.unlink(missing_ok=True)
     servers, workers = results[: strategy.servers], results[strategy.servers :]
     alive = [w for w in workers if w is not None]
     if not alive:
@@ -772,6 +951,7 @@ def ps_record(
             "mode": strategy.mode,
             "workers": strategy.workers,
             "servers": strategy.servers,
+            "data_plane": servers[0]["data_plane"],
             "updates": updates,
             "updates_per_s": updates / server_wall if server_wall else 0.0,
             "bytes_per_s": sum(s["bytes_per_s"] for s in servers),
