@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeFloat,
@@ -29,6 +30,7 @@ from pydantic import (
 )
 
 from dlscale.errors import UserError
+from dlscale.units import parse_bytes
 
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
 
@@ -230,8 +232,60 @@ class PsStrategy(Strict):
         return self
 
 
-# Later strategies (pipeline, hybrid) join this union.
-StrategySpec = Annotated[SingleStrategy | DdpStrategy | PsStrategy, Field(discriminator="name")]
+Bytes = Annotated[PositiveInt, BeforeValidator(parse_bytes)]  # 2048, "512MiB", "1.5GB"
+
+
+class PipelineStrategy(Strict):
+    """Model parallelism: the model's layers split into `stages` contiguous stages, one process
+    each; activations flow forward and gradients back. `naive` runs whole batches (one stage busy
+    at a time); `gpipe` and `1f1b` cut each batch into `microbatches` (torch.distributed.pipelining
+    schedules). `split`: `auto` balances the profiler's per-layer cost, or the names of the modules
+    that begin stages 2..S."""
+
+    name: Literal["pipeline"]
+    stages: PositiveInt = 2
+    microbatches: PositiveInt = 4
+    schedule: Literal["naive", "gpipe", "1f1b"] = "gpipe"
+    split: Literal["auto"] | list[str] = "auto"
+    max_memory_per_worker: Bytes | None = None  # a stage predicted to need more is refused
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    timeout_s: PositiveFloat = 120.0
+
+    @model_validator(mode="after")
+    def _split_names_every_boundary(self) -> PipelineStrategy:
+        if isinstance(self.split, list) and len(self.split) != self.stages - 1:
+            raise ValueError(
+                f"split lists the modules that begin stages 2..{self.stages}, so "
+                f"{self.stages - 1} for {self.stages} stages; got {len(self.split)}"
+            )
+        return self
+
+    @property
+    def replicas(self) -> int:
+        return 1
+
+    @property
+    def microbatches_run(self) -> int:
+        """Microbatches per step: `naive` runs each batch whole."""
+        return 1 if self.schedule == "naive" else self.microbatches
+
+
+class HybridStrategy(PipelineStrategy):
+    """Data parallel × pipeline: `data_parallel` replicas of an S-stage pipeline (D × S
+    processes), each on its share of every global batch, gradients averaged across replicas."""
+
+    name: Literal["hybrid"]  # type: ignore[assignment]
+    data_parallel: PositiveInt = 2
+
+    @property
+    def replicas(self) -> int:
+        return self.data_parallel
+
+
+StrategySpec = Annotated[
+    SingleStrategy | DdpStrategy | PsStrategy | PipelineStrategy | HybridStrategy,
+    Field(discriminator="name"),
+]
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -293,6 +347,12 @@ class Spec(Strict):
                     f"ps mode '{strategy.mode}' applies optimizer '{opt.name}' on the server, "
                     "across every worker's gradients; sgd or adagrad are the classic choices"
                 )
+        if (
+            isinstance(strategy, PipelineStrategy)
+            and strategy.schedule == "naive"
+            and "microbatches" in strategy.model_fields_set
+        ):
+            found.append("strategy.microbatches is ignored by schedule 'naive' (whole batches)")
         if self.loader.prefetch is not None and self.loader.workers == 0:
             found.append("loader.prefetch is ignored with loader.workers: 0")
         data = self.data

@@ -2,6 +2,24 @@
 
 from __future__ import annotations
 
+import re
+
+_BYTE_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+
+
+def parse_bytes(value: object) -> object:
+    """'512MiB', '1.5 GB' or 2048 -> bytes as an int; anything else is returned for the caller's
+    validation to reject."""
+    if isinstance(value, str):
+        match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if not match or match.group(2).lower() not in _BYTE_UNITS:
+            raise ValueError(f"'{value}' is not a size: use bytes or e.g. 512MiB, 1.5GB")
+        return int(float(match.group(1)) * _BYTE_UNITS[match.group(2).lower()])
+    return value
+
 
 def binary_bytes(count: float) -> str:
     """3 * 2**20 -> '3 MiB'."""

@@ -14,7 +14,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from dlscale.units import binary_bytes
+from dlscale.units import binary_bytes, si
 
 
 def percent(value: float | None) -> str:
@@ -40,6 +40,8 @@ class RichReporter:
             f"{plan['steps_per_epoch']} steps × {plan['epochs']} epochs = "
             f"{plan['total_steps']} steps{resumed}"
         )
+        if "pipeline" in plan:
+            self.console.print(split_table(plan["pipeline"]))
         self.progress = Progress(
             TextColumn("[bold blue]epoch {task.fields[epoch]}/{task.fields[epochs]}"),
             BarColumn(),
@@ -129,6 +131,8 @@ def summary_table(record: dict) -> Table:
         )
     if "ps" in record:
         ps_rows(table, record)
+    if "pipeline" in record:
+        pipeline_rows(table, record)
     kind = final["peak_memory_kind"].replace("_", " ")
     table.add_row("peak memory", f"{binary_bytes(final['peak_memory_bytes'])} ({kind})")
     table.add_row("run record", f"{record['run_dir']}/run.json")
@@ -161,3 +165,43 @@ def ps_rows(table: Table, record: dict) -> None:
     table.add_row("per server", load)
     if ps["dropped_workers"]:
         table.add_row("dropped workers", ", ".join(str(w) for w in ps["dropped_workers"]))
+
+
+def split_table(split: dict) -> Table:
+    """The stages a pipeline will train, as planned: layers, parameters, FLOPs, memory."""
+    table = Table(
+        title=f"pipeline stages (balanced by {split['balanced_by']})", title_justify="left"
+    )
+    for column in ("stage", "layers", "parameters", "FLOPs / microbatch", "memory (predicted)"):
+        table.add_column(column, justify="left" if column == "layers" else "right")
+    for stage in split["stages"]:
+        layers = stage["units"]
+        shown = layers[0] if len(layers) == 1 else f"{layers[0]} … {layers[-1]} ({len(layers)})"
+        table.add_row(
+            str(stage["index"] + 1), shown, f"{stage['params']:,}", si(stage["flops"]),
+            binary_bytes(stage["memory_bytes"]),
+        )  # fmt: skip
+    return table
+
+
+def pipeline_rows(table: Table, record: dict) -> None:
+    """Pipeline figures: the schedule, each stage's busy share, the bubble (measured, predicted)."""
+    pipe = record["pipeline"]
+    shape = f"{pipe['stages']} stages"
+    if pipe["data_parallel"] > 1:
+        shape = f"{pipe['data_parallel']} replicas × {shape}"
+    table.add_row(
+        "pipeline",
+        f"{shape}, {pipe['schedule']}, {pipe['microbatches']} microbatch(es); split before "
+        f"{', '.join(pipe['split']) or '-'}",
+    )
+    busy = ", ".join(
+        f"#{s['index'] + 1} {percent(s['busy_s'] / s['schedule_s'] if s['schedule_s'] else 0)}"
+        for s in pipe["per_stage"]
+    )
+    table.add_row("stage busy", f"{busy} of each schedule step")
+    table.add_row(
+        "bubble",
+        f"{percent(pipe['bubble_measured'])} measured, {percent(pipe['bubble_predicted'])} "
+        "predicted ((S − 1) / (M + S − 1))",
+    )

@@ -2,9 +2,15 @@
 
 from collections.abc import Callable
 
-from dlscale.strategies import ddp, ps, single
+from dlscale.strategies import ddp, pipeline, ps, single
 
 # name -> run(spec, run_dir, resume_from, reporter, launcher) -> the run record (run.json)
-STRATEGIES: dict[str, Callable[..., dict]] = {"single": single.run, "ddp": ddp.run, "ps": ps.run}
+STRATEGIES: dict[str, Callable[..., dict]] = {
+    "single": single.run,
+    "ddp": ddp.run,
+    "ps": ps.run,
+    "pipeline": pipeline.run,
+    "hybrid": pipeline.run,
+}
 
 __all__ = ["STRATEGIES"]

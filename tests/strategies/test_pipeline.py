@@ -1,0 +1,154 @@
+"""Pipeline and hybrid: the split, equality with one process, the memory cap, the record."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlscale import api
+from dlscale.errors import UserError
+from dlscale.models import build_model
+from dlscale.profiler.split import candidate_names, in_flight, partition, plan_split
+from dlscale.profiler.trace import trace_step
+from dlscale.spec import parse_spec
+from dlscale.strategies.pipeline import predicted_bubble
+
+LENET = {
+    "name": "pp-lenet",
+    "model": {"name": "lenet"},
+    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
+    "optimizer": {"name": "sgd", "lr": 0.05},
+    "device": "cpu",
+    "seed": 5,
+}
+GPT = {
+    "name": "pp-gpt",
+    "model": {"name": "gpt", "kwargs": {"n_layer": 2, "d_model": 32, "n_head": 2}},
+    "data": {"name": "synthetic", "kind": "tokens", "task": "language_modeling",
+             "seq_len": 16, "vocab_size": 32, "num_samples": 400},
+    "optimizer": {"name": "sgd", "lr": 0.1},
+    "device": "cpu",
+    "seed": 5,
+}  # fmt: skip
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
+    return torch.load(checkpoint, weights_only=True)["model"]
+
+
+def assert_same_weights(reference: Path, other: Path) -> None:
+    expected, got = final_weights(reference), final_weights(other)
+    assert expected.keys() == got.keys()
+    for name, value in expected.items():
+        difference = (got[name] - value).norm() / value.norm()
+        assert difference <= 1e-5, (name, float(difference))
+
+
+def lenet_trace(batch: int = 4):
+    return trace_step(
+        lambda: build_model("lenet", {}), torch.zeros(1, 28, 28), batch, "fp32",
+        torch.optim.SGD, "sgd",
+    )  # fmt: skip
+
+
+def test_partition_minimises_the_costliest_stage():
+    assert partition([1, 1, 1, 1], 2) == [0, 2]
+    assert partition([5, 1, 1, 1, 1, 1], 2) == [0, 1]  # {5} | {1,1,1,1,1}
+    assert partition([1, 2, 3, 4, 5], 3) == [0, 3, 4]  # {1,2,3} {4} {5}: largest 6
+    assert partition([3, 3, 3], 3) == [0, 1, 2]
+
+
+def test_microbatches_in_flight_follow_the_schedule():
+    assert [in_flight("gpipe", 8, 4, s) for s in range(4)] == [8, 8, 8, 8]
+    assert [in_flight("1f1b", 8, 4, s) for s in range(4)] == [4, 3, 2, 1]
+    assert in_flight("naive", 8, 4, 0) == 1
+    assert predicted_bubble(2, 4) == pytest.approx(1 / 5)
+    assert predicted_bubble(2, 1) == pytest.approx(1 / 2)
+
+
+def test_candidates_open_up_sequences():
+    names = candidate_names(build_model("gpt", {"n_layer": 3}))
+    assert names == ["tok_emb", "pos_emb", "drop", "blocks.0", "blocks.1", "blocks.2", "ln_f",
+                     "lm_head"]  # fmt: skip
+
+
+def test_split_plan_balances_and_accounts_every_parameter():
+    model = build_model("lenet", {})
+    plan = plan_split(model, lenet_trace(), 2, "gpipe", 4)
+    assert plan.balanced_by == "flops"  # no hardware given
+    assert sum(stage.params for stage in plan.stages) == sum(p.numel() for p in model.parameters())
+    assert plan.boundaries == [plan.stages[1].units[0]]
+    flops = [stage.flops for stage in plan.stages]
+    assert max(flops) < sum(flops)  # both stages do work
+    given = plan_split(model, lenet_trace(), 2, "gpipe", 4, split=["fc1"])
+    assert given.balanced_by == "given" and given.stages[1].units == ["fc1", "relu3", "fc2",
+                                                                      "relu4", "fc3"]  # fmt: skip
+
+
+def test_bad_splits_are_one_line():
+    model = build_model("lenet", {})
+    with pytest.raises(UserError, match="'nope' cannot begin a stage; choose from relu1, pool1, conv2"):
+        plan_split(model, lenet_trace(), 2, "gpipe", 4, split=["nope"])
+    with pytest.raises(UserError, match="more than the model's 12 splittable layers"):
+        plan_split(model, lenet_trace(), 13, "gpipe", 4)
+    with pytest.raises(UserError, match=r"split lists the modules that begin stages 2\.\.3"):
+        parse_spec({**LENET, "batch_size": 8,
+                    "strategy": {"name": "pipeline", "stages": 3, "split": ["fc1"]}})  # fmt: skip
+
+
+def test_a_memory_cap_refuses_one_worker_and_names_the_split_that_fits():
+    model = build_model("lenet", {})
+    whole = plan_split(model, lenet_trace(), 1, "gpipe", 4).stages[0].memory_bytes
+    cap = int(whole * 0.7)
+    with pytest.raises(UserError, match=r"stage 1 of 1 .* a split into 2 stages fits"):
+        plan_split(model, lenet_trace(), 1, "gpipe", 4, max_memory=cap)
+    plan = plan_split(model, lenet_trace(), 2, "gpipe", 4, max_memory=cap)
+    assert max(stage.memory_bytes for stage in plan.stages) <= cap
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("base", "schedule"), [(LENET, "gpipe"), (GPT, "1f1b")])
+def test_pipeline_weights_equal_one_process(tmp_path: Path, base: dict, schedule: str):
+    """k steps through two stages (4 microbatches) leave the weights one process would have."""
+    single = parse_spec({**base, "batch_size": 16, "steps": 6})
+    piped = parse_spec({**base, "batch_size": 16, "steps": 6, "strategy": {
+        "name": "pipeline", "stages": 2, "microbatches": 4, "schedule": schedule}})  # fmt: skip
+    api.train(single, out_dir=tmp_path / "single")
+    record = api.train(piped, out_dir=tmp_path / "pipe")
+    assert_same_weights(tmp_path / "single", tmp_path / "pipe")
+    pipe = record["pipeline"]
+    assert pipe["stages"] == 2 and pipe["microbatches"] == 4 and len(pipe["per_stage"]) == 2
+    assert sum(s["params"] for s in pipe["per_stage"]) >= record["model"]["parameters"]
+    assert all(0 < s["busy_s"] < s["schedule_s"] for s in pipe["per_stage"])
+    assert 0 < pipe["bubble_measured"] < 1 and pipe["bubble_predicted"] == pytest.approx(0.2)
+    assert record["final"]["step"] == 6 and record["epochs"]
+
+
+@pytest.mark.slow
+def test_hybrid_two_by_two_equals_one_process_at_twice_the_batch(tmp_path: Path):
+    single = parse_spec({**LENET, "batch_size": 16, "steps": 5})
+    hybrid = parse_spec({**LENET, "batch_size": 8, "steps": 5, "strategy": {
+        "name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2}})  # fmt: skip
+    api.train(single, out_dir=tmp_path / "single")
+    record = api.train(hybrid, out_dir=tmp_path / "hybrid")
+    assert_same_weights(tmp_path / "single", tmp_path / "hybrid")
+    assert record["pipeline"]["data_parallel"] == 2 and len(record["workers"]) == 4
+    assert all(r["sync_s"] > 0 for r in record["pipeline"]["replicas"])
+
+
+@pytest.mark.slow
+def test_a_model_refused_on_one_worker_trains_when_split(tmp_path: Path):
+    model = build_model("lenet", {})
+    whole = plan_split(model, lenet_trace(8), 1, "gpipe", 2).stages[0].memory_bytes
+    strategy = {"name": "pipeline", "microbatches": 2, "max_memory_per_worker": int(whole * 0.7)}
+    one = parse_spec({**LENET, "batch_size": 16, "steps": 4,
+                      "strategy": {**strategy, "stages": 1}})  # fmt: skip
+    with pytest.raises(UserError, match="a split into 2 stages fits"):
+        api.train(one, out_dir=tmp_path / "one")
+    two = parse_spec({**LENET, "batch_size": 16, "steps": 4,
+                      "strategy": {**strategy, "stages": 2}})  # fmt: skip
+    record = api.train(two, out_dir=tmp_path / "two")
+    assert record["status"] == "completed"
+    assert record["pipeline"]["balanced_by"] in ("time", "flops", "memory")
+    assert all(s["memory_bytes"] <= int(whole * 0.7) for s in record["pipeline"]["per_stage"])
