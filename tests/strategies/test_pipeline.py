@@ -88,7 +88,7 @@ def test_split_plan_balances_and_accounts_every_parameter():
 
 def test_bad_splits_are_one_line():
     model = build_model("lenet", {})
-    with pytest.raises(UserError, match="'nope' cannot begin a stage; choose from relu1, pool1"):
+    with pytest.raises(UserError, match="nope cannot begin a stage; choose from relu1, pool1"):
         plan_split(model, lenet_trace(), 2, "gpipe", 4, split=["nope"])
     with pytest.raises(UserError, match="more than the model's 12 splittable layers"):
         plan_split(model, lenet_trace(), 13, "gpipe", 4)
