@@ -78,13 +78,32 @@ def test_epochs_replace_a_steps_length():
     assert compare_spec(spec, "async", 2, None).steps == 30
 
 
+def test_pipeline_and_hybrid_take_the_workers_as_processes():
+    pipeline = compare_spec(parse_spec(BASE), "pipeline", 3, None).strategy
+    assert (pipeline.name, pipeline.stages, pipeline.microbatches) == ("pipeline", 3, 4)
+    hybrid = compare_spec(parse_spec(BASE), "hybrid", 4, None).strategy
+    assert (hybrid.name, hybrid.stages, hybrid.data_parallel) == ("hybrid", 2, 2)
+    own = parse_spec({**BASE, "batch_size": 6, "strategy": {
+        "name": "pipeline", "stages": 3, "schedule": "1f1b", "microbatches": 3}})  # fmt: skip
+    kept = compare_spec(own, "hybrid", 6, None).strategy
+    assert (kept.stages, kept.data_parallel, kept.schedule, kept.microbatches) == (3, 2, "1f1b", 3)
+    assert (
+        compare_spec(
+            parse_spec({**BASE, "batch_size": 6}), "pipeline", 2, None
+        ).strategy.microbatches
+        == 2
+    )
+    with pytest.raises(UserError, match="--workers 3: hybrid runs replicas of a 2-stage pipeline"):
+        compare_spec(parse_spec(BASE), "hybrid", 3, None)
+
+
 def test_unknown_strategy_and_bad_counts_are_one_line_errors():
     spec = parse_spec(BASE)
     with pytest.raises(UserError, match=r"unknown strategy 'hogwild' \(choose from: single, ddp"):
         compare_spec(spec, "hogwild", 2, None)
     with pytest.raises(UserError, match="--workers: 0 is below the minimum of 1"):
         compare_spec(spec, "ddp", 0, None)
-    with pytest.raises(UserError, match="fp32 CPU workers"):
+    with pytest.raises(UserError, match="runs fp32 CPU processes"):
         compare_spec(parse_spec({**BASE, "precision": "bf16"}), "async", 2, None)
     assert parse_strategies(" ddp, async,ddp ") == ["ddp", "async"]
     with pytest.raises(UserError, match="--strategies: unknown strategy 'ps'") as caught:

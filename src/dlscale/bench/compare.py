@@ -2,7 +2,9 @@
 
 Every run keeps the spec's model, data, batch size per worker, optimizer and seed; only the
 strategy changes (and the length, with `--epochs`). `ddp` is synchronous data parallel;
-`averaging`, `async` and `downpour` are the parameter-server modes; `single` is one process.
+`averaging`, `async` and `downpour` are the parameter-server modes; `pipeline` splits the model
+into `--workers` stages; `hybrid` runs `--workers` / 2 replicas of a 2-stage pipeline (the spec's
+own pipeline settings are kept where it has them); `single` is one process.
 
 Time to accuracy: the target is TARGET_FRACTION (0.95) × the best final validation accuracy among
 the runs, and a run's time to it is the `elapsed_s` (seconds since that run's start) of the first
@@ -12,11 +14,12 @@ epoch end whose validation accuracy reached it, or None ("not reached").
 from __future__ import annotations
 
 from dlscale.errors import UserError
-from dlscale.spec import DdpStrategy, PsStrategy, Spec, parse_spec
+from dlscale.spec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, parse_spec
 
 SCHEMA = "dlscale.bench.compare/1"
 PS_MODES = ("averaging", "async", "downpour")
-STRATEGY_CHOICES = ("single", "ddp", *PS_MODES)
+MODEL_PARALLEL = ("pipeline", "hybrid")
+STRATEGY_CHOICES = ("single", "ddp", *PS_MODES, *MODEL_PARALLEL)
 TARGET_FRACTION = 0.95
 TARGET_RULE = "0.95 × the best final validation accuracy among the runs"
 
@@ -62,10 +65,10 @@ def compare_spec(spec: Spec, strategy_name: str, workers: int, epochs: int | Non
     if epochs is not None and epochs < 1:
         raise UserError(f"--epochs: {epochs} is below the minimum of 1")
     cpu_fp32 = spec.device in ("auto", "cpu") and spec.precision == "fp32"
-    if strategy_name in PS_MODES and not cpu_fp32:
+    if strategy_name in (*PS_MODES, *MODEL_PARALLEL) and not cpu_fp32:
         raise UserError(
-            f"strategy '{strategy_name}' runs parameter servers with fp32 CPU workers: set "
-            f"device: cpu (or auto) and precision: fp32 in the spec to compare it"
+            f"strategy '{strategy_name}' runs fp32 CPU processes: set device: cpu (or auto) and "
+            f"precision: fp32 in the spec to compare it"
         )
     raw = spec.model_dump(mode="json", exclude_unset=True)
     raw["strategy"] = _strategy(spec, strategy_name, workers)
@@ -79,6 +82,8 @@ def _strategy(spec: Spec, name: str, workers: int) -> dict:
     current = spec.strategy
     if name == "single":
         return {"name": "single"}
+    if name in MODEL_PARALLEL:
+        return _model_parallel(spec, name, workers)
     kind = DdpStrategy if name == "ddp" else PsStrategy
     kept = current.model_dump(mode="json", exclude_unset=True) if isinstance(current, kind) else {}
     if name == "ddp":
@@ -165,3 +170,27 @@ def compare_result(
         "rows": table,
         "curves": curves,
     }
+
+
+def _model_parallel(spec: Spec, name: str, workers: int) -> dict:
+    """`pipeline`: `workers` stages; `hybrid`: `workers` // stages replicas (stages: the spec's, or
+    2). Microbatches: the spec's, else the most of 4, 2, 1 that divides the batch."""
+    current = spec.strategy
+    kept = (
+        current.model_dump(mode="json", exclude_unset=True)
+        if isinstance(current, PipelineStrategy)
+        else {}
+    )
+    kept.pop("data_parallel", None)
+    kept.setdefault("microbatches", next(m for m in (4, 2, 1) if spec.batch_size % m == 0))
+    if name == "pipeline":
+        if kept.get("split") not in (None, "auto") and len(kept["split"]) != workers - 1:
+            kept.pop("split")  # a split for another stage count
+        return {**kept, "name": "pipeline", "stages": workers}
+    stages = kept.get("stages", 2)
+    if workers < stages or workers % stages:
+        raise UserError(
+            f"--workers {workers}: hybrid runs replicas of a {stages}-stage pipeline, so give a "
+            f"multiple of {stages}"
+        )
+    return {**kept, "name": "hybrid", "stages": stages, "data_parallel": workers // stages}

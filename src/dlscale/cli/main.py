@@ -166,7 +166,8 @@ def compare(
     strategies: str = typer.Option(
         "ddp,averaging,async,downpour",
         "--strategies",
-        help="Strategies to run: single, ddp, and the ps modes averaging, async, downpour.",
+        help="Strategies to run: single, ddp, the ps modes averaging, async, downpour, and "
+        "pipeline, hybrid.",
     ),
     workers: int = typer.Option(2, "--workers", help="Workers for every parallel strategy."),
     epochs: int | None = typer.Option(
