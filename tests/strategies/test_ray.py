@@ -73,6 +73,27 @@ def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
+    """Stage 1 on one node, stage 2 on the other: activations and gradients cross between
+    them, and the weights are those of the same pipeline run as local processes."""
+    import torch
+
+    strategy = {"name": "pipeline", "stages": 2, "microbatches": 4}
+    spec = parse_spec({**SPEC, "name": "ray-pipeline", "epochs": None, "steps": 8,
+                       "optimizer": {"name": "sgd", "lr": 0.05}, "strategy": strategy})  # fmt: skip
+    local = api.train(spec, out_dir=tmp_path / "local")
+    placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
+    assert placed["status"] == "completed"
+    assert len({worker["node"] for worker in placed["workers"]}) == 2
+    weights = [
+        torch.load(Path(record["checkpoints"][-1]), weights_only=True)["model"]
+        for record in (local, placed)
+    ]
+    for name, value in weights[0].items():
+        assert torch.allclose(weights[1][name], value, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.slow
 def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
     spec = parse_spec({**SPEC, "strategy": {"name": "ddp", "workers": 3}})
     with pytest.raises(UserError, match="has 2 CPUs; 3 workers × 1 CPU each cannot be placed"):
