@@ -1,5 +1,6 @@
 """Pipeline and hybrid: the split, equality with one process, the memory cap, the record."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -152,3 +153,24 @@ def test_a_model_refused_on_one_worker_trains_when_split(tmp_path: Path):
     assert record["status"] == "completed"
     assert record["pipeline"]["balanced_by"] in ("time", "flops", "memory")
     assert all(s["memory_bytes"] <= int(whole * 0.7) for s in record["pipeline"]["per_stage"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("example", "minimum_accuracy"),
+    # The GPT's ceiling is ~46% (each token of its Markov chain has two likely successors).
+    [("pipeline-gpt.yaml", 0.40), ("hybrid-digits.yaml", 0.93)],
+)
+def test_examples_train_and_print_their_split(tmp_path: Path, example: str, minimum_accuracy):
+    from typer.testing import CliRunner
+
+    from dlscale.cli.main import app
+    from tests.conftest import EXAMPLES
+
+    result = CliRunner().invoke(app, ["train", str(EXAMPLES / example), "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["final"]["val_accuracy"] >= minimum_accuracy, record["final"]
+    words = " ".join(result.output.split())
+    assert "pipeline stages (balanced by" in words and "bubble" in words
+    assert words.index("pipeline stages") < words.index("epoch 1")  # printed before training

@@ -247,6 +247,7 @@ def test_verdicts_fit_split_and_largest_batch():
     small = device(memory_bytes=8 * 2**20)  # 8 MiB: the 16 MB of static state cannot fit
     no = verdict(memory, predict(step, small), small, ["Linear"])
     assert not no.fits and no.max_batch == 0 and "split it across ≥ 3 devices" in no.advice[0]
+    assert "strategy: {name: pipeline, stages: 3}" in no.advice[0]
     lstm = verdict(memory, predict(step, roomy), roomy, ["LSTM"])
     assert any("memory bandwidth" in note for note in lstm.advice)
 

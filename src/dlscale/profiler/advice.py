@@ -57,14 +57,15 @@ def _advice(memory, prediction, hardware, layer_types, dataset_bytes, result) ->
         notes.append(
             "the model does not fit: weights, gradients and optimizer state alone need "
             f"{_b(memory.static_bytes)} of {_b(usable)} usable; split it across ≥ {devices} "
-            "devices (strategy: pipeline) or shrink it (fewer parameters, an optimizer with "
-            "less state, bf16)"
+            f"devices (strategy: {{name: pipeline, stages: {max(devices, 2)}}}, with "
+            "max_memory_per_worker set to the device's memory) or shrink it (fewer parameters, "
+            "an optimizer with less state, bf16)"
         )
     elif not result.fits:
         notes.append(
             f"batch {memory.batch_size} does not fit ({_b(memory.total_bytes)} needed, "
             f"{_b(usable)} usable): use batch ≤ {result.max_batch:,}, bf16 activations, or "
-            "split the model across devices (strategy: pipeline)"
+            "split the model across devices (strategy: {name: pipeline, stages: 2})"
         )
     else:
         notes.append(
