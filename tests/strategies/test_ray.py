@@ -39,6 +39,34 @@ def cluster():
 
 
 @pytest.mark.slow
+def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
+    """2 replicas × 2 stages: four actors over two nodes, the local run's weights. First in the
+    file, so that its cluster never runs beside the shared one."""
+    import torch
+    from ray.cluster_utils import Cluster
+
+    strategy = {"name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2}
+    spec = parse_spec({**SPEC, "name": "ray-hybrid", "epochs": None, "steps": 6,
+                       "optimizer": {"name": "sgd", "lr": 0.05}, "strategy": strategy})  # fmt: skip
+    local = api.train(spec, out_dir=tmp_path / "local")
+    four = Cluster(initialize_head=True,
+                   head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1"})  # fmt: skip
+    four.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    try:
+        placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=four.address)
+    finally:
+        four.shutdown()
+    assert placed["status"] == "completed" and len(placed["workers"]) == 4
+    assert len({worker["node"] for worker in placed["workers"]}) == 2
+    weights = [
+        torch.load(Path(record["checkpoints"][-1]), weights_only=True)["model"]
+        for record in (local, placed)
+    ]
+    for name, value in weights[0].items():
+        assert torch.allclose(weights[1][name], value, rtol=1e-5, atol=1e-7), name
+
+
+@pytest.mark.slow
 def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
     local = api.train(parse_spec(SPEC), out_dir=tmp_path / "local")
     placed = api.train(

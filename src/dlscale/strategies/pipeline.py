@@ -30,7 +30,7 @@ from torch import nn
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.launch.base import Launcher, Resources, WorkerContext
-from dlscale.models import build_model, count_parameters
+from dlscale.models import build_model
 from dlscale.profiler.split import SplitPlan, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.spec import PipelineStrategy, Spec, parse_spec
@@ -38,11 +38,10 @@ from dlscale.strategies.events import EventReporter, default_launcher, forward_t
 from dlscale.strategies.ps import build_ps_model
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
-from dlscale.train.env import environment
 from dlscale.train.files import write_json_atomic
 from dlscale.train.loop import InProcessBatches, Plan, epoch_record
 from dlscale.train.metrics import StepTiming, TimingTotals
-from dlscale.train.record import RUN_SCHEMA
+from dlscale.train.record import process_group_record
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
 from dlscale.train.step import build_optimizer, compute_loss, count_correct, evaluate
@@ -435,69 +434,24 @@ def pipeline_record(
     spec, run_dir, model, data, results, split, warnings, final, started_at, wall_s, checkpoint
 ) -> dict:
     """run.json for pipeline and hybrid: the common schema, plus `pipeline` (stages, bubble)."""
-    val_loss, val_acc, step = final
     strategy: PipelineStrategy = spec.strategy
     main = results[strategy.stages - 1]
-    timing = TimingTotals.from_state(main["timing"])
-    epochs = main["epochs"]
-    train_losses = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
     plan = Plan.of(spec, data.num_train, strategy.replicas)
     samples = sum(r["samples"] for r in results if r["stage"] == 0)
     train_wall = max(r["train_wall_s"] for r in results)
     replica0 = [r for r in results if r["replica"] == 0]
-    stages = []
-    for planned, measured in zip(split.stages, replica0, strict=True):
-        stages.append(
-            {
-                **planned.to_dict(),
-                **{k: v for k, v in measured.items() if k not in ("state", "epochs", "timing")},
-            }
-        )
-    bubble = sum(s["bubble"] for s in stages) / len(stages)
+    private = ("state", "epochs", "timing")
+    stages = [
+        {**planned.to_dict(), **{k: v for k, v in measured.items() if k not in private}}
+        for planned, measured in zip(split.stages, replica0, strict=True)
+    ]
+    record = process_group_record(
+        spec, run_dir, model, data, plan, main, warnings, final, started_at, wall_s,
+        (samples, train_wall, strategy.replicas),
+        max(r["peak_memory_bytes"] for r in results),
+    )  # fmt: skip
     return {
-        "schema": RUN_SCHEMA,
-        "status": "completed",
-        "name": spec.name,
-        "run_dir": str(run_dir),
-        "spec_hash": spec.spec_hash(),
-        "spec": spec.model_dump(mode="json"),
-        "started_at": started_at,
-        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "resumed_from_step": None,
-        "environment": environment(torch.device("cpu")),
-        "model": {
-            "name": spec.model.name,
-            "parameters": count_parameters(model),
-            "trainable_parameters": count_parameters(model, trainable_only=True),
-        },
-        "data": {
-            "train_samples": data.num_train,
-            "val_samples": len(data.val),
-            "input_shape": list(data.input_shape),
-            "num_classes": data.num_classes,
-            "task": data.task,
-        },
-        "plan": dict(plan.__dict__),
-        "timing": timing.summary(),
-        "epochs": epochs,
-        "steps": [],
-        "warnings": warnings,
-        "checkpoints": [str(p) for _, p in ckpt.list_checkpoints(run_dir)],
-        "final": {
-            "step": step,
-            "val_accuracy": val_acc,
-            "val_loss": val_loss,
-            "train_loss": train_losses[-1] if train_losses else None,
-            "train_samples_per_s": samples / train_wall if train_wall else 0.0,
-            "per_worker_samples_per_s": samples / train_wall / strategy.replicas
-            if train_wall
-            else 0.0,
-            "wall_s": wall_s,
-            "setup_s": main["setup_s"],
-            "first_step_at_unix": None,
-            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in results),
-            "peak_memory_kind": "host_peak_rss",
-        },
+        **record,
         "pipeline": {
             "strategy": strategy.name,
             "stages": strategy.stages,
@@ -506,7 +460,7 @@ def pipeline_record(
             "microbatches": strategy.microbatches_run,
             "split": split.boundaries,
             "balanced_by": split.balanced_by,
-            "bubble_measured": bubble,
+            "bubble_measured": sum(s["bubble"] for s in stages) / len(stages),
             "bubble_predicted": predicted_bubble(strategy.stages, strategy.microbatches_run),
             "per_stage": stages,
             "replicas": [
@@ -514,11 +468,5 @@ def pipeline_record(
                 for r in results
             ],
         },
-        "workers": [
-            {k: v for k, v in r.items() if k not in ("state", "epochs", "timing")} for r in results
-        ],
-        "time_to_accuracy": [
-            {"elapsed_s": e["elapsed_s"], "epoch": e["epoch"], "val_accuracy": e["val_accuracy"]}
-            for e in epochs
-        ],
+        "workers": [{k: v for k, v in r.items() if k not in private} for r in results],
     }

@@ -50,11 +50,10 @@ from dlscale.spec import PsStrategy, Spec, parse_spec
 from dlscale.strategies.events import EventReporter, default_launcher, forward_to
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
-from dlscale.train.env import environment
 from dlscale.train.files import write_atomic, write_json_atomic
 from dlscale.train.loop import InProcessBatches, Plan, epoch_record
 from dlscale.train.metrics import StepTiming, TimingTotals
-from dlscale.train.record import RUN_SCHEMA
+from dlscale.train.record import process_group_record
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
 from dlscale.train.step import build_optimizer, compute_loss, evaluate
@@ -888,10 +887,8 @@ def ps_record(
     wall_s, checkpoint, resumed,
 ) -> dict:  # fmt: skip
     """run.json for a ps job: the common schema, plus `ps` (servers, staleness, traffic)."""
-    val_loss, val_acc, step = final
     strategy = spec.strategy
     alive = [w for w in workers if w is not None]
-    timing = TimingTotals.from_state(main["timing"])
     samples = sum(w["samples"] for w in alive)
     train_wall = max(w["train_wall_s"] for w in alive)
     staleness: Counter[int] = Counter()
@@ -899,54 +896,18 @@ def ps_record(
         staleness.update({int(k): v for k, v in server["staleness"].items()})
     updates = sum(s["updates"] for s in servers)
     server_wall = max(s["wall_s"] for s in servers)
-    epochs = main["epochs"]
-    train_losses = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
     plan = Plan.of(spec, data.num_train, strategy.workers)
     mean_staleness = (
         sum(k * v for k, v in staleness.items()) / sum(staleness.values()) if staleness else 0.0
     )
+    record = process_group_record(
+        spec, run_dir, model, data, plan, main, warnings, final, started_at, wall_s,
+        (samples, train_wall, len(alive)),
+        max(p["peak_memory_bytes"] for p in [*servers, *alive]),
+        min(w["steps"] for w in alive) if resumed else None,
+    )  # fmt: skip
     return {
-        "schema": RUN_SCHEMA,
-        "status": "completed",
-        "name": spec.name,
-        "run_dir": str(run_dir),
-        "spec_hash": spec.spec_hash(),
-        "spec": spec.model_dump(mode="json"),
-        "started_at": started_at,
-        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
-        "resumed_from_step": min(w["steps"] for w in alive) if resumed else None,
-        "environment": environment(torch.device("cpu")),
-        "model": {
-            "name": spec.model.name,
-            "parameters": count_parameters(model),
-            "trainable_parameters": count_parameters(model, trainable_only=True),
-        },
-        "data": {
-            "train_samples": data.num_train,
-            "val_samples": len(data.val),
-            "input_shape": list(data.input_shape),
-            "num_classes": data.num_classes,
-            "task": data.task,
-        },
-        "plan": dict(plan.__dict__),
-        "timing": timing.summary(),
-        "epochs": epochs,
-        "steps": [],
-        "warnings": warnings,
-        "checkpoints": [str(p) for _, p in ckpt.list_checkpoints(run_dir)],
-        "final": {
-            "step": step,
-            "val_accuracy": val_acc,
-            "val_loss": val_loss,
-            "train_loss": train_losses[-1] if train_losses else None,
-            "train_samples_per_s": samples / train_wall if train_wall else 0.0,
-            "per_worker_samples_per_s": samples / train_wall / len(alive) if train_wall else 0.0,
-            "wall_s": wall_s,
-            "setup_s": main["setup_s"],
-            "first_step_at_unix": None,
-            "peak_memory_bytes": max(p["peak_memory_bytes"] for p in [*servers, *alive]),
-            "peak_memory_kind": "host_peak_rss",
-        },
+        **record,
         "ps": {
             "mode": strategy.mode,
             "workers": strategy.workers,
@@ -979,9 +940,5 @@ def ps_record(
             if w is not None
             else {"rank": i, "status": "died"}
             for i, w in enumerate(workers)
-        ],
-        "time_to_accuracy": [
-            {"elapsed_s": e["elapsed_s"], "epoch": e["epoch"], "val_accuracy": e["val_accuracy"]}
-            for e in epochs
         ],
     }

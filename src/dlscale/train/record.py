@@ -6,10 +6,14 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import torch
+
 from dlscale.models import count_parameters
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
 from dlscale.train.distributed import bytes_sent_per_worker
+from dlscale.train.env import environment
+from dlscale.train.metrics import TimingTotals
 
 if TYPE_CHECKING:
     from dlscale.train.loop import Trainer
@@ -92,3 +96,76 @@ def _backend() -> str | None:
     import torch.distributed as dist
 
     return dist.get_backend() if dist.is_initialized() else None
+
+
+def process_group_record(
+    spec,
+    run_dir,
+    model,
+    data,
+    plan,
+    main: dict,
+    warnings: list[str],
+    final: tuple[float, float, int],
+    started_at: str,
+    wall_s: float,
+    throughput: tuple[int, float, int],
+    peak_memory_bytes: int,
+    resumed_from_step: int | None = None,
+) -> dict:
+    """run.json for strategies whose processes each return a summary to the parent (ps,
+    pipeline, hybrid): the common schema. `main` is the reporting process's summary (`timing`,
+    `epochs`, `setup_s`); `final` is (val_loss, val_acc, step) of the assembled model;
+    `throughput` is (samples trained, training wall seconds, parallel trainers)."""
+    val_loss, val_acc, step = final
+    samples, train_wall, trainers = throughput
+    epochs = main["epochs"]
+    train_losses = [e["train_loss"] for e in epochs if e["train_loss"] is not None]
+    rate = samples / train_wall if train_wall else 0.0
+    return {
+        "schema": RUN_SCHEMA,
+        "status": "completed",
+        "name": spec.name,
+        "run_dir": str(run_dir),
+        "spec_hash": spec.spec_hash(),
+        "spec": spec.model_dump(mode="json"),
+        "started_at": started_at,
+        "updated_at": time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime()),
+        "resumed_from_step": resumed_from_step,
+        "environment": environment(torch.device("cpu")),
+        "model": {
+            "name": spec.model.name,
+            "parameters": count_parameters(model),
+            "trainable_parameters": count_parameters(model, trainable_only=True),
+        },
+        "data": {
+            "train_samples": data.num_train,
+            "val_samples": len(data.val),
+            "input_shape": list(data.input_shape),
+            "num_classes": data.num_classes,
+            "task": data.task,
+        },
+        "plan": dict(plan.__dict__),
+        "timing": TimingTotals.from_state(main["timing"]).summary(),
+        "epochs": epochs,
+        "steps": [],
+        "warnings": warnings,
+        "checkpoints": [str(p) for _, p in ckpt.list_checkpoints(run_dir)],
+        "final": {
+            "step": step,
+            "val_accuracy": val_acc,
+            "val_loss": val_loss,
+            "train_loss": train_losses[-1] if train_losses else None,
+            "train_samples_per_s": rate,
+            "per_worker_samples_per_s": rate / trainers,
+            "wall_s": wall_s,
+            "setup_s": main["setup_s"],
+            "first_step_at_unix": None,
+            "peak_memory_bytes": peak_memory_bytes,
+            "peak_memory_kind": "host_peak_rss",
+        },
+        "time_to_accuracy": [
+            {"elapsed_s": e["elapsed_s"], "epoch": e["epoch"], "val_accuracy": e["val_accuracy"]}
+            for e in epochs
+        ],
+    }
