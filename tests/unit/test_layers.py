@@ -13,7 +13,7 @@ TRAIN = BASE | {"dlscale.spec", "dlscale.models", "dlscale.data", "dlscale.train
 ALLOWED = {
     "models": {"dlscale.errors"},
     "data": {"dlscale.errors", "dlscale.spec"},
-    "spec": {"dlscale.errors"},
+    "spec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)
     "hardware": BASE | {"dlscale.train.files"},
     "train": TRAIN,
     "profiler": TRAIN | {"dlscale.hardware", "dlscale.profiler"},

@@ -60,9 +60,8 @@ def test_unknown_data_and_strategy_names_list_the_choices():
     assert "unknown data name 'mnist' (choose from: digits, synthetic, idx" in error_of(
         data={"name": "mnist"}
     )
-    assert "unknown strategy name 'gossip' (choose from: single, ddp, ps)" in error_of(
-        strategy={"name": "gossip"}
-    )
+    choices = "(choose from: single, ddp, ps, pipeline, hybrid)"
+    assert f"unknown strategy name 'gossip' {choices}" in error_of(strategy={"name": "gossip"})
 
 
 def test_epochs_and_steps_are_exclusive():
