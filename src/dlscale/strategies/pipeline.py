@@ -30,7 +30,7 @@ from torch import nn
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.launch.base import Launcher, Resources, WorkerContext
-from dlscale.models import build_model
+from dlscale.models import build_model, count_parameters
 from dlscale.profiler.split import SplitPlan, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.spec import PipelineStrategy, Spec, parse_spec
@@ -138,6 +138,7 @@ class StageWorker:
             ([params[n] for n in group if n in params], everywhere[min(group)].shape)
             for group in tied_groups(model)
         ]
+        self.parameters = count_parameters(model)  # tied tensors once, as the model has them
         del model
         # Built before the process group (see the ps strategy: an optimizer created after
         # init_process_group slowed gloo sends 8× on the development machine).
@@ -239,7 +240,7 @@ class StageWorker:
         return {
             "name": self.spec.name,
             "model": self.spec.model.name,
-            "parameters": payload_parameters(split),
+            "parameters": self.parameters,
             "device": "cpu",
             "precision": self.spec.precision,
             "train_samples": self.data.num_train,
@@ -345,10 +346,6 @@ class StageWorker:
             result["epochs"] = self.epochs
             result["timing"] = self.timing.to_state()
         return result
-
-
-def payload_parameters(split: dict) -> int:
-    return sum(stage["params"] for stage in split["stages"])
 
 
 def stage_process(context: WorkerContext, payload: dict) -> dict:
