@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import ray  # installed by `make` (the `ray` extra): a missing Ray fails here, never skips
+import torch
 
 from dlscale import api
 from dlscale.errors import UserError
@@ -24,6 +25,15 @@ SPEC = {
     "device": "cpu",
     "strategy": {"name": "ddp", "workers": 2},
 }
+
+
+def assert_same_final_weights(*records: dict) -> None:
+    """The last checkpoints of two runs hold the same weights (to float rounding)."""
+    first, second = (
+        torch.load(Path(r["checkpoints"][-1]), weights_only=True)["model"] for r in records
+    )
+    for name, value in first.items():
+        assert torch.allclose(second[name], value, rtol=1e-5, atol=1e-7), name
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +52,6 @@ def cluster():
 def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
     """2 replicas × 2 stages: four actors over two nodes, the local run's weights. First in the
     file, so that its cluster never runs beside the shared one."""
-    import torch
     from ray.cluster_utils import Cluster
 
     strategy = {"name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2}
@@ -58,12 +67,7 @@ def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
         four.shutdown()
     assert placed["status"] == "completed" and len(placed["workers"]) == 4
     assert len({worker["node"] for worker in placed["workers"]}) == 2
-    weights = [
-        torch.load(Path(record["checkpoints"][-1]), weights_only=True)["model"]
-        for record in (local, placed)
-    ]
-    for name, value in weights[0].items():
-        assert torch.allclose(weights[1][name], value, rtol=1e-5, atol=1e-7), name
+    assert_same_final_weights(local, placed)
 
 
 @pytest.mark.slow
@@ -104,8 +108,6 @@ def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
 def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
     """Stage 1 on one node, stage 2 on the other: activations and gradients cross between
     them, and the weights are those of the same pipeline run as local processes."""
-    import torch
-
     strategy = {"name": "pipeline", "stages": 2, "microbatches": 4}
     spec = parse_spec({**SPEC, "name": "ray-pipeline", "epochs": None, "steps": 8,
                        "optimizer": {"name": "sgd", "lr": 0.05}, "strategy": strategy})  # fmt: skip
@@ -113,12 +115,7 @@ def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
     assert placed["status"] == "completed"
     assert len({worker["node"] for worker in placed["workers"]}) == 2
-    weights = [
-        torch.load(Path(record["checkpoints"][-1]), weights_only=True)["model"]
-        for record in (local, placed)
-    ]
-    for name, value in weights[0].items():
-        assert torch.allclose(weights[1][name], value, rtol=1e-5, atol=1e-7), name
+    assert_same_final_weights(local, placed)
 
 
 @pytest.mark.slow

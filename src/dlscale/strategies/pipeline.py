@@ -21,7 +21,6 @@ import time
 import warnings
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,9 +33,9 @@ from dlscale.models import build_model, count_parameters
 from dlscale.profiler.split import SplitPlan, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.spec import PipelineStrategy, Spec, parse_spec
-from dlscale.strategies.events import EventReporter, default_launcher, forward_to
+from dlscale.strategies.events import EventReporter, default_launcher
+from dlscale.strategies.parent import evaluate_and_save, require_cpu_fp32, warned_events
 from dlscale.strategies.ps import build_ps_model
-from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
 from dlscale.train.files import write_json_atomic
 from dlscale.train.loop import InProcessBatches, Plan, epoch_record
@@ -44,7 +43,7 @@ from dlscale.train.metrics import StepTiming, TimingTotals
 from dlscale.train.record import process_group_record
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
-from dlscale.train.step import build_optimizer, compute_loss, count_correct, evaluate
+from dlscale.train.step import build_optimizer, compute_loss, count_correct
 
 
 def predicted_bubble(stages: int, microbatches: int) -> float:
@@ -371,11 +370,7 @@ def run(
     launcher = default_launcher(launcher)
     reporter = reporter or NullReporter()
     strategy: PipelineStrategy = spec.strategy
-    if spec.device not in ("auto", "cpu") or spec.precision != "fp32":
-        raise UserError(
-            f"strategy '{strategy.name}' trains fp32 on CPU processes in this release "
-            "(device: cpu, precision: fp32)"
-        )
+    require_cpu_fp32(spec, "processes")
     if resume_from is not None:
         raise UserError(f"strategy '{strategy.name}' cannot --resume yet: start a new run")
     t_start = time.perf_counter()
@@ -383,6 +378,8 @@ def run(
     model, data = build_ps_model(spec)
     Plan.of(spec, data.num_train, strategy.replicas)  # a batch too large is one line, here
     split = plan_stages(spec, model, data)
+    # Each stage process traces the model again; tracing it here first turns a model torch.export
+    # cannot take into one line before any process starts.
     split_model(model, data.train.tensors[0][: microbatch_size(spec)], split.boundaries)
     payload = {
         "spec": spec.model_dump(mode="json"),
@@ -391,15 +388,7 @@ def run(
         "split": split.to_dict(),
     }
     run_dir.mkdir(parents=True, exist_ok=True)
-    warnings = list(spec.warnings())
-    for message in warnings:
-        reporter.warn(message)
-    forward = forward_to(reporter)
-
-    def collect(kind: str, args: tuple[Any, ...]) -> None:
-        if kind == "warn":
-            warnings.append(args[0])
-        forward(kind, args)
+    warnings, collect = warned_events(spec, reporter)
 
     processes = strategy.stages * strategy.replicas
     results = launcher.run(
@@ -409,18 +398,11 @@ def run(
     for result in results:
         state.update(result.get("state", {}))
     model.load_state_dict({name: torch.tensor(value) for name, value in state.items()})
-    val_loader = torch.utils.data.DataLoader(data.val, batch_size=max(256, spec.batch_size))
-    val_loss, val_acc = evaluate(model, val_loader, torch.device("cpu"), "fp32")
     main = results[strategy.stages - 1]  # the last stage of replica 0 reported
-    step = main["steps"]
-    checkpoint = ckpt.save_checkpoint(
-        run_dir, step,
-        {"spec_hash": spec.spec_hash(), "model": model.state_dict(), "strategy": strategy.name},
-        spec.checkpoint.keep_last,
-    )  # fmt: skip
+    final = evaluate_and_save(spec, run_dir, model, data, main["steps"])
     record = pipeline_record(
-        spec, run_dir, model, data, results, split, warnings, (val_loss, val_acc, step),
-        started_at, time.perf_counter() - t_start, checkpoint,
+        spec, run_dir, model, data, results, split, warnings, final, started_at,
+        time.perf_counter() - t_start,
     )  # fmt: skip
     write_json_atomic(run_dir / "run.json", record)
     reporter.finish(record)
@@ -428,7 +410,7 @@ def run(
 
 
 def pipeline_record(
-    spec, run_dir, model, data, results, split, warnings, final, started_at, wall_s, checkpoint
+    spec, run_dir, model, data, results, split, warnings, final, started_at, wall_s
 ) -> dict:
     """run.json for pipeline and hybrid: the common schema, plus `pipeline` (stages, bubble)."""
     strategy: PipelineStrategy = spec.strategy

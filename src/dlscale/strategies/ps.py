@@ -47,7 +47,8 @@ from dlscale.errors import UserError
 from dlscale.launch.base import Launcher, Resources, WorkerContext, WorkerFailed
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import PsStrategy, Spec, parse_spec
-from dlscale.strategies.events import EventReporter, default_launcher, forward_to
+from dlscale.strategies.events import EventReporter, default_launcher
+from dlscale.strategies.parent import evaluate_and_save, require_cpu_fp32, warned_events
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
 from dlscale.train.files import write_atomic, write_json_atomic
@@ -789,8 +790,7 @@ def run(
     launcher = default_launcher(launcher)
     reporter = reporter or NullReporter()
     strategy: PsStrategy = spec.strategy
-    if spec.device not in ("auto", "cpu") or spec.precision != "fp32":
-        raise UserError("strategy 'ps' trains fp32 on CPU workers (device: cpu, precision: fp32)")
+    require_cpu_fp32(spec, "workers")
     t_start = time.perf_counter()
     started_at = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     model, data = build_ps_model(spec)
@@ -815,19 +815,10 @@ def run(
     }
     run_dir.mkdir(parents=True, exist_ok=True)
 
-    forward = forward_to(reporter)
     expendable = frozenset()
     if strategy.mode != "averaging":
         expendable = frozenset(range(strategy.servers, strategy.servers + strategy.workers))
-    warnings = list(spec.warnings())
-    for message in warnings:
-        reporter.warn(message)
-
-    def collect(kind: str, args: tuple[Any, ...]) -> None:
-        if kind == "warn":
-            args = (role_names(args[0], strategy.servers),)
-            warnings.append(args[0])
-        forward(kind, args)
+    warnings, collect = warned_events(spec, reporter, lambda m: role_names(m, strategy.servers))
 
     if not resume:  # the starting point: what a bare --resume finds before any shard is saved
         ckpt.save_checkpoint(
@@ -854,18 +845,11 @@ def run(
     with torch.no_grad():
         for name, buffer in model.named_buffers():
             buffer.copy_(torch.tensor(main["buffers"][name]))
-    val_loader = torch.utils.data.DataLoader(data.val, batch_size=max(256, spec.batch_size))
-    val_loss, val_acc = evaluate(model, val_loader, torch.device("cpu"), "fp32")
     step = max(w["steps"] + int(start_steps.get(str(w["rank"]), 0)) for w in alive)
-    checkpoint = ckpt.save_checkpoint(
-        run_dir,
-        step,
-        {"spec_hash": spec.spec_hash(), "model": model.state_dict(), "strategy": "ps"},
-        spec.checkpoint.keep_last,
-    )
+    final = evaluate_and_save(spec, run_dir, model, data, step)
     record = ps_record(
-        spec, run_dir, model, data, servers, workers, shards, main, warnings,
-        (val_loss, val_acc, step), started_at, time.perf_counter() - t_start, checkpoint, resume,
+        spec, run_dir, model, data, servers, workers, shards, main, warnings, final, started_at,
+        time.perf_counter() - t_start, resume,
     )  # fmt: skip
     write_json_atomic(run_dir / "run.json", record)
     reporter.finish(record)
@@ -884,7 +868,7 @@ def role_names(message: str, servers: int) -> str:
 
 def ps_record(
     spec, run_dir, model, data, servers, workers, shards, main, warnings, final, started_at,
-    wall_s, checkpoint, resumed,
+    wall_s, resumed,
 ) -> dict:  # fmt: skip
     """run.json for a ps job: the common schema, plus `ps` (servers, staleness, traffic)."""
     strategy = spec.strategy
