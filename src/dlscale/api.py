@@ -16,12 +16,18 @@ from dlscale.train.reporter import Reporter
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
-    """Parse and check a spec without running it; returns it with its warnings."""
+    """Parse and check a spec (and the trials of its sweep) without running it; returns it with
+    its warnings."""
     spec = load_spec(spec_path)
     try:
         check_model(spec.model.name, spec.model.kwargs)
     except UserError as exc:
         raise UserError(f"{spec_path}: model: {exc}") from None
+    if spec.sweep is not None:
+        from dlscale.spec import load_raw
+        from dlscale.sweep.space import check_space
+
+        check_space(spec, load_raw(spec_path), Path(spec_path).resolve().parent, str(spec_path))
     return spec, spec.warnings()
 
 
@@ -212,3 +218,95 @@ def compare(
         if on_run is not None:
             on_run(rows[-1])
     return compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
+
+
+def sweep(
+    spec_path: str | Path,
+    out_dir: str | Path | None = None,
+    parallel: int | None = None,
+    resume: bool = False,
+    reporter=None,
+    cluster: str = "local",
+    address: str | None = None,
+) -> dict:
+    """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results
+    (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
+    from dlscale.launch import make_launcher
+    from dlscale.launch.base import Resources
+    from dlscale.spec import load_raw
+    from dlscale.sweep.runner import SweepRunner
+    from dlscale.sweep.space import check_space
+
+    spec = load_spec(spec_path)
+    if spec.sweep is None:
+        raise UserError(
+            f"{spec_path}: no sweep section to run; add `sweep:` with grid, random or tpe, "
+            "and/or kfold or ensemble (see the README)"
+        )
+    if parallel is not None and parallel < 1:
+        raise UserError(f"--parallel must be at least 1 (got {parallel})")
+    base_dir = Path(spec_path).resolve().parent
+    checked = check_space(spec, load_raw(spec_path), base_dir, str(spec_path))
+    processes = max(run.strategy.processes for run in checked)
+    gpus = float(processes) if any(_uses_gpu(run.device) for run in checked) else 0.0
+    resources = Resources(cpus=float(processes), gpus=gpus)
+    launcher = make_launcher(cluster, address)
+    capacity = launcher.capacity(resources)
+    if capacity < 1:
+        need = f"{processes} core(s)" + (f" and {gpus:g} GPU(s)" if gpus else "")
+        raise UserError(f"one trial needs {need}; {launcher.name} does not have that many free")
+    from dlscale.sweep.runner import make_search
+    from dlscale.sweep.space import run_units
+
+    total_runs = make_search(spec).budget * len(run_units(spec.sweep))
+    slots = min(parallel or capacity, capacity, total_runs)
+    if reporter is not None and parallel is not None and parallel > capacity:
+        reporter.warn(
+            f"--parallel {parallel}: {capacity} trial(s) of {processes} process(es) fit "
+            f"({launcher.name}); running {capacity} at a time"
+        )
+    if resume and out_dir is None:
+        out_dir = latest_sweep_dir(spec.name)
+    out = Path(out_dir) if out_dir else new_run_dir(f"sweep-{spec.name}")
+    runner = SweepRunner(spec, load_raw(spec_path), base_dir, str(spec_path), out, launcher,
+                         slots, resources, reporter or NullSweepReporter(), resume)  # fmt: skip
+    return runner.run()
+
+
+def _uses_gpu(device: str) -> bool:
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def latest_sweep_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
+    """The newest runs/sweep-<name>-* folder: what a bare `sweep --resume` continues."""
+    candidates = [p for p in root.glob(f"sweep-{name}-*") if (p / "sweep.json").is_file()]
+    if not candidates:
+        raise UserError(
+            f"nothing to resume: no sweep of '{name}' under {root}/ (pass --out DIR to name it)"
+        )
+    return max(candidates, key=lambda p: (p / "sweep.json").stat().st_mtime)
+
+
+class NullSweepReporter:
+    """Shows nothing: for library use and tests."""
+
+    def start(self, info: dict) -> None:
+        pass
+
+    def update(self, result: dict) -> None:
+        pass
+
+    def trial_done(self, trial: dict) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+    def finish(self, result: dict) -> None:
+        pass

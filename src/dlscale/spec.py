@@ -67,7 +67,30 @@ class ModelSpec(Strict):
 # ------------------------------------------------------------------------------ data
 
 
-class DigitsData(Strict):
+class FoldSpec(Strict):
+    """Cross-validation: train on all but fold `index` of `folds` stratified folds of the
+    training data, validate on fold `index` (the data's own validation part is left out)."""
+
+    folds: Annotated[int, Field(ge=2)]
+    index: NonNegativeInt
+
+    @model_validator(mode="after")
+    def _index_in_range(self) -> FoldSpec:
+        if self.index >= self.folds:
+            raise ValueError(f"index {self.index} does not exist: folds are 0..{self.folds - 1}")
+        return self
+
+
+class DataSection(Strict):
+    """What every data kind shares: the seed of its split (and generation), an optional fold."""
+
+    # Seed of generated data and of the train/validation split; default: the spec's seed. The
+    # members of an ensemble differ in `seed` but keep this one, so they share one validation set.
+    seed: NonNegativeInt | None = None
+    fold: FoldSpec | None = None
+
+
+class DigitsData(DataSection):
     """scikit-learn's bundled 8×8 digits (1,797 images), optionally resized (28 for LeNet)."""
 
     name: Literal["digits"]
@@ -75,7 +98,7 @@ class DigitsData(Strict):
     val_fraction: Fraction = 0.2
 
 
-class SyntheticData(Strict):
+class SyntheticData(DataSection):
     """Seeded generated data of any shape: images/features (`kind: image`) or token sequences."""
 
     name: Literal["synthetic"]
@@ -89,7 +112,7 @@ class SyntheticData(Strict):
     val_fraction: Fraction = 0.2
 
 
-class IdxData(Strict):
+class IdxData(DataSection):
     """MNIST / Fashion-MNIST IDX files (`*-idx3-ubyte` images, `*-idx1-ubyte` labels, `.gz` ok)."""
 
     name: Literal["idx"]
@@ -110,7 +133,7 @@ class IdxData(Strict):
         return self
 
 
-class Cifar10Data(Strict):
+class Cifar10Data(DataSection):
     """CIFAR-10 binary batches (`data_batch_1.bin` ... `test_batch.bin`, 3,073 bytes a record)."""
 
     name: Literal["cifar10"]
@@ -126,7 +149,7 @@ class Cifar10Data(Strict):
         return [_resolve_path(v, info) for v in value]
 
 
-class NpzData(Strict):
+class NpzData(DataSection):
     """A NumPy `.npz` with arrays `x` (samples first) and `y` (integer labels)."""
 
     name: Literal["npz"]
@@ -178,6 +201,11 @@ class SingleStrategy(Strict):
 
     name: Literal["single"] = "single"
 
+    @property
+    def processes(self) -> int:
+        """Processes (each wanting a core) the strategy runs."""
+        return 1
+
 
 class DdpStrategy(Strict):
     """Synchronous data parallel: N workers, a shard of every global batch each, allreduce."""
@@ -187,6 +215,10 @@ class DdpStrategy(Strict):
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL on GPUs, gloo on CPUs
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None  # rendezvous; None: a free one
     timeout_s: PositiveFloat = 60.0  # a collective waiting longer than this fails the job
+
+    @property
+    def processes(self) -> int:
+        return self.workers
 
 
 class StragglerSpec(Strict):
@@ -221,6 +253,10 @@ class PsStrategy(Strict):
     # (one host only), `gloo` sends them over torch.distributed; `auto` takes shm when every
     # process runs on one host and /dev/shm has room (the faster of the two measured here).
     data_plane: Literal["auto", "shm", "gloo"] = "auto"
+
+    @property
+    def processes(self) -> int:
+        return self.workers + self.servers
 
     @model_validator(mode="after")
     def _straggler_exists(self) -> PsStrategy:
@@ -265,6 +301,10 @@ class PipelineStrategy(Strict):
         return 1
 
     @property
+    def processes(self) -> int:
+        return self.stages * self.replicas
+
+    @property
     def microbatches_run(self) -> int:
         """Microbatches per step: `naive` runs each batch whole."""
         return 1 if self.schedule == "naive" else self.microbatches
@@ -287,6 +327,100 @@ StrategySpec = Annotated[
     Field(discriminator="name"),
 ]
 
+# ----------------------------------------------------------------------------- sweep
+
+
+class Distribution(Strict):
+    """One searched parameter: `log_uniform: [lo, hi]`, `uniform: [lo, hi]`, `int: [lo, hi]`
+    (both ends included) or `choice: [a, b, ...]`; exactly one of them."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    log_uniform: tuple[PositiveFloat, PositiveFloat] | None = None
+    uniform: tuple[float, float] | None = None
+    int_range: tuple[int, int] | None = Field(default=None, alias="int")
+    choice: list[str | int | float | bool | None] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Distribution:
+        given = [key for key in ("log_uniform", "uniform", "int_range", "choice")
+                 if getattr(self, key) is not None]  # fmt: skip
+        if len(given) != 1:
+            raise ValueError("give exactly one of log_uniform, uniform, int, choice")
+        bounds = self.log_uniform or self.uniform or self.int_range
+        if bounds is not None and not bounds[0] < bounds[1]:
+            raise ValueError(f"the range [{bounds[0]}, {bounds[1]}] is empty: low < high needed")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(key for key in ("log_uniform", "uniform", "int_range", "choice")
+                    if getattr(self, key) is not None)  # fmt: skip
+
+
+class SearchSpec(Strict):
+    """A sampled search: `trials` configurations drawn from `space` (field path → distribution)."""
+
+    trials: PositiveInt
+    space: dict[str, Distribution] = Field(min_length=1)
+
+
+class EarlyStoppingSpec(Strict):
+    """Stop runs whose validation metric trails the others at the same epoch (Optuna pruners):
+    `median` stops a run below the median of finished runs after `warmup_epochs`; `asha`
+    (asynchronous successive halving) keeps the best 1/`reduction_factor` at each rung."""
+
+    rule: Literal["median", "asha"] = "median"
+    warmup_epochs: PositiveInt = 1  # median: epochs every run trains before it can be stopped
+    min_runs: PositiveInt = 3  # median: finished runs needed before any run is stopped
+    min_epochs: PositiveInt = 1  # asha: epochs before the first rung
+    reduction_factor: Annotated[int, Field(ge=2)] = 3  # asha
+
+
+class SweepSpec(Strict):
+    """`dlscale sweep`: many trainings of this spec. `grid` (field path → values; every
+    combination), or `random` / `tpe` (Optuna samplers over `space`); `kfold` scores each
+    configuration on K folds, `ensemble` trains M seeds and scores their averaged predictions."""
+
+    grid: dict[str, list[Any]] | None = None
+    random: SearchSpec | None = None
+    tpe: SearchSpec | None = None
+    kfold: Annotated[int, Field(ge=2)] | None = None
+    ensemble: Annotated[int, Field(ge=2)] | None = None
+    metric: Literal["val_accuracy", "val_loss"] = "val_accuracy"
+    early_stopping: EarlyStoppingSpec | None = None
+
+    @model_validator(mode="after")
+    def _one_of_each(self) -> SweepSpec:
+        searches = [key for key in ("grid", "random", "tpe") if getattr(self, key) is not None]
+        if len(searches) > 1:
+            raise ValueError(f"give one of grid, random, tpe (got {' and '.join(searches)})")
+        if self.kfold is not None and self.ensemble is not None:
+            raise ValueError("give kfold or ensemble, not both")
+        for path, values in (self.grid or {}).items():
+            if not values:
+                raise ValueError(f"grid.{path}: give at least one value")
+        for path in self.paths:
+            if path.split(".")[0] in ("sweep", "name"):
+                raise ValueError(f"'{path}' cannot be swept")
+        return self
+
+    @property
+    def search(self) -> SearchSpec | None:
+        return self.random or self.tpe
+
+    @property
+    def paths(self) -> list[str]:
+        """The swept field paths, in the order given."""
+        if self.grid is not None:
+            return list(self.grid)
+        return list(self.search.space) if self.search is not None else []
+
+    @property
+    def maximize(self) -> bool:
+        return self.metric == "val_accuracy"
+
+
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
@@ -306,6 +440,7 @@ class Spec(Strict):
     loader: LoaderSpec = Field(default_factory=LoaderSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     strategy: StrategySpec = Field(default_factory=SingleStrategy)
+    sweep: SweepSpec | None = None  # read by `dlscale sweep`; `train` ignores it
 
     @field_validator("device")
     @classmethod
@@ -353,6 +488,10 @@ class Spec(Strict):
             and "microbatches" in strategy.model_fields_set
         ):
             found.append("strategy.microbatches is ignored by schedule 'naive' (whole batches)")
+        if self.sweep is not None:
+            found.append(
+                "the sweep section is read by `dlscale sweep`; `train` runs the spec as is"
+            )
         if self.loader.prefetch is not None and self.loader.workers == 0:
             found.append("loader.prefetch is ignored with loader.workers: 0")
         data = self.data
@@ -384,6 +523,12 @@ class Spec(Strict):
 
 def load_spec(path: str | Path) -> Spec:
     """Read and validate a spec file; every problem becomes a one-line UserError."""
+    raw = load_raw(path)
+    return parse_spec(raw, base_dir=Path(path).resolve().parent, source=str(path))
+
+
+def load_raw(path: str | Path) -> Any:
+    """The spec file's YAML as parsed, before validation (a sweep derives its trials from it)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"spec file not found: {path}")
@@ -396,7 +541,7 @@ def load_spec(path: str | Path) -> Spec:
         raise UserError(f"{path}: invalid YAML{where}: {problem}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read spec: {exc}") from None
-    return parse_spec(raw, base_dir=path.resolve().parent, source=str(path))
+    return raw
 
 
 def parse_spec(raw: Any, base_dir: Path | None = None, source: str = "spec") -> Spec:

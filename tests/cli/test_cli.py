@@ -124,3 +124,34 @@ def test_console_script_is_installed():
     dlscale = Path(sys.executable).parent / "dlscale"
     done = subprocess.run([dlscale, "--version"], capture_output=True, text=True, check=False)
     assert done.returncode == 0 and done.stdout.startswith("dlscale ")
+
+
+SWEEP = GOOD + "sweep:\n  grid:\n    optimizer.lr: [0.01, 0.1]\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "args", "expected"),
+    [
+        (GOOD, (), "no sweep section to run"),
+        (GOOD + "sweep:\n  grid:\n    optimizer.lrr: [0.1]\n", (),
+         "sweep trial optimizer.lrr=0.1: unknown field 'optimizer.lrr'"),
+        (GOOD + "sweep:\n  kfold: 3\n  ensemble: 2\n", (), "kfold or ensemble, not both"),
+        (SWEEP, ("--parallel", "0"), "--parallel must be at least 1"),
+        (SWEEP, ("--resume", "--out", "{tmp}/none"), "nothing to resume"),
+    ],
+)  # fmt: skip
+def test_sweep_refuses_bad_input_in_one_line(tmp_path: Path, text: str, args, expected: str):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = run("sweep", write_spec(tmp_path, text), *args)
+    assert result.exit_code == 2, result.output
+    assert expected in result.output and "Traceback" not in result.output
+
+
+def test_sweep_will_not_write_over_another_sweep(tmp_path: Path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "sweep.json").write_text('{"spec_hash": "x"}')
+    spec = write_spec(tmp_path, SWEEP)
+    result = run("sweep", spec, "--out", tmp_path / "out")
+    assert result.exit_code == 2 and "already holds a sweep: pass --resume" in result.output
+    result = run("sweep", spec, "--out", tmp_path / "out", "--resume")
+    assert result.exit_code == 2 and "holds a sweep of a different spec" in result.output

@@ -128,3 +128,31 @@ def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
 def test_an_address_that_does_not_answer(tmp_path: Path):
     with pytest.raises(UserError, match=r"the Ray cluster at 127.0.0.1:9 does not answer"):
         api.train(parse_spec(SPEC), out_dir=tmp_path, cluster="ray", address="127.0.0.1:9")
+
+
+@pytest.mark.slow
+def test_sweep_trials_as_ray_tasks_on_two_nodes(cluster, tmp_path: Path):
+    """One-CPU trials on two one-CPU nodes: two at a time, one on each; a failing one recorded."""
+    import yaml
+
+    spec = {"name": "ray-sweep", "model": {"name": "mlp", "kwargs": {"hidden": 32}},
+            "data": {"name": "digits"}, "batch_size": 64, "epochs": 2, "device": "cpu",
+            "sweep": {"grid": {"batch_size": [32, 64, 5000]}}}  # fmt: skip
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = api.sweep(path, tmp_path / "out", cluster="ray", address=cluster.address)
+    assert result["slots"] == 2 and result["cluster"] == "ray"
+    first, second, failed = result["trials"]
+    assert first["status"] == second["status"] == "completed"
+    assert {first["runs"][0]["node"], second["runs"][0]["node"]} == {
+        node["NodeID"] for node in ray_nodes(cluster.address)
+    }
+    assert failed["status"] == "failed" and "larger than the training set" in failed["error"]
+
+
+def ray_nodes(address: str) -> list[dict]:
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    try:
+        return [node for node in ray.nodes() if node["Alive"]]
+    finally:
+        ray.shutdown()

@@ -18,6 +18,8 @@ ALLOWED = {
     "train": TRAIN,
     "profiler": TRAIN | {"dlscale.hardware", "dlscale.profiler"},
     "bench": TRAIN | {"dlscale.hardware", "dlscale.profiler", "dlscale.bench"},
+    # A sweep runs its trials with the strategies, on a launcher's task pool.
+    "sweep": TRAIN | {"dlscale.launch", "dlscale.strategies", "dlscale.sweep"},
 }
 NEVER_IN_MODELS = ("ray", "torch.distributed")
 

@@ -16,6 +16,7 @@ from dlscale.cli.hardware import app as hardware_app
 from dlscale.cli.profile import estimate as estimate_command
 from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
+from dlscale.cli.sweep import sweep as sweep_command
 
 app = typer.Typer(
     name="dlscale",
@@ -228,6 +229,7 @@ def compare(
 
 app.command(name="profile")(profile_command)
 app.command(name="estimate")(estimate_command)
+app.command(name="sweep")(sweep_command)
 
 
 def main() -> None:

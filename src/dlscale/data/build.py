@@ -10,6 +10,7 @@ from dlscale.data.cifar import read_cifar10
 from dlscale.data.digits import read_digits
 from dlscale.data.idx import read_idx
 from dlscale.data.npz import read_npz
+from dlscale.data.split import cross_validation_fold
 from dlscale.data.synthetic import make_synthetic
 from dlscale.spec import Cifar10Data, DataSpec, DigitsData, IdxData, NpzData, SyntheticData
 
@@ -24,8 +25,16 @@ READERS: dict[type, Callable[[Any, int], DataBundle]] = {
 
 
 def build_data(spec: DataSpec, seed: int) -> DataBundle:
-    """Read or generate the data set a spec describes; bad files raise a one-line UserError."""
+    """Read or generate the data set a spec describes; bad files raise a one-line UserError.
+
+    `seed` is the spec's; the data section's own `seed`, when given, takes its place. With a
+    `fold`, training and validation become the fold's split of the training part.
+    """
     reader = READERS.get(type(spec))
     # The spec's discriminated union only admits the classes above, so a miss is our bug.
     assert reader is not None, f"no data reader registered for {type(spec).__name__}"
-    return reader(spec, seed)
+    seed = spec.seed if spec.seed is not None else seed
+    bundle = reader(spec, seed)
+    if spec.fold is not None:
+        bundle = cross_validation_fold(bundle, spec.fold.folds, spec.fold.index, seed)
+    return bundle

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from dlscale.data.bundle import DataBundle
 from dlscale.errors import UserError
 
 
@@ -62,3 +64,31 @@ def _split_indices(y: torch.Tensor, num_val: int, seed: int) -> tuple[torch.Tens
     generator = torch.Generator().manual_seed(seed)
     order = torch.randperm(num_samples, generator=generator)
     return order[:num_val], order[num_val:]
+
+
+def cross_validation_fold(bundle: DataBundle, folds: int, index: int, seed: int) -> DataBundle:
+    """Fold `index` of `folds` over the training part: it validates, the other folds train.
+
+    Stratified (scikit-learn's StratifiedKFold, shuffled by `seed`) when every class has at least
+    `folds` samples, so each fold holds every class in proportion; otherwise (next-token labels,
+    rare classes) a plain shuffled KFold. The bundle's own validation part is left out.
+    """
+    from sklearn.model_selection import KFold, StratifiedKFold
+
+    x, y = bundle.train.tensors
+    if len(y) < folds:
+        raise UserError(
+            f"sweep.kfold: {folds} folds need at least {folds} training samples; "
+            f"the data has {len(y)}"
+        )
+    counts = torch.bincount(y) if y.ndim == 1 else None
+    stratify = counts is not None and int(counts[counts > 0].min()) >= folds
+    splitter = (StratifiedKFold if stratify else KFold)(folds, shuffle=True, random_state=seed)
+    labels = y.numpy() if stratify else None
+    train_np, val_np = list(splitter.split(np.zeros(len(y)), labels))[index]
+    train_index, val_index = torch.from_numpy(train_np).long(), torch.from_numpy(val_np).long()
+    return dataclasses.replace(
+        bundle,
+        train=TensorDataset(x[train_index], y[train_index]),
+        val=TensorDataset(x[val_index], y[val_index]),
+    )

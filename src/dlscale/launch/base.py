@@ -52,6 +52,41 @@ class Resources:
     gpus: float = 0.0
 
 
+# Parent-side handler for events a pool task sends: (task key, kind, args).
+TaskEventHandler = Callable[[str, str, tuple], None]
+
+
+@dataclass(frozen=True)
+class TaskDone:
+    """A pool task that ended: its result, or (ok False) the one line saying why it failed."""
+
+    key: str
+    ok: bool
+    value: Any
+
+
+class TaskPool(Protocol):
+    """Independent tasks (sweep trials), each on its own share of the machine or cluster.
+
+    Unlike `Launcher.run`, tasks do not meet or wait for each other: one that fails is reported
+    by `wait` and the others go on. The caller keeps at most `slots` tasks running.
+    """
+
+    slots: int
+
+    def submit(self, key: str, fn: WorkerFn, payload: Any) -> None: ...
+
+    def wait(self, timeout: float, on_event: TaskEventHandler | None = None) -> list[TaskDone]:
+        """Hand over the tasks' events; return those that ended within `timeout` seconds."""
+        ...
+
+    def cancel(self, key: str) -> None: ...
+
+    def close(self) -> None:
+        """Stop every task still running; no process outlives it."""
+        ...
+
+
 class Launcher(Protocol):
     """Starts `num_workers` copies of `fn`, supervises them and returns their results by rank.
 
@@ -72,6 +107,14 @@ class Launcher(Protocol):
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
     ) -> list[Any]: ...
+
+    def capacity(self, resources: Resources) -> int:
+        """How many tasks needing `resources` each fit at once (free cores, or the cluster's)."""
+        ...
+
+    def pool(self, slots: int, resources: Resources) -> TaskPool:
+        """A pool running up to `slots` independent tasks, each given `resources`."""
+        ...
 
 
 class LateExpendables:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import math
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import queue
 import signal
@@ -27,6 +29,7 @@ from dlscale.launch.base import (
     EventHandler,
     LateExpendables,
     Resources,
+    TaskDone,
     WorkerContext,
     WorkerFailed,
     WorkerFn,
@@ -109,6 +112,14 @@ def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, thread
         raise SystemExit(1) from None
 
 
+def available_cores() -> int:
+    """Cores this process may use: its CPU affinity, or DLSCALE_CPUS when a pool task set it
+    (a trial given 2 cores of a Ray node sizes its own workers to those 2, not to the node)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = os.environ.get("DLSCALE_CPUS")
+    return max(1, min(cores or 1, int(share)) if share else (cores or 1))
+
+
 def _pin_to_cores(local_rank: int, workers: int, threads: int) -> None:
     """Give each worker its own `threads` cores when there are enough (DLSCALE_PIN=0: don't).
 
@@ -127,6 +138,17 @@ class LocalLauncher:
 
     name = "local"
 
+    def capacity(self, resources: Resources) -> int:
+        if resources.gpus:
+            import torch
+
+            gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            return int(gpus // resources.gpus)
+        return max(1, int(available_cores() // max(1.0, resources.cpus)))
+
+    def pool(self, slots: int, resources: Resources) -> LocalPool:
+        return LocalPool(slots, resources)
+
     def run(
         self,
         fn: WorkerFn,
@@ -140,7 +162,7 @@ class LocalLauncher:
         port = check_port(port) if port is not None else free_port()
         ctx = mp.get_context("spawn")
         results, events = ctx.Queue(), ctx.Queue()
-        threads = max(1, (os.cpu_count() or 1) // num_workers)
+        threads = max(1, available_cores() // num_workers)
         processes = []
         for rank in range(num_workers):
             context = WorkerContext(
@@ -246,3 +268,142 @@ def _stop(processes) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=WORKER_EXIT_GRACE_S)
+
+
+# ------------------------------------------------------------------------------ pool
+
+
+class _PipeEvents:
+    """A task's events travel on its own pipe: a task killed mid-send (a pruned sweep trial)
+    can only garble its own channel, never another task's, as a shared queue could."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def put(self, item: tuple) -> None:
+        self.conn.send(("event", item))
+
+
+def _task_entry(fn, payload, key: str, conn, parent_pid: int, threads: int, cores, gpu) -> None:
+    """What a pool task's process runs: its cores and threads, `fn`, the result on its pipe."""
+    _die_with_parent(parent_pid)
+    # Ctrl-C at a terminal reaches the whole process group: the pool's owner alone decides
+    # what stops (it terminates the tasks), so a task never reports the interrupt as its failure.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    os.environ["DLSCALE_CPUS"] = str(threads)
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    import torch
+
+    torch.set_num_threads(threads)
+    context = WorkerContext(0, 1, 0, LOOPBACK, 0, _PipeEvents(conn), socket.gethostname())
+    try:
+        conn.send(("ok", fn(context, payload)))
+    except UserError as exc:
+        conn.send(("failed", str(exc)))
+    except BaseException as exc:
+        conn.send(("failed", f"{type(exc).__name__}: {one_line(exc)}"))
+        traceback.print_exc()
+        raise SystemExit(1) from None
+
+
+class LocalPool:
+    """Up to `slots` task processes, each pinned to its own cores (and GPU) of this machine.
+
+    The cores are dealt out in equal shares, one per slot; a task keeps its slot's share until
+    it ends. Every task reports on its own pipe, watched together with the process sentinels.
+    """
+
+    def __init__(self, slots: int, resources: Resources):
+        self.slots = slots
+        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self.threads = max(1, len(cores) // slots) if cores else max(1, available_cores() // slots)
+        self.shares = [
+            cores[i * self.threads : (i + 1) * self.threads] if len(cores) >= slots else None
+            for i in range(slots)
+        ]
+        if os.environ.get("DLSCALE_PIN", "1") == "0":
+            self.shares = [None] * slots
+        self.gpus_per_task = math.ceil(resources.gpus)
+        self.free = list(range(slots))
+        self.tasks: dict[str, tuple[Any, Any, int]] = {}  # key -> (process, conn, slot)
+        self.ctx = mp.get_context("spawn")
+
+    @property
+    def running(self) -> list[str]:
+        return list(self.tasks)
+
+    def submit(self, key: str, fn: WorkerFn, payload: Any) -> None:
+        if not self.free:
+            raise RuntimeError(f"pool of {self.slots} is full; task {key} cannot start")
+        slot = self.free.pop(0)
+        receive, send = self.ctx.Pipe(duplex=False)
+        process = self.ctx.Process(
+            target=_task_entry,
+            args=(fn, payload, key, send, os.getpid(), self.threads, self.shares[slot],
+                  self._gpus(slot)),
+            name=f"dlscale-task-{key}",
+        )  # fmt: skip
+        with _thread_env(self.threads):
+            process.start()
+        send.close()  # the child holds the writing end; EOF here means it is gone
+        self.tasks[key] = (process, receive, slot)
+
+    def _gpus(self, slot: int) -> str | None:
+        """CUDA_VISIBLE_DEVICES for the task in `slot`: its own GPUs, or None on CPU."""
+        first = slot * self.gpus_per_task
+        return ",".join(map(str, range(first, first + self.gpus_per_task))) or None
+
+    def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
+        handles = {}
+        for key, (process, conn, _) in self.tasks.items():
+            handles[conn] = handles[process.sentinel] = key
+        ready = mp_connection.wait(list(handles), timeout) if handles else []
+        outcome: dict[str, TaskDone] = {}
+        for handle in ready:
+            key = handles[handle]
+            process, conn, _ = self.tasks[key]
+            while key not in outcome and _poll(conn):
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    break
+                if message[0] == "event":
+                    if on_event is not None:
+                        on_event(key, *message[1])
+                else:
+                    outcome[key] = TaskDone(key, message[0] == "ok", message[1])
+            if key not in outcome and not process.is_alive():
+                process.join()
+                outcome[key] = TaskDone(key, False, f"process {describe_exit(process.exitcode)}")
+        for key in outcome:
+            self._release(key)
+        return list(outcome.values())
+
+    def cancel(self, key: str) -> None:
+        if key in self.tasks:
+            _stop([self.tasks[key][0]])
+            self._release(key)
+
+    def close(self) -> None:
+        _stop([process for process, _, _ in self.tasks.values()])
+        for key in list(self.tasks):
+            self._release(key)
+
+    def _release(self, key: str) -> None:
+        process, conn, slot = self.tasks.pop(key)
+        process.join(timeout=WORKER_EXIT_GRACE_S)
+        if process.is_alive():
+            _stop([process])
+        conn.close()
+        self.free.append(slot)
+        self.free.sort()
+
+
+def _poll(conn) -> bool:
+    try:
+        return conn.poll()
+    except (EOFError, OSError):
+        return False

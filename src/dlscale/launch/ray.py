@@ -18,6 +18,7 @@ from dlscale.launch.base import (
     EventHandler,
     LateExpendables,
     Resources,
+    TaskDone,
     WorkerContext,
     WorkerFailed,
     WorkerFn,
@@ -89,6 +90,23 @@ class RayLauncher:
 
     def __init__(self, address: str = "auto"):
         self.address = address
+
+    def capacity(self, resources: Resources) -> int:
+        ray = import_ray()
+        connected_here = self._connect(ray)
+        try:
+            total = ray.cluster_resources()
+        finally:
+            if connected_here:
+                ray.shutdown()
+        fits = [total.get("CPU", 0.0) // max(1.0, resources.cpus)]
+        if resources.gpus:
+            fits.append(total.get("GPU", 0.0) // resources.gpus)
+        return int(min(fits))
+
+    def pool(self, slots: int, resources: Resources) -> RayPool:
+        ray = import_ray()
+        return RayPool(ray, self._connect(ray), slots, resources)
 
     def run(
         self,
@@ -202,3 +220,100 @@ def _reraise(exc, rank: int) -> None:
         raise UserError(str(cause)) from None
     detail = one_line(cause) if cause is not None else one_line(exc)
     raise WorkerFailed(f"worker {rank} failed: {type(cause).__name__}: {detail}") from None
+
+
+# ------------------------------------------------------------------------------ pool
+
+
+class _TaggedQueue:
+    """A task's view of the pool's one event queue: every event carries the task's key."""
+
+    def __init__(self, queue, key: str):
+        self.queue, self.key = queue, key
+
+    def put(self, item: tuple) -> None:
+        self.queue.put((self.key, item))
+
+
+def _ray_task(fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) -> Any:
+    """A pool task as a Ray task: its threads, no core pinning (Ray places, it does not pin)."""
+    import ray
+    import torch
+
+    torch.set_num_threads(threads)
+    # Trials sharing a node must not each pin their own workers to the node's first cores.
+    os.environ.update(DLSCALE_CPUS=str(threads), DLSCALE_PIN="0")
+    node = ray.get_runtime_context().get_node_id()
+    return fn(WorkerContext(0, 1, 0, "127.0.0.1", 0, events, node), payload)
+
+
+class RayPool:
+    """Pool tasks as Ray tasks: Ray finds each its CPUs (and GPUs) on some node of the cluster;
+    events come back through one Ray queue, tagged with the task's key."""
+
+    def __init__(self, ray, connected_here: bool, slots: int, resources: Resources):
+        from ray.util.queue import Queue
+
+        self.ray, self.connected_here, self.slots = ray, connected_here, slots
+        RayLauncher._check_capacity(ray, 1, resources)
+        self.events = Queue()
+        self.threads = max(1, int(resources.cpus))
+        self.remote = ray.remote(num_cpus=resources.cpus, num_gpus=resources.gpus, max_retries=0)(
+            _ray_task
+        )
+        self.refs: dict[Any, str] = {}
+
+    @property
+    def running(self) -> list[str]:
+        return list(self.refs.values())
+
+    def submit(self, key: str, fn: WorkerFn, payload: Any) -> None:
+        events = _TaggedQueue(self.events, key)
+        self.refs[self.remote.remote(fn, payload, events, self.threads)] = key
+
+    def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
+        ready = []
+        if self.refs:
+            ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout)
+        self._drain(on_event)
+        done = []
+        for ref in ready:
+            key = self.refs.pop(ref)
+            try:
+                done.append(TaskDone(key, True, self.ray.get(ref)))
+            except self.ray.exceptions.RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, UserError):
+                    why = str(cause)
+                else:
+                    why = f"{type(cause).__name__}: {one_line(cause if cause else exc)}"
+                done.append(TaskDone(key, False, why))
+            except self.ray.exceptions.RayError as exc:  # the worker died, or was cancelled
+                done.append(TaskDone(key, False, f"{type(exc).__name__}: {one_line(exc)}"))
+        return done
+
+    def _drain(self, on_event) -> None:
+        import queue
+
+        while True:
+            try:
+                key, (kind, args) = self.events.get_nowait()
+            except queue.Empty:
+                return
+            if on_event is not None:
+                on_event(key, kind, args)
+
+    def cancel(self, key: str) -> None:
+        for ref, owner in list(self.refs.items()):
+            if owner == key:
+                with contextlib.suppress(Exception):
+                    self.ray.cancel(ref, force=True)
+                del self.refs[ref]
+
+    def close(self) -> None:
+        for key in list(self.refs.values()):
+            self.cancel(key)
+        with contextlib.suppress(Exception):
+            self.ray.kill(self.events.actor)
+        if self.connected_here:
+            self.ray.shutdown()

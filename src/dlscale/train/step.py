@@ -105,3 +105,16 @@ def evaluate(model: nn.Module, loader, device: torch.device, precision: str) -> 
     if batches == 0:
         return float("nan"), float("nan")
     return total_loss / batches, correct / seen
+
+
+def predict(model: nn.Module, loader, device: torch.device, precision: str):
+    """Class probabilities (softmax, float32, on the CPU) for every sample of a loader, and the
+    labels: what an ensemble averages. Shapes (N, C) and (N,), or (N, T, V) and (N, T)."""
+    probabilities, labels = [], []
+    with eval_mode(model):
+        for x, y in loader:
+            with autocast(device, precision):
+                logits = model(x.to(device))
+            probabilities.append(torch.softmax(logits.float(), dim=-1).cpu())
+            labels.append(y)
+    return torch.cat(probabilities), torch.cat(labels)

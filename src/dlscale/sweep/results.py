@@ -1,0 +1,126 @@
+"""What a sweep's runs add up to: each trial's score (mean ± std over folds, or its ensemble's
+accuracy), the best trial, and the files a person or a script reads: results.json, results.csv,
+best.yaml. Plots are drawn from the same results by sweep.plots."""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from dlscale.spec import SweepSpec
+from dlscale.sweep.space import describe, show
+from dlscale.sweep.trial import load_predictions
+from dlscale.train.files import write_atomic, write_json_atomic
+
+SCHEMA = "dlscale.sweep/1"
+FINAL = ("completed", "failed", "pruned", "skipped")
+
+
+def trial_status(statuses: list[str]) -> str:
+    """A trial is as good as its worst run: one failure fails it, one stop stops it."""
+    if any(s == "failed" for s in statuses):
+        return "failed"
+    if any(s == "pruned" for s in statuses):
+        return "pruned"
+    if all(s == "completed" for s in statuses):
+        return "completed"
+    if any(s in ("running", *FINAL) for s in statuses):
+        return "running"
+    return "pending"
+
+
+def summarize(sweep: SweepSpec, runs: list[dict]) -> dict[str, Any]:
+    """A finished trial's score from its runs' records (name, status, figures, run_dir)."""
+    status = trial_status([run["status"] for run in runs])
+    values = [run[sweep.metric] for run in runs if run["status"] == "completed"]
+    summary: dict[str, Any] = {
+        "status": status,
+        "metric": None,
+        "metric_std": None,
+        "values": values,
+        "wall_s": sum(run.get("wall_s") or 0.0 for run in runs),
+        "error": next(
+            (f"{r['name']}: {r['error']}" for r in runs if r["status"] == "failed"), None
+        ),
+    }
+    if status == "pruned":
+        stopped = next(run for run in runs if run["status"] == "pruned" and run.get("curve"))
+        summary["stopped_at"] = {"run": stopped["name"], **stopped["curve"][-1]}
+    if status != "completed":
+        return summary
+    if sweep.ensemble:
+        summary["ensemble"] = ensemble_scores([Path(run["run_dir"]) for run in runs])
+        summary["ensemble"]["members"] = values
+        summary["metric"] = summary["ensemble"][sweep.metric]
+    else:
+        summary["metric"] = statistics.fmean(values)
+        summary["metric_std"] = statistics.pstdev(values) if len(values) > 1 else None
+    return summary
+
+
+def ensemble_scores(run_dirs: list[Path]) -> dict[str, float]:
+    """Accuracy and loss of the members' averaged class probabilities on their shared
+    validation set."""
+    probabilities, labels = zip(*(load_predictions(d) for d in run_dirs), strict=True)
+    for other in labels[1:]:
+        if not torch.equal(other, labels[0]):
+            raise RuntimeError("ensemble members were scored on different validation sets")
+    mean = torch.stack(probabilities).mean(dim=0)
+    target = labels[0]
+    picked = mean.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+    return {
+        "val_accuracy": float((mean.argmax(dim=-1) == target).float().mean()),
+        "val_loss": float(-picked.clamp_min(1e-12).log().mean()),
+    }
+
+
+def best_trial(trials: list[dict], maximize: bool) -> dict | None:
+    scored = [t for t in trials if t["status"] == "completed" and t["metric"] is not None]
+    if not scored:
+        return None
+    pick = max if maximize else min
+    return pick(scored, key=lambda t: t["metric"])
+
+
+def write_csv(path: Path, result: dict) -> None:
+    """One row per trial: its swept values, status, score and time."""
+    params = result["params"]
+    columns = ["trial", *params, "status", result["metric"], f"{result['metric']}_std", "runs",
+               "wall_s", "error"]  # fmt: skip
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(columns)
+    for trial in result["trials"]:
+        writer.writerow(
+            [trial["id"], *(trial["params"].get(p) for p in params), trial["status"],
+             trial["metric"], trial["metric_std"], len(trial["runs"]),
+             round(trial["wall_s"], 3), trial["error"] or ""]
+        )  # fmt: skip
+    write_atomic(path, lambda handle: handle.write(buffer.getvalue().encode()))
+
+
+def write_best_spec(path: Path, raw: dict, trial: dict, result: dict) -> None:
+    """The best trial as a spec `dlscale train` runs as it is (its sweep section removed)."""
+    score = f"{result['metric']} {show(trial['metric'])}"
+    how = {
+        "kfold": f" (mean of {len(trial['runs'])} folds; it trains here on all the training data)",
+        "ensemble": f" (ensemble of {len(trial['runs'])} seeds from seed {raw.get('seed', 0)}; "
+        "this spec trains one of them)",
+    }.get(result["evaluation"]["kind"], "")
+    header = (
+        f"# Best of sweep '{result['name']}' ({result['out_dir']}): trial {trial['id']}, "
+        f"{describe(trial['params'])}\n# {score}{how}\n"
+    )
+    text = header + yaml.safe_dump(raw, sort_keys=False)
+    write_atomic(path, lambda handle: handle.write(text.encode()))
+
+
+def write_results(out_dir: Path, result: dict) -> None:
+    write_json_atomic(out_dir / "results.json", result)
+    write_csv(out_dir / "results.csv", result)

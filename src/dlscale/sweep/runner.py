@@ -1,0 +1,470 @@
+"""The sweep runner: trials from a search, their runs on a launcher's task pool, and every
+result on disk the moment it is known, so an interrupted sweep resumes where it stopped.
+
+Layout of a sweep folder:
+    sweep.json                   which spec this folder belongs to (its hash)
+    trials/t003/trial.json       a trial's swept values, written before any of its runs starts
+    trials/t003/fold-1/          a run folder (run.json, checkpoints), plus result.json once it
+                                 ended: completed, failed (with the error), pruned or skipped
+    results.json, results.csv    every trial so far; rewritten as each trial ends
+    best.yaml                    the best trial as a ready-to-run spec
+    *.png                        plots, drawn at the end
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from dlscale.errors import UserError
+from dlscale.launch.base import Launcher, Resources, TaskDone
+from dlscale.spec import Spec, parse_spec
+from dlscale.sweep import results as res
+from dlscale.sweep.search import EarlyStopping, GridSearch, OptunaSearch
+from dlscale.sweep.space import RunUnit, config_raw, describe, grid_points, portable, run_raw
+from dlscale.sweep.space import run_units as units_of
+from dlscale.sweep.trial import run_trial
+from dlscale.train.files import write_json_atomic
+
+STATE = "sweep.json"
+POLL_S = 0.2
+UPDATE_EVERY_S = 0.5  # the live table is redrawn at most this often
+
+
+@dataclass
+class Run:
+    key: str  # "t003/fold-1"
+    unit: RunUnit
+    raw: dict
+    dir: Path
+    status: str = "pending"  # pending | running | completed | failed | pruned | skipped
+    result: dict = field(default_factory=dict)
+    error: str | None = None
+    curve: list[dict] = field(default_factory=list)
+    step: int = 0
+    total_steps: int | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.status in res.FINAL
+
+    def record(self) -> dict:
+        return {
+            "name": self.unit.name,
+            "status": self.status,
+            "run_dir": str(self.dir),
+            "error": self.error,
+            "val_accuracy": self.result.get("val_accuracy"),
+            "val_loss": self.result.get("val_loss"),
+            "wall_s": self.result.get("wall_s"),
+            "steps": self.result.get("steps"),
+            "node": self.result.get("node"),
+            "curve": self.curve,
+        }
+
+    def progress(self) -> float:
+        if self.status == "completed":
+            return 1.0
+        return self.step / self.total_steps if self.total_steps else 0.0
+
+
+@dataclass
+class Trial:
+    id: str  # "t003"
+    number: int
+    params: dict[str, Any]
+    raw: dict  # the configuration's spec (no sweep section, no fold)
+    runs: list[Run]
+    summary: dict | None = None
+
+    @property
+    def status(self) -> str:
+        return (
+            self.summary["status"]
+            if self.summary
+            else res.trial_status([run.status for run in self.runs])
+        )
+
+
+class SweepRunner:
+    def __init__(
+        self,
+        spec: Spec,
+        base_raw: dict,
+        base_dir: Path,
+        spec_path: str,
+        out_dir: Path,
+        launcher: Launcher,
+        slots: int,
+        resources: Resources,
+        reporter,
+        resume: bool = False,
+    ):
+        self.spec, self.sweep = spec, spec.sweep
+        self.base_raw, self.base_dir, self.spec_path = base_raw, base_dir, spec_path
+        self.out_dir = Path(out_dir)
+        self.launcher, self.slots, self.resources = launcher, slots, resources
+        self.reporter, self.resume = reporter, resume
+        self.units = units_of(self.sweep)
+        self.search = make_search(spec)
+        self.stopper = (
+            EarlyStopping(self.sweep.early_stopping, self.sweep.maximize)
+            if self.sweep.early_stopping
+            else None
+        )
+        self.trials: list[Trial] = []
+        self.runs: dict[str, Run] = {}
+        self.to_stop: set[str] = set()
+        self.warned: set[str] = set()
+        self.status = "running"
+        self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
+        self.t_start = time.perf_counter()
+        self.resumed = 0
+        self.best_id: str | None = None
+
+    # ------------------------------------------------------------------ the sweep
+
+    def run(self) -> dict:
+        self._open_folder()
+        self.reporter.start(self.describe())
+        pool = self.launcher.pool(self.slots, self.resources)
+        try:
+            self._loop(pool)
+            self.status = "completed"
+        except BaseException:
+            self.status = "interrupted"
+            raise
+        finally:
+            pool.close()
+            result = self.write()
+        from dlscale.sweep.plots import write_plots
+
+        result["plots"] = [str(p) for p in write_plots(result, self.out_dir)]
+        res.write_results(self.out_dir, result)
+        self.reporter.finish(result)
+        return result
+
+    def _loop(self, pool) -> None:
+        last_update = 0.0
+        while True:
+            self._fill(pool)
+            if not pool.running:
+                return
+            for done in pool.wait(POLL_S, self._on_event):
+                self._ended(done, pool)
+            for key in sorted(self.to_stop):
+                self._stop(key, pool)
+            self.to_stop.clear()
+            now = time.monotonic()
+            if now - last_update >= UPDATE_EVERY_S:
+                last_update = now
+                self.reporter.update(self.snapshot())
+
+    def _fill(self, pool) -> None:
+        while len(pool.running) < self.slots:
+            run = next((r for t in self.trials for r in t.runs if r.status == "pending"), None)
+            if run is None:
+                if not self._new_trial():
+                    return
+                continue
+            run.status = "running"
+            pool.submit(run.key, run_trial, self._job(run))
+
+    def _job(self, run: Run) -> dict:
+        return {
+            "raw": run.raw,
+            "base_dir": str(self.base_dir),
+            "source": f"{self.spec_path}: trial {run.key}",
+            "run_dir": str(run.dir),
+            "predict": run.unit.kind == "member",
+        }
+
+    def _new_trial(self) -> bool:
+        """Draw the next configuration from the search, if its budget has one left."""
+        number = len(self.trials)
+        params = self.search.next_params(number)
+        if params is None:
+            return False
+        trial = self._trial(number, params)
+        write_json_atomic(
+            self.out_dir / "trials" / trial.id / "trial.json",
+            {"id": trial.id, "number": number, "params": params},
+        )
+        self._validate(trial)
+        return True
+
+    def _trial(self, number: int, params: dict) -> Trial:
+        trial_id = f"t{number:03d}"
+        raw = config_raw(self.base_raw, params)
+        runs = [
+            Run(f"{trial_id}/{unit.name}", unit, run_raw(raw, unit),
+                self.out_dir / "trials" / trial_id / unit.name)
+            for unit in self.units
+        ]  # fmt: skip
+        trial = Trial(trial_id, number, params, raw, runs)
+        self.trials.append(trial)
+        self.runs.update((run.key, run) for run in runs)
+        return trial
+
+    def _validate(self, trial: Trial) -> None:
+        """A drawn configuration the spec rejects is a failed trial, not a stopped sweep."""
+        try:
+            for run in trial.runs:
+                parse_spec(run.raw, self.base_dir, f"trial {trial.id} ({describe(trial.params)})")
+        except UserError as exc:
+            self._end_runs(trial, "failed", str(exc), None)
+            self._close(trial)
+
+    # ------------------------------------------------------------------ events
+
+    def _on_event(self, key: str, kind: str, args: tuple) -> None:
+        run = self.runs[key]
+        if kind == "start":
+            run.step, run.total_steps = args[0]["start_step"], args[0]["total_steps"]
+        elif kind == "step":
+            run.step = args[0]
+        elif kind == "epoch_end":
+            record = args[0]
+            run.step = record["step"]
+            run.curve.append({k: record.get(k) for k in ("epoch", "step", "val_accuracy",
+                                                         "val_loss", "train_loss")})  # fmt: skip
+            value = record.get(self.sweep.metric)
+            stop = self.stopper and value is not None
+            if stop and self.stopper.report(key, record["epoch"], value):
+                self.to_stop.add(key)
+        elif kind == "warn" and args[0] not in self.warned:
+            self.warned.add(args[0])
+            self.reporter.warn(f"{key}: {args[0]}")
+
+    def _ended(self, done: TaskDone, pool) -> None:
+        run = self.runs[done.key]
+        if run.finished:
+            return
+        trial = self._trial_of(run)
+        if done.ok:
+            run.status, run.result = "completed", done.value
+            run.curve = done.value["curve"]
+        else:
+            run.status, run.error = "failed", done.value
+        self._save(run)
+        if self.stopper:
+            self.stopper.finish(run.key, run.status, run.result.get(self.sweep.metric))
+        if run.status == "failed":
+            self._end_runs(trial, "skipped", f"{run.unit.name} failed", pool)
+        self._close(trial)
+
+    def _stop(self, key: str, pool) -> None:
+        """Early stopping: this run trails the others, and its trial ends with it."""
+        run = self.runs[key]
+        if run.status != "running":
+            return
+        pool.cancel(key)
+        last = run.curve[-1] if run.curve else {}
+        run.status = "pruned"
+        run.result = {k: last.get(k) for k in ("val_accuracy", "val_loss")}
+        run.error = f"stopped early after epoch {last.get('epoch')}"
+        self._save(run)
+        self.stopper.finish(key, "pruned", None)
+        trial = self._trial_of(run)
+        self._end_runs(trial, "pruned", f"{run.unit.name} was stopped early", pool)
+        self._close(trial)
+
+    def _end_runs(self, trial: Trial, status: str, why: str, pool) -> None:
+        """End every unfinished run of a trial whose fate is known."""
+        for run in trial.runs:
+            if run.finished:
+                continue
+            if run.status == "running" and pool is not None:
+                pool.cancel(run.key)
+            run.status, run.error = status, why
+            self._save(run)
+            if self.stopper:
+                self.stopper.finish(run.key, status, None)
+
+    def _close(self, trial: Trial) -> None:
+        """Once every run of a trial ended: score it, tell the search, write the results."""
+        if trial.summary is not None or not all(run.finished for run in trial.runs):
+            return
+        trial.summary = res.summarize(self.sweep, [run.record() for run in trial.runs])
+        self.search.tell(trial.number, trial.summary["status"], trial.summary["metric"])
+        row = self._row(trial)
+        self.reporter.trial_done(row)
+        self.write()
+
+    def _trial_of(self, run: Run) -> Trial:
+        return next(t for t in self.trials if run in t.runs)
+
+    def _save(self, run: Run) -> None:
+        write_json_atomic(run.dir / "result.json", run.record())
+
+    # ------------------------------------------------------------------ folder
+
+    def _open_folder(self) -> None:
+        """A new sweep writes sweep.json; --resume reads back every trial and run it holds."""
+        state_path = self.out_dir / STATE
+        spec_hash = self.spec.spec_hash()
+        if state_path.is_file() and not self.resume:
+            raise UserError(
+                f"{self.out_dir} already holds a sweep: pass --resume to continue it, "
+                "or choose another --out"
+            )
+        if self.resume:
+            if not state_path.is_file():
+                raise UserError(f"nothing to resume: {self.out_dir} holds no sweep ({STATE})")
+            state = json.loads(state_path.read_text())
+            if state.get("spec_hash") != spec_hash:
+                raise UserError(
+                    f"{self.out_dir} holds a sweep of a different spec (hash "
+                    f"{state.get('spec_hash')}, this spec {spec_hash}); start a new sweep with "
+                    "another --out"
+                )
+            self._restore()
+        else:
+            write_json_atomic(state_path, {"spec_hash": spec_hash, "spec": self.spec_path,
+                                           "started_at": self.started_at})  # fmt: skip
+        if isinstance(self.search, GridSearch):  # the whole grid is known: show it from the start
+            while self._new_trial():
+                pass
+
+    def _restore(self) -> None:
+        found = sorted((self.out_dir / "trials").glob("t*/trial.json"))
+        for number, path in enumerate(found):
+            saved = json.loads(path.read_text())
+            if saved["number"] != number:
+                raise UserError(f"{path}: trial {saved['number']} found where {number} belongs")
+            trial = self._trial(number, saved["params"])
+            for run in trial.runs:
+                result_path = run.dir / "result.json"
+                if result_path.is_file():
+                    saved_run = json.loads(result_path.read_text())
+                    run.status, run.error = saved_run["status"], saved_run["error"]
+                    run.curve = saved_run["curve"]
+                    run.result = {k: saved_run[k] for k in ("val_accuracy", "val_loss",
+                                                            "wall_s", "steps", "node")}  # fmt: skip
+                    self._restore_stopper(run)
+            done = all(run.finished for run in trial.runs)
+            if done:
+                trial.summary = res.summarize(self.sweep, [run.record() for run in trial.runs])
+                self.resumed += 1
+            status = trial.summary["status"] if done else None
+            metric = trial.summary["metric"] if done else None
+            if not self.search.restore(number, trial.params, status, metric):
+                raise UserError(
+                    f"{path}: trial {trial.id} ({describe(trial.params)}) is not one of this "
+                    "sweep's; start a new sweep with another --out"
+                )
+
+    def _restore_stopper(self, run: Run) -> None:
+        if self.stopper is None:
+            return
+        metric = self.sweep.metric
+        curve = [(p["epoch"], p[metric]) for p in run.curve if p.get(metric) is not None]
+        self.stopper.restore(run.status, curve, run.result.get(metric))
+
+    # ------------------------------------------------------------------ results
+
+    def describe(self) -> dict:
+        return {
+            "name": self.spec.name,
+            "out_dir": str(self.out_dir),
+            "search": search_kind(self.sweep),
+            "trials": self.search.budget,
+            "runs_per_trial": len(self.units),
+            "evaluation": self.evaluation(),
+            "metric": self.sweep.metric,
+            "params": self.sweep.paths,
+            "slots": self.slots,
+            "cpus_per_trial": self.resources.cpus,
+            "cluster": self.launcher.name,
+            "resumed_trials": self.resumed,
+            "early_stopping": self.sweep.early_stopping.rule if self.sweep.early_stopping else None,
+        }
+
+    def evaluation(self) -> dict:
+        if self.sweep.kfold:
+            return {"kind": "kfold", "folds": self.sweep.kfold}
+        if self.sweep.ensemble:
+            return {"kind": "ensemble", "members": self.sweep.ensemble}
+        return {"kind": "holdout"}
+
+    def _row(self, trial: Trial) -> dict:
+        summary = trial.summary or {}
+        running = [run for run in trial.runs if run.status == "running"]
+        return {
+            "id": trial.id,
+            "number": trial.number,
+            "params": trial.params,
+            "status": trial.status,
+            "metric": summary.get("metric"),
+            "metric_std": summary.get("metric_std"),
+            "values": summary.get("values", []),
+            "ensemble": summary.get("ensemble"),
+            "stopped_at": summary.get("stopped_at"),
+            "wall_s": summary.get("wall_s", 0.0),
+            "error": summary.get("error"),
+            "progress": sum(run.progress() for run in trial.runs) / len(trial.runs),
+            "runs_done": sum(run.finished for run in trial.runs),
+            "running": [run.unit.name for run in running],
+            "last_epoch": max((run.curve[-1] for run in running if run.curve),
+                              key=lambda p: p["epoch"], default=None),
+            "runs": [run.record() for run in trial.runs],
+        }  # fmt: skip
+
+    def snapshot(self) -> dict:
+        trials = [self._row(trial) for trial in self.trials]
+        counts = dict.fromkeys(("completed", "failed", "pruned", "running", "pending"), 0)
+        for trial in trials:
+            counts[trial["status"]] = counts.get(trial["status"], 0) + 1
+        counts["pending"] += self.search.budget - len(trials)
+        best = res.best_trial(trials, self.sweep.maximize)
+        return {
+            "schema": res.SCHEMA,
+            **self.describe(),
+            "spec_path": self.spec_path,
+            "status": self.status,
+            "started_at": self.started_at,
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "wall_s": time.perf_counter() - self.t_start,
+            "maximize": self.sweep.maximize,
+            "counts": counts,
+            "best": None if best is None else {
+                "id": best["id"], "params": best["params"], "metric": best["metric"],
+                "metric_std": best["metric_std"], "ensemble": best["ensemble"],
+                "spec": str(self.out_dir / "best.yaml"),
+            },
+            "trials": trials,
+        }  # fmt: skip
+
+    def write(self) -> dict:
+        """results.json and .csv as they stand; best.yaml whenever the best trial changes."""
+        result = self.snapshot()
+        best = result["best"]
+        if best is not None and best["id"] != self.best_id:
+            trial = next(t for t in self.trials if t.id == best["id"])
+            validated = parse_spec(trial.raw, self.base_dir, f"trial {trial.id}")
+            row = next(t for t in result["trials"] if t["id"] == best["id"])
+            res.write_best_spec(self.out_dir / "best.yaml", portable(trial.raw, validated),
+                                row, result)  # fmt: skip
+            self.best_id = best["id"]
+        res.write_results(self.out_dir, result)
+        return result
+
+
+def search_kind(sweep) -> str:
+    for kind in ("grid", "random", "tpe"):
+        if getattr(sweep, kind) is not None:
+            return kind
+    return "none"
+
+
+def make_search(spec: Spec):
+    sweep = spec.sweep
+    if sweep.grid is not None:
+        return GridSearch(grid_points(sweep.grid))
+    if sweep.search is not None:
+        return OptunaSearch(search_kind(sweep), sweep.search, sweep.maximize, spec.seed)
+    return GridSearch([{}])  # no search: the spec itself, scored by kfold or ensemble
