@@ -275,7 +275,8 @@ class RayPool:
         ready = []
         if self.refs:
             ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout)
-        self._drain(on_event)
+        # Each event is (key, (kind, args)): drained as a (kind, args) pair, then unpacked.
+        drain_events(self.events, lambda key, event: on_event and on_event(key, *event))
         done = []
         for ref in ready:
             key = self.refs.pop(ref)
@@ -291,17 +292,6 @@ class RayPool:
             except self.ray.exceptions.RayError as exc:  # the worker died, or was cancelled
                 done.append(TaskDone(key, False, f"{type(exc).__name__}: {one_line(exc)}"))
         return done
-
-    def _drain(self, on_event) -> None:
-        import queue
-
-        while True:
-            try:
-                key, (kind, args) = self.events.get_nowait()
-            except queue.Empty:
-                return
-            if on_event is not None:
-                on_event(key, kind, args)
 
     def cancel(self, key: str) -> None:
         for ref, owner in list(self.refs.items()):
