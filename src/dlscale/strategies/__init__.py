@@ -13,4 +13,7 @@ STRATEGIES: dict[str, Callable[..., dict]] = {
     "hybrid": pipeline.run,
 }
 
-__all__ = ["STRATEGIES"]
+# Those that continue from a checkpoint (`train --resume`); pipeline and hybrid start over.
+RESUMABLE = frozenset({"single", "ddp", "ps"})
+
+__all__ = ["RESUMABLE", "STRATEGIES"]

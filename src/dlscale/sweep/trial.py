@@ -4,6 +4,7 @@ the figures the sweep ranks by. Ensemble members also save their validation pred
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ from dlscale.data import build_data
 from dlscale.launch.base import WorkerContext
 from dlscale.models import build_model
 from dlscale.spec import Spec, parse_spec
-from dlscale.strategies import STRATEGIES
+from dlscale.strategies import RESUMABLE, STRATEGIES
 from dlscale.strategies.events import EventReporter
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
@@ -30,9 +31,12 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(job["run_dir"])
     from dlscale.launch.local import LocalLauncher  # a trial's own workers run beside it
 
+    resume_from = ckpt.latest_checkpoint(run_dir)  # left by an interrupted sweep
+    if resume_from is not None and spec.strategy.name not in RESUMABLE:
+        shutil.rmtree(ckpt.checkpoint_dir(run_dir))  # this strategy starts the run over
+        resume_from = None
     run = STRATEGIES[spec.strategy.name]
-    record = run(spec, run_dir, ckpt.latest_checkpoint(run_dir), EventReporter(context),
-                 LocalLauncher())  # fmt: skip
+    record = run(spec, run_dir, resume_from, EventReporter(context), LocalLauncher())
     if job.get("predict"):
         save_predictions(spec, run_dir)
     final = record["final"]
