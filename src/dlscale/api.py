@@ -255,10 +255,9 @@ def sweep(
     if capacity < 1:
         need = f"{processes} core(s)" + (f" and {gpus:g} GPU(s)" if gpus else "")
         raise UserError(f"one trial needs {need}; {launcher.name} does not have that many free")
-    from dlscale.sweep.runner import make_search
     from dlscale.sweep.space import run_units
 
-    total_runs = make_search(spec).budget * len(run_units(spec.sweep))
+    total_runs = spec.sweep.trials * len(run_units(spec.sweep))
     slots = min(parallel or capacity, capacity, total_runs)
     if reporter is not None and parallel is not None and parallel > capacity:
         reporter.warn(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -419,6 +420,13 @@ class SweepSpec(Strict):
     @property
     def maximize(self) -> bool:
         return self.metric == "val_accuracy"
+
+    @property
+    def trials(self) -> int:
+        """How many configurations the sweep trains (1: the spec itself, by kfold or ensemble)."""
+        if self.grid is not None:
+            return math.prod(len(values) for values in self.grid.values())
+        return self.search.trials if self.search is not None else 1
 
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")

@@ -48,6 +48,9 @@ def test_grid_is_every_combination_last_path_fastest():
     points = grid_points({"a": [1, 2], "b": ["x", "y", "z"]})
     assert len(points) == 6
     assert points[:3] == [{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, {"a": 1, "b": "z"}]
+    grid = {"optimizer.lr": [0.1, 0.2], "batch_size": [8, 16, 32]}
+    assert sweep_spec(grid=grid).sweep.trials == 6
+    assert sweep_spec(kfold=3).sweep.trials == 1
 
 
 def test_runs_of_a_configuration():

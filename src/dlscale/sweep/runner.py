@@ -372,7 +372,7 @@ class SweepRunner:
             "name": self.spec.name,
             "out_dir": str(self.out_dir),
             "search": search_kind(self.sweep),
-            "trials": self.search.budget,
+            "trials": self.sweep.trials,
             "runs_per_trial": len(self.units),
             "evaluation": self.evaluation(),
             "metric": self.sweep.metric,
@@ -409,8 +409,6 @@ class SweepRunner:
             "progress": sum(run.progress() for run in trial.runs) / len(trial.runs),
             "runs_done": sum(run.finished for run in trial.runs),
             "running": [run.unit.name for run in running],
-            "last_epoch": max((run.curve[-1] for run in running if run.curve),
-                              key=lambda p: p["epoch"], default=None),
             "runs": [run.record() for run in trial.runs],
         }  # fmt: skip
 
@@ -419,7 +417,7 @@ class SweepRunner:
         counts = dict.fromkeys(("completed", "failed", "pruned", "running", "pending"), 0)
         for trial in trials:
             counts[trial["status"]] = counts.get(trial["status"], 0) + 1
-        counts["pending"] += self.search.budget - len(trials)
+        counts["pending"] += self.sweep.trials - len(trials)
         best = res.best_trial(trials, self.sweep.maximize)
         return {
             "schema": res.SCHEMA,

@@ -19,7 +19,6 @@ class GridSearch:
 
     def __init__(self, points: list[dict[str, Any]]):
         self.points = points
-        self.budget = len(points)
 
     def next_params(self, number: int) -> dict[str, Any] | None:
         return self.points[number] if number < len(self.points) else None
@@ -65,7 +64,7 @@ class OptunaSearch:
     def __init__(self, kind: str, search: SearchSpec, maximize: bool, seed: int):
         optuna = _optuna()
         self.distributions = {path: optuna_distribution(d) for path, d in search.space.items()}
-        self.budget = search.trials
+        self.trials_budget = search.trials
         if kind == "tpe":
             startup = min(10, max(2, search.trials // 3))  # random draws before TPE models
             sampler = optuna.samplers.TPESampler(
@@ -78,7 +77,7 @@ class OptunaSearch:
         self.trials: dict[int, Any] = {}
 
     def next_params(self, number: int) -> dict[str, Any] | None:
-        if number >= self.budget:
+        if number >= self.trials_budget:
             return None
         trial = self.study.ask(self.distributions)
         self.trials[number] = trial
