@@ -248,7 +248,7 @@ def sweep(
     base_dir = Path(spec_path).resolve().parent
     checked = check_space(spec, load_raw(spec_path), base_dir, str(spec_path))
     processes = max(run.strategy.processes for run in checked)
-    gpus = float(processes) if any(_uses_gpu(run.device) for run in checked) else 0.0
+    gpus = float(max(_gpus_of(run) for run in checked))
     resources = Resources(cpus=float(processes), gpus=gpus)
     launcher = make_launcher(cluster, address)
     capacity = launcher.capacity(resources)
@@ -272,19 +272,23 @@ def sweep(
     return runner.run()
 
 
-def _uses_gpu(device: str) -> bool:
-    if device.startswith("cuda"):
-        return True
-    if device != "auto":
-        return False
-    import torch
+def _gpus_of(spec: Spec) -> int:
+    """GPUs one run of `spec` takes: one per process of single and ddp on cuda; ps, pipeline
+    and hybrid train on CPU."""
+    from dlscale.train.device import resolve_device
 
-    return torch.cuda.is_available()
+    if spec.strategy.name not in ("single", "ddp"):
+        return 0
+    return spec.strategy.processes if resolve_device(spec.device).type == "cuda" else 0
 
 
 def latest_sweep_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
     """The newest runs/sweep-<name>-* folder: what a bare `sweep --resume` continues."""
-    candidates = [p for p in root.glob(f"sweep-{name}-*") if (p / "sweep.json").is_file()]
+    import re
+
+    own = re.compile(rf"^sweep-{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")  # not sweep-{name}-x-...
+    candidates = [p for p in root.glob(f"sweep-{name}-*")
+                  if own.match(p.name) and (p / "sweep.json").is_file()]  # fmt: skip
     if not candidates:
         raise UserError(
             f"nothing to resume: no sweep of '{name}' under {root}/ (pass --out DIR to name it)"

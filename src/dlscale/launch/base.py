@@ -73,6 +73,7 @@ class TaskPool(Protocol):
     """
 
     slots: int
+    running: list[str]  # keys of the tasks not yet ended
 
     def submit(self, key: str, fn: WorkerFn, payload: Any) -> None: ...
 

@@ -139,12 +139,13 @@ class LocalLauncher:
     name = "local"
 
     def capacity(self, resources: Resources) -> int:
+        by_cores = max(1, int(available_cores() // max(1.0, resources.cpus)))
         if resources.gpus:
             import torch
 
             gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            return int(gpus // resources.gpus)
-        return max(1, int(available_cores() // max(1.0, resources.cpus)))
+            return min(by_cores, int(gpus // resources.gpus))
+        return by_cores
 
     def pool(self, slots: int, resources: Resources) -> LocalPool:
         return LocalPool(slots, resources)
@@ -353,8 +354,10 @@ class LocalPool:
 
     def _gpus(self, slot: int) -> str | None:
         """CUDA_VISIBLE_DEVICES for the task in `slot`: its own GPUs, or None on CPU."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs this process may use
+        ids = visible.split(",") if visible else [str(i) for i in range(64)]
         first = slot * self.gpus_per_task
-        return ",".join(map(str, range(first, first + self.gpus_per_task))) or None
+        return ",".join(ids[first : first + self.gpus_per_task]) or None
 
     def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
         handles = {}

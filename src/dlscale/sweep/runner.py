@@ -20,14 +20,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dlscale.errors import UserError
+from dlscale.errors import UserError, one_line
 from dlscale.launch.base import Launcher, Resources, TaskDone
 from dlscale.spec import Spec, parse_spec
 from dlscale.sweep import results as res
 from dlscale.sweep.search import EarlyStopping, GridSearch, OptunaSearch
 from dlscale.sweep.space import RunUnit, config_raw, describe, grid_points, portable, run_raw
 from dlscale.sweep.space import run_units as units_of
-from dlscale.sweep.trial import run_trial
+from dlscale.sweep.trial import CURVE_KEYS, run_trial
 from dlscale.train.files import write_json_atomic
 
 STATE = "sweep.json"
@@ -131,6 +131,9 @@ class SweepRunner:
     def run(self) -> dict:
         self._open_folder()
         self.reporter.start(self.describe())
+        if isinstance(self.search, GridSearch):  # the whole grid is known: show it from the start
+            while self._new_trial():
+                pass
         pool = self.launcher.pool(self.slots, self.resources)
         try:
             self._loop(pool)
@@ -223,6 +226,8 @@ class SweepRunner:
 
     def _on_event(self, key: str, kind: str, args: tuple) -> None:
         run = self.runs[key]
+        if run.status != "running":  # late events of a stopped run (Ray's shared queue)
+            return
         if kind == "start":
             run.step, run.total_steps = args[0]["start_step"], args[0]["total_steps"]
         elif kind == "step":
@@ -230,8 +235,7 @@ class SweepRunner:
         elif kind == "epoch_end":
             record = args[0]
             run.step = record["step"]
-            run.curve.append({k: record.get(k) for k in ("epoch", "step", "val_accuracy",
-                                                         "val_loss", "train_loss")})  # fmt: skip
+            run.curve.append({k: record.get(k) for k in CURVE_KEYS})
             value = record.get(self.sweep.metric)
             stop = self.stopper and value is not None
             if stop and self.stopper.report(key, record["epoch"], value):
@@ -289,11 +293,22 @@ class SweepRunner:
         """Once every run of a trial ended: score it, tell the search, write the results."""
         if trial.summary is not None or not all(run.finished for run in trial.runs):
             return
-        trial.summary = res.summarize(self.sweep, [run.record() for run in trial.runs])
+        trial.summary = self._summarize(trial)
         self.search.tell(trial.number, trial.summary["status"], trial.summary["metric"])
         row = self._row(trial)
         self.reporter.trial_done(row)
         self.write()
+
+    def _summarize(self, trial: Trial) -> dict:
+        """The trial's score; one that cannot be computed (an ensemble member's predictions
+        missing or unreadable) fails this trial, not the sweep."""
+        runs = [run.record() for run in trial.runs]
+        try:
+            return res.summarize(self.sweep, runs)
+        except (OSError, RuntimeError, KeyError) as exc:
+            wall = sum(run.get("wall_s") or 0.0 for run in runs)
+            return {"status": "failed", "metric": None, "metric_std": None, "values": [],
+                    "wall_s": wall, "error": f"scoring failed: {one_line(exc)}"}  # fmt: skip
 
     def _trial_of(self, run: Run) -> Trial:
         return next(t for t in self.trials if run in t.runs)
@@ -326,12 +341,12 @@ class SweepRunner:
         else:
             write_json_atomic(state_path, {"spec_hash": spec_hash, "spec": self.spec_path,
                                            "started_at": self.started_at})  # fmt: skip
-        if isinstance(self.search, GridSearch):  # the whole grid is known: show it from the start
-            while self._new_trial():
-                pass
 
     def _restore(self) -> None:
-        found = sorted((self.out_dir / "trials").glob("t*/trial.json"))
+        found = sorted(
+            (self.out_dir / "trials").glob("t*/trial.json"),
+            key=lambda path: int(path.parent.name[1:]),
+        )  # t999 before t1000
         for number, path in enumerate(found):
             saved = json.loads(path.read_text())
             if saved["number"] != number:
@@ -348,7 +363,7 @@ class SweepRunner:
                     self._restore_stopper(run)
             done = all(run.finished for run in trial.runs)
             if done:
-                trial.summary = res.summarize(self.sweep, [run.record() for run in trial.runs])
+                trial.summary = self._summarize(trial)
                 self.resumed += 1
             status = trial.summary["status"] if done else None
             metric = trial.summary["metric"] if done else None
