@@ -42,3 +42,40 @@ class RecordingReporter:
 @pytest.fixture
 def reporter() -> RecordingReporter:
     return RecordingReporter()
+
+
+# ------------------------------------------------- processes (for tests that kill and count)
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def worker_pids(pid: int) -> list[int]:
+    """The launcher's spawned workers (not multiprocessing's resource tracker)."""
+    pids = []
+    for child in children(pid):
+        try:
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+            pids.append(child)
+    return pids
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -233,11 +233,13 @@ def sweep(
     (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
     from dlscale.launch import make_launcher
     from dlscale.launch.base import Resources
-    from dlscale.spec import load_raw
-    from dlscale.sweep.runner import SweepRunner
+    from dlscale.spec import load_raw, parse_spec
+    from dlscale.sweep.runner import NullSweepReporter, SweepRunner
     from dlscale.sweep.space import check_space
 
-    spec = load_spec(spec_path)
+    base_dir = Path(spec_path).resolve().parent
+    raw = load_raw(spec_path)  # read once: the trials derive from the very text validated here
+    spec = parse_spec(raw, base_dir, str(spec_path))
     if spec.sweep is None:
         raise UserError(
             f"{spec_path}: no sweep section to run; add `sweep:` with grid, random or tpe, "
@@ -245,8 +247,7 @@ def sweep(
         )
     if parallel is not None and parallel < 1:
         raise UserError(f"--parallel must be at least 1 (got {parallel})")
-    base_dir = Path(spec_path).resolve().parent
-    checked = check_space(spec, load_raw(spec_path), base_dir, str(spec_path))
+    checked = check_space(spec, raw, base_dir, str(spec_path))
     processes = max(run.strategy.processes for run in checked)
     gpus = float(max(_gpus_of(run) for run in checked))
     resources = Resources(cpus=float(processes), gpus=gpus)
@@ -267,7 +268,7 @@ def sweep(
     if resume and out_dir is None:
         out_dir = latest_sweep_dir(spec.name)
     out = Path(out_dir) if out_dir else new_run_dir(f"sweep-{spec.name}")
-    runner = SweepRunner(spec, load_raw(spec_path), base_dir, str(spec_path), out, launcher,
+    runner = SweepRunner(spec, raw, base_dir, str(spec_path), out, launcher,
                          slots, resources, reporter or NullSweepReporter(), resume)  # fmt: skip
     return runner.run()
 
@@ -294,22 +295,3 @@ def latest_sweep_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
             f"nothing to resume: no sweep of '{name}' under {root}/ (pass --out DIR to name it)"
         )
     return max(candidates, key=lambda p: (p / "sweep.json").stat().st_mtime)
-
-
-class NullSweepReporter:
-    """Shows nothing: for library use and tests."""
-
-    def start(self, info: dict) -> None:
-        pass
-
-    def update(self, result: dict) -> None:
-        pass
-
-    def trial_done(self, trial: dict) -> None:
-        pass
-
-    def warn(self, message: str) -> None:
-        pass
-
-    def finish(self, result: dict) -> None:
-        pass

@@ -14,7 +14,7 @@ import yaml
 
 from dlscale import api
 from dlscale.spec import load_spec
-from tests.conftest import EXAMPLES
+from tests.conftest import EXAMPLES, alive, worker_pids
 
 DLSCALE = Path(sys.executable).parent / "dlscale"
 
@@ -111,7 +111,7 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
     while not failed.is_file() and time.monotonic() < deadline and first.poll() is None:
         time.sleep(0.1)
     assert failed.is_file(), first.communicate()[0]
-    tasks = _children_of(first.pid)
+    tasks = worker_pids(first.pid)
     first.send_signal(signal.SIGINT)  # Ctrl-C while the third trial starts
     output = first.communicate(timeout=60)[0]
     assert first.returncode == 130, output
@@ -136,36 +136,14 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
                                 "pending": 0}  # fmt: skip
 
 
-def _children_of(parent: int) -> list[int]:
-    """The process ids whose parent is `parent` (the trial processes of a sweep)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == parent:
-                found.append(int(entry.name))
-    return found
-
-
 def _gone(pids: list[int], within_s: float = 10.0) -> bool:
-    """Every process has exited (a zombie nobody reaped yet counts as exited)."""
+    """Every process has exited within `within_s` (a zombie nobody reaped yet has exited)."""
     deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        alive = []
-        for pid in pids:
-            try:
-                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if state not in ("Z", "X"):
-                alive.append(pid)
-        if not alive:
-            return True
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.1)
-    return False
+    return True
 
 
 @pytest.mark.slow

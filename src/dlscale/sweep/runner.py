@@ -481,3 +481,22 @@ def make_search(spec: Spec):
     if sweep.search is not None:
         return OptunaSearch(search_kind(sweep), sweep.search, sweep.maximize, spec.seed)
     return GridSearch([{}])  # no search: the spec itself, scored by kfold or ensemble
+
+
+class NullSweepReporter:
+    """Shows nothing: for library use and tests."""
+
+    def start(self, info: dict) -> None:
+        pass
+
+    def update(self, result: dict) -> None:
+        pass
+
+    def trial_done(self, trial: dict) -> None:
+        pass
+
+    def warn(self, message: str) -> None:
+        pass
+
+    def finish(self, result: dict) -> None:
+        pass

@@ -56,6 +56,24 @@ def _state(status: str):
     return {"completed": states.COMPLETE, "pruned": states.PRUNED}.get(status, states.FAIL)
 
 
+def _end(study, trial, status: str, value: float | None) -> None:
+    """Tell `study` how `trial` ended: its value if it completed, else its state."""
+    if trial is None:
+        return
+    if status == "completed" and value is not None:
+        study.tell(trial, value)
+    else:
+        study.tell(trial, state=_state(status))
+
+
+def _add_past(study, status: str, value: float | None, **fields) -> None:
+    """Record a trial that ended before an interruption, as if this study had run it."""
+    trial = _optuna().trial.create_trial(
+        value=value if status == "completed" else None, state=_state(status), **fields
+    )
+    study.add_trial(trial)
+
+
 class OptunaSearch:
     """`random` or `tpe`: Optuna draws each configuration when a slot is free; each finished
     configuration's metric is told back. TPE runs with the constant liar, so configurations
@@ -86,31 +104,17 @@ class OptunaSearch:
     def restore(self, number: int, params: dict, status: str | None, value: float | None) -> bool:
         """Tell Optuna about a configuration from an interrupted sweep: a finished one as a past
         trial, an unfinished one as the next trial it hands out (so it runs with those params)."""
-        optuna = _optuna()
         if set(params) != set(self.distributions):
             return False
         if status is None:
             self.study.enqueue_trial(params)
             self.trials[number] = self.study.ask(self.distributions)
             return True
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                params=params,
-                distributions=self.distributions,
-                value=value if status == "completed" else None,
-                state=_state(status),
-            )
-        )
+        _add_past(self.study, status, value, params=params, distributions=self.distributions)
         return True
 
     def tell(self, number: int, status: str, value: float | None) -> None:
-        trial = self.trials.pop(number, None)
-        if trial is None:
-            return
-        if status == "completed" and value is not None:
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=_state(status))
+        _end(self.study, self.trials.pop(number, None), status, value)
 
 
 class EarlyStopping:
@@ -140,21 +144,8 @@ class EarlyStopping:
         return trial.should_prune()
 
     def finish(self, key: str, status: str, value: float | None) -> None:
-        trial = self.trials.pop(key, None)
-        if trial is None:
-            return
-        if status == "completed" and value is not None:
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=_state(status))
+        _end(self.study, self.trials.pop(key, None), status, value)
 
     def restore(self, status: str, curve: list[tuple[int, float]], value: float | None) -> None:
         """A run finished before an interruption: its curve counts for the runs still to come."""
-        optuna = _optuna()
-        self.study.add_trial(
-            optuna.trial.create_trial(
-                value=value if status == "completed" else None,
-                state=_state(status),
-                intermediate_values=dict(curve),
-            )
-        )
+        _add_past(self.study, status, value, intermediate_values=dict(curve))
