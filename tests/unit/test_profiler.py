@@ -1,19 +1,21 @@
 """The profiler against references: hand counts, FlopCounterMode, and real autograd on CPU."""
 
 from collections import Counter
+from contextlib import nullcontext
 
 import pytest
 import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
 from dlscale.models import ZOO, build_model
-from dlscale.profiler import profile, trace_workload
+from dlscale.profiler import attention, profile, trace_workload
 from dlscale.profiler.advice import verdict
+from dlscale.profiler.attention import FusedAttention
 from dlscale.profiler.memory import training_memory
 from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.target import resolve
@@ -84,9 +86,31 @@ def zoo_sample(name):
 SMALL_KWARGS = {"vgg11": {"num_classes": 10}, "vgg16": {"num_classes": 10}}
 
 
+# FlopCounterMode's formulas for the CPU's fused attention kernel, which its registry lacks: those
+# of the CUDA flash kernel, which takes the same operands first (what the tracer applies too).
+def _as_registered(formula):
+    """A registry formula as FlopCounterMode takes it in `custom_mapping`: already shape-aware."""
+
+    def count(*args, **kwargs):
+        return formula(*args, **kwargs)
+
+    count._get_raw = True
+    return count
+
+
+CPU_ATTENTION = {
+    getattr(torch.ops.aten, name): _as_registered(flop_registry[getattr(torch.ops.aten, twin)])
+    for name, twin in (
+        (attention.CPU_FORWARD, attention.CUDA_FORWARD),
+        (attention.CPU_BACKWARD, attention.CUDA_FORWARD + "_backward"),
+    )
+}
+
+
 def flop_counter_mode(model, x, backward: bool) -> FlopCounterMode:
-    counter = FlopCounterMode(display=False)
-    with counter:
+    """FlopCounterMode over the ops a traced step runs (attention as the CPU runs it)."""
+    counter = FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION)
+    with counter, FusedAttention():
         logits = model(x)
         targets = torch.empty(logits.shape[:-1], dtype=torch.long, device="meta")
         loss = nn.functional.cross_entropy(
@@ -146,29 +170,72 @@ def real_saved_bytes(model: nn.Module, x: torch.Tensor) -> int:
             total += tensor.untyped_storage().nbytes()
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), sdpa_kernel(SDPBackend.MATH):
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         logits = model(x)
         targets = torch.zeros(logits.shape[:-1], dtype=torch.long)
         nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
     return total
 
 
+GPT_SMALL = {"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 50}
+
+
 @pytest.mark.parametrize(
-    ("name", "kwargs", "shape", "tokens"),
+    ("name", "kwargs", "shape", "tokens", "attention"),
     [
-        ("lenet", {}, (1, 28, 28), False),
-        ("mlp", {"input_size": 20, "hidden": [32, 16], "dropout": 0.1}, (20,), False),
-        ("resnet18", {"num_classes": 10, "small_input": True}, (3, 16, 16), False),
-        ("gpt", {"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 50}, (16,), True),
+        ("lenet", {}, (1, 28, 28), False, None),
+        ("mlp", {"input_size": 20, "hidden": [32, 16], "dropout": 0.1}, (20,), False, None),
+        ("resnet18", {"num_classes": 10, "small_input": True}, (3, 16, 16), False, None),
+        # The CPU's own choice (its fused flash kernel, which saves the output and log-sum-exp),
+        # and the math path a user can force (which saves the T × T attention weights too).
+        ("gpt", GPT_SMALL, (16,), True, None),
+        ("gpt", GPT_SMALL, (16,), True, SDPBackend.MATH),
     ],
 )
-def test_saved_activation_bytes_match_real_autograd_on_cpu(name, kwargs, shape, tokens):
+def test_saved_activation_bytes_match_real_autograd_on_cpu(name, kwargs, shape, tokens, attention):
     sample = torch.zeros(shape, dtype=torch.long if tokens else torch.float32)
-    step = trace(lambda: build_model(name, kwargs), sample, 3)
+    with sdpa_kernel([attention]) if attention is not None else nullcontext():
+        step = trace(lambda: build_model(name, kwargs), sample, 3)
+        torch.manual_seed(0)
+        model = build_model(name, kwargs)
+        x = sample.expand(3, *shape).contiguous()
+        assert step.saved_activation_bytes == real_saved_bytes(model, x)
+
+
+class Encoder(nn.Module):
+    """A user's transformer layer: nn.MultiheadAttention calls attention from inside torch."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.head = nn.Linear(32, 5)
+
+    def forward(self, x):
+        return self.head(self.layer(x))
+
+
+def test_a_user_transformer_layer_is_traced_as_the_cpu_runs_it():
+    step = trace(Encoder, torch.zeros(16, 32), 3)
+    products = 2 * (3 * 4 * 16 * 16 * 8)  # 2 × (batch · heads) · queries · keys · head size
+    assert rows(step)["layer.self_attn"].forward.attention == [(2 * products, 16)]
     torch.manual_seed(0)
-    model = build_model(name, kwargs)
-    x = sample.expand(3, *shape).contiguous()
-    assert step.saved_activation_bytes == real_saved_bytes(model, x)
+    assert step.saved_activation_bytes == real_saved_bytes(Encoder(), torch.zeros(3, 16, 32))
+
+
+def test_attention_is_traced_as_the_cpu_runs_it_and_belongs_to_its_module():
+    """One fused kernel a phase, not the math path; its backward sits in the attention module."""
+    build = lambda: build_model("gpt", GPT_SMALL)  # noqa: E731
+    fused = rows(trace(build, torch.zeros(16, dtype=torch.long), 2))["blocks.0.attn"]
+    # Forward: 2 products of (2·2 heads) × 16 queries × 16 keys × 16 per head, as 2 × MACs.
+    products = 2 * (2 * 2 * 16 * 16 * 16)
+    assert fused.forward.attention == [(2 * products, 16)]
+    assert fused.backward.attention == [(5 * products, 16)]  # recomputes the scores: 5 products
+    assert "_safe_softmax" not in fused.forward.bytes_by_op
+    with sdpa_kernel([SDPBackend.MATH]):
+        math = rows(trace(build, torch.zeros(16, dtype=torch.long), 2))["blocks.0.attn"]
+    assert math.forward.attention == [] and "_safe_softmax" in math.forward.bytes_by_op
+    assert math.forward.matmul_flops == 2 * products
+    assert math.backward.matmul_flops == 4 * products  # attributed to attention, not (model)
 
 
 def device(**overrides) -> Hardware:
@@ -206,6 +273,19 @@ def test_measured_conv_grid_sets_each_convolution_rate():
         matmul_flops=int(3e9), matmul_ops=2, convs=[(int(1e9), 100, 10), (int(2e9), 10000, 1000)]
     )
     assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(1e9 / 1e9 + 2e9 / 9e9)
+
+
+def test_measured_attention_curve_sets_fused_attention_apart_from_other_products():
+    """Fused attention at its rate by keys per query; the phase's linear layers at the matmul's."""
+    curve = {"forward": [[64, 1e9], [1024, 4e9]], "backward": [[64, 2e9], [1024, 8e9]]}
+    hw = device(kind="cpu", measured={"attention_flops_per_s": curve})
+    assert hw.attention_rate("fp32", 1e6, 256) == pytest.approx(2.5e9)  # half way in log keys
+    assert hw.attention_rate("fp32", 1e6, 256, "backward") == pytest.approx(5e9)
+    assert hw.attention_rate("fp32", 1e6, 16) == pytest.approx(1e9)  # clamped to the curve
+    assert hw.attention_rate("bf16", 1e6, 256) == device().matmul_rate("bf16", 1e6)
+    cost = PhaseCost(matmul_flops=int(3e9), matmul_ops=3, attention=[(int(1e9), 64)])
+    linear_rate = hw.matmul_rate("fp32", 1e9)  # the other 2e9 FLOPs: two products of 1e9
+    assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(1.0 + 2e9 / linear_rate)
 
 
 def test_optimizer_state_in_the_last_level_cache_runs_at_the_cached_rate():

@@ -19,6 +19,7 @@ from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
 from dlscale.profiler.calibrate import (
+    attention_rates,
     conv_rates,
     op_efficiencies,
     optimizer_efficiencies,
@@ -260,6 +261,7 @@ def run_machine_bench(
         # Efficiencies of real training ops, for the roofline: convolutions by size, and the
         # share of stream bandwidth each common memory-bound op reaches.
         "conv_flops_per_s": conv_rates(dev, training_overhead_s, run_time_s),
+        "attention_flops_per_s": attention_rates(dev, training_overhead_s, run_time_s),
         "op_efficiency": {
             **op_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s),
             **optimizer["op_efficiency"],
@@ -317,6 +319,7 @@ def measured_tables(result: dict) -> dict:
         "op_overhead_s": dict(result["op_overhead_s"]),
         "training_op_overhead_s": result["training_op_overhead_s"],
         "conv_flops_per_s": result["conv_flops_per_s"],
+        "attention_flops_per_s": result.get("attention_flops_per_s"),
         "op_efficiency": result["op_efficiency"],
         "op_efficiency_cached": result.get("op_efficiency_cached"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],

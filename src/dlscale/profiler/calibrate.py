@@ -139,6 +139,52 @@ def conv_rates(
     return {"forward": forward, "backward": backward}
 
 
+# Fused attention timed: keys per query (= queries: causal self-attention, the common training
+# case), at head size 64, forward and backward apart. Elements per input: enough heads to keep
+# every core (or a GPU's SMs) busy.
+ATTENTION_KEYS = (64, 256, 1024)
+ATTENTION_HEAD = 64
+ATTENTION_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 24}
+
+
+class _Attention(nn.Module):
+    def forward(self, qkv):  # (batch, 3, heads, keys, head size)
+        q, k, v = qkv.unbind(1)
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def attention_rates(
+    device: torch.device, overhead_s: float, min_time_s: float = 0.3
+) -> dict[str, list[list[float]]]:
+    """Achieved FLOP/s of fused causal self-attention by keys per query, forward and backward.
+
+    Each phase gets a list of [keys, FLOP/s] points. Rates count the tracer's FLOPs (torch's
+    SDPA formulas, which ignore the causal mask), so they match how the roofline counts.
+    """
+    forward, backward = [], []
+    for keys in ATTENTION_KEYS:
+        elements = ATTENTION_ELEMENTS.get(device.type, ATTENTION_ELEMENTS["cpu"])
+        heads = max(1, elements // (keys * ATTENTION_HEAD))
+        sample = torch.zeros(3, heads, keys, ATTENTION_HEAD)
+        (layer,) = _traced(_Attention, sample, 1, input_requires_grad=True)
+        x = torch.randn(1, *sample.shape, device=device)
+
+        def run_forward(x=x) -> None:
+            with torch.no_grad():
+                _Attention()(x)
+
+        forward_s = seconds_per_call(run_forward, device, min_time_s)
+        forward_s -= layer.forward.ops * overhead_s
+        step_s = _time_training_step(_Attention(), x.requires_grad_(), device, min_time_s)
+        backward_s = step_s - forward_s - (layer.forward.ops + layer.backward.ops) * overhead_s
+        for phase, found, seconds in (
+            (layer.forward, forward, forward_s),
+            (layer.backward, backward, backward_s),
+        ):
+            found.append([keys, phase.attention_flops / max(seconds, 1e-9)])
+    return {"forward": forward, "backward": backward}
+
+
 class _Probe(nn.Module):
     """One memory-bound operation as a module, so it can be traced and timed alike."""
 

@@ -1,7 +1,8 @@
 """The op recorder: every aten op's FLOPs and bytes, attributed to a module and a phase.
 
 FLOPs of conv, linear, matmul and attention come from `torch.utils.flop_counter.flop_registry`,
-the formulas FlopCounterMode uses (FLOPs = 2 × MACs). Other compute (elementwise, reductions,
+the formulas FlopCounterMode uses (FLOPs = 2 × MACs); the CPU's fused attention kernel, which it
+lacks, gets its formula for the CUDA flash kernel. Other compute (elementwise, reductions,
 norms, pooling, losses) counts one FLOP per element of the op's largest tensor. Every op moves the
 bytes of its tensor inputs and outputs; views move nothing. Unknown ops are listed by name.
 """
@@ -16,6 +17,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
+from dlscale.profiler import attention
 
 # Ops that move no data and compute nothing (beyond views, which torch marks itself).
 _FREE = {
@@ -78,6 +81,7 @@ _MOVE = {
     "slice_backward",
     "embedding_dense_backward",
     "masked_fill",
+    "masked_fill_",
     "_unsafe_index",
     "contiguous",
 }
@@ -150,6 +154,9 @@ class PhaseCost:
     # The convolutions among the matrix products, one (FLOPs, weight elements, output pixels)
     # each: their speed depends on the weight's size and the number of output pixels.
     convs: list[tuple[int, int, int]] = field(default_factory=list)
+    # Fused attention kernels among them, one (FLOPs, key length) each: how many keys a query
+    # attends to sets how well the kernel's blocks fill.
+    attention: list[tuple[int, int]] = field(default_factory=list)
     bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
 
     @property
@@ -160,6 +167,10 @@ class PhaseCost:
     def conv_flops(self) -> int:
         return sum(flops for flops, _, _ in self.convs)
 
+    @property
+    def attention_flops(self) -> int:
+        return sum(flops for flops, _ in self.attention)
+
     def add(self, other: PhaseCost) -> None:
         self.matmul_flops += other.matmul_flops
         self.other_flops += other.other_flops
@@ -167,6 +178,7 @@ class PhaseCost:
         self.ops += other.ops
         self.matmul_ops += other.matmul_ops
         self.convs.extend(other.convs)
+        self.attention.extend(other.attention)
         self.bytes_by_op.update(other.bytes_by_op)
 
 
@@ -193,15 +205,19 @@ class Recorder(TorchDispatchMode):
     def claim(self, outputs, owner: str, boundary: frozenset = frozenset()) -> None:
         """Give `owner` the graph nodes behind `outputs` made since its inputs (`boundary`).
 
-        The walk stops at the inputs' nodes and at nodes an inner module claimed first (inner
-        modules finish, and claim, before their container does).
+        The walk stops at the inputs' nodes. It passes through nodes an inner module claimed
+        first (inner modules finish, and claim, before their container does) without taking
+        them: a module's own ops can sit between two children, as attention sits between its
+        input and output projections.
         """
         pending = [t.grad_fn for t in tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+        seen: set[object] = set()
         while pending:
             node = pending.pop()
-            if node is None or node in self.node_owner or node in boundary:
+            if node is None or node in boundary or node in seen:
                 continue
-            self.node_owner[node] = owner
+            seen.add(node)
+            self.node_owner.setdefault(node, owner)
             pending.extend(next_node for next_node, _ in node.next_functions)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -218,11 +234,14 @@ class Recorder(TorchDispatchMode):
         else:
             cost.bytes = sum(nbytes(t) for t in inputs + outputs)
             packet = func.overloadpacket
-            if packet in flop_registry:
-                cost.matmul_flops = int(flop_registry[packet](*args, **kwargs, out_val=out))
+            formula = flop_registry.get(packet) or attention.cpu_formula(name)
+            if formula is not None:
+                cost.matmul_flops = int(formula(*args, **kwargs, out_val=out))
                 cost.matmul_ops = 1
                 if name in _CONV:
                     cost.convs.append(conv_shape(name, args, out, cost.matmul_flops))
+                if name in attention.KERNELS:
+                    cost.attention.append((cost.matmul_flops, attention.key_length(name, args)))
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
                 cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
             elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise

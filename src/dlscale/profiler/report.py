@@ -15,7 +15,8 @@ from dlscale.units import si
 SCHEMA = "dlscale.profile/1"
 CONVENTIONS = {
     "flops": "FLOPs = 2 × MACs for conv, linear, matmul and attention (torch.utils.flop_counter "
-    "formulas, as FlopCounterMode counts them)",
+    "formulas, as FlopCounterMode counts them); attention runs as the CPU runs it: one fused "
+    "kernel where torch would pick it, whose backward recomputes the scores (5 products)",
     "other_flops": "elementwise ops, reductions, norms, pooling and losses: 1 FLOP per element "
     "of the op's largest tensor; counted separately",
     "bytes": "every aten op reads its tensor inputs and writes its outputs; views move nothing",

@@ -91,9 +91,14 @@ def phase_time(
         for flops, weight, pixels in cost.convs
         if flops
     )
-    other_products = cost.matmul_flops - cost.conv_flops
+    products_s += sum(
+        flops / hardware.attention_rate(precision, flops, keys, phase)
+        for flops, keys in cost.attention
+        if flops
+    )
+    other_products = cost.matmul_flops - cost.conv_flops - cost.attention_flops
     if other_products:
-        per_op = other_products / max(1, cost.matmul_ops - len(cost.convs))
+        per_op = other_products / max(1, cost.matmul_ops - len(cost.convs) - len(cost.attention))
         products_s += other_products / hardware.matmul_rate(precision, per_op)
     vector_peak = hardware.peak_flops["fp32"] * hardware.efficiency_compute
     compute_s = products_s + cost.other_flops / vector_peak

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
+from dlscale.profiler.attention import FusedAttention
 from dlscale.profiler.recorder import (
     LOSS,
     MODEL,
@@ -179,7 +180,7 @@ def trace_step(
     watcher = _ModuleWatcher(model, recorder)
     saved = _SavedTensors(model, recorder)
     try:
-        with recorder:
+        with recorder, FusedAttention():
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 logits = model(x)
                 recorder.scope = LOSS
