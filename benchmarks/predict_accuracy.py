@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per workload")
     parser.add_argument("--rounds", type=int, default=3, help="machine bench + workloads, repeated")
     args = parser.parse_args()
+    if args.rounds < 1 or args.steps < 1:
+        parser.error("--rounds and --steps must be at least 1")
 
     rounds = []
     for number in range(1, args.rounds + 1):

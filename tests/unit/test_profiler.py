@@ -8,7 +8,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode, flop_registry
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
@@ -86,8 +87,6 @@ def zoo_sample(name):
 SMALL_KWARGS = {"vgg11": {"num_classes": 10}, "vgg16": {"num_classes": 10}}
 
 
-# FlopCounterMode's formulas for the CPU's fused attention kernel, which its registry lacks: those
-# of the CUDA flash kernel, which takes the same operands first (what the tracer applies too).
 def _as_registered(formula):
     """A registry formula as FlopCounterMode takes it in `custom_mapping`: already shape-aware."""
 
@@ -98,12 +97,11 @@ def _as_registered(formula):
     return count
 
 
+# FlopCounterMode's registry lacks the CPU's fused attention kernel: it is given the formula the
+# tracer applies (its own for the CUDA flash kernel, checked by hand below).
 CPU_ATTENTION = {
-    getattr(torch.ops.aten, name): _as_registered(flop_registry[getattr(torch.ops.aten, twin)])
-    for name, twin in (
-        (attention.CPU_FORWARD, attention.CUDA_FORWARD),
-        (attention.CPU_BACKWARD, attention.CUDA_FORWARD + "_backward"),
-    )
+    getattr(torch.ops.aten, name): _as_registered(attention.cpu_formula(name))
+    for name in (attention.CPU_FORWARD, attention.CPU_BACKWARD)
 }
 
 
@@ -181,7 +179,7 @@ GPT_SMALL = {"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 50}
 
 
 @pytest.mark.parametrize(
-    ("name", "kwargs", "shape", "tokens", "attention"),
+    ("name", "kwargs", "shape", "tokens", "backend"),
     [
         ("lenet", {}, (1, 28, 28), False, None),
         ("mlp", {"input_size": 20, "hidden": [32, 16], "dropout": 0.1}, (20,), False, None),
@@ -192,9 +190,9 @@ GPT_SMALL = {"n_layer": 1, "d_model": 32, "n_head": 2, "vocab_size": 50}
         ("gpt", GPT_SMALL, (16,), True, SDPBackend.MATH),
     ],
 )
-def test_saved_activation_bytes_match_real_autograd_on_cpu(name, kwargs, shape, tokens, attention):
+def test_saved_activation_bytes_match_real_autograd_on_cpu(name, kwargs, shape, tokens, backend):
     sample = torch.zeros(shape, dtype=torch.long if tokens else torch.float32)
-    with sdpa_kernel([attention]) if attention is not None else nullcontext():
+    with sdpa_kernel([backend]) if backend is not None else nullcontext():
         step = trace(lambda: build_model(name, kwargs), sample, 3)
         torch.manual_seed(0)
         model = build_model(name, kwargs)
@@ -217,9 +215,79 @@ class Encoder(nn.Module):
 def test_a_user_transformer_layer_is_traced_as_the_cpu_runs_it():
     step = trace(Encoder, torch.zeros(16, 32), 3)
     products = 2 * (3 * 4 * 16 * 16 * 8)  # 2 × (batch · heads) · queries · keys · head size
-    assert rows(step)["layer.self_attn"].forward.attention == [(2 * products, 16)]
+    assert rows(step)["layer.self_attn"].forward.attention == [(2 * products, 16, False)]
     torch.manual_seed(0)
     assert step.saved_activation_bytes == real_saved_bytes(Encoder(), torch.zeros(3, 16, 32))
+
+
+class Attention(nn.Module):
+    """Self-attention over 4 heads of 8, in one of the forms torch fuses or not on a CPU."""
+
+    def __init__(self, form: str):
+        super().__init__()
+        self.form = form
+        self.project = nn.Linear(32, 32)
+        self.bias = nn.Parameter(torch.zeros(1, 4, 16, 16))  # a learnable additive mask
+
+    def forward(self, x):  # (batch, 16, 32)
+        batch, length = x.shape[:2]
+        q = k = v = self.project(x).view(batch, length, 4, 8).transpose(1, 2)
+        options = {}
+        if self.form == "learnable mask":
+            options["attn_mask"] = self.bias
+        elif self.form == "boolean mask":
+            options["attn_mask"] = torch.ones(length, length, dtype=torch.bool).tril()
+        elif self.form == "grouped query":
+            k = v = q[:, :2]
+            options["enable_gqa"] = True
+        elif self.form == "transposed keys":
+            k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+        elif self.form == "one batch of keys":
+            k = v = k[:1]
+        elif self.form == "dropout":
+            options["dropout_p"] = 0.5
+        out = nn.functional.scaled_dot_product_attention(q, k, v, **options)
+        return out.transpose(1, 2).reshape(batch, length * 32)
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["plain", "learnable mask", "boolean mask", "grouped query", "transposed keys",
+     "one batch of keys", "dropout"],
+)  # fmt: skip
+def test_attention_takes_the_kernel_the_cpu_takes(form):
+    """The trace fuses exactly where a real CPU step does, and saves what it saves."""
+    step = trace(lambda: Attention(form), torch.zeros(16, 32), 2)
+    traced_fused = bool(rows(step)["(model)"].forward.attention)
+    torch.manual_seed(0)
+    model, x, ops = Attention(form), torch.randn(2, 16, 32), _OpNames()
+    with ops:
+        model(x).sum().backward()
+    assert traced_fused == (attention.CPU_FORWARD in ops.names)
+    assert traced_fused == (form in ("plain", "boolean mask", "grouped query"))
+    assert step.uncounted_ops == {}
+    torch.manual_seed(0)
+    assert step.saved_activation_bytes == real_saved_bytes(Attention(form), x)
+
+
+def test_attention_name_is_restored_when_multi_head_attention_fails():
+    broken = lambda: nn.MultiheadAttention(32, 4, batch_first=True, kdim=16, vdim=16)  # noqa: E731
+    before = nn.functional.scaled_dot_product_attention
+    with pytest.raises(AssertionError, match="key weights"), FusedAttention():
+        x = torch.zeros(2, 16, 32, device="meta")
+        with torch.device("meta"):
+            broken()(x, x, x, need_weights=False)  # keys of 32 where 16 were declared
+    assert nn.functional.scaled_dot_product_attention is before is attention.SDPA
 
 
 def test_attention_is_traced_as_the_cpu_runs_it_and_belongs_to_its_module():
@@ -228,8 +296,8 @@ def test_attention_is_traced_as_the_cpu_runs_it_and_belongs_to_its_module():
     fused = rows(trace(build, torch.zeros(16, dtype=torch.long), 2))["blocks.0.attn"]
     # Forward: 2 products of (2·2 heads) × 16 queries × 16 keys × 16 per head, as 2 × MACs.
     products = 2 * (2 * 2 * 16 * 16 * 16)
-    assert fused.forward.attention == [(2 * products, 16)]
-    assert fused.backward.attention == [(5 * products, 16)]  # recomputes the scores: 5 products
+    assert fused.forward.attention == [(2 * products, 16, True)]  # GPT's attention is causal
+    assert fused.backward.attention == [(5 * products, 16, True)]  # recomputes the scores
     assert "_safe_softmax" not in fused.forward.bytes_by_op
     with sdpa_kernel([SDPBackend.MATH]):
         math = rows(trace(build, torch.zeros(16, dtype=torch.long), 2))["blocks.0.attn"]
@@ -276,14 +344,17 @@ def test_measured_conv_grid_sets_each_convolution_rate():
 
 
 def test_measured_attention_curve_sets_fused_attention_apart_from_other_products():
-    """Fused attention at its rate by keys per query; the phase's linear layers at the matmul's."""
-    curve = {"forward": [[64, 1e9], [1024, 4e9]], "backward": [[64, 2e9], [1024, 8e9]]}
-    hw = device(kind="cpu", measured={"attention_flops_per_s": curve})
-    assert hw.attention_rate("fp32", 1e6, 256) == pytest.approx(2.5e9)  # half way in log keys
-    assert hw.attention_rate("fp32", 1e6, 256, "backward") == pytest.approx(5e9)
-    assert hw.attention_rate("fp32", 1e6, 16) == pytest.approx(1e9)  # clamped to the curve
-    assert hw.attention_rate("bf16", 1e6, 256) == device().matmul_rate("bf16", 1e6)
-    cost = PhaseCost(matmul_flops=int(3e9), matmul_ops=3, attention=[(int(1e9), 64)])
+    """Fused attention at its rate by keys per query, causal or full; linear layers at the
+    matmul's."""
+    causal = {"forward": [[64, 1e9], [1024, 4e9]], "backward": [[64, 2e9], [1024, 8e9]]}
+    full = {"forward": [[64, 1e9], [1024, 2e9]], "backward": [[64, 1e9], [1024, 2e9]]}
+    hw = device(kind="cpu", measured={"attention_flops_per_s": {"causal": causal, "full": full}})
+    assert hw.attention_rate("fp32", 1e6, 256, True) == pytest.approx(2.5e9)  # half way in log
+    assert hw.attention_rate("fp32", 1e6, 256, True, "backward") == pytest.approx(5e9)
+    assert hw.attention_rate("fp32", 1e6, 256, False) == pytest.approx(1.5e9)
+    assert hw.attention_rate("fp32", 1e6, 16, True) == pytest.approx(1e9)  # clamped to the curve
+    assert hw.attention_rate("bf16", 1e6, 256, True) == device().matmul_rate("bf16", 1e6)
+    cost = PhaseCost(matmul_flops=int(3e9), matmul_ops=3, attention=[(int(1e9), 64, True)])
     linear_rate = hw.matmul_rate("fp32", 1e9)  # the other 2e9 FLOPs: two products of 1e9
     assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(1.0 + 2e9 / linear_rate)
 

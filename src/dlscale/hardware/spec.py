@@ -101,19 +101,22 @@ class Hardware:
         return _interpolate(at_weight, max(1.0, weight))
 
     def attention_rate(
-        self, precision: str, flops: float, keys: float, phase: str = "forward"
+        self, precision: str, flops: float, keys: float, causal: bool, phase: str = "forward"
     ) -> float:
         """FLOP/s a fused attention kernel (or its backward, by `phase`) reaches: on a measured
-        fp32 curve of (keys per query, FLOP/s) points (`local`), interpolated in log keys and
-        clamped to it; else what a matrix product of its FLOPs reaches.
+        fp32 curve of (keys per query, FLOP/s) points (`local`), causal or full, interpolated in
+        log keys and clamped to it; else what a matrix product of its FLOPs reaches.
 
         A flash kernel works in blocks of keys: with few keys per query its blocks run part
-        full, and on a CPU it reached a third of the matmul rate at 64 keys.
+        full (on a CPU, a third to a half of the matmul rate at 64 keys). A causal kernel skips
+        the masked blocks that the FLOP count includes, so it counts faster at many keys.
         """
-        curve = self.measured.get("attention_flops_per_s", {}).get(phase)
-        if not curve or flops <= 0 or precision != "fp32" or not isinstance(curve, list):
+        curves = self.measured.get("attention_flops_per_s", {})
+        curve = curves.get("causal" if causal else "full", {}) if isinstance(curves, dict) else {}
+        points = curve.get(phase) if isinstance(curve, dict) else None
+        if not points or flops <= 0 or precision != "fp32":
             return self.matmul_rate(precision, flops)
-        return _interpolate({float(k): rate for k, rate in curve}, max(1.0, keys))
+        return _interpolate({float(k): rate for k, rate in points}, max(1.0, keys))
 
     def op_efficiency(self, op: str, cached: bool = False) -> float:
         """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default.

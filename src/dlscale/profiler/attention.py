@@ -6,7 +6,8 @@ batched products, a mask and a softmax), which materializes the T × T scores an
 backward. Tracing that would charge the scores' bytes, saved memory and ops that a real step never
 has. So while tracing, each call is sent to the kernel the CPU would choose for the same inputs
 (asked of torch's own `_fused_sdp_choice`, on tiny CPU stand-ins), and the math path is kept where
-the CPU would use it too (3-D inputs, dropout with gradients, a user's `sdpa_kernel(MATH)`).
+the CPU would use it too (3-D inputs, dropout, a mask that needs a gradient, a user's
+`sdpa_kernel(MATH)`).
 
 FLOPs of the fused kernel come from torch's formula for the CUDA flash kernel (FlopCounterMode's):
 its backward counts five products, as the kernel recomputes the scores, where the math path's
@@ -17,11 +18,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import flop_registry
 
-FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION, as `_fused_sdp_choice` returns it
+FLASH = SDPBackend.FLASH_ATTENTION.value  # as `_fused_sdp_choice` answers
 
 CPU_FORWARD = "_scaled_dot_product_flash_attention_for_cpu"
 CPU_BACKWARD = "_scaled_dot_product_flash_attention_for_cpu_backward"
@@ -48,36 +50,42 @@ def cpu_formula(name: str):
     return flop_registry[getattr(torch.ops.aten, twin)] if twin else None
 
 
-def key_length(name: str, args) -> int:
-    """Keys each query attends to: what sets how well a fused kernel's blocks fill."""
-    key = args[1] if name in FORWARD else args[2]
-    return int(key.shape[-2])
-
-
-def _stand_in(tensor: torch.Tensor) -> torch.Tensor:
-    """A tiny CPU tensor of `tensor`'s rank and dtype: leading dims 1, the last two at most 2.
-
-    It matches the stand-in query and keys below (at most 2 positions each), broadcast dims of
-    size 1 included, so `_fused_sdp_choice` judges it as it would `tensor`.
+def shape(func, args, kwargs, flops: int) -> tuple[int, int, bool]:
+    """(FLOPs, keys per query, causal?) of a fused attention kernel or of its backward: what
+    sets how fast it runs. Forward ops take (query, key, ...), backward ops (grad, query, key, ...).
     """
-    dims = tensor.dim()
-    shape = [min(size, 2) if dim >= dims - 2 else 1 for dim, size in enumerate(tensor.shape)]
-    return torch.zeros(shape, dtype=tensor.dtype)
+    key = args[1] if func.overloadpacket.__name__ in FORWARD else args[2]
+    names = [argument.name for argument in func._schema.arguments]
+    at = names.index("is_causal") if "is_causal" in names else None
+    causal = kwargs.get("is_causal", args[at] if at is not None and at < len(args) else False)
+    return flops, int(key.shape[-2]), bool(causal)
+
+
+def _stand_in(tensor: torch.Tensor, head_size: bool) -> torch.Tensor:
+    """A tiny CPU tensor that `_fused_sdp_choice` judges as it would `tensor`.
+
+    Counting from the last dim: the head size (`head_size`, for query, key and value; else a
+    mask's keys) and positions are cut to at most 2, heads are kept (grouped-query attention
+    is judged by them), a batch is cut to at most 2 (so 1 against many still differs). Dtype,
+    `requires_grad` and a transposed last dim are kept.
+    """
+    rank = tensor.dim()
+    shape = []
+    for dim, size in enumerate(tensor.shape):
+        from_end = rank - dim
+        keep = from_end == 3 or (from_end == 1 and head_size)
+        shape.append(size if keep else min(size, 2))
+    stand_in = torch.zeros(shape, dtype=tensor.dtype, device="cpu")
+    if rank >= 2 and tensor.stride(-1) != 1 and tensor.shape[-1] > 1:
+        stand_in = stand_in.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return stand_in.requires_grad_(tensor.requires_grad)
 
 
 def cpu_would_fuse(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa) -> bool:
-    """Whether torch on a CPU runs this call as its flash kernel."""
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        return False
-    if enable_gqa and query.shape[1] != key.shape[1]:
-        return False
-    # Batch 1 and at most 2 positions keep the stand-ins tiny; heads and head sizes are kept.
-    length_q, length_k = query.shape[-2], key.shape[-2]
-    q = torch.zeros(1, query.shape[1], min(length_q, 2), query.shape[-1], dtype=query.dtype)
-    k = torch.zeros(1, key.shape[1], min(length_k, 2), key.shape[-1], dtype=key.dtype)
-    v = torch.zeros(1, value.shape[1], min(length_k, 2), value.shape[-1], dtype=value.dtype)
-    q.requires_grad_(query.requires_grad)
-    mask = None if attn_mask is None else _stand_in(attn_mask)
+    """Whether torch on a CPU runs this call as its flash kernel: torch's own choice, asked on
+    stand-ins of the same rank, heads, head size, dtype, layout and need for gradients."""
+    q, k, v = (_stand_in(t, head_size=True) for t in (query, key, value))
+    mask = None if attn_mask is None else _stand_in(attn_mask, head_size=False)
     choice = torch.ops.aten._fused_sdp_choice(
         q, k, v, mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
     )
@@ -93,8 +101,9 @@ def _cpu_would_fuse_unrecorded(**call) -> bool:
 def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None):
     """The CPU flash kernel's output; a boolean mask becomes an additive one, as torch does."""
     if attn_mask is not None and attn_mask.dtype == torch.bool:
-        additive = torch.zeros_like(attn_mask, dtype=query.dtype)
-        attn_mask = additive.masked_fill_(attn_mask.logical_not(), float("-inf"))
+        like = {"dtype": query.dtype, "device": attn_mask.device}
+        zero, minus_inf = torch.zeros((), **like), torch.full((), float("-inf"), **like)
+        attn_mask = torch.where(attn_mask, zero, minus_inf)
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
     )
@@ -117,15 +126,16 @@ class FusedAttention(TorchFunctionMode):
     """While tracing on meta, run scaled-dot-product attention as the CPU would.
 
     A mode sees every call of the builtin, however it was imported, except calls made inside a
-    torch function that handles modes itself (`F.multi_head_attention_forward`): that runs with
-    the mode popped, so while it runs, the name it calls through (`F`'s own) is redirected too.
+    torch function that handles modes itself: `F.multi_head_attention_forward` (inside
+    `nn.MultiheadAttention`) runs with the mode popped, so while it runs, the name it calls
+    attention through (`F`'s own) is redirected too.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is SDPA:
             return _redirected(*args, **kwargs)
-        if getattr(func, "__module__", None) != F.__name__:
+        if func is not F.multi_head_attention_forward:
             return func(*args, **kwargs)
         previous, F.scaled_dot_product_attention = F.scaled_dot_product_attention, _redirected
         try:

@@ -120,69 +120,82 @@ def conv_rates(
             sample = torch.zeros(c_in, side, side)
             (conv,) = _traced(build, sample, batch, input_requires_grad=input_grad)
             model = build().to(device)
-            x = torch.randn(batch, c_in, side, side, device=device)
-
-            def run_forward(model=model, x=x) -> None:
-                with torch.no_grad():
-                    model(x)
-
-            forward_s = seconds_per_call(run_forward, device, min_time_s)
-            forward_s -= conv.forward.ops * overhead_s
-            step_s = _time_training_step(model, x.requires_grad_(input_grad), device, min_time_s)
-            backward_s = step_s - forward_s - (conv.forward.ops + conv.backward.ops) * overhead_s
-            for phase, found, seconds in (
-                (conv.forward, forward, forward_s),
-                (conv.backward, backward, backward_s),
+            x = torch.randn(batch, c_in, side, side, device=device).requires_grad_(input_grad)
+            seconds = _phase_seconds(model, x, conv, device, overhead_s, min_time_s)
+            for phase, found, phase_s in zip(
+                (conv.forward, conv.backward), (forward, backward), seconds, strict=True
             ):
                 ((flops, weight, pixels),) = phase.convs
-                found.append([weight, pixels, flops / max(seconds, 1e-9)])
+                found.append([weight, pixels, flops / max(phase_s, 1e-9)])
     return {"forward": forward, "backward": backward}
 
 
-# Fused attention timed: keys per query (= queries: causal self-attention, the common training
-# case), at head size 64, forward and backward apart. Elements per input: enough heads to keep
-# every core (or a GPU's SMs) busy.
+def _phase_seconds(model, x, layer, device, overhead_s: float, min_time_s: float):
+    """Seconds of a traced layer's forward and of its backward (a training step minus the
+    forward), each less the per-op overhead of the ops the tracer counted in it."""
+
+    def run_forward() -> None:
+        with torch.no_grad():
+            model(x)
+
+    forward_s = seconds_per_call(run_forward, device, min_time_s) - layer.forward.ops * overhead_s
+    step_s = _time_training_step(model, x, device, min_time_s)
+    backward_s = step_s - forward_s - (layer.forward.ops + layer.backward.ops) * overhead_s
+    return forward_s, backward_s
+
+
+# Fused self-attention timed at these keys per query (= queries), head size 64, forward and backward
+# apart, causal and full: a causal kernel skips the masked half of its blocks while the FLOP
+# formula counts them all. Elements per input: enough heads to keep every core (or a GPU's SMs)
+# busy.
 ATTENTION_KEYS = (64, 256, 1024)
 ATTENTION_HEAD = 64
 ATTENTION_ELEMENTS = {"cpu": 1 << 20, "cuda": 1 << 24}
 
 
 class _Attention(nn.Module):
-    def forward(self, qkv):  # (batch, 3, heads, keys, head size)
-        q, k, v = qkv.unbind(1)
-        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    """Self-attention of its own query, key and value, held as parameters so that the timed
+    backward is the kernel's alone (no input gradient to split); the input is ignored."""
+
+    def __init__(self, heads: int, keys: int, causal: bool):
+        super().__init__()
+        shape = (1, heads, keys, ATTENTION_HEAD)
+        self.q, self.k, self.v = (nn.Parameter(torch.randn(shape)) for _ in range(3))
+        self.causal = causal
+
+    def forward(self, x):
+        return nn.functional.scaled_dot_product_attention(
+            self.q, self.k, self.v, is_causal=self.causal
+        )
 
 
 def attention_rates(
     device: torch.device, overhead_s: float, min_time_s: float = 0.3
-) -> dict[str, list[list[float]]]:
-    """Achieved FLOP/s of fused causal self-attention by keys per query, forward and backward.
+) -> dict[str, dict[str, list[list[float]]]]:
+    """Achieved FLOP/s of fused self-attention by keys per query: causal and full, each with a
+    forward and a backward list of [keys, FLOP/s] points.
 
-    Each phase gets a list of [keys, FLOP/s] points. Rates count the tracer's FLOPs (torch's
-    SDPA formulas, which ignore the causal mask), so they match how the roofline counts.
+    Rates count the tracer's FLOPs (torch's SDPA formulas, which ignore the causal mask), so
+    they match how the roofline counts. A point whose time could not be told from the overhead
+    is left out.
     """
-    forward, backward = [], []
-    for keys in ATTENTION_KEYS:
-        elements = ATTENTION_ELEMENTS.get(device.type, ATTENTION_ELEMENTS["cpu"])
-        heads = max(1, elements // (keys * ATTENTION_HEAD))
-        sample = torch.zeros(3, heads, keys, ATTENTION_HEAD)
-        (layer,) = _traced(_Attention, sample, 1, input_requires_grad=True)
-        x = torch.randn(1, *sample.shape, device=device)
-
-        def run_forward(x=x) -> None:
-            with torch.no_grad():
-                _Attention()(x)
-
-        forward_s = seconds_per_call(run_forward, device, min_time_s)
-        forward_s -= layer.forward.ops * overhead_s
-        step_s = _time_training_step(_Attention(), x.requires_grad_(), device, min_time_s)
-        backward_s = step_s - forward_s - (layer.forward.ops + layer.backward.ops) * overhead_s
-        for phase, found, seconds in (
-            (layer.forward, forward, forward_s),
-            (layer.backward, backward, backward_s),
-        ):
-            found.append([keys, phase.attention_flops / max(seconds, 1e-9)])
-    return {"forward": forward, "backward": backward}
+    found: dict[str, dict[str, list[list[float]]]] = {}
+    elements = ATTENTION_ELEMENTS.get(device.type, ATTENTION_ELEMENTS["cpu"])
+    for causal, name in ((True, "causal"), (False, "full")):
+        forward, backward = [], []
+        found[name] = {"forward": forward, "backward": backward}
+        for keys in ATTENTION_KEYS:
+            heads = max(1, elements // (keys * ATTENTION_HEAD))
+            build = lambda h=heads, k=keys, c=causal: _Attention(h, k, c)  # noqa: E731
+            (layer,) = _traced(build, torch.zeros(1), 1)
+            x = torch.zeros(1, 1, device=device)
+            seconds = _phase_seconds(build().to(device), x, layer, device, overhead_s, min_time_s)
+            for phase, points, phase_s in zip(
+                (layer.forward, layer.backward), (forward, backward), seconds, strict=True
+            ):
+                if phase_s > 0:
+                    points.append([keys, phase.attention_flops / phase_s])
+    return found
 
 
 class _Probe(nn.Module):

@@ -154,9 +154,10 @@ class PhaseCost:
     # The convolutions among the matrix products, one (FLOPs, weight elements, output pixels)
     # each: their speed depends on the weight's size and the number of output pixels.
     convs: list[tuple[int, int, int]] = field(default_factory=list)
-    # Fused attention kernels among them, one (FLOPs, key length) each: how many keys a query
-    # attends to sets how well the kernel's blocks fill.
-    attention: list[tuple[int, int]] = field(default_factory=list)
+    # Fused attention kernels among them, one (FLOPs, keys per query, causal?) each: how many
+    # keys a query attends to sets how well the kernel's blocks fill, and a causal kernel skips
+    # the masked half of them.
+    attention: list[tuple[int, int, bool]] = field(default_factory=list)
     bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
 
     @property
@@ -169,7 +170,7 @@ class PhaseCost:
 
     @property
     def attention_flops(self) -> int:
-        return sum(flops for flops, _ in self.attention)
+        return sum(flops for flops, _, _ in self.attention)
 
     def add(self, other: PhaseCost) -> None:
         self.matmul_flops += other.matmul_flops
@@ -241,7 +242,7 @@ class Recorder(TorchDispatchMode):
                 if name in _CONV:
                     cost.convs.append(conv_shape(name, args, out, cost.matmul_flops))
                 if name in attention.KERNELS:
-                    cost.attention.append((cost.matmul_flops, attention.key_length(name, args)))
+                    cost.attention.append(attention.shape(func, args, kwargs, cost.matmul_flops))
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
                 cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
             elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise

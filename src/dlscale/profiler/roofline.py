@@ -92,8 +92,8 @@ def phase_time(
         if flops
     )
     products_s += sum(
-        flops / hardware.attention_rate(precision, flops, keys, phase)
-        for flops, keys in cost.attention
+        flops / hardware.attention_rate(precision, flops, keys, causal, phase)
+        for flops, keys, causal in cost.attention
         if flops
     )
     other_products = cost.matmul_flops - cost.conv_flops - cost.attention_flops
