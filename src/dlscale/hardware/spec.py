@@ -91,8 +91,8 @@ class Hardware:
         Few channels (a small weight) or few output pixels run far below a matrix product of
         the same FLOPs: im2col, layout changes and the fixed cost of each call.
         """
-        grid = self.measured.get("conv_flops_per_s", {}).get(phase)
-        if not grid or flops <= 0 or precision != "fp32" or not isinstance(grid, list):
+        grid = self._measured_points(precision, flops, "conv_flops_per_s", phase)
+        if grid is None:
             return self.matmul_rate(precision, flops)
         by_weight: dict[float, dict[float, float]] = {}
         for point_weight, point_pixels, rate in grid:
@@ -111,12 +111,21 @@ class Hardware:
         full (on a CPU, a third to a half of the matmul rate at 64 keys). A causal kernel skips
         the masked blocks that the FLOP count includes, so it counts faster at many keys.
         """
-        curves = self.measured.get("attention_flops_per_s", {})
-        curve = curves.get("causal" if causal else "full", {}) if isinstance(curves, dict) else {}
-        points = curve.get(phase) if isinstance(curve, dict) else None
-        if not points or flops <= 0 or precision != "fp32":
+        kind = "causal" if causal else "full"
+        points = self._measured_points(precision, flops, "attention_flops_per_s", kind, phase)
+        if points is None:
             return self.matmul_rate(precision, flops)
         return _interpolate({float(k): rate for k, rate in points}, max(1.0, keys))
+
+    def _measured_points(self, precision: str, flops: float, *path: str) -> list | None:
+        """The measured list of points at `path` in `measured`, for an fp32 op that computes;
+        None where there is none (another precision, no FLOPs, an entry of another shape)."""
+        found = self.measured
+        for key in path:
+            found = found.get(key) if isinstance(found, dict) else None
+        if not found or not isinstance(found, list) or flops <= 0 or precision != "fp32":
+            return None
+        return found
 
     def op_efficiency(self, op: str, cached: bool = False) -> float:
         """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default.
