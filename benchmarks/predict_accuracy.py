@@ -5,7 +5,9 @@ convolution and attention rates), then for mlp, lenet, resnet18 and gpt at two b
 time real training steps on synthetic data of the same shape and take predicted / measured.
 Rounds repeat the whole (calibration and measurement side by side each time), since this shared
 machine's speed drifts by tens of percent within minutes; each workload's figure is its median
-ratio over the rounds, printed beside every round's. Goal: every median ratio in 0.7–1.3.
+ratio over the rounds, printed beside every round's, and the spread of its measured step across
+rounds (max / min), which shows how far the machine moved under the same workload. Goal: every
+median ratio in 0.7–1.3.
 
     .venv/bin/python benchmarks/predict_accuracy.py [--rounds 3] [--quick-machine] [--steps 10]
 """
@@ -73,19 +75,20 @@ def main() -> None:
     for number in range(1, args.rounds + 1):
         print(f"round {number}")
         rounds.append(measure_round(args))
-    print(f"\n{'workload':<20} {'median measured':>16} {'median predicted':>17} "
-          f"{'median ratio':>13}  ratios by round")  # fmt: skip
+    print(f"\n{'workload':<20} {'median measured':>16} {'measured max/min':>17} "
+          f"{'median predicted':>17} {'median ratio':>13}  ratios by round")  # fmt: skip
     medians = []
     for index, (label, _, _) in enumerate(rounds[0]):
         rows = [found[index] for found in rounds]
         ratios = [predicted / measured for _, measured, predicted in rows]
         ratio = statistics.median(ratios)
         medians.append(ratio)
-        measured = statistics.median(measured for _, measured, _ in rows)
+        steps = [measured for _, measured, _ in rows]
+        spread = max(steps) / min(steps)  # the same step, minutes apart: the machine's drift
         predicted = statistics.median(predicted for _, _, predicted in rows)
         by_round = " ".join(f"{r:.2f}" for r in ratios)
-        print(f"{label:<20} {measured * 1e3:>14.2f}ms {predicted * 1e3:>15.2f}ms "
-              f"{ratio:>13.2f}  {by_round}")  # fmt: skip
+        print(f"{label:<20} {statistics.median(steps) * 1e3:>14.2f}ms {spread:>17.2f} "
+              f"{predicted * 1e3:>15.2f}ms {ratio:>13.2f}  {by_round}")  # fmt: skip
     inside = sum(GOAL[0] <= r <= GOAL[1] for r in medians)
     every = [predicted / measured for found in rounds for _, measured, predicted in found]
     print(

@@ -7,6 +7,7 @@ what is checked exactly is everything computed from them (FLOP counts, peaks, sh
 import json
 import math
 import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware import get_hardware, local_entry_path, save_local
 from dlscale.models import build_model
+from dlscale.profiler.calibrate import update_seconds_in_step
 from dlscale.spec import parse_spec
 from dlscale.train.step import compute_loss
 
@@ -66,6 +68,28 @@ def test_cache_sizes_parse_as_sysfs_writes_them():
     assert parse_cache_size("48K\n") == 48 * 1024
     assert parse_cache_size("32M") == 32 * MiB
     assert parse_cache_size("1024") == 1024
+
+
+class _SlowForward(torch.nn.Linear):
+    """A linear layer whose forward takes 20 ms, and which counts its forwards."""
+
+    forwards = 0
+
+    def forward(self, x):
+        self.forwards += 1
+        time.sleep(0.02)
+        return super().forward(x)
+
+
+def test_optimizer_updates_are_timed_inside_training_steps():
+    model = _SlowForward(4, 4)
+    before = model.weight.detach().clone()
+    seconds = update_seconds_in_step(model, torch.randn(2, 4), torch.device("cpu"), 0.0)
+    # Each update follows a forward and a backward (fresh gradients), but only the update is
+    # timed: Adam over 20 numbers takes microseconds, the forward 20 ms.
+    assert model.forwards >= 3 + 5
+    assert not torch.equal(model.weight.detach(), before)
+    assert 0 < seconds < 0.02
 
 
 def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Path):
