@@ -54,8 +54,7 @@ def main() -> None:
         while time.perf_counter() - start < args.seconds:
             samples["overhead probe"].append(training_op_overhead_s(cpu, 0.1))
             samples["256² product"].append(median_time_s("torch.mm(m, m)", {"m": product}, 0.1))
-            steps = sorted(measure_steps(trainer, warmup=3, steps=10))
-            samples["mlp step"].append(steps[len(steps) // 2])
+            samples["mlp step"].append(statistics.median(measure_steps(trainer, 3, 10)))
 
     count = len(samples["mlp step"])
     print(f"{count} samples over {args.seconds:.0f} s")
