@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8")
@@ -91,14 +92,12 @@ class Hardware:
         Few channels (a small weight) or few output pixels run far below a matrix product of
         the same FLOPs: im2col, layout changes and the fixed cost of each call.
         """
-        grid = self._measured_points(precision, flops, "conv_flops_per_s", phase)
-        if grid is None:
-            return self.matmul_rate(precision, flops)
-        by_weight: dict[float, dict[float, float]] = {}
-        for point_weight, point_pixels, rate in grid:
-            by_weight.setdefault(float(point_weight), {})[float(point_pixels)] = rate
-        at_weight = {w: _interpolate(row, max(1.0, pixels)) for w, row in by_weight.items()}
-        return _interpolate(at_weight, max(1.0, weight))
+        return self._measured_rate(
+            precision,
+            flops,
+            ("conv_flops_per_s", phase),
+            lambda grid: _on_grid(grid, weight, pixels),
+        )
 
     def attention_rate(
         self, precision: str, flops: float, keys: float, causal: bool, phase: str = "forward"
@@ -112,20 +111,25 @@ class Hardware:
         the masked blocks that the FLOP count includes, so it counts faster at many keys.
         """
         kind = "causal" if causal else "full"
-        points = self._measured_points(precision, flops, "attention_flops_per_s", kind, phase)
-        if points is None:
-            return self.matmul_rate(precision, flops)
-        return _interpolate({float(k): rate for k, rate in points}, max(1.0, keys))
+        return self._measured_rate(
+            precision,
+            flops,
+            ("attention_flops_per_s", kind, phase),
+            lambda points: _interpolate({float(k): rate for k, rate in points}, max(1.0, keys)),
+        )
 
-    def _measured_points(self, precision: str, flops: float, *path: str) -> list | None:
-        """The measured list of points at `path` in `measured`, for an fp32 op that computes;
-        None where there is none (another precision, no FLOPs, an entry of another shape)."""
+    def _measured_rate(
+        self, precision: str, flops: float, path: tuple[str, ...], read: Callable[[list], float]
+    ) -> float:
+        """`read` applied to the measured list of points at `path` in `measured`, for an fp32 op
+        that computes; where there is none (another precision, no FLOPs, an entry of another
+        shape), what a matrix product of the op's FLOPs reaches."""
         found = self.measured
         for key in path:
             found = found.get(key) if isinstance(found, dict) else None
         if not found or not isinstance(found, list) or flops <= 0 or precision != "fp32":
-            return None
-        return found
+            return self.matmul_rate(precision, flops)
+        return read(found)
 
     def op_efficiency(self, op: str, cached: bool = False) -> float:
         """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default.
@@ -141,6 +145,16 @@ class Hardware:
     def cache_bytes(self) -> int:
         """The last-level cache measured on `local`; 0 where unknown."""
         return int(self.measured.get("last_level_cache_bytes", 0))
+
+
+def _on_grid(grid: list, weight: float, pixels: float) -> float:
+    """y on a grid of (weight, pixels, y) points: interpolated in log pixels along each measured
+    weight, then in log weight across them; clamped to the grid."""
+    by_weight: dict[float, dict[float, float]] = {}
+    for point_weight, point_pixels, rate in grid:
+        by_weight.setdefault(float(point_weight), {})[float(point_pixels)] = rate
+    at_weight = {w: _interpolate(row, max(1.0, pixels)) for w, row in by_weight.items()}
+    return _interpolate(at_weight, max(1.0, weight))
 
 
 def _interpolate(curve: dict[float, float], x: float) -> float:
