@@ -133,6 +133,13 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Pat
     assert local.sources[0].startswith("measured by dlscale bench machine on ")
     keys, rate = result["attention_flops_per_s"]["full"]["forward"][0]
     assert local.attention_rate("fp32", 1e6, keys, False) == pytest.approx(rate)
+    # Adam's update in a training step, by one tensor's working set: 1 MiB (cached) to 256 MiB.
+    curve = result["optimizer_efficiency"]
+    sizes = [size for size, _ in curve]
+    assert sizes == sorted(sizes) and sizes[0] < 2 * MiB and sizes[-1] >= 256 * MiB
+    assert all(0 < share <= 20 for _, share in curve)
+    assert local.op_efficiency("addcdiv_", sizes[0]) == pytest.approx(curve[0][1])
+    assert 0 < local.op_efficiency("addcdiv_") <= 1.0  # the streaming share, for model layers
 
     link = {f"{m}_{d}_bytes_per_s": 1e10 for m in ("pinned", "pageable") for d in ("h2d", "d2h")}
     link["pinned_h2d_bytes_per_s"] = 2.5e10

@@ -359,20 +359,42 @@ def test_measured_attention_curve_sets_fused_attention_apart_from_other_products
     assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(1.0 + 2e9 / linear_rate)
 
 
-def test_optimizer_state_in_the_last_level_cache_runs_at_the_cached_rate():
-    measured = {"op_efficiency": {"add_": 1.0}, "op_efficiency_cached": {"add_": 4.0}}
+def test_optimizer_update_runs_at_the_rate_measured_for_its_working_set():
+    # Measured: 4× the stream bandwidth at 1 MB of working set, 1× at 100 MB.
+    measured = {"op_efficiency": {"add_": 1.0}, "optimizer_efficiency": [[1e6, 4.0], [1e8, 1.0]]}
     hw = device(kind="cpu", measured=measured)
     cost = PhaseCost(bytes=int(1e9), ops=1, bytes_by_op=Counter(add_=int(1e9)))
-    assert phase_time(cost, hw, "fp32").memory_s == pytest.approx(1e-3)
-    assert phase_time(cost, hw, "fp32", cached=True).memory_s == pytest.approx(0.25e-3)
-    # A step takes the cached rate when parameters, gradients and Adam's state fit the cache.
+    assert phase_time(cost, hw, "fp32").memory_s == pytest.approx(1e-3)  # a layer's add_
+    for working_set, share in ((1e6, 4.0), (1e7, 2.5), (1e3, 4.0), (1e9, 1.0)):
+        memory_s = phase_time(cost, hw, "fp32", working_set_bytes=working_set).memory_s
+        assert memory_s == pytest.approx(1e-3 / share)  # half way at 1e7; clamped outside
+    no_curve = device(kind="cpu", measured={"op_efficiency": {"add_": 0.5}})
+    assert phase_time(cost, no_curve, "fp32", working_set_bytes=1e6).memory_s == pytest.approx(2e-3)
+
+
+def test_optimizer_is_priced_per_parameter_tensor_on_a_cpu_and_whole_on_a_gpu():
     step = trace(lambda: nn.Linear(64, 64), torch.zeros(64), 8, optimizer=adam)
-    footprint = 4 * 4 * (64 * 64 + 64)
-    for cache, cached in ((footprint, True), (footprint - 1, False)):
-        hw = device(kind="cpu", measured={**measured, "last_level_cache_bytes": cache})
-        expected = phase_time(step.optimizer, hw, "fp32", cached=cached).seconds
-        assert predict(step, hw).optimizer_s == expected
-    assert phase_time(step.optimizer, hw, "fp32", cached=True).seconds < expected
+    weight, bias = step.optimizer_tensors
+    # Each tensor's parameter, gradient and Adam's two moments, 4 bytes an element.
+    assert (weight.working_set_bytes, bias.working_set_bytes) == (16 * 64 * 64, 16 * 64)
+    # The steady-state update: the first step's state allocation is not traced.
+    assert weight.cost.ops == bias.cost.ops == step.optimizer.ops / 2
+    assert weight.cost.bytes + bias.cost.bytes == step.optimizer.bytes
+    assert sum(step.optimizer.bytes_by_op.values()) == step.optimizer.bytes
+    assert weight.cost.bytes_by_op["addcdiv_"] == 4 * 64 * 64 * 4  # param, 2 inputs, out = param
+
+    curve = [[16 * 64, 4.0], [16 * 64 * 64, 1.0]]  # the bias stays cached, the weight streams
+    cpu = device(kind="cpu", measured={"optimizer_efficiency": curve})
+    expected = phase_time(weight.cost, cpu, "fp32", working_set_bytes=16 * 64 * 64).seconds
+    expected += phase_time(bias.cost, cpu, "fp32", working_set_bytes=16 * 64).seconds
+    assert predict(step, cpu).optimizer_s == pytest.approx(expected)
+    whole = phase_time(step.optimizer, cpu, "fp32", working_set_bytes=16 * (64 * 64 + 64))
+    assert predict(step, cpu).optimizer_s < whole.seconds
+    # foreach kernels on a GPU take all tensors at once: one working set, the model's.
+    gpu = device(measured={"optimizer_efficiency": curve})
+    footprint = 16 * (64 * 64 + 64)
+    foreach = phase_time(step.optimizer_foreach, gpu, "fp32", working_set_bytes=footprint)
+    assert predict(step, gpu).optimizer_s == pytest.approx(foreach.seconds)
 
 
 def test_step_prediction_adds_up_and_copies_the_batch_over_the_host_link():

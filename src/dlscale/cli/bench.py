@@ -111,6 +111,10 @@ def machine_table(result: dict) -> Table:
     table.add_row("per-op overhead: add of 1 element", seconds(overhead["add_s"]))
     table.add_row("per-op overhead: 8×8 matmul", seconds(overhead["mm_s"]))
     table.add_row("per-op overhead in a training step", seconds(result["training_op_overhead_s"]))
+    shares = ", ".join(
+        f"{binary_bytes(size)} {share:.2f}×" for size, share in result["optimizer_efficiency"]
+    )
+    table.add_row("Adam update / stream bandwidth, by tensor working set", shares)
     cache = result["last_level_cache_bytes"]
     cache_text = binary_bytes(cache) if cache else "unknown"
     table.add_row(

@@ -131,20 +131,20 @@ class Hardware:
             return self.matmul_rate(precision, flops)
         return read(found)
 
-    def op_efficiency(self, op: str, cached: bool = False) -> float:
+    def op_efficiency(self, op: str, working_set_bytes: int | None = None) -> float:
         """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default.
 
-        `cached`: its tensors stay in the last-level cache (measured for the optimizer's ops);
-        the share can then exceed 1.
+        `working_set_bytes`: the op is one of the optimizer's, on one parameter tensor whose
+        parameter, gradient and state take that many bytes. Where the optimizer was measured
+        inside training steps at several working sets (`local`), the share at this one,
+        interpolated in log bytes and clamped to the measured range; it exceeds 1 where the
+        caches hold the tensor's state between its ops and between steps.
         """
-        if cached and op in self.measured.get("op_efficiency_cached", {}):
-            return self.measured["op_efficiency_cached"][op]
+        curve = self.measured.get("optimizer_efficiency")
+        if working_set_bytes is not None and curve:
+            points = {float(size): share for size, share in curve}
+            return _interpolate(points, max(1.0, working_set_bytes))
         return self.measured.get("op_efficiency", {}).get(op, self.efficiency_memory)
-
-    @property
-    def cache_bytes(self) -> int:
-        """The last-level cache measured on `local`; 0 where unknown."""
-        return int(self.measured.get("last_level_cache_bytes", 0))
 
 
 def _on_grid(grid: list, weight: float, pixels: float) -> float:

@@ -257,40 +257,53 @@ def op_efficiencies(
     return found
 
 
-# Adam's state at two sizes, each updated between the forward and backward of a square linear
-# layer (width² + width parameters) on a batch of 32, as a training step updates it.
-OPTIMIZER_WIDTHS = {"op_efficiency": 2048, "op_efficiency_cached": 512}
+# Adam's update of one square linear layer (width² + width parameters), between the forward and
+# backward of a batch of 32, as a training step runs it: its weight's working set (parameter,
+# gradient and Adam's two moments, 16 bytes an element) goes from 1 MiB, which the last-level
+# cache holds, to 256 MiB, which streams from memory.
+OPTIMIZER_WIDTHS = (256, 512, 1024, 2048, 4096)
+OPTIMIZER_STREAMING_WIDTH = 2048  # its share is the optimizer's ops' in `op_efficiency`
 OPTIMIZER_BATCH = 32
 
 
 def optimizer_efficiencies(
     device: torch.device, bandwidth_bytes_per_s: float, overhead_s: float, min_time_s: float = 0.3
-) -> dict[str, dict[str, float]]:
-    """Share of stream bandwidth an Adam step reaches, by its aten ops, at two sizes.
+) -> dict:
+    """Share of stream bandwidth an Adam update reaches inside a training step, by working set.
 
-    `op_efficiency`: 4M parameters, whose state (64 MiB) streams from memory.
-    `op_efficiency_cached`: 263k parameters (4 MiB of state), which a CPU's last-level cache
-    keeps between steps: small models update several times faster than the stream bandwidth
-    implies. Each update is timed inside a training step, after its forward and backward: an
-    update timed alone, over and over, finds its state in the caches more often than training
-    leaves it there (on the 2-core development machine, 1.2–1.5× faster at this size).
+    `optimizer_efficiency`: [working set bytes, share] points. torch's per-tensor loop (its CPU
+    default) runs all of one tensor's kernels before the next tensor's, so the bytes the caches
+    must hold are one tensor's: a small tensor's update reads its state from the cache, two to
+    three times faster than the stream bandwidth implies, and a large one streams. On a GPU the
+    foreach kernels take all tensors at once, and the working set is the model's.
+    `op_efficiency`: the share at the streaming width, for the same ops in a model's layers.
+
+    Each update is timed inside a training step, after its forward and backward: an update
+    timed alone, over and over, finds its state in the caches more often than training leaves
+    it there (on the 2-core development machine, 1.2–1.5× faster at 263k parameters).
     """
-    found = {}
-    for table, width in OPTIMIZER_WIDTHS.items():
+    curve, streaming = [], {}
+    for width in OPTIMIZER_WIDTHS:
         step = trace_step(
             lambda width=width: nn.Linear(width, width), torch.zeros(width), OPTIMIZER_BATCH,
             "fp32", torch.optim.Adam, "adam",
         )  # fmt: skip
-        cost = step.optimizer if device.type == "cpu" else step.optimizer_foreach
+        if device.type == "cpu":
+            cost = step.optimizer
+            working_set = max(tensor.working_set_bytes for tensor in step.optimizer_tensors)
+        else:
+            cost = step.optimizer_foreach
+            working_set = 2 * step.trainable_params * 4 + step.optimizer_state_bytes
         model = nn.Linear(width, width).to(device)
         x = torch.randn(OPTIMIZER_BATCH, width, device=device)
         seconds = update_seconds_in_step(model, x, device, min_time_s) - cost.ops * overhead_s
+        del model, x
         moved = sum(cost.bytes_by_op.values())
         efficiency = moved / max(seconds, 1e-9) / bandwidth_bytes_per_s
-        found[table] = dict.fromkeys(
-            cost.bytes_by_op, _clamp(efficiency, 1.0 if "cached" not in table else 20.0)
-        )
-    return found
+        curve.append([working_set, _clamp(efficiency, 20.0)])
+        if width == OPTIMIZER_STREAMING_WIDTH:
+            streaming = dict.fromkeys(cost.bytes_by_op, _clamp(efficiency))
+    return {"op_efficiency": streaming, "optimizer_efficiency": curve}
 
 
 def update_seconds_in_step(

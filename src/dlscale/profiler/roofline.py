@@ -84,8 +84,11 @@ def phase_time(
     hardware: Hardware,
     precision: str,
     phase: str = "forward",
-    cached: bool = False,
+    working_set_bytes: int | None = None,
 ) -> PhaseTime:
+    """One phase of one layer; `working_set_bytes`: the optimizer's update of one tensor (or of
+    all of them, for foreach kernels), whose bytes moved run at the rate measured for updates
+    of that working set."""
     products_s = sum(
         flops / hardware.conv_rate(precision, flops, weight, pixels, phase)
         for flops, weight, pixels in cost.convs
@@ -106,7 +109,7 @@ def phase_time(
     # Memory-bound ops at their own measured efficiency (max-pooling on a CPU reaches a tenth of
     # the stream bandwidth that ReLU reaches); everything else at the device's default.
     memory_s = sum(
-        moved / (bandwidth * hardware.op_efficiency(op, cached))
+        moved / (bandwidth * hardware.op_efficiency(op, working_set_bytes))
         for op, moved in cost.bytes_by_op.items()
     )
     rest = cost.bytes - sum(cost.bytes_by_op.values())
@@ -122,6 +125,23 @@ def host_to_device_s(batch_bytes: int, hardware: Hardware) -> float:
     return batch_bytes / hardware.host_link_bytes_per_s
 
 
+def optimizer_seconds(trace: StepTrace, hardware: Hardware) -> float:
+    """The update, as torch runs it by default: a loop of kernels per parameter tensor on a CPU,
+    each tensor at the rate of its own working set (its parameter, gradient and state); foreach
+    kernels over all tensors at once on accelerators."""
+    if hardware.kind == "cpu":
+        return sum(
+            phase_time(
+                tensor.cost, hardware, "fp32", working_set_bytes=tensor.working_set_bytes
+            ).seconds
+            for tensor in trace.optimizer_tensors
+        )
+    footprint = 2 * trace.trainable_params * 4 + trace.optimizer_state_bytes
+    return phase_time(
+        trace.optimizer_foreach, hardware, "fp32", working_set_bytes=footprint
+    ).seconds
+
+
 def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = None) -> Prediction:
     """Step (and epoch) time of a traced training step on `hardware`."""
     layers = []
@@ -130,12 +150,7 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         backward = phase_time(layer.backward, hardware, trace.precision, "backward")
         intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
         layers.append(LayerTime(layer.name, forward, backward, intensity))
-    # torch's defaults: a loop of kernels per parameter on a CPU, foreach kernels on accelerators.
-    optimizer = trace.optimizer if hardware.kind == "cpu" else trace.optimizer_foreach
-    # Parameters, gradients and optimizer state that fit in the last-level cache stay there.
-    footprint = 2 * trace.trainable_params * 4 + trace.optimizer_state_bytes
-    cached = footprint <= hardware.cache_bytes
-    optimizer_s = phase_time(optimizer, hardware, "fp32", cached=cached).seconds
+    optimizer_s = optimizer_seconds(trace, hardware)
     h2d_s = host_to_device_s(trace.batch_bytes, hardware)
     forward_s = sum(layer.forward.seconds for layer in layers)
     backward_s = sum(layer.backward.seconds for layer in layers)

@@ -39,7 +39,16 @@ from dlscale.profiler.recorder import (
     storage_id,
 )
 
-__all__ = ["LOSS", "MODEL", "OPTIMIZER", "LayerTrace", "PhaseCost", "StepTrace", "trace_step"]
+__all__ = [
+    "LOSS",
+    "MODEL",
+    "OPTIMIZER",
+    "LayerTrace",
+    "PhaseCost",
+    "StepTrace",
+    "TensorUpdate",
+    "trace_step",
+]
 
 
 @dataclass
@@ -65,6 +74,14 @@ class LayerTrace:
         return self.input_bytes + self.output_bytes + self.weight_bytes
 
 
+@dataclass(frozen=True)
+class TensorUpdate:
+    """The optimizer's ops on one parameter tensor, as torch's per-tensor loop runs them."""
+
+    working_set_bytes: int  # the parameter, its gradient and its optimizer state
+    cost: PhaseCost
+
+
 @dataclass
 class StepTrace:
     """Everything one traced training step tells us; the input of memory, roofline and advice."""
@@ -72,6 +89,7 @@ class StepTrace:
     layers: list[LayerTrace]  # modules that did work, in execution order, plus loss/optimizer
     module_types: dict[str, str]  # every module name -> class name (containers included)
     optimizer: PhaseCost  # torch's CPU default: a loop of kernels per parameter tensor
+    optimizer_tensors: list[TensorUpdate]  # the same, one parameter tensor at a time
     optimizer_foreach: PhaseCost  # its GPU default: multi-tensor (foreach) kernels
     uncounted_ops: dict[str, int]
     batch_size: int
@@ -192,14 +210,18 @@ def trace_step(
             loss.backward()
     finally:
         watcher.remove()
-    optimizer_cost, state_bytes = _trace_optimizer(build, make_optimizer, foreach=False)
-    foreach_cost, _ = _trace_optimizer(build, make_optimizer, foreach=True)
+    tensors = _trace_tensor_updates(build, make_optimizer)
+    optimizer_cost = PhaseCost()
+    for tensor in tensors:
+        optimizer_cost.add(tensor.cost)
+    foreach_cost, state_bytes = _trace_optimizer(build, make_optimizer, foreach=True)
     layers = _collect(watcher, recorder, saved)
     params = sum(p.numel() for p in model.parameters())
     return StepTrace(
         layers=layers,
         module_types={n: layer.type for n, layer in watcher.layers.items() if n != MODEL},
         optimizer=optimizer_cost,
+        optimizer_tensors=tensors,
         optimizer_foreach=foreach_cost,
         uncounted_ops=dict(recorder.uncounted),
         batch_size=batch_size,
@@ -244,11 +266,15 @@ def _trace_optimizer(
     build: Callable[[], nn.Module],
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
     foreach: bool,
+    params: list[nn.Parameter] | None = None,
 ) -> tuple[PhaseCost, int]:
-    """One real optimizer step on fp32 meta weights: its ops, and the state it allocates."""
-    with torch.device("meta"):
-        model = build()
-    params = [p for p in model.parameters() if p.requires_grad]
+    """A steady-state optimizer step on fp32 meta weights (`build()`'s, or `params`): its ops,
+    and the state the optimizer keeps. The first step, which allocates that state, runs
+    untraced: training pays for it once."""
+    if params is None:
+        with torch.device("meta"):
+            model = build()
+        params = [p for p in model.parameters() if p.requires_grad]
     if not params:  # nothing to update
         return PhaseCost(), 0
     for p in params:
@@ -256,6 +282,7 @@ def _trace_optimizer(
     optimizer = make_optimizer(params)
     for group in optimizer.param_groups:
         group["foreach"] = foreach
+    optimizer.step()
     recorder = Recorder()
     recorder.scope = OPTIMIZER
     with recorder:
@@ -270,6 +297,26 @@ def _trace_optimizer(
         if isinstance(value, torch.Tensor) and value.device.type == "meta"
     )
     return cost, state_bytes
+
+
+def _trace_tensor_updates(
+    build: Callable[[], nn.Module],
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> list[TensorUpdate]:
+    """The per-tensor loop, one parameter at a time: each tensor's ops and working set.
+
+    torch's loop runs all of one tensor's kernels before the next tensor's, so what the caches
+    must hold at once is one tensor's parameter, gradient and state, not the whole model's.
+    Each parameter gets an optimizer of its own; the per-tensor optimizers torch ships (SGD,
+    Adam, AdamW, Adagrad) do the same ops on it as they would among the others.
+    """
+    with torch.device("meta"):
+        model = build()
+    updates = []
+    for p in (p for p in model.parameters() if p.requires_grad):
+        cost, state_bytes = _trace_optimizer(build, make_optimizer, False, [p])
+        updates.append(TensorUpdate(2 * nbytes(p) + state_bytes, cost))
+    return updates
 
 
 def _collect(watcher: _ModuleWatcher, recorder: Recorder, saved: _SavedTensors) -> list[LayerTrace]:
