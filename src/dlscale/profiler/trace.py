@@ -15,7 +15,10 @@ the loss, the backward pass and the optimizer step:
 - every op moves the bytes of its tensor inputs and outputs (views move nothing);
 - ops the tracer does not know are listed by name, never silently dropped;
 - activations saved for backward are what autograd actually saves (saved-tensor hooks), counted
-  once per storage, parameters excluded.
+  once per storage, parameters excluded;
+- the optimizer's step is traced in its steady state (after a first step allocates its state),
+  both as torch's per-tensor loop, one parameter tensor at a time with each tensor's working
+  set, and as its multi-tensor (foreach) kernels.
 """
 
 from __future__ import annotations
@@ -210,11 +213,19 @@ def trace_step(
             loss.backward()
     finally:
         watcher.remove()
-    tensors = _trace_tensor_updates(build, make_optimizer)
+    # torch's per-tensor loop runs all of one tensor's kernels before the next tensor's: one
+    # optimizer per parameter gives each tensor's ops (the optimizers torch ships for this loop,
+    # SGD, Adam, AdamW and Adagrad, do the same ops on a tensor alone as among the others).
+    tensors = []
+    for p in _meta_trainable(build):
+        cost, state = _trace_optimizer([p], make_optimizer, foreach=False)
+        tensors.append(TensorUpdate(2 * nbytes(p) + state, cost))
     optimizer_cost = PhaseCost()
     for tensor in tensors:
         optimizer_cost.add(tensor.cost)
-    foreach_cost, state_bytes = _trace_optimizer(build, make_optimizer, foreach=True)
+    foreach_cost, state_bytes = _trace_optimizer(
+        _meta_trainable(build), make_optimizer, foreach=True
+    )
     layers = _collect(watcher, recorder, saved)
     params = sum(p.numel() for p in model.parameters())
     return StepTrace(
@@ -262,19 +273,21 @@ class _SavedTensors:
         return tensor
 
 
+def _meta_trainable(build: Callable[[], nn.Module]) -> list[nn.Parameter]:
+    """A fresh fp32 copy of the model's trainable parameters on the meta device."""
+    with torch.device("meta"):
+        model = build()
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def _trace_optimizer(
-    build: Callable[[], nn.Module],
+    params: list[nn.Parameter],
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
     foreach: bool,
-    params: list[nn.Parameter] | None = None,
 ) -> tuple[PhaseCost, int]:
-    """A steady-state optimizer step on fp32 meta weights (`build()`'s, or `params`): its ops,
-    and the state the optimizer keeps. The first step, which allocates that state, runs
-    untraced: training pays for it once."""
-    if params is None:
-        with torch.device("meta"):
-            model = build()
-        params = [p for p in model.parameters() if p.requires_grad]
+    """A steady-state optimizer step on meta `params`: its ops, and the state the optimizer
+    keeps. The first step, which allocates that state, runs untraced: training pays for it once.
+    """
     if not params:  # nothing to update
         return PhaseCost(), 0
     for p in params:
@@ -297,26 +310,6 @@ def _trace_optimizer(
         if isinstance(value, torch.Tensor) and value.device.type == "meta"
     )
     return cost, state_bytes
-
-
-def _trace_tensor_updates(
-    build: Callable[[], nn.Module],
-    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-) -> list[TensorUpdate]:
-    """The per-tensor loop, one parameter at a time: each tensor's ops and working set.
-
-    torch's loop runs all of one tensor's kernels before the next tensor's, so what the caches
-    must hold at once is one tensor's parameter, gradient and state, not the whole model's.
-    Each parameter gets an optimizer of its own; the per-tensor optimizers torch ships (SGD,
-    Adam, AdamW, Adagrad) do the same ops on it as they would among the others.
-    """
-    with torch.device("meta"):
-        model = build()
-    updates = []
-    for p in (p for p in model.parameters() if p.requires_grad):
-        cost, state_bytes = _trace_optimizer(build, make_optimizer, False, [p])
-        updates.append(TensorUpdate(2 * nbytes(p) + state_bytes, cost))
-    return updates
 
 
 def _collect(watcher: _ModuleWatcher, recorder: Recorder, saved: _SavedTensors) -> list[LayerTrace]:
