@@ -63,7 +63,7 @@ def main() -> None:
                 workload = resolve(model, batch, shape, "fp32", "adam", tokens, kwargs)
                 trace = profiler.profile(workload, []).trace
                 per_tensor = optimizer_seconds(trace, local)
-                footprint = 2 * trace.trainable_params * 4 + trace.optimizer_state_bytes
+                footprint = trace.optimizer_working_set_bytes
                 whole = phase_time(trace.optimizer, local, "fp32", working_set_bytes=footprint)
                 label = f"{model} batch {batch}"
                 print(f"  {label:<20} {measured * 1e3:>7.2f}ms {per_tensor * 1e3:>9.2f}ms "

@@ -393,6 +393,7 @@ def test_optimizer_is_priced_per_parameter_tensor_on_a_cpu_and_whole_on_a_gpu():
     # foreach kernels on a GPU take all tensors at once: one working set, the model's.
     gpu = device(measured={"optimizer_efficiency": curve})
     footprint = 16 * (64 * 64 + 64)
+    assert step.optimizer_working_set_bytes == footprint
     foreach = phase_time(step.optimizer_foreach, gpu, "fp32", working_set_bytes=footprint)
     assert predict(step, gpu).optimizer_s == pytest.approx(foreach.seconds)
 

@@ -293,7 +293,7 @@ def optimizer_efficiencies(
             working_set = max(tensor.working_set_bytes for tensor in step.optimizer_tensors)
         else:
             cost = step.optimizer_foreach
-            working_set = 2 * step.trainable_params * 4 + step.optimizer_state_bytes
+            working_set = step.optimizer_working_set_bytes
         model = nn.Linear(width, width).to(device)
         x = torch.randn(OPTIMIZER_BATCH, width, device=device)
         seconds = update_seconds_in_step(model, x, device, min_time_s) - cost.ops * overhead_s

@@ -136,9 +136,11 @@ def optimizer_seconds(trace: StepTrace, hardware: Hardware) -> float:
             ).seconds
             for tensor in trace.optimizer_tensors
         )
-    footprint = 2 * trace.trainable_params * 4 + trace.optimizer_state_bytes
     return phase_time(
-        trace.optimizer_foreach, hardware, "fp32", working_set_bytes=footprint
+        trace.optimizer_foreach,
+        hardware,
+        "fp32",
+        working_set_bytes=trace.optimizer_working_set_bytes,
     ).seconds
 
 

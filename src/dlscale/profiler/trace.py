@@ -105,6 +105,12 @@ class StepTrace:
     precision: str
     optimizer_name: str
 
+    @property
+    def optimizer_working_set_bytes(self) -> int:
+        """What foreach kernels touch at once: every trainable tensor's parameter, gradient and
+        optimizer state."""
+        return sum(tensor.working_set_bytes for tensor in self.optimizer_tensors)
+
 
 class _ModuleWatcher:
     """Module hooks: the forward stack, call order, input/output bytes and shapes, node claims."""
@@ -216,16 +222,16 @@ def trace_step(
     # torch's per-tensor loop runs all of one tensor's kernels before the next tensor's: one
     # optimizer per parameter gives each tensor's ops (the optimizers torch ships for this loop,
     # SGD, Adam, AdamW and Adagrad, do the same ops on a tensor alone as among the others).
+    # Meta tensors hold no values, so the same parameters serve both traces.
+    trainable = _meta_trainable(build)
     tensors = []
-    for p in _meta_trainable(build):
+    for p in trainable:
         cost, state = _trace_optimizer([p], make_optimizer, foreach=False)
         tensors.append(TensorUpdate(2 * nbytes(p) + state, cost))
     optimizer_cost = PhaseCost()
     for tensor in tensors:
         optimizer_cost.add(tensor.cost)
-    foreach_cost, state_bytes = _trace_optimizer(
-        _meta_trainable(build), make_optimizer, foreach=True
-    )
+    foreach_cost, state_bytes = _trace_optimizer(trainable, make_optimizer, foreach=True)
     layers = _collect(watcher, recorder, saved)
     params = sum(p.numel() for p in model.parameters())
     return StepTrace(
