@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The stamp is remade whenever the dependency files change, so `make` re-installs only then.
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint format clean bench
+.PHONY: setup demo test lint format clean bench gpu-check
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ test: lint
 
 bench: setup
 	$(BIN)/python benchmarks/loop_overhead.py
+
+# On a machine with a CUDA GPU: every strategy at fp32/bf16/fp16, NCCL, pinned memory; a table.
+gpu-check: setup
+	$(BIN)/python -m pytest -q -m gpu tests/gpu
+	$(BIN)/python benchmarks/gpu_check.py --out runs/gpu-check
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -21,7 +21,8 @@ servers share the same cores and loopback: the bound stays B / (2P) unless serve
 parallel. Both S = 1 and S = 2 are measured against that one bound.
 
 Measured throughput: total worker steps (each an update pushed to the servers; counted once per
-worker step, not once per server) / training wall time (the slowest worker's `train_wall_s`).
+worker step, not once per server) / training time (the slowest worker's `step_s`: the sum of its
+step times, which tile its training loop, warm-up included, evaluation left out).
 Both data planes run: `gloo` (parameters and gradients as gloo sends, the path two hosts take)
 and `shm` (buffers in /dev/shm mapped by worker and server, what `data_plane: auto` picks on one
 host). A copy through shared memory does not cross the loopback at all, so `shm` can beat the
@@ -83,13 +84,13 @@ def make_spec(servers: int, steps: int, plane: str) -> dict:
 def run_ps(servers: int, steps: int, plane: str, out: Path) -> dict:
     record = train(parse_spec(make_spec(servers, steps, plane)), out_dir=out)
     assert record["ps"]["data_plane"] == plane, record["ps"]["data_plane"]
-    alive = [w for w in record["workers"] if w.get("status") != "died"]
+    alive = [w for w in record["workers"] if w["status"] == "completed"]
     worker_steps = sum(w["steps"] for w in alive)
-    wall = max(w["train_wall_s"] for w in alive)
+    wall = max(w["step_s"] for w in alive)
     return {
         "parameters": record["model"]["parameters"],
         "updates_per_s": worker_steps / wall,
-        "wait_share": statistics.mean(w["wait_s"] / w["train_wall_s"] for w in alive),
+        "wait_share": statistics.mean(w["comm_wait_share"] for w in alive),
     }
 
 

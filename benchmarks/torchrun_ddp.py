@@ -4,7 +4,8 @@
 
 Same model (LeNet), data (seeded synthetic 1×28×28), per-worker batch, optimizer and threads as
 benchmarks/ddp_vs_torchrun.py gives dlscale. Prints rank 0's loop throughput as JSON: samples
-trained by all workers divided by the wall time of the training loop.
+trained by all workers divided by the wall time of the training loop after the first
+WARMUP_STEPS steps, which dlscale's `train_samples_per_s` leaves out too.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dlscale.data import build_data
 from dlscale.models import build_model
 from dlscale.spec import SyntheticData
+from dlscale.train.metrics import WARMUP_STEPS
 
 
 def main() -> None:
@@ -39,6 +41,8 @@ def main() -> None:
     global_batch = args.batch * world
     start = time.perf_counter()
     for step in range(args.steps):
+        if step == WARMUP_STEPS:
+            start = time.perf_counter()
         if step % (x.shape[0] // global_batch) == 0:
             order = torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(step))
         b = step % (x.shape[0] // global_batch)
@@ -52,7 +56,8 @@ def main() -> None:
         loss.item()
     elapsed = time.perf_counter() - start
     if rank == 0:
-        print(json.dumps({"samples_per_s": args.steps * global_batch / elapsed}), flush=True)
+        timed = args.steps - WARMUP_STEPS
+        print(json.dumps({"samples_per_s": timed * global_batch / elapsed}), flush=True)
     dist.destroy_process_group()
 
 

@@ -90,3 +90,59 @@ def test_resume_refuses_a_changed_spec(tmp_path: Path):
     assert again.returncode == 2
     assert "was written by a different spec" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
+
+
+PIPELINE = """
+name: resume-pipeline
+model: {name: gpt, kwargs: {n_layer: 2, d_model: 32, n_head: 2, dropout: 0.1}}
+data: {name: synthetic, kind: tokens, task: language_modeling, seq_len: 16, vocab_size: 32,
+       num_samples: 1000}
+batch_size: 8
+steps: STEPS
+optimizer: {name: adamw, lr: 0.003, weight_decay: 0.01}
+device: cpu
+seed: 7
+checkpoint: {every_steps: 10, keep_last: 2}
+strategy: STRATEGY
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("strategy", "steps"),
+    [
+        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 100),
+        ("{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}", 40),
+    ],
+)
+def test_a_killed_pipeline_resumes_to_the_uninterrupted_weights(tmp_path, strategy, steps):
+    """Every stage's weights, optimizer state and random stream (dropout runs in every stage)
+    come back from the checkpoint, so the resumed run ends where the uninterrupted one does."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(PIPELINE.replace("STEPS", str(steps)).replace("STRATEGY", strategy))
+    killed = tmp_path / "killed"
+    process = subprocess.Popen([*DLSCALE, str(spec), "--out", str(killed)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not any(step >= 20 for step, _ in list_checkpoints(killed)):
+        assert process.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint within 180 s"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)  # the launcher; its stage processes die with it
+    process.wait(timeout=30)
+    killed_at = list_checkpoints(killed)[-1][0]
+    assert 20 <= killed_at < steps, "the kill must land mid-run"
+
+    resumed = train(spec, killed, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {killed_at}" in " ".join(resumed.stdout.split())
+    straight = train(spec, tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+
+    final_resumed = load_checkpoint(latest_checkpoint(killed))
+    final_straight = load_checkpoint(latest_checkpoint(tmp_path / "straight"))
+    assert final_resumed["step"] == final_straight["step"] == steps
+    for name, tensor in final_straight["model"].items():
+        assert torch.equal(final_resumed["model"][name], tensor), name
+    record = json.loads((killed / "run.json").read_text())
+    assert record["resumed_from_step"] == killed_at and record["status"] == "completed"

@@ -8,11 +8,11 @@ import torch
 
 from dlscale import api
 from dlscale.errors import UserError
-from dlscale.models import build_model
+from dlscale.models import build_model, count_parameters
 from dlscale.profiler.split import candidate_names, in_flight, partition, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.spec import parse_spec
-from dlscale.strategies.pipeline import predicted_bubble
+from dlscale.strategies.pipeline.plan import predicted_bubble
 
 LENET = {
     "name": "pp-lenet",
@@ -174,3 +174,51 @@ def test_examples_train_and_print_their_split(tmp_path: Path, example: str, mini
     words = " ".join(result.output.split())
     assert "pipeline stages (balanced by" in words and "bubble" in words
     assert words.index("pipeline stages") < words.index("epoch 1")  # printed before training
+
+
+def alexnet_trace(batch: int = 2):
+    return trace_step(
+        lambda: build_model("alexnet", {"num_classes": 10, "in_channels": 1}),
+        torch.zeros(1, 64, 64), batch, "fp32", torch.optim.SGD, "sgd",
+    )  # fmt: skip
+
+
+def test_a_stage_never_begins_at_an_in_place_op():
+    """AlexNet's ReLUs run in place: a stage beginning at one would modify its input, which is
+    a leaf of the stage's graph (the defect: `a leaf Variable that requires grad is being used
+    in an in-place operation`)."""
+    model = build_model("alexnet", {"num_classes": 10, "in_channels": 1})
+    in_place = {name for name, m in model.named_modules() if getattr(m, "inplace", False)}
+    trace = alexnet_trace()
+    for stages in (2, 3, 4):
+        plan = plan_split(model, trace, stages, "gpipe", 2)
+        assert not in_place & set(plan.boundaries), plan.boundaries
+        units = [u for stage in plan.stages for u in stage.units]
+        assert not in_place & {stage.units[0] for stage in plan.stages}
+        assert sum(stage.params for stage in plan.stages) == count_parameters(model)
+        assert len(units) == len(set(units))
+    with pytest.raises(UserError, match=r"features\.1 runs in place .* cannot begin a stage"):
+        plan_split(model, trace, 2, "gpipe", 2, split=["features.1"])
+
+
+@pytest.mark.slow
+def test_a_model_with_in_place_activations_trains_in_stages(tmp_path: Path, monkeypatch):
+    """End to end, what AlexNet at 3 stages hit: a balanced split of these layers began a stage
+    at an in-place ReLU, and every step failed in the stage process. Its first stage (the
+    Flatten) has no parameters to train."""
+    (tmp_path / "inplace_models.py").write_text(
+        "from torch import nn\n"
+        "def mlp(input_size, num_classes):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(input_size, 64), nn.ReLU(inplace=True),\n"
+        "                         nn.Linear(64, 64), nn.ReLU(inplace=True),\n"
+        "                         nn.Linear(64, num_classes))\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = parse_spec({**LENET, "model": {"name": "inplace_models:mlp"}, "batch_size": 8,
+                       "steps": 3, "strategy": {"name": "pipeline", "stages": 3,
+                                                "microbatches": 2}})  # fmt: skip
+    record = api.train(spec, out_dir=tmp_path / "run")
+    assert record["status"] == "completed" and record["final"]["step"] == 3
+    assert not {"2", "4"} & set(record["pipeline"]["split"])  # the in-place ReLUs
+    assert record["pipeline"]["per_stage"][0]["params"] == 0

@@ -12,8 +12,10 @@ from dlscale import api
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.spec import parse_spec
-from dlscale.strategies import ps as ps_module
-from dlscale.strategies.ps import SHM_DIR, choose_data_plane, role_names, shard_parameters
+from dlscale.strategies.parent import role_names
+from dlscale.strategies.ps import wire
+from dlscale.strategies.ps.layout import shard_parameters
+from dlscale.strategies.ps.wire import SHM_DIR, choose_data_plane
 from tests.conftest import EXAMPLES
 
 BASE = {
@@ -48,7 +50,11 @@ def test_shards_are_balanced_by_size_and_never_split_a_tensor():
 
 def test_processes_are_named_by_role_in_errors():
     message = "worker 0 (pid 7) was killed by SIGKILL; then worker 2 failed: lost peer"
-    assert role_names(message, servers=2) == (
+
+    def servers(rank: int) -> str:
+        return f"server {rank}" if rank < 2 else f"worker {rank - 2}"
+
+    assert role_names(message, servers) == (
         "server 0 (pid 7) was killed by SIGKILL; then worker 0 failed: lost peer"
     )
 
@@ -77,7 +83,7 @@ def test_the_data_plane_is_shared_memory_only_on_one_host_with_room(monkeypatch,
     plane, why = choose_data_plane("shm", hosts=1, needed_bytes=1 << 60)
     assert plane == "gloo" and re.search(r"MiB free and the buffers need [\d,]+ MiB", why)
     assert choose_data_plane("auto", hosts=1, needed_bytes=1 << 60) == ("gloo", None)
-    monkeypatch.setattr(ps_module, "SHM_DIR", tmp_path / "missing")
+    monkeypatch.setattr(wire, "SHM_DIR", tmp_path / "missing")
     plane, why = choose_data_plane("shm", hosts=1, needed_bytes=1)
     assert plane == "gloo" and "does not exist here" in why
 
@@ -129,32 +135,48 @@ def test_digits_examples_reach_93_percent(tmp_path: Path, mode: str):
         assert sum(stats["staleness_histogram"].values()) == pushes * stats["servers"]
         assert stats["max_staleness"] >= 1
     assert "parameter servers" in result.output and mode in result.output
-    # Accuracy against wall time, for comparisons.
-    assert [e["epoch"] for e in record["time_to_accuracy"]] == list(range(1, 21))
+    # Accuracy against wall time, for comparisons; the last point is the final model's.
+    assert [e["epoch"] for e in record["epochs"]] == list(range(1, 21))
+    assert record["epochs"][-1]["val_accuracy"] == record["final"]["val_accuracy"]
 
 
 def straggler_run(tmp_path: Path, name: str, mode: str, **strategy) -> dict:
     spec = parse_spec({**BASE, "name": name, "batch_size": 16, "steps": 40,
                        "strategy": ps_spec(mode, workers=2, **strategy,
                                            straggler={"worker": 1, "factor": 4.0})})  # fmt: skip
-    record = api.train(spec, out_dir=tmp_path / name)
-    fast, slow = (w["samples_per_s"] for w in record["workers"])
-    return {"ratio": fast / slow, "record": record}
+    return api.train(spec, out_dir=tmp_path / name)["ps"]
 
 
 @pytest.mark.slow
-def test_a_straggler_slows_synchronous_training_but_not_asynchronous(tmp_path: Path):
+def test_a_straggler_holds_back_synchronous_training_but_not_asynchronous(tmp_path: Path):
+    """Counted, not timed: how far the fast worker got ahead of the straggler (worker 1, four
+    times slower) in pushes or averaging rounds, as the servers saw it."""
     synchronous = straggler_run(tmp_path, "avg", "averaging")
     asynchronous = straggler_run(tmp_path, "async", "async")
     bounded = straggler_run(tmp_path, "ssp", "async", max_staleness=1)
-    # Averaging: everyone waits for the slowest worker each round, so rates match.
-    assert synchronous["ratio"] < 1.3, synchronous["ratio"]
-    # Async: the fast worker never waits for the slow one.
-    assert asynchronous["ratio"] > 1.8, asynchronous["ratio"]
-    # A staleness bound of 1 holds the fast worker back to the slow one's pace.
-    assert bounded["ratio"] < 1.5, bounded["ratio"]
-    waited = sum(s["staleness_wait_s"] for s in bounded["record"]["ps"]["per_server"])
-    assert waited > 0
+    # Averaging: nobody starts round r + 1 before everyone has finished round r.
+    assert synchronous["max_clock_gap"] <= 1, synchronous["max_clock_gap"]
+    # A staleness bound of 1: a worker more than one push ahead waits before its next pull.
+    assert bounded["max_clock_gap"] <= 2, bounded["max_clock_gap"]
+    assert sum(s["staleness_wait_s"] for s in bounded["per_server"]) > 0
+    # Async: the fast worker never waits, so it runs further ahead than the bound ever allows.
+    assert asynchronous["max_clock_gap"] > 2, asynchronous["max_clock_gap"]
+
+
+@pytest.mark.slow
+def test_one_async_worker_equals_one_process(tmp_path: Path):
+    """DESIGN's invariant: with one worker nothing is stale, and the server's SGD step on each
+    pushed gradient is the step one process takes."""
+    single = parse_spec({**BASE, "batch_size": 16, "steps": 12})
+    ps = parse_spec({**BASE, "batch_size": 16, "steps": 12,
+                     "strategy": ps_spec("async", workers=1)})  # fmt: skip
+    api.train(single, out_dir=tmp_path / "single")
+    record = api.train(ps, out_dir=tmp_path / "ps")
+    assert record["ps"]["staleness_histogram"] == {"0": 12}
+    reference, served = final_weights(tmp_path / "single"), final_weights(tmp_path / "ps")
+    for name, expected in reference.items():
+        difference = (served[name] - expected).norm() / expected.norm()
+        assert difference <= 1e-5, (name, float(difference))
 
 
 def test_more_servers_than_tensors_is_one_line(tmp_path: Path):

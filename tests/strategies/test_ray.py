@@ -121,7 +121,9 @@ def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
 @pytest.mark.slow
 def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
     spec = parse_spec({**SPEC, "strategy": {"name": "ddp", "workers": 3}})
-    with pytest.raises(UserError, match="has 2 CPUs; 3 workers × 1 CPU each cannot be placed"):
+    with pytest.raises(
+        UserError, match="has 2 CPUs; 3 workers needing 3 CPUs in all cannot be placed"
+    ):
         api.train(spec, out_dir=tmp_path, cluster="ray", address=cluster.address)
 
 

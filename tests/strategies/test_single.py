@@ -30,7 +30,7 @@ def test_run_record_schema(tmp_path: Path, reporter):
     record = api.train(spec(epochs=2), out_dir=tmp_path, reporter=reporter)
     on_disk = json.loads((tmp_path / "run.json").read_text())
     assert on_disk == json.loads(json.dumps(record, default=str))
-    assert on_disk["schema"] == "dlscale.run/1" and on_disk["status"] == "completed"
+    assert on_disk["schema"] == "dlscale.run/2" and on_disk["status"] == "completed"
     assert len(on_disk["spec_hash"]) == 16 and on_disk["spec"]["batch_size"] == 16
     env = on_disk["environment"]
     assert env["packages"]["torch"].startswith("2.13.0") and env["cpu_count"] >= 1

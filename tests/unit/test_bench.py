@@ -33,7 +33,7 @@ from dlscale.hardware import get_hardware, local_entry_path, save_local
 from dlscale.models import build_model
 from dlscale.profiler.calibrate import update_seconds_in_step
 from dlscale.spec import parse_spec
-from dlscale.train.step import compute_loss
+from dlscale.train.score import compute_loss
 
 MiB = 2**20
 runner = CliRunner()

@@ -1,4 +1,5 @@
-"""The import arrows of DESIGN.md: lower layers never import higher ones or the cluster engines."""
+"""The import arrows of DESIGN.md, over every layer: lower layers never import higher ones or
+the cluster engines; and no module grows past 400 lines."""
 
 import ast
 from pathlib import Path
@@ -7,21 +8,36 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 
-# package -> the dlscale modules it may import (besides itself)
-BASE = {"dlscale.errors", "dlscale.units"}
+# package -> the dlscale modules it may import (besides itself). Every package of the source
+# tree is listed (a test below checks it), so a new one must state its place.
+BASE = {"dlscale.errors", "dlscale.units", "dlscale.__version__"}
 TRAIN = BASE | {"dlscale.spec", "dlscale.models", "dlscale.data", "dlscale.train"}
 ALLOWED = {
+    "errors": set(),
+    "units": set(),
     "models": {"dlscale.errors"},
     "data": {"dlscale.errors", "dlscale.spec"},
     "spec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)
     "hardware": BASE | {"dlscale.train.files"},
     "train": TRAIN,
+    # Launchers start and supervise processes; they know nothing of training.
+    "launch": BASE,
     "profiler": TRAIN | {"dlscale.hardware", "dlscale.profiler"},
     "bench": TRAIN | {"dlscale.hardware", "dlscale.profiler", "dlscale.bench"},
+    # A strategy is an exchange for the one loop, placed by a launcher; a pipeline plans its
+    # split with the profiler on the hardware model.
+    "strategies": TRAIN | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"},
     # A sweep runs its trials with the strategies, on a launcher's task pool.
     "sweep": TRAIN | {"dlscale.launch", "dlscale.strategies", "dlscale.sweep"},
+    # The verbs: everything below them.
+    "api": TRAIN
+    | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"}
+    | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep"},
+    # A front door calls the verbs and nothing else.
+    "cli": BASE | {"dlscale.api"},
 }
-NEVER_IN_MODELS = ("ray", "torch.distributed")
+# What each layer must not import at all (the train step stays free of the cluster engine).
+NEVER = {"models": ("ray", "torch.distributed"), "train": ("ray",), "spec": ("torch",)}
 
 
 def imports_of(path: Path) -> set[str]:
@@ -51,7 +67,68 @@ def test_lower_layers_import_only_what_is_below_them(package: str):
             assert any(name.startswith(ok) for ok in ALLOWED[package]), f"{path.name}: {name}"
 
 
-def test_models_never_touch_cluster_engines():
-    for path in files_of("models"):
+def test_every_package_has_its_place_in_the_arrows():
+    top = {p.stem for p in SRC.glob("*.py") if p.stem != "__init__"}
+    top |= {p.name for p in SRC.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert top == set(ALLOWED), top ^ set(ALLOWED)
+
+
+@pytest.mark.parametrize("package", sorted(NEVER))
+def test_lower_layers_never_touch_what_is_not_theirs(package: str):
+    for path in files_of(package):
         for name in imports_of(path):
-            assert not name.startswith(NEVER_IN_MODELS), f"{path.name} imports {name}"
+            assert not name.startswith(NEVER[package]), f"{path.name} imports {name}"
+
+
+def test_no_module_is_over_400_lines():
+    long = {str(p.relative_to(SRC)): n for p in SRC.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}  # fmt: skip
+    assert not long, long
+
+
+def module_imports(path: Path) -> set[str]:
+    """dlscale modules imported at module level, TYPE_CHECKING blocks included (not inside
+    functions: those run later, once every module is loaded)."""
+    found = set()
+    body = ast.parse(path.read_text()).body
+    for block in [n for n in body if isinstance(n, ast.If)]:
+        body = body + block.body
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dlscale"):
+            for alias in node.names:  # `from dlscale.train import checkpoint` is a module
+                child = f"{node.module}.{alias.name}"
+                found.add(child if module_path(child) else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("dlscale"))
+    return {name for name in found if module_path(name)}
+
+
+def module_path(name: str) -> Path | None:
+    base = SRC.parent / Path(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def test_no_module_imports_itself_back():
+    """No import cycles between modules (train/loop.py and train/record.py had one)."""
+    graph = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        graph[name] = module_imports(path) - {name}
+    visiting, done = [], set()
+
+    def visit(name: str) -> None:
+        if name in done:
+            return
+        assert name not in visiting, " -> ".join([*visiting[visiting.index(name) :], name])
+        visiting.append(name)
+        for child in graph.get(name, ()):
+            visit(child)
+        visiting.pop()
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name)

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from dlscale.errors import UserError
 from dlscale.spec import CheckpointSpec, LoaderSpec, Spec, parse_spec
+from dlscale.train.batches import train_batches
 from dlscale.train.device import resolve_device
 from dlscale.train.loop import Trainer
 from dlscale.train.metrics import WARMUP_STEPS
@@ -130,12 +131,14 @@ def measure_setting(
         trainer = Trainer(variant, Path(run_dir))
         if per_sample:
             trainer.data.train = PerSampleDataset(trainer.data.train)
-            trainer.train_loader = trainer._loader()
+            trainer.train_loader = train_batches(
+                variant, trainer.data.train, trainer.sampler, trainer.device
+            )
         t_start = time.perf_counter()
         while trainer.step < trainer.plan.total_steps:
             trainer.run_epoch(trainer.step // trainer.plan.steps_per_epoch)
         wall_s = time.perf_counter() - t_start
-        records = [r for r in trainer.steps_log.records if r["step"] > WARMUP_STEPS]
+        records = [r for r in trainer.history.steps.records if r["step"] > WARMUP_STEPS]
         device = str(trainer.device)
         del trainer  # persistent DataLoader workers exit with their loader
         gc.collect()

@@ -10,18 +10,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dlscale.bench.batch import DEFAULT_BATCHES, run_batch_bench
-from dlscale.bench.loader import DEFAULT_STEPS, run_loader_bench
-from dlscale.bench.machine import machine_hardware, run_machine_bench
-from dlscale.bench.matmul import run_matmul_bench
-from dlscale.bench.output import write_outputs
-from dlscale.bench.width import run_width_bench
+from dlscale import api
 from dlscale.cli.errors import user_errors
 from dlscale.cli.options import parse_int_list
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
-from dlscale.hardware import save_local
-from dlscale.spec import load_spec
 from dlscale.units import binary_bytes
 from dlscale.units import duration as seconds
 
@@ -64,15 +57,14 @@ def machine(
     console.print(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
-    result = run_machine_bench(quick=quick, device=device)
-    hardware = machine_hardware(result)
+    result = api.bench_machine(quick=quick, device=device)
     console.print(matmul_sweep_table(result))
     console.print(machine_table(result))
-    print_written(*write_outputs("machine", result, out))
+    print_written(*api.write_outputs("machine", result, out))
     if no_save:
         console.print("not saved as hardware 'local' (--no-save)")
     else:
-        console.print(f"saved as hardware 'local': {save_local(hardware)}")
+        console.print(f"saved as hardware 'local': {api.save_local_hardware(result)}")
 
 
 def matmul_sweep_table(result: dict) -> Table:
@@ -137,9 +129,9 @@ def matmul(
 ) -> None:
     """CPU vs GPU matmul time and FLOP/s across sizes: where the accelerator starts to win."""
     size_list = parse_int_list(sizes, "--sizes") if sizes is not None else None
-    result = run_matmul_bench(size_list, precision)
+    result = api.bench_matmul(size_list, precision)
     console.print(matmul_table(result))
-    print_written(*write_outputs("matmul", result, out))
+    print_written(*api.write_outputs("matmul", result, out))
 
 
 def matmul_table(result: dict) -> Table:
@@ -194,14 +186,16 @@ def loader(
         None, "--spec", help="Job spec to train (default: synthetic 3×32×32 images, an MLP)."
     ),
     workers: str = typer.Option("0,1,2", "--workers", help="DataLoader worker counts, e.g. 0,1,2."),
-    steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="Training steps per setting."),
+    steps: int = typer.Option(
+        api.DEFAULT_LOADER_STEPS, "--steps", help="Training steps per setting."
+    ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Training throughput vs DataLoader workers and pin_memory, with per-sample loading."""
     worker_counts = parse_int_list(workers, "--workers", minimum=0)
-    result = run_loader_bench(load_spec(spec) if spec else None, worker_counts, steps)
+    result = api.bench_loader(spec, worker_counts, steps)
     console.print(loader_table(result))
-    print_written(*write_outputs("loader", result, out))
+    print_written(*api.write_outputs("loader", result, out))
 
 
 def loader_table(result: dict) -> Table:
@@ -249,9 +243,9 @@ def width(
     """An MLP's training-step time as its width doubles, against the last-level cache and RAM."""
     if batch < 1:
         raise UserError(f"--batch: must be a positive integer (got {batch})")
-    result = run_width_bench(parse_int_list(widths, "--widths"), batch)
+    result = api.bench_width(parse_int_list(widths, "--widths"), batch)
     console.print(width_table(result))
-    print_written(*write_outputs("width", result, out))
+    print_written(*api.write_outputs("width", result, out))
 
 
 def width_table(result: dict) -> Table:
@@ -295,7 +289,7 @@ def width_table(result: dict) -> Table:
 def batch(
     model: str = typer.Option("lenet", "--model", help="A zoo model (or package.module:factory)."),
     batches: str = typer.Option(
-        ",".join(str(b) for b in DEFAULT_BATCHES), "--batches", help="Batch sizes to try."
+        ",".join(str(b) for b in api.DEFAULT_BATCHES), "--batches", help="Batch sizes to try."
     ),
     kwargs: str | None = typer.Option(None, "--kwargs", help="Model kwargs as JSON."),
     steps: int = typer.Option(5, "--steps", help="Timed steps per batch size."),
@@ -311,11 +305,11 @@ def batch(
         model_kwargs = json.loads(kwargs) if kwargs else None
     except json.JSONDecodeError as exc:
         raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
-    result = run_batch_bench(
+    result = api.bench_batch(
         model, parse_int_list(batches, "--batches"), model_kwargs, steps, memory_fraction
     )
     console.print(batch_table(result))
-    print_written(*write_outputs("batch", result, out))
+    print_written(*api.write_outputs("batch", result, out))
 
 
 def batch_table(result: dict) -> Table:

@@ -12,7 +12,6 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
-from dlscale.hardware import PRECISIONS, Hardware
 
 app = typer.Typer(
     help="The hardware catalogue: peak FLOP/s, memory, links and power of known devices.",
@@ -93,14 +92,14 @@ def show(
     console.print(table)
 
 
-def record(device: Hardware) -> dict:
+def record(device: api.Hardware) -> dict:
     """A device as a JSON-ready dict in SI units (the Hardware fields)."""
     return dataclasses.asdict(device) | {"sources": list(device.sources)}
 
 
-def _rows(device: Hardware) -> list[tuple[str, str]]:
+def _rows(device: api.Hardware) -> list[tuple[str, str]]:
     rows = [("kind", device.kind), ("vendor", device.vendor)]
-    for precision in PRECISIONS:
+    for precision in api.PRECISIONS:
         if precision in device.peak_flops:
             unit = "TOP/s" if precision == "int8" else "TFLOP/s"
             rows.append(
@@ -134,7 +133,7 @@ def _number(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.4g}"
 
 
-def _half_precision(device: Hardware) -> str:
+def _half_precision(device: api.Hardware) -> str:
     """The bf16 peak, else the fp16 one (marked), else a dash."""
     if "bf16" in device.peak_flops:
         return _number(device.peak_flops["bf16"] / 1e12)

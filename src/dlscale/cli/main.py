@@ -132,10 +132,9 @@ def scale(
     out: Path | None = typer.Option(None, "--out", help="Output folder."),
 ) -> None:
     """Train a spec with 1, 2, 4, ... data-parallel workers: throughput and scaling efficiency."""
-    from dlscale.bench.output import output_dir, write_outputs
     from dlscale.cli.options import parse_int_list
 
-    folder = output_dir("scale", out)
+    folder = api.output_dir("scale", out)
 
     def show(row: dict) -> None:
         console.print(
@@ -156,7 +155,7 @@ def scale(
             f"{100 * row['allreduce_share']:.0f}% of step",
         )  # fmt: skip
     console.print(table)
-    json_path, png_path = write_outputs("scale", result, folder)
+    json_path, png_path = api.write_outputs("scale", result, folder)
     console.print(f"wrote {json_path} and {png_path}")
 
 
@@ -182,14 +181,11 @@ def compare(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Train a spec with each strategy at the same worker count: accuracy against wall time."""
-    from dlscale.bench.compare import parse_strategies
-    from dlscale.bench.output import write_outputs
     from dlscale.cli.progress import percent
-    from dlscale.train.files import new_run_dir
 
-    names = parse_strategies(strategies)
+    names = api.parse_strategies(strategies)
     # Created by the first run, so a bad spec or option leaves no empty folder behind.
-    folder = out if out is not None else new_run_dir("bench-compare")
+    folder = out if out is not None else api.new_run_dir("bench-compare")
     say = Console(stderr=True, highlight=False) if as_json else console
 
     def show(row: dict) -> None:
@@ -199,7 +195,7 @@ def compare(
         )
 
     result = api.compare(spec, names, workers, folder, epochs, cluster, address, show)
-    json_path, png_path = write_outputs("compare", result, folder)
+    json_path, png_path = api.write_outputs("compare", result, folder)
     if as_json:
         print(json.dumps(result, indent=2))
         say.print(f"wrote {json_path} and {png_path}")

@@ -72,16 +72,12 @@ def profile(
         model_kwargs=model_kwargs,
         dataset_size=dataset_size,
     )
-    from dlscale.profiler.report import render, to_json
-
     if as_json:
-        print(json.dumps(to_json(result), indent=2))
+        print(json.dumps(api.profile_json(result), indent=2))
     else:
-        render(result, console)
+        api.profile_report(result, console)
     if plot is not None:
-        from dlscale.profiler.plots import write_plots
-
-        written = write_plots(result, plot)
+        written = api.profile_plots(result, plot)
         (Console(stderr=True) if as_json else console).print(
             "plots: " + ", ".join(str(p) for p in written)
         )

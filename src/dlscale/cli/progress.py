@@ -21,6 +21,10 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def decimal(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
 class RichReporter:
     """Shows a training run to a person at a terminal (and stays quiet when piped)."""
 
@@ -33,9 +37,11 @@ class RichReporter:
     def start(self, plan: dict) -> None:
         self.total_epochs = plan["epochs"]
         resumed = f", resuming at step {plan['start_step']}" if plan["start_step"] else ""
+        strategy = plan.get("strategy", "single")
+        how = "" if strategy == "single" else f", {strategy} with {plan['workers']} workers"
         self.console.print(
             f"[bold]{plan['name']}[/]: {plan['model']} ({plan['parameters']:,} parameters) on "
-            f"{plan['device']}, {plan['precision']}; {plan['train_samples']:,} training / "
+            f"{plan['device']}, {plan['precision']}{how}; {plan['train_samples']:,} training / "
             f"{plan['val_samples']:,} validation samples; batch {plan['global_batch_size']}, "
             f"{plan['steps_per_epoch']} steps × {plan['epochs']} epochs = "
             f"{plan['total_steps']} steps{resumed}"
@@ -71,11 +77,10 @@ class RichReporter:
 
     def epoch_end(self, record: dict) -> None:
         self.progress.update(self.task, completed=record["step"])
-        train_loss = record["train_loss"]
-        shown = f"{train_loss:.4f}" if train_loss is not None else "-"
+        train_loss, val_loss = record["train_loss"], record["val_loss"]
         self.progress.console.print(
             f"epoch {record['epoch']:>3}/{self.total_epochs}  step {record['step']:>6}  "
-            f"loss {shown}  val loss {record['val_loss']:.4f}  "
+            f"loss {decimal(train_loss)}  val loss {decimal(val_loss)}  "
             f"val acc {percent(record['val_accuracy'])}"
         )
 
@@ -94,33 +99,42 @@ class RichReporter:
 
 
 def summary_table(record: dict) -> Table:
-    final, timing = record["final"], record["timing"]
+    """The run at a glance: the same rows for every strategy, then the strategy's own."""
+    final, timing, plan = record["final"], record["timing"], record["plan"]
     table = Table(title=f"{record['name']}: summary", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
     table.add_row("validation accuracy", percent(final["val_accuracy"]))
-    table.add_row("validation loss", f"{final['val_loss']:.4f}")
-    plan = record["plan"]
-    workers = record.get("distributed", record.get("ps", {})).get("workers", 1)
+    table.add_row("validation loss", decimal(final["val_loss"]))
+    replicas = plan["global_batch_size"] // plan["batch_size"]
     batch = f"batch {plan['global_batch_size']}"
-    if workers > 1:
-        batch += f" = {workers} workers × {plan['batch_size']}"
+    if replicas > 1:
+        batch += f" = {replicas} workers × {plan['batch_size']}"
     table.add_row("steps", f"{final['step']:,} ({batch})")
     table.add_row("wall time", f"{final['wall_s']:.1f} s (setup {final['setup_s']:.1f} s)")
-    table.add_row("throughput", f"{final['train_samples_per_s']:,.0f} samples/s")
-    if "ps" not in record:
-        table.add_row(
-            "step time split",
-            f"data wait {percent(timing['data_wait_share'])} · host→device "
-            f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}",
-        )
-    if workers > 1 and "distributed" in record:
-        dist = record["distributed"]
+    median = final["median_step_s"]
+    typical = f"; median step {median * 1e3:.2f} ms" if median else ""
+    table.add_row(
+        "throughput",
+        f"{final['train_samples_per_s']:,.0f} samples/s{typical} (after "
+        f"{timing['warmup_steps']} warm-up steps)",
+    )
+    split = (
+        f"data wait {percent(timing['data_wait_share'])} · host→device "
+        f"{percent(timing['h2d_share'])} · compute {percent(timing['compute_share'])}"
+    )
+    if timing["comm_wait_share"]:
+        split += f" · waiting on other workers {percent(timing['comm_wait_share'])}"
+    table.add_row("step time split", split)
+    live = [w for w in record["workers"] if w["status"] == "completed"]
+    if len(record["workers"]) > 1 and live:
         table.add_row(
             "per worker",
             f"{final['per_worker_samples_per_s']:,.0f} samples/s "
-            f"(slowest {min(w['samples_per_s'] for w in record['workers']):,.0f})",
+            f"(slowest {min(w['samples_per_s'] for w in live):,.0f})",
         )
+    if "distributed" in record:
+        dist = record["distributed"]
         per_step_ms = dist["allreduce_s_per_step"] * 1e3
         payload = binary_bytes(dist["allreduce_payload_bytes_per_step"])
         sent = binary_bytes(dist["bytes_sent_per_worker_per_step"])
@@ -150,9 +164,9 @@ def ps_rows(table: Table, record: dict) -> None:
         f"updates ({ps['updates_per_s']:,.1f}/s), {binary_bytes(ps['bytes_per_s'])}/s moved "
         f"({ps['data_plane']})",
     )
-    live = [w for w in record["workers"] if "wait_share" in w]
-    waits = ", ".join(f"{percent(w['wait_share'])}" for w in live)
-    table.add_row("workers waiting", f"{waits} of each worker's time (pull, push, average)")
+    live = [w for w in record["workers"] if w["status"] == "completed"]
+    waits = ", ".join(f"{percent(w['comm_wait_share'])}" for w in live)
+    table.add_row("workers waiting", f"{waits} of each worker's steps (pull, push, average)")
     if ps["mode"] != "averaging":
         table.add_row(
             "staleness",

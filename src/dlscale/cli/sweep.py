@@ -13,7 +13,6 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
-from dlscale.sweep.space import show
 
 MAX_ROWS = 24  # a longer sweep shows its running trials and the best finished ones
 STATUS_STYLE = {"completed": "green", "failed": "red", "pruned": "yellow", "running": "cyan",
@@ -89,7 +88,7 @@ def trial_table(result: dict) -> Table:
         marker = " ★" if trial["id"] == best else ""
         table.add_row(
             trial["id"] + marker,
-            *(show(trial["params"].get(p)) for p in result["params"]),
+            *(api.show_value(trial["params"].get(p)) for p in result["params"]),
             f"[{style}]{escape(status_text(trial, runs))}[/]",
             score(trial, metric),
             f"{trial['wall_s']:.1f} s" if trial["wall_s"] else "",
@@ -130,7 +129,7 @@ class RichSweepReporter:
             self.live.update(trial_table(result))
 
     def trial_done(self, trial: dict) -> None:
-        params = " ".join(f"{p}={show(v)}" for p, v in trial["params"].items())
+        params = " ".join(f"{p}={api.show_value(v)}" for p, v in trial["params"].items())
         line = f"{trial['id']} {escape(params)}: {trial['status']}"
         if trial["metric"] is not None:
             line += f", {self.metric.replace('_', ' ')} {score(trial, self.metric)}"
@@ -151,7 +150,7 @@ class RichSweepReporter:
         if best is None:
             self.console.print("[bold red]no trial completed[/]: see the errors above")
         else:
-            params = " ".join(f"{p}={show(v)}" for p, v in best["params"].items())
+            params = " ".join(f"{p}={api.show_value(v)}" for p, v in best["params"].items())
             self.console.print(
                 f"best: {best['id']} {escape(params)} → {score(best, self.metric)}"
                 f"; ready to run: dlscale train {escape(best['spec'])}"

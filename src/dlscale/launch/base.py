@@ -38,6 +38,7 @@ class WorkerContext:
     master_port: int
     events: Any = None  # a queue-like object with put(); None when nobody listens
     node: str = ""  # where the worker runs: a host name, or a Ray node id
+    gpu: int | None = None  # this worker's GPU as the process sees it; None: it needs none
 
     def send(self, kind: str, *args: Any) -> None:
         if self.events is not None:
@@ -50,6 +51,17 @@ class Resources:
 
     cpus: float = 1.0
     gpus: float = 0.0
+
+
+def per_rank(resources: Resources | list[Resources], num_workers: int) -> list[Resources]:
+    """One Resources for every rank (a job may mix, e.g. CPU servers and GPU workers)."""
+    if isinstance(resources, Resources):
+        return [resources] * num_workers
+    assert len(resources) == num_workers, (len(resources), num_workers)
+    return list(resources)
+
+
+READY = "ready"  # the event each worker sends once it has met the others (after rendezvous)
 
 
 # Parent-side handler for events a pool task sends: (task key, kind, args).
@@ -92,8 +104,10 @@ class Launcher(Protocol):
     """Starts `num_workers` copies of `fn`, supervises them and returns their results by rank.
 
     Every wait has a timeout; a worker that dies or raises stops the whole job with WorkerFailed
-    naming it, unless its rank is in `expendable` (a strategy that trains on without it): then
-    its result is None and a warning event says so. No worker outlives the call.
+    naming it, unless its rank is in `expendable` (a strategy that trains on without it) and
+    every worker has reported READY (before the rendezvous is complete the others would wait
+    for it in vain): then its result is None and a warning event says so. `resources` is one
+    for all ranks or one per rank. No worker outlives the call.
     """
 
     name: str
@@ -103,7 +117,7 @@ class Launcher(Protocol):
         fn: WorkerFn,
         payload: Any,
         num_workers: int,
-        resources: Resources,
+        resources: Resources | list[Resources],
         port: int | None = None,
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
@@ -119,16 +133,35 @@ class Launcher(Protocol):
 
 
 class LateExpendables:
-    """Expendable ranks still running after every other rank has finished get `grace_s`.
+    """Which ranks the job may lose, and when to give up on them.
 
-    A job that trains on without them (asynchronous parameter servers) is complete once the
-    others are; one that hangs or was stopped (SIGSTOP, a dead node) must not hold it forever.
+    A rank in `expendable` may be lost only once every rank has reported READY: before that the
+    others are still waiting for it at the rendezvous. Expendable ranks still running after
+    every other rank has finished get `grace_s`: a job that trains on without them
+    (asynchronous parameter servers) is complete once the others are, and one that hangs or was
+    stopped (SIGSTOP, a dead node) must not hold it forever.
     """
 
     def __init__(self, size: int, expendable: frozenset[int], grace_s: float):
+        self.size = size
         self.required = set(range(size)) - set(expendable)
         self.expendable, self.grace_s = expendable, grace_s
         self.since: float | None = None
+        self.ready: set[int] = set()
+
+    def may_lose(self, rank: int) -> bool:
+        return rank in self.expendable and len(self.ready) == self.size
+
+    def watch(self, on_event: EventHandler | None) -> EventHandler:
+        """`on_event`, with the READY events taken out and counted."""
+
+        def handle(kind: str, args: tuple) -> None:
+            if kind == READY:
+                self.ready.add(args[0])
+            elif on_event is not None:
+                on_event(kind, args)
+
+        return handle
 
     def overdue(self, finished) -> list[int]:
         """The expendable ranks to give up on now, given the ranks finished so far."""

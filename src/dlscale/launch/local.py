@@ -10,9 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import math
 import multiprocessing as mp
-import multiprocessing.connection as mp_connection
 import os
 import queue
 import signal
@@ -29,12 +27,12 @@ from dlscale.launch.base import (
     EventHandler,
     LateExpendables,
     Resources,
-    TaskDone,
     WorkerContext,
     WorkerFailed,
     WorkerFn,
     drain_events,
     lost_worker,
+    per_rank,
 )
 
 LOOPBACK = "127.0.0.1"
@@ -71,7 +69,7 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _die_with_parent(parent_pid: int) -> None:
+def die_with_parent(parent_pid: int) -> None:
     """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -90,7 +88,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, threads: int) -> None:
     """What each spawned process runs: set up, call `fn`, report its result or its error."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     import torch  # after the parent check: importing torch takes a second or two
 
     torch.set_num_threads(threads)  # workers share the cores instead of each taking them all
@@ -147,7 +145,9 @@ class LocalLauncher:
             return min(by_cores, int(gpus // resources.gpus))
         return by_cores
 
-    def pool(self, slots: int, resources: Resources) -> LocalPool:
+    def pool(self, slots: int, resources: Resources):
+        from dlscale.launch.pool import LocalPool
+
         return LocalPool(slots, resources)
 
     def run(
@@ -155,7 +155,7 @@ class LocalLauncher:
         fn: WorkerFn,
         payload: Any,
         num_workers: int,
-        resources: Resources,
+        resources: Resources | list[Resources],
         port: int | None = None,
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
@@ -164,28 +164,30 @@ class LocalLauncher:
         ctx = mp.get_context("spawn")
         results, events = ctx.Queue(), ctx.Queue()
         threads = max(1, available_cores() // num_workers)
+        gpus = _gpu_indices(per_rank(resources, num_workers))
         processes = []
         for rank in range(num_workers):
             context = WorkerContext(
-                rank, num_workers, rank, LOOPBACK, port, events, socket.gethostname()
+                rank, num_workers, rank, LOOPBACK, port, events, socket.gethostname(), gpus[rank]
             )
             process = ctx.Process(
                 target=_entry,
                 args=(fn, payload, context, results, os.getpid(), threads),
                 name=f"dlscale-worker-{rank}",
             )
-            with _thread_env(threads):
+            with thread_env(threads):
                 process.start()
             processes.append(process)
         try:
             return self._supervise(processes, results, events, on_event, expendable)
         finally:
-            _stop(processes)
+            stop_processes(processes)
 
     def _supervise(self, processes, results, events, on_event, expendable) -> list[Any]:
         done: dict[int, Any] = {}
         exited_at: dict[int, float] = {}
         late = LateExpendables(len(processes), expendable, RESULT_GRACE_S)
+        on_event = late.watch(on_event)
         while len(done) < len(processes):
             for rank in late.overdue(done):
                 done[rank] = None
@@ -198,7 +200,7 @@ class LocalLauncher:
                 status = None
             if status == "ok":
                 done[rank] = value
-            elif status in ("user_error", "error") and rank in expendable:
+            elif status in ("user_error", "error") and late.may_lose(rank):
                 done[rank] = None
                 lost_worker(rank, f"failed: {value}", on_event)
             elif status == "user_error":
@@ -209,7 +211,7 @@ class LocalLauncher:
                 code = process.exitcode
                 if code is None or rank in done:
                     continue
-                if code != 0 and rank in expendable:
+                if code != 0 and late.may_lose(rank):
                     done[rank] = None
                     lost_worker(rank, f"(pid {process.pid}) {describe_exit(code)}", on_event)
                     continue
@@ -220,6 +222,21 @@ class LocalLauncher:
                     raise WorkerFailed(f"worker {rank} exited without reporting a result")
         drain_events(events, on_event)
         return [done[rank] for rank in range(len(processes))]
+
+
+def _gpu_indices(resources: list[Resources]) -> list[int | None]:
+    """Each GPU-using rank's GPU, in rank order over the GPUs this process sees."""
+    if not any(each.gpus for each in resources):
+        return [None] * len(resources)
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    indices: list[int | None] = []
+    used = 0
+    for each in resources:
+        indices.append(used % count if each.gpus and count else None)
+        used += 1 if each.gpus else 0
+    return indices
 
 
 def _first_cause(processes, rank: int, error: str) -> WorkerFailed:
@@ -239,7 +256,7 @@ def _first_cause(processes, rank: int, error: str) -> WorkerFailed:
 
 
 @contextlib.contextmanager
-def _thread_env(threads: int):
+def thread_env(threads: int):
     """Children inherit the environment at spawn: size OpenMP's pool before torch loads there.
 
     Unpickling a worker's function imports torch before any of our code runs in the child, and
@@ -258,7 +275,7 @@ def _thread_env(threads: int):
                 os.environ[name] = value
 
 
-def _stop(processes) -> None:
+def stop_processes(processes) -> None:
     """SIGTERM the live ones, give them a moment, SIGKILL what is left, and reap all."""
     for process in processes:
         if process.is_alive():
@@ -269,144 +286,3 @@ def _stop(processes) -> None:
         if process.is_alive():
             process.kill()
             process.join(timeout=WORKER_EXIT_GRACE_S)
-
-
-# ------------------------------------------------------------------------------ pool
-
-
-class _PipeEvents:
-    """A task's events travel on its own pipe: a task killed mid-send (a pruned sweep trial)
-    can only garble its own channel, never another task's, as a shared queue could."""
-
-    def __init__(self, conn):
-        self.conn = conn
-
-    def put(self, item: tuple) -> None:
-        self.conn.send(("event", item))
-
-
-def _task_entry(fn, payload, key: str, conn, parent_pid: int, threads: int, cores, gpu) -> None:
-    """What a pool task's process runs: its cores and threads, `fn`, the result on its pipe."""
-    _die_with_parent(parent_pid)
-    # Ctrl-C at a terminal reaches the whole process group: the pool's owner alone decides
-    # what stops (it terminates the tasks), so a task never reports the interrupt as its failure.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if cores is not None:
-        os.sched_setaffinity(0, cores)
-    os.environ["DLSCALE_CPUS"] = str(threads)
-    if gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
-    import torch
-
-    torch.set_num_threads(threads)
-    context = WorkerContext(0, 1, 0, LOOPBACK, 0, _PipeEvents(conn), socket.gethostname())
-    try:
-        conn.send(("ok", fn(context, payload)))
-    except UserError as exc:
-        conn.send(("failed", str(exc)))
-    except BaseException as exc:
-        conn.send(("failed", f"{type(exc).__name__}: {one_line(exc)}"))
-        traceback.print_exc()
-        raise SystemExit(1) from None
-
-
-class LocalPool:
-    """Up to `slots` task processes, each pinned to its own cores (and GPU) of this machine.
-
-    The cores are dealt out in equal shares, one per slot; a task keeps its slot's share until
-    it ends. Every task reports on its own pipe, watched together with the process sentinels.
-    """
-
-    def __init__(self, slots: int, resources: Resources):
-        self.slots = slots
-        cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        self.threads = max(1, len(cores) // slots) if cores else max(1, available_cores() // slots)
-        self.shares = [
-            cores[i * self.threads : (i + 1) * self.threads] if len(cores) >= slots else None
-            for i in range(slots)
-        ]
-        if os.environ.get("DLSCALE_PIN", "1") == "0":
-            self.shares = [None] * slots
-        self.gpus_per_task = math.ceil(resources.gpus)
-        self.free = list(range(slots))
-        self.tasks: dict[str, tuple[Any, Any, int]] = {}  # key -> (process, conn, slot)
-        self.ctx = mp.get_context("spawn")
-
-    @property
-    def running(self) -> list[str]:
-        return list(self.tasks)
-
-    def submit(self, key: str, fn: WorkerFn, payload: Any) -> None:
-        if not self.free:
-            raise RuntimeError(f"pool of {self.slots} is full; task {key} cannot start")
-        slot = self.free.pop(0)
-        receive, send = self.ctx.Pipe(duplex=False)
-        process = self.ctx.Process(
-            target=_task_entry,
-            args=(fn, payload, key, send, os.getpid(), self.threads, self.shares[slot],
-                  self._gpus(slot)),
-            name=f"dlscale-task-{key}",
-        )  # fmt: skip
-        with _thread_env(self.threads):
-            process.start()
-        send.close()  # the child holds the writing end; EOF here means it is gone
-        self.tasks[key] = (process, receive, slot)
-
-    def _gpus(self, slot: int) -> str | None:
-        """CUDA_VISIBLE_DEVICES for the task in `slot`: its own GPUs, or None on CPU."""
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs this process may use
-        ids = visible.split(",") if visible else [str(i) for i in range(64)]
-        first = slot * self.gpus_per_task
-        return ",".join(ids[first : first + self.gpus_per_task]) or None
-
-    def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
-        handles = {}
-        for key, (process, conn, _) in self.tasks.items():
-            handles[conn] = handles[process.sentinel] = key
-        ready = mp_connection.wait(list(handles), timeout) if handles else []
-        outcome: dict[str, TaskDone] = {}
-        for handle in ready:
-            key = handles[handle]
-            process, conn, _ = self.tasks[key]
-            while key not in outcome and _poll(conn):
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    break
-                if message[0] == "event":
-                    if on_event is not None:
-                        on_event(key, *message[1])
-                else:
-                    outcome[key] = TaskDone(key, message[0] == "ok", message[1])
-            if key not in outcome and not process.is_alive():
-                process.join()
-                outcome[key] = TaskDone(key, False, f"process {describe_exit(process.exitcode)}")
-        for key in outcome:
-            self._release(key)
-        return list(outcome.values())
-
-    def cancel(self, key: str) -> None:
-        if key in self.tasks:
-            _stop([self.tasks[key][0]])
-            self._release(key)
-
-    def close(self) -> None:
-        _stop([process for process, _, _ in self.tasks.values()])
-        for key in list(self.tasks):
-            self._release(key)
-
-    def _release(self, key: str) -> None:
-        process, conn, slot = self.tasks.pop(key)
-        process.join(timeout=WORKER_EXIT_GRACE_S)
-        if process.is_alive():
-            _stop([process])
-        conn.close()
-        self.free.append(slot)
-        self.free.sort()
-
-
-def _poll(conn) -> bool:
-    try:
-        return conn.poll()
-    except (EOFError, OSError):
-        return False

@@ -24,6 +24,7 @@ from dlscale.launch.base import (
     WorkerFn,
     drain_events,
     lost_worker,
+    per_rank,
 )
 
 CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
@@ -113,7 +114,7 @@ class RayLauncher:
         fn: WorkerFn,
         payload: Any,
         num_workers: int,
-        resources: Resources,
+        resources: Resources | list[Resources],
         port: int | None = None,
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
@@ -121,27 +122,29 @@ class RayLauncher:
         ray = import_ray()
         connected_here = self._connect(ray)
         actors: list[Any] = []
+        each = per_rank(resources, num_workers)
         try:
-            self._check_capacity(ray, num_workers, resources)
+            self._check_capacity(ray, each)
             from ray.util.queue import Queue
 
             events = Queue()
-            actor_class = ray.remote(
-                num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0
-            )(_RayWorker)
-            actors = [actor_class.remote() for _ in range(num_workers)]
+            actors = [
+                ray.remote(num_cpus=r.cpus, num_gpus=r.gpus, max_restarts=0)(_RayWorker).remote()
+                for r in each
+            ]
             nodes = [
                 self._get(ray, a.node.remote(), r, PLACE_TIMEOUT_S) for r, a in enumerate(actors)
             ]
             master_addr = nodes[0][0]
             master_port = self._get(ray, actors[0].free_port.remote(port), 0, PLACE_TIMEOUT_S)
-            threads = max(1, int(resources.cpus))
             futures = {}
             for rank, actor in enumerate(actors):
                 # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: its GPU is cuda:0.
                 context = WorkerContext(
-                    rank, num_workers, 0, master_addr, master_port, events, nodes[rank][1]
-                )
+                    rank, num_workers, 0, master_addr, master_port, events, nodes[rank][1],
+                    0 if each[rank].gpus else None,
+                )  # fmt: skip
+                threads = max(1, int(each[rank].cpus))
                 futures[actor.run.remote(fn, payload, context, threads)] = rank
             return self._supervise(ray, futures, events, on_event, expendable)
         finally:
@@ -164,14 +167,16 @@ class RayLauncher:
         return True
 
     @staticmethod
-    def _check_capacity(ray, num_workers: int, resources: Resources) -> None:
+    def _check_capacity(ray, resources: list[Resources]) -> None:
         total = ray.cluster_resources()
-        for kind, each in (("CPU", resources.cpus), ("GPU", resources.gpus)):
-            have = total.get(kind, 0.0)
-            if each and num_workers * each > have:
+        for kind, wanted in (("CPU", [r.cpus for r in resources]),
+                             ("GPU", [r.gpus for r in resources])):  # fmt: skip
+            have, need = total.get(kind, 0.0), sum(wanted)
+            if need > have:
+                users = sum(1 for w in wanted if w)
                 raise UserError(
-                    f"the Ray cluster has {have:g} {kind}s; {num_workers} workers × {each:g} "
-                    f"{kind} each cannot be placed (add nodes, or lower strategy.workers)"
+                    f"the Ray cluster has {have:g} {kind}s; {users} workers needing {need:g} "
+                    f"{kind}s in all cannot be placed (add nodes, or lower strategy.workers)"
                 )
 
     @staticmethod
@@ -191,6 +196,7 @@ class RayLauncher:
         results: dict[int, Any] = {}
         pending = list(futures)
         late = LateExpendables(len(futures), expendable, RESULT_GRACE_S)
+        on_event = late.watch(on_event)
         while pending:
             for rank in late.overdue(results):
                 results[rank] = None
@@ -206,7 +212,7 @@ class RayLauncher:
                 try:
                     results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
                 except UserError as exc:
-                    if rank not in expendable:
+                    if not late.may_lose(rank):
                         raise
                     results[rank] = None
                     lost_worker(rank, f"failed: {exc}", on_event)
@@ -255,7 +261,7 @@ class RayPool:
         from ray.util.queue import Queue
 
         self.ray, self.connected_here, self.slots = ray, connected_here, slots
-        RayLauncher._check_capacity(ray, 1, resources)
+        RayLauncher._check_capacity(ray, [resources])
         self.events = Queue()
         self.threads = max(1, int(resources.cpus))
         self.remote = ray.remote(num_cpus=resources.cpus, num_gpus=resources.gpus, max_retries=0)(

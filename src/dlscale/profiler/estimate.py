@@ -15,7 +15,7 @@ from dlscale.profiler.target import resolve
 from dlscale.spec import load_spec
 from dlscale.train.device import synchronize
 from dlscale.train.loop import Trainer
-from dlscale.train.step import evaluate
+from dlscale.train.score import evaluate
 
 
 @dataclass

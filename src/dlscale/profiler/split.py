@@ -88,10 +88,21 @@ def candidate_names(model: nn.Module) -> list[str]:
     return found
 
 
+def in_place_names(model: nn.Module) -> dict[str, str]:
+    """Candidates that modify their input in place (`ReLU(inplace=True)`, ...), described. One
+    cannot begin a stage: its input is then the stage's input, a leaf autograd may not modify."""
+    modules = dict(model.named_modules())
+    return {
+        name: f"{type(modules[name]).__name__}(inplace=True)"
+        for name in candidate_names(model)
+        if getattr(modules[name], "inplace", False) is True
+    }
+
+
 def units_of(model: nn.Module, trace: StepTrace, hardware: Hardware | None) -> list[Unit]:
     """The candidates that ran, in execution order, with their share of the traced step. A
     container's own ops (GPT adding its embeddings) go to the piece that runs first, the loss to
-    the piece that runs last."""
+    the piece that runs last; a candidate that works in place joins the piece before it."""
     names = candidate_names(model)
     seconds_of: dict[str, float] = {}
     if hardware is not None:
@@ -115,9 +126,14 @@ def units_of(model: nn.Module, trace: StepTrace, hardware: Hardware | None) -> l
         raise UserError("the model has no layers to split into stages")
     for row in pending_root:
         _add(totals[order[0]], row, seconds_of)
+    in_place = in_place_names(model)
+    for position, name in reversed(list(enumerate(order))):
+        if name in in_place and position > 0:
+            before = totals[order[position - 1]]
+            before[:] = [a + b for a, b in zip(before, totals.pop(name), strict=True)]
     return [
         Unit(name, int(t[0]), int(t[1]), float(t[2]), int(t[3]))
-        for name, t in ((name, totals[name]) for name in order)
+        for name, t in ((name, totals[name]) for name in order if name in totals)
     ]
 
 
@@ -222,6 +238,14 @@ def plan_split(
         )
     if split != "auto":
         names = [u.name for u in units]
+        in_place = in_place_names(model)
+        for name in split:
+            if name in in_place:
+                raise UserError(
+                    f"strategy.split: {name} runs in place ({in_place[name]}) and cannot begin "
+                    "a stage (it would modify the stage's input); begin the stage at the module "
+                    "before or after it"
+                )
         unknown = [name for name in split if name not in names]
         if unknown:
             raise UserError(

@@ -13,7 +13,4 @@ STRATEGIES: dict[str, Callable[..., dict]] = {
     "hybrid": pipeline.run,
 }
 
-# Those that continue from a checkpoint (`train --resume`); pipeline and hybrid start over.
-RESUMABLE = frozenset({"single", "ddp", "ps"})
-
-__all__ = ["RESUMABLE", "STRATEGIES"]
+__all__ = ["STRATEGIES"]

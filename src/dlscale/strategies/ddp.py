@@ -1,62 +1,119 @@
-"""Strategy `ddp`: synchronous data parallel; N workers, one shard of every batch, allreduce.
+"""Strategy `ddp`: synchronous data parallel; N workers, one slice of every batch, allreduce.
 
 Each worker holds a whole model (torch DistributedDataParallel), trains on its slice of every
-global batch (the sampler shards it), and gradients are averaged with allreduce every step over
-torch.distributed: gloo between CPU processes, NCCL between GPUs. Worker 0 reports, evaluates and
-writes; the launcher (local processes or Ray actors) places and supervises the workers.
+global batch (the sampler cuts it), and gradients are averaged with allreduce during backward
+over torch.distributed: gloo between CPU processes, NCCL between GPUs. Worker 0 reports,
+evaluates and writes; the launcher (local processes or Ray actors) places and supervises them.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+import threading
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.launch.base import Launcher, Resources, WorkerContext
-from dlscale.spec import Spec, parse_spec
-from dlscale.strategies.events import EventReporter, default_launcher, forward_to
+from dlscale.spec import Spec
+from dlscale.strategies.parent import launch
+from dlscale.strategies.worker import backend_for, join, run_trainer
 from dlscale.train.device import resolve_device
-from dlscale.train.loop import Trainer
-from dlscale.train.reporter import NullReporter, Reporter
+from dlscale.train.exchange import Exchange
+from dlscale.train.reporter import Reporter
 
 
-def worker_device(spec: Spec, local_rank: int) -> torch.device:
-    """One GPU per worker process when the spec runs on CUDA; otherwise the CPU."""
-    device = resolve_device(spec.device)
-    if device.type == "cuda":
-        return torch.device("cuda", local_rank)
-    return device
+class AllreduceTimer:
+    """A DDP communication hook: averages each gradient bucket, timing and sizing it.
+
+    It does what DDP's default hook does (allreduce the bucket, divide by the world size) and
+    records, when each allreduce completes, how long it took from launch and how many bytes it
+    carried. Buckets overlap with the rest of backward, so the sum is time spent communicating,
+    not time the step waited for it.
+    """
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.seconds = 0.0
+        self.payload_bytes = 0
+        self._lock = threading.Lock()  # callbacks run on the backend's threads
+
+    # No annotations here: DDP checks that `bucket` is annotated as the GradBucket class itself,
+    # and `from __future__ import annotations` would make it a string.
+    def hook(self, state, bucket):
+        start = time.perf_counter()
+        tensor = bucket.buffer().div_(self.world_size)
+        size = tensor.numel() * tensor.element_size()
+        future = dist.all_reduce(tensor, async_op=True).get_future()
+
+        def record(done: torch.futures.Future) -> torch.Tensor:
+            with self._lock:
+                self.seconds += time.perf_counter() - start
+                self.payload_bytes += size
+            return done.value()[0]
+
+        return future.then(record)
+
+    def totals(self) -> tuple[float, int]:
+        with self._lock:
+            return self.seconds, self.payload_bytes
 
 
-def ddp_worker(context: WorkerContext, payload: dict) -> dict:
-    """One worker: join the process group, train its shard, return its run record."""
-    spec = parse_spec(payload["spec"])
-    device = worker_device(spec, context.local_rank)
-    backend = spec.strategy.backend
-    if backend == "auto":
-        backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://{context.master_addr}:{context.master_port}",
-        rank=context.rank,
-        world_size=context.world_size,
-        timeout=timedelta(seconds=spec.strategy.timeout_s),
-    )
-    try:
-        reporter = EventReporter(context) if context.rank == 0 else NullReporter()
-        trainer = Trainer(
-            spec, Path(payload["run_dir"]), reporter, context.rank, context.world_size, device
-        )
-        trainer.worker_info = {"node": context.node}
-        if payload["resume_from"]:
-            trainer.resume(Path(payload["resume_from"]))
-        return trainer.run()
-    finally:
-        dist.destroy_process_group()
+def bytes_sent_per_worker(payload_bytes: float, world_size: int) -> float:
+    """A ring allreduce sends 2(N−1)/N of the payload from each worker (reduce-scatter, gather)."""
+    return 2 * (world_size - 1) / world_size * payload_bytes
+
+
+class DdpExchange(Exchange):
+    """Gradients are averaged inside backward (DDP's buckets); nothing else moves."""
+
+    name = "ddp"
+    comm_overlaps = True
+
+    def __init__(self, spec: Spec, context: WorkerContext, device: torch.device):
+        self.spec, self.context, self.device = spec, context, device
+        self.rank = self.data_rank = context.rank
+        self.trainers = self.data_world = context.world_size
+        self.timer = AllreduceTimer(context.world_size)
+
+    def connect(self, module: nn.Module, optimizer) -> None:
+        strategy = self.spec.strategy
+        join(self.context, backend_for(self.device, strategy.backend), strategy.timeout_s)
+        device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
+        self.model = DistributedDataParallel(module, device_ids=device_ids)  # rank 0's weights
+        self.model.register_comm_hook(state=None, hook=self.timer.hook)
+
+    def comm_totals(self) -> tuple[float, int]:
+        return self.timer.totals()
+
+    def sections(self, summaries: list[dict | None]) -> dict[str, dict]:
+        seconds, payload = self.timer.totals()
+        own = summaries[self.rank]
+        steps = max(1, own["steps"])
+        payload_per_step = payload / steps
+        step_s = own["step_s"]
+        return {
+            "distributed": {
+                "workers": self.trainers,
+                "backend": dist.get_backend() if dist.is_initialized() else None,
+                "per_worker_batch_size": self.spec.batch_size,
+                "global_batch_size": self.spec.batch_size * self.trainers,
+                "allreduce_s_per_step": seconds / steps,
+                "allreduce_share": seconds / step_s if step_s else 0.0,
+                "allreduce_payload_bytes_per_step": payload_per_step,
+                "bytes_sent_per_worker_per_step": bytes_sent_per_worker(
+                    payload_per_step, self.trainers
+                ),
+            }
+        }
+
+
+def ddp_worker(context: WorkerContext, payload: dict) -> dict | None:
+    """One worker: join the others, train its slice, return the record (worker 0) or None."""
+    return run_trainer(context, payload, lambda spec, device: DdpExchange(spec, context, device))
 
 
 def run(
@@ -67,20 +124,8 @@ def run(
     launcher: Launcher | None = None,
 ) -> dict:
     """Start `spec.strategy.workers` workers with the launcher; return worker 0's record."""
-    launcher = default_launcher(launcher)
-    reporter = reporter or NullReporter()
-    strategy = spec.strategy
     gpus = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
-    payload = {
-        "spec": spec.model_dump(mode="json"),
-        "run_dir": str(run_dir),
-        "resume_from": str(resume_from) if resume_from else None,
-    }
-
-    results = launcher.run(
-        ddp_worker, payload, strategy.workers, Resources(cpus=1.0, gpus=gpus), strategy.port,
-        forward_to(reporter),
+    return launch(
+        spec, run_dir, resume_from, reporter, launcher, ddp_worker,
+        Resources(cpus=1.0, gpus=gpus), own_gpu=spec.strategy.backend != "gloo",
     )  # fmt: skip
-    record = results[0]
-    reporter.finish(record)
-    return record

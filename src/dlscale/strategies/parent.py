@@ -1,62 +1,100 @@
-"""What the parent of a process-group strategy (ps, pipeline, hybrid) does around its launch:
-refuse what the processes cannot run, keep the warnings for run.json while forwarding events,
-and evaluate and checkpoint the model it assembled from their results."""
+"""What the parent of a multi-process strategy does around its launch: start the processes,
+show their progress, and return the main trainer's run record with every warning in it."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
+from dlscale.data import build_data
 from dlscale.errors import UserError
-from dlscale.launch.base import EventHandler
+from dlscale.launch.base import Launcher, Resources, WorkerFailed, WorkerFn, per_rank
+from dlscale.models import build_model
 from dlscale.spec import Spec
-from dlscale.strategies.events import forward_to
-from dlscale.train import checkpoint as ckpt
-from dlscale.train.reporter import Reporter
-from dlscale.train.step import evaluate
+from dlscale.strategies.events import default_launcher, forward_to
+from dlscale.train.files import write_json_atomic
+from dlscale.train.reporter import NullReporter, Reporter
 
 
-def require_cpu_fp32(spec: Spec, processes: str) -> None:
-    if spec.device not in ("auto", "cpu") or spec.precision != "fp32":
-        raise UserError(
-            f"strategy '{spec.strategy.name}' trains fp32 on CPU {processes} in this release "
-            "(device: cpu, precision: fp32)"
-        )
+def launch(
+    spec: Spec,
+    run_dir: Path,
+    resume_from: Path | None,
+    reporter: Reporter | None,
+    launcher: Launcher | None,
+    fn: WorkerFn,
+    resources: Resources | list[Resources],
+    main_rank: int = 0,
+    extra: dict | None = None,
+    expendable: frozenset[int] = frozenset(),
+    rename: Callable[[str], str] = str,
+    own_gpu: bool = True,
+) -> dict:
+    """Run `fn` in `spec.strategy.processes` processes; the record of rank `main_rank`.
 
-
-def warned_events(
-    spec: Spec, reporter: Reporter, rename: Callable[[str], str] = str
-) -> tuple[list[str], EventHandler]:
-    """The spec's warnings (shown now) and a handler that forwards the processes' events to
-    `reporter`, adding each warning they send (through `rename`) to the same list."""
-    warnings = list(spec.warnings())
-    for message in warnings:
-        reporter.warn(message)
+    Warnings that only the parent hears (from the launcher, or from processes that do not
+    write the record, such as a parameter server) are added to the record's, and run.json is
+    written again with them. `rename` turns the launcher's 'worker N' into the strategy's names.
+    With `own_gpu`, every GPU process needs a GPU of its own (NCCL cannot share one).
+    """
+    launcher = default_launcher(launcher)
+    processes = spec.strategy.processes
+    if own_gpu and launcher.name == "local":
+        check_gpus(spec, sum(1 for each in per_rank(resources, processes) if each.gpus))
+    reporter = reporter or NullReporter()
+    payload = {
+        "spec": spec.model_dump(mode="json"),
+        "run_dir": str(run_dir),
+        "resume_from": str(resume_from) if resume_from else None,
+        **(extra or {}),
+    }
+    heard: list[str] = []
     forward = forward_to(reporter)
 
     def handle(kind: str, args: tuple[Any, ...]) -> None:
         if kind == "warn":
             args = (rename(args[0]),)
-            warnings.append(args[0])
+            heard.append(args[0])
         forward(kind, args)
 
-    return warnings, handle
+    try:
+        results = launcher.run(
+            fn, payload, processes, resources, spec.strategy.port, handle, expendable
+        )
+    except WorkerFailed as exc:
+        raise WorkerFailed(rename(str(exc))) from None
+    record = results[main_rank]
+    missing = [message for message in heard if message not in record["warnings"]]
+    if missing:
+        record["warnings"] = record["warnings"] + missing
+        write_json_atomic(Path(run_dir) / "run.json", record)
+    reporter.finish(record)
+    return record
 
 
-def evaluate_and_save(
-    spec: Spec, run_dir: Path, model: nn.Module, data, step: int
-) -> tuple[float, float, int]:
-    """(validation loss, accuracy, step) of the assembled model, saved as the final checkpoint."""
-    val_loader = torch.utils.data.DataLoader(data.val, batch_size=max(256, spec.batch_size))
-    val_loss, val_acc = evaluate(model, val_loader, torch.device("cpu"), "fp32")
-    ckpt.save_checkpoint(
-        run_dir, step,
-        {"spec_hash": spec.spec_hash(), "model": model.state_dict(),
-         "strategy": spec.strategy.name},
-        spec.checkpoint.keep_last,
-    )  # fmt: skip
-    return val_loss, val_acc, step
+def check_gpus(spec: Spec, needed: int) -> None:
+    """One line, before anything starts, when this machine has fewer GPUs than processes."""
+    if not needed:
+        return
+    visible = torch.cuda.device_count()
+    if needed > visible:
+        raise UserError(
+            f"strategy '{spec.strategy.name}' runs {needed} processes on CUDA, each on a GPU of "
+            f"its own (NCCL cannot share one between processes); {visible} visible here"
+        )
+
+
+def initial_model(spec: Spec):
+    """The model every process starts from (same seed: same initial weights), and the data."""
+    torch.manual_seed(spec.seed)
+    data = build_data(spec.data, spec.seed)
+    return build_model(spec.model.name, spec.model.kwargs, data.model_defaults()), data
+
+
+def role_names(message: str, names: Callable[[int], str]) -> str:
+    """The launcher numbers every process 'worker N'; strategies name them by role."""
+    return re.sub(r"\bworker (\d+)", lambda match: names(int(match.group(1))), message)

@@ -15,79 +15,23 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
-from dlscale.errors import UserError, one_line
+from dlscale.errors import UserError
 from dlscale.launch.base import Launcher, Resources, TaskDone
 from dlscale.spec import Spec, parse_spec
 from dlscale.sweep import results as res
-from dlscale.sweep.search import EarlyStopping, GridSearch, OptunaSearch
-from dlscale.sweep.space import RunUnit, config_raw, describe, grid_points, portable, run_raw
+from dlscale.sweep.search import EarlyStopping, GridSearch
+from dlscale.sweep.space import config_raw, describe, portable, run_raw
 from dlscale.sweep.space import run_units as units_of
 from dlscale.sweep.trial import CURVE_KEYS, run_trial
+from dlscale.sweep.trials import Run, Trial, evaluation, make_search, search_kind, summarize
 from dlscale.train.files import write_json_atomic
 
 STATE = "sweep.json"
 POLL_S = 0.2
 UPDATE_EVERY_S = 0.5  # the live table is redrawn at most this often
-
-
-@dataclass
-class Run:
-    key: str  # "t003/fold-1"
-    unit: RunUnit
-    raw: dict
-    dir: Path
-    status: str = "pending"  # pending | running | completed | failed | pruned | skipped
-    result: dict = field(default_factory=dict)
-    error: str | None = None
-    curve: list[dict] = field(default_factory=list)
-    step: int = 0
-    total_steps: int | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.status in res.FINAL
-
-    def record(self) -> dict:
-        return {
-            "name": self.unit.name,
-            "status": self.status,
-            "run_dir": str(self.dir),
-            "error": self.error,
-            "val_accuracy": self.result.get("val_accuracy"),
-            "val_loss": self.result.get("val_loss"),
-            "wall_s": self.result.get("wall_s"),
-            "steps": self.result.get("steps"),
-            "node": self.result.get("node"),
-            "curve": self.curve,
-        }
-
-    def progress(self) -> float:
-        if self.status == "completed":
-            return 1.0
-        return self.step / self.total_steps if self.total_steps else 0.0
-
-
-@dataclass
-class Trial:
-    id: str  # "t003"
-    number: int
-    params: dict[str, Any]
-    raw: dict  # the configuration's spec (no sweep section, no fold)
-    runs: list[Run]
-    summary: dict | None = None
-
-    @property
-    def status(self) -> str:
-        return (
-            self.summary["status"]
-            if self.summary
-            else res.trial_status([run.status for run in self.runs])
-        )
 
 
 class SweepRunner:
@@ -293,22 +237,11 @@ class SweepRunner:
         """Once every run of a trial ended: score it, tell the search, write the results."""
         if trial.summary is not None or not all(run.finished for run in trial.runs):
             return
-        trial.summary = self._summarize(trial)
+        trial.summary = summarize(self.sweep, trial)
         self.search.tell(trial.number, trial.summary["status"], trial.summary["metric"])
-        row = self._row(trial)
+        row = trial.row()
         self.reporter.trial_done(row)
         self.write()
-
-    def _summarize(self, trial: Trial) -> dict:
-        """The trial's score; one that cannot be computed (an ensemble member's predictions
-        missing or unreadable) fails this trial, not the sweep."""
-        runs = [run.record() for run in trial.runs]
-        try:
-            return res.summarize(self.sweep, runs)
-        except (OSError, RuntimeError, KeyError) as exc:
-            wall = sum(run.get("wall_s") or 0.0 for run in runs)
-            return {"status": "failed", "metric": None, "metric_std": None, "values": [],
-                    "wall_s": wall, "error": f"scoring failed: {one_line(exc)}"}  # fmt: skip
 
     def _trial_of(self, run: Run) -> Trial:
         return next(t for t in self.trials if run in t.runs)
@@ -363,7 +296,7 @@ class SweepRunner:
                     self._restore_stopper(run)
             done = all(run.finished for run in trial.runs)
             if done:
-                trial.summary = self._summarize(trial)
+                trial.summary = summarize(self.sweep, trial)
                 self.resumed += 1
             status = trial.summary["status"] if done else None
             metric = trial.summary["metric"] if done else None
@@ -389,7 +322,7 @@ class SweepRunner:
             "search": search_kind(self.sweep),
             "trials": self.sweep.trials,
             "runs_per_trial": len(self.units),
-            "evaluation": self.evaluation(),
+            "evaluation": evaluation(self.sweep),
             "metric": self.sweep.metric,
             "params": self.sweep.paths,
             "slots": self.slots,
@@ -399,36 +332,8 @@ class SweepRunner:
             "early_stopping": self.sweep.early_stopping.rule if self.sweep.early_stopping else None,
         }
 
-    def evaluation(self) -> dict:
-        if self.sweep.kfold:
-            return {"kind": "kfold", "folds": self.sweep.kfold}
-        if self.sweep.ensemble:
-            return {"kind": "ensemble", "members": self.sweep.ensemble}
-        return {"kind": "holdout"}
-
-    def _row(self, trial: Trial) -> dict:
-        summary = trial.summary or {}
-        running = [run for run in trial.runs if run.status == "running"]
-        return {
-            "id": trial.id,
-            "number": trial.number,
-            "params": trial.params,
-            "status": trial.status,
-            "metric": summary.get("metric"),
-            "metric_std": summary.get("metric_std"),
-            "values": summary.get("values", []),
-            "ensemble": summary.get("ensemble"),
-            "stopped_at": summary.get("stopped_at"),
-            "wall_s": summary.get("wall_s", 0.0),
-            "error": summary.get("error"),
-            "progress": sum(run.progress() for run in trial.runs) / len(trial.runs),
-            "runs_done": sum(run.finished for run in trial.runs),
-            "running": [run.unit.name for run in running],
-            "runs": [run.record() for run in trial.runs],
-        }  # fmt: skip
-
     def snapshot(self) -> dict:
-        trials = [self._row(trial) for trial in self.trials]
+        trials = [trial.row() for trial in self.trials]
         counts = dict.fromkeys(("completed", "failed", "pruned", "running", "pending"), 0)
         for trial in trials:
             counts[trial["status"]] = counts.get(trial["status"], 0) + 1
@@ -465,22 +370,6 @@ class SweepRunner:
             self.best_id = best["id"]
         res.write_results(self.out_dir, result)
         return result
-
-
-def search_kind(sweep) -> str:
-    for kind in ("grid", "random", "tpe"):
-        if getattr(sweep, kind) is not None:
-            return kind
-    return "none"
-
-
-def make_search(spec: Spec):
-    sweep = spec.sweep
-    if sweep.grid is not None:
-        return GridSearch(grid_points(sweep.grid))
-    if sweep.search is not None:
-        return OptunaSearch(search_kind(sweep), sweep.search, sweep.maximize, spec.seed)
-    return GridSearch([{}])  # no search: the spec itself, scored by kfold or ensemble
 
 
 class NullSweepReporter:

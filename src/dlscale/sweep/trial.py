@@ -4,7 +4,6 @@ the figures the sweep ranks by. Ensemble members also save their validation pred
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,12 @@ from dlscale.data import build_data
 from dlscale.launch.base import WorkerContext
 from dlscale.models import build_model
 from dlscale.spec import Spec, parse_spec
-from dlscale.strategies import RESUMABLE, STRATEGIES
+from dlscale.strategies import STRATEGIES
 from dlscale.strategies.events import EventReporter
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
 from dlscale.train.files import write_atomic
-from dlscale.train.step import predict
+from dlscale.train.score import predict
 
 PREDICTIONS = "predictions.pt"
 CURVE_KEYS = ("epoch", "step", "val_accuracy", "val_loss", "train_loss", "elapsed_s")
@@ -32,9 +31,6 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     from dlscale.launch.local import LocalLauncher  # a trial's own workers run beside it
 
     resume_from = ckpt.latest_checkpoint(run_dir)  # left by an interrupted sweep
-    if resume_from is not None and spec.strategy.name not in RESUMABLE:
-        shutil.rmtree(ckpt.checkpoint_dir(run_dir))  # this strategy starts the run over
-        resume_from = None
     run = STRATEGIES[spec.strategy.name]
     record = run(spec, run_dir, resume_from, EventReporter(context), LocalLauncher())
     if job.get("predict"):

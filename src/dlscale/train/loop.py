@@ -1,146 +1,50 @@
-"""The training loop: batches in, timed steps, evaluation, checkpoints, resume, the run record."""
+"""The one training loop every strategy runs: batches in, timed steps, evaluation, checkpoints,
+resume and the run record. A strategy changes only the Exchange it hands in."""
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
-from dlscale.data import DataBundle, build_data
-from dlscale.errors import UserError, one_line
+from dlscale.data import build_data
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import Spec
 from dlscale.train import checkpoint as ckpt
-from dlscale.train import distributed
-from dlscale.train.device import (
-    check_precision,
-    reset_peak_memory,
-    resolve_device,
-    synchronize,
-)
+from dlscale.train.batches import train_batches, val_batches
+from dlscale.train.device import check_precision, reset_peak_memory, resolve_device, synchronize
 from dlscale.train.env import environment
+from dlscale.train.exchange import Exchange
 from dlscale.train.files import write_json_atomic
-from dlscale.train.metrics import StepSampler, StepTiming, TimingTotals, starving_advice
-from dlscale.train.record import run_record
+from dlscale.train.history import History, epoch_record
+from dlscale.train.metrics import StepTiming
+from dlscale.train.plan import Plan, check_model_fits_data
+from dlscale.train.record import RunRecord
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
-from dlscale.train.step import TrainStep, build_optimizer, evaluate
+from dlscale.train.step import TrainStep, build_optimizer
+from dlscale.train.summary import final_figures, worker_summary
 
 PROGRESS_EVERY_S = 0.1  # how often the reporter hears about steps; per-step calls cost time
 
 
-@dataclass
-class Plan:
-    """How long the run is, in steps and epochs, for this worker's share of the data."""
-
-    steps_per_epoch: int
-    total_steps: int
-    epochs: int
-    batch_size: int
-    global_batch_size: int
-
-    @classmethod
-    def of(cls, spec: Spec, num_train: int, world_size: int = 1) -> Plan:
-        global_batch = spec.batch_size * world_size
-        steps_per_epoch = num_train // global_batch
-        if steps_per_epoch == 0:
-            raise UserError(
-                f"batch_size {spec.batch_size}"
-                + (f" × {world_size} workers" if world_size > 1 else "")
-                + f" is larger than the training set ({num_train} samples)"
-            )
-        if spec.steps is not None:
-            total = spec.steps
-            epochs = math.ceil(total / steps_per_epoch)
-        else:
-            epochs = spec.epochs or 1
-            total = epochs * steps_per_epoch
-        return cls(steps_per_epoch, total, epochs, spec.batch_size, global_batch)
-
-
-def epoch_record(
-    epoch: int,
-    step: int,
-    losses: list[float],
-    validation: tuple[float, float],
-    timing: TimingTotals,
-    t_start: float,
-) -> dict:
-    """One entry of run.json's `epochs`: where training stands after `epoch` (0-based)."""
-    val_loss, val_acc = validation
-    return {
-        "epoch": epoch + 1,
-        "step": step,
-        "train_loss": sum(losses) / len(losses) if losses else None,
-        "val_loss": val_loss,
-        "val_accuracy": val_acc,
-        "samples_per_s": timing.samples_per_s,
-        "elapsed_s": time.perf_counter() - t_start,
-    }
-
-
-def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -> None:
-    """One forward pass on one real sample, so a shape mismatch is one clear line, not a trace."""
-    x = data.train.tensors[0][:1]
-    try:
-        with torch.no_grad():
-            was_training = model.training
-            model.eval()
-            out = model(x)
-            model.train(was_training)
-    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        shape = tuple(data.input_shape)
-        raise UserError(
-            f"model '{model_name}' cannot take this data's samples of shape {shape}: "
-            f"{one_line(exc)}"
-        ) from None
-    if not isinstance(out, torch.Tensor):
-        raise UserError(f"model '{model_name}' must return a tensor of logits, got {type(out)}")
-    if out.shape[-1] < data.num_classes:
-        raise UserError(
-            f"model '{model_name}' outputs {out.shape[-1]} classes but the data has "
-            f"{data.num_classes}; set model.kwargs.num_classes"
-        )
-
-
-class InProcessBatches:
-    """The sampler's batches gathered in this process: what DataLoader does with no workers."""
-
-    def __init__(self, dataset: TensorDataset, sampler: GlobalBatchSampler):
-        self.dataset = dataset
-        self.sampler = sampler
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
-        for index in self.sampler:
-            yield self.dataset[index]
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-
 class Trainer:
-    """Runs one spec on one device: the single strategy, and each worker of parallel ones."""
+    """Runs one spec on one device: the single strategy, and each trainer of parallel ones."""
 
     def __init__(
         self,
         spec: Spec,
         run_dir: Path,
         reporter: Reporter | None = None,
-        rank: int = 0,
-        world_size: int = 1,
+        exchange: Exchange | None = None,
         device: torch.device | None = None,
     ):
         self.spec = spec
         self.run_dir = Path(run_dir)
-        self.rank, self.world_size = rank, world_size
-        self.is_main = rank == 0  # the one worker that reports, evaluates and writes files
+        self.exchange = exchange or Exchange()
+        self.is_main = self.exchange.is_main  # reports, evaluates and writes files
         self.reporter = reporter or NullReporter()
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.t_start = time.perf_counter()
@@ -148,136 +52,126 @@ class Trainer:
         check_precision(spec.precision, self.device)
         torch.manual_seed(spec.seed)
         self.data = build_data(spec.data, spec.seed)
-        self.module = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
-        check_model_fits_data(self.module, self.data, spec.model.name)
-        self.module.to(self.device)
-        self.model, self.comm = self.module, None
-        if world_size > 1:
-            self.model, self.comm = distributed.wrap(self.module, self.device, world_size)
-            torch.manual_seed(spec.seed + 1 + rank)  # dropout differs between workers
-        self.optimizer = build_optimizer(self.module.parameters(), spec.optimizer)
-        self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision)
-        self.plan = Plan.of(spec, self.data.num_train, world_size)
+        whole = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
+        check_model_fits_data(whole, self.data, spec.model.name)
+        self.parameters = (count_parameters(whole), count_parameters(whole, trainable_only=True))
+        self.module = self.exchange.prepare(whole, self.data, self.device)  # what is trained here
+        del whole
+        trainable = [p for p in self.module.parameters() if p.requires_grad]
+        # A pipeline stage of pooling or reshaping layers trains nothing; torch's optimizers
+        # refuse an empty list, so it steps one empty tensor that never gets a gradient.
+        trainable = trainable or [torch.nn.Parameter(torch.zeros(0, device=self.device))]
+        self.optimizer = build_optimizer(trainable, spec.optimizer)
+        self.exchange.connect(self.module, self.optimizer)
+        self.model = self.exchange.model or self.module  # what the step calls
+        if self.exchange.trainers > 1:
+            torch.manual_seed(spec.seed + 1 + self.exchange.rank)  # dropout differs per trainer
+        self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision,
+                                 self.exchange)  # fmt: skip
+        world = self.exchange.data_world
+        self.plan = Plan.of(spec, self.data.num_train, world)
         self.sampler = GlobalBatchSampler(
-            self.data.num_train,
-            spec.batch_size,
-            spec.seed,
-            rank=rank,
-            world_size=world_size,
+            self.data.num_train, spec.batch_size, spec.seed, self.exchange.data_rank, world,
             as_lists=spec.loader.workers > 0,
-        )
-        self.train_loader = self._loader()
-        self.val_loader = DataLoader(self.data.val, batch_size=max(256, spec.batch_size))
+        )  # fmt: skip
+        self.train_loader = train_batches(spec, self.data.train, self.sampler, self.device)
+        self.val_loader = val_batches(spec, self.data.val)
         self.step = 0
         self.resumed_from: int | None = None
-        self.timing = TimingTotals()
-        self.steps_log = StepSampler(self.plan.total_steps)
-        self.epochs_log: list[dict] = []
+        self.history = History.new(self.plan.total_steps)
         self.warnings: list[str] = list(spec.warnings())
         if spec.loader.pin_memory and self.device.type != "cuda":
             self.warnings.append(f"loader.pin_memory is ignored on {self.device.type}")
-        self.starving_warned = False
-        self.train_wall_s = 0.0
-        self.workers: list[dict] = []
-        self.worker_info: dict = {}  # set by a launcher: where this worker runs
+        self.worker_info: dict = {}  # set by a launcher: where this trainer runs
         self.first_step_at: float | None = None
         self._epoch_losses: list[float] = []
+        self.finished = False
+        self.summaries: list[dict | None] | None = None  # every trainer's, once training ends
         self.environment = environment(self.device)
         self.setup_s = time.perf_counter() - self.t_start
 
-    def _loader(self) -> Iterable:
-        """Batches are fetched whole (`dataset[index_tensor]`), never sample by sample.
-
-        With no worker processes and no pinning, DataLoader has nothing to add and costs ~80 µs
-        a step (benchmarks/loop_overhead.py), so the sampler's batches are gathered directly.
-        """
-        loader = self.spec.loader
-        pin = loader.pin_memory and self.device.type == "cuda"
-        if loader.workers == 0 and not pin:
-            return InProcessBatches(self.data.train, self.sampler)
-        extra = {}
-        if loader.workers > 0:
-            extra = {"persistent_workers": True, "prefetch_factor": loader.prefetch or 2}
-        return DataLoader(
-            self.data.train,
-            sampler=self.sampler,
-            batch_size=None,
-            num_workers=loader.workers,
-            pin_memory=pin,
-            # Its own generator: creating an iterator must not draw from the global RNG.
-            generator=torch.Generator().manual_seed(self.spec.seed),
-            **extra,
-        )
+    @property
+    def timing(self):
+        return self.history.timing
 
     # ------------------------------------------------------------------ resume
 
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint of the same spec: weights, optimizer, RNG, history."""
         state = ckpt.load_checkpoint(path, map_location=self.device)
-        if state.get("spec_hash") != self.spec.spec_hash():
-            raise UserError(
-                f"{path} was written by a different spec (hash {state.get('spec_hash')}, "
-                f"this spec {self.spec.spec_hash()}); start a new run instead of --resume"
-            )
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        ckpt.check_spec(state, path, self.spec.spec_hash())
+        rank = self.exchange.rank
+        self.exchange.load_model(self.module, state["model"])
+        optimizer = state["optimizer"]  # per trainer, when the exchange shards it
+        if self.exchange.optimizer_sharded and optimizer is not None:
+            optimizer = optimizer[rank] if rank < len(optimizer) else None
+        if optimizer is not None:
+            self.optimizer.load_state_dict(optimizer)
         if self.step_fn.scaler is not None and state.get("scaler"):
             self.step_fn.scaler.load_state_dict(state["scaler"])
-        history = state["history"]
-        self.epochs_log = list(history["epochs"])
-        self.steps_log.records = list(history["steps"])
-        self.timing = TimingTotals.from_state(history["timing"])
-        self.train_wall_s = history["train_wall_s"]
-        self.starving_warned = history["starving_warned"]
-        self.step = self.resumed_from = int(state["step"])
-        ckpt.restore_rng(state["rng"])
-        if self.world_size > 1:  # the checkpoint holds rank 0's stream; give each its own
-            torch.manual_seed(self.spec.seed + 1 + self.rank + 1_000_003 * self.step)
+        step = self.exchange.resume_step(int(state["step"]))
+        saved = state["history"] if self.is_main or self.exchange.lockstep else None
+        self.history = History.from_state(saved, self.plan.total_steps, step)
+        self.step = self.resumed_from = step
+        rngs = state["rng"]
+        if rank < len(rngs) and step == int(state["step"]):
+            ckpt.restore_rng(rngs[rank])
+        else:  # no stream saved for this trainer at this step (a ps worker): a fresh one
+            torch.manual_seed(self.spec.seed + 1 + rank + 1_000_003 * step)
 
     def save_checkpoint(self) -> Path | None:
+        """Every trainer calls it (the exchange may gather their parts); the main one writes."""
+        exchange = self.exchange
+        model = exchange.full_state(self.module.state_dict())
+        optimizer = self.optimizer.state_dict()
+        if exchange.optimizer_sharded:
+            optimizer = exchange.gather(optimizer)
+        rngs = exchange.gather(ckpt.rng_state(self.device))
         if not self.is_main:
             return None
         state = {
             "spec_hash": self.spec.spec_hash(),
-            "model": self.module.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "strategy": self.spec.strategy.name,
+            "model": model,
+            "optimizer": optimizer,
             "scaler": self.step_fn.scaler.state_dict() if self.step_fn.scaler else None,
-            "rng": ckpt.rng_state(self.device),
-            "history": {
-                "epochs": self.epochs_log,
-                "steps": self.steps_log.records,
-                "timing": self.timing.to_state(),
-                "train_wall_s": self.train_wall_s,
-                "starving_warned": self.starving_warned,
-            },
+            "rng": rngs,
+            "history": self.history.to_state(),
+            "exchange": exchange.extra_state(),
         }
         return ckpt.save_checkpoint(self.run_dir, self.step, state, self.spec.checkpoint.keep_last)
 
     # -------------------------------------------------------------------- loop
 
-    def run(self) -> dict:
-        """Train to the planned step count; returns (and writes) the run record."""
+    def run(self) -> dict | None:
+        """Train to the planned step count; the run record on the main trainer (also written to
+        run.json), None on the others."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         reset_peak_memory(self.device)
         self.reporter.start(self.describe())
         for message in self.warnings:
             self.reporter.warn(message)
+        self.exchange.start()
+        total = self.plan.total_steps
         last_saved = last_eval = self.step if self.resumed_from is not None else -1
-        while self.step < self.plan.total_steps:
+        while self.step < total:
             epoch = self.step // self.plan.steps_per_epoch
             epoch_done = self.run_epoch(epoch)
-            if (epoch_done or self.step == self.plan.total_steps) and self.is_main:
-                self._end_epoch(epoch)
-                last_eval = self.step
+            if self.step == total:
+                self._finish()
+            if epoch_done or self.step == total:
+                self.end_epoch(epoch)
                 self.save_checkpoint()
-                last_saved = self.step
+                last_eval = last_saved = self.step
             if self.is_main:
                 self._write_record("running")
-        if last_eval != self.step and self.is_main:  # resumed at the end: still validate
-            self._end_epoch(max(0, (self.step - 1) // self.plan.steps_per_epoch))
+        self._finish()
+        if last_eval != self.step:  # resumed at the end: still validate
+            self.end_epoch(max(0, (self.step - 1) // self.plan.steps_per_epoch))
         if last_saved != self.step:
             self.save_checkpoint()
-        self.workers = distributed.gather(self.worker_summary(), self.world_size)
+        if not self.is_main:
+            return None
         record = self._write_record("completed")
         self.reporter.finish(record)
         return record
@@ -288,108 +182,134 @@ class Trainer:
         self.sampler.set_epoch(epoch, start_batch)
         every = self.spec.checkpoint.every_steps
         non_blocking = getattr(self.train_loader, "pin_memory", False)
+        overlaps = self.exchange.comm_overlaps
+        timing, steps_log = self.history.timing, self.history.steps
         epoch_losses: list[float] = []
-        t_epoch = time.perf_counter()
         last_report = 0.0
-        t_prev = time.perf_counter()
+        t_prev = time.perf_counter()  # a step's data wait starts where the last one's ended
         for x, y in self.train_loader:
             t_data = time.perf_counter()
-            comm_before = self.comm.totals() if self.comm else (0.0, 0)
+            comm_s, comm_bytes = self.exchange.comm_totals()
             x = x.to(self.device, non_blocking=non_blocking)
             y = y.to(self.device, non_blocking=non_blocking)
             synchronize(self.device)
             t_copy = time.perf_counter()
-            loss = float(self.step_fn(x, y))  # .item() waits for the device: compute is timed
+            loss = self.step_fn(x, y)
+            loss = None if loss is None else float(loss)  # .item() waits: compute is timed
             t_end = time.perf_counter()
             self.step += 1
             if self.first_step_at is None:
                 self.first_step_at = time.time()  # wall clock: comparable across processes
-            timing = StepTiming(t_data - t_prev, t_copy - t_data, t_end - t_copy)
-            self.timing.add(timing, y.shape[0])
-            if self.comm:  # DDP's backward returns once every bucket's allreduce is done
-                seconds, payload = self.comm.totals()
-                self.timing.add_comm(seconds - comm_before[0], payload - comm_before[1])
-            epoch_losses.append(loss)
-            if self.steps_log.wants(self.step):
-                self.steps_log.records.append(self._step_record(epoch, loss, timing))
-            if t_end - last_report >= PROGRESS_EVERY_S:
+            comm_after, bytes_after = self.exchange.comm_totals()
+            waited = 0.0 if overlaps else comm_after - comm_s
+            split = StepTiming.between(t_prev, t_data, t_copy, t_end, waited)
+            timing.add(split, y.shape[0])
+            timing.add_comm(comm_after - comm_s, bytes_after - comm_bytes)
+            if loss is not None:
+                epoch_losses.append(loss)
+            if steps_log.wants(self.step):
+                steps_log.records.append(self._step_record(epoch, loss, split))
+            if t_end - last_report >= PROGRESS_EVERY_S and loss is not None:
                 last_report = t_end
-                rate = y.shape[0] * self.world_size / timing.step_s
+                rate = y.shape[0] * self.exchange.data_world / split.step_s
                 self.reporter.step(self.step, epoch + 1, loss, rate)
                 self._check_starving()
+            t_prev = t_end
             if every and self.step % every == 0 and self.step % self.plan.steps_per_epoch:
                 t_save = time.perf_counter()
                 self.save_checkpoint()
-                t_epoch += time.perf_counter() - t_save  # checkpoint time is not training time
+                t_prev += time.perf_counter() - t_save  # checkpoint time is not training time
             if self.step >= self.plan.total_steps:
                 break
-            t_prev = time.perf_counter()
-        self.train_wall_s += time.perf_counter() - t_epoch
         self._epoch_losses = epoch_losses
         self._check_starving()
         return self.step % self.plan.steps_per_epoch == 0
 
-    def _step_record(self, epoch: int, loss: float, timing: StepTiming) -> dict:
-        return {
-            "step": self.step,
-            "epoch": epoch + 1,
-            "loss": loss,
-            "data_wait_s": timing.data_wait_s,
-            "h2d_s": timing.h2d_s,
-            "compute_s": timing.compute_s,
-            "step_s": timing.step_s,
-        }
+    def _finish(self) -> None:
+        """Training is over for this trainer: the exchange settles (a ps worker tells the
+        servers and the main one takes the final weights) and summaries are collected."""
+        if not self.finished:
+            self.finished = True
+            self.summaries = self.exchange.finish(self.worker_summary())
+
+    def _step_record(self, epoch: int, loss: float | None, timing) -> dict:
+        return {"step": self.step, "epoch": epoch + 1, "loss": loss,
+                "data_wait_s": timing.data_wait_s, "h2d_s": timing.h2d_s,
+                "compute_s": timing.compute_s, "comm_wait_s": timing.comm_wait_s,
+                "step_s": timing.step_s}  # fmt: skip
 
     def worker_summary(self) -> dict:
-        """This worker's own figures, gathered into run.json's `workers`."""
+        """This trainer's own figures, gathered into run.json's `workers`."""
         return {
-            "rank": self.rank,
-            **self.worker_info,
-            "steps": self.timing.steps,
-            "samples": self.timing.samples,
-            "samples_per_s": self.timing.samples / self.train_wall_s if self.train_wall_s else 0.0,
-            **{k: v for k, v in self.timing.summary().items() if k.endswith(("_s", "_share"))},
+            **worker_summary(self.exchange, self.history.timing, self.device, self.worker_info),
+            **self.exchange.worker_extras(),
         }
 
     def _check_starving(self) -> None:
-        if self.starving_warned or not self.is_main:
+        if not self.is_main:
             return
-        loader = self.spec.loader
-        advice = starving_advice(self.timing, loader.workers, loader.pin_memory, self.device.type)
+        advice = self.history.starving_advice(self.spec.loader, self.device.type)
         if advice:
-            self.starving_warned = True
             self.warnings.append(advice)
             self.reporter.warn(advice)
 
-    def _end_epoch(self, epoch: int) -> None:
+    def end_epoch(self, epoch: int) -> None:
+        """Validate (every trainer calls it: a pipeline evaluates through all its stages)."""
         # The bare module: DDP's forward would wait for the other workers, which do not evaluate.
-        val_loss, val_acc = evaluate(self.module, self.val_loader, self.device, self.spec.precision)
-        record = epoch_record(
-            epoch, self.step, self._epoch_losses, (val_loss, val_acc), self.timing, self.t_start
-        )
-        self.epochs_log.append(record)
+        validation = self.exchange.evaluate(self.module, self.val_loader, self.device,
+                                            self.spec.precision)  # fmt: skip
+        if not self.is_main:
+            return
+        record = epoch_record(epoch, self.step, self._epoch_losses, validation,
+                              self.history.timing, self.t_start)  # fmt: skip
+        self.history.epochs.append(record)
         self.reporter.epoch_end(record)
 
     # ------------------------------------------------------------------ record
 
     def describe(self) -> dict:
         """What is about to run: the facts a person checks before waiting for a result."""
-        params = count_parameters(self.module)
         return {
             "name": self.spec.name,
             "model": self.spec.model.name,
-            "parameters": params,
+            "parameters": self.parameters[0],
             "device": str(self.device),
             "precision": self.spec.precision,
             "train_samples": self.data.num_train,
             "val_samples": len(self.data.val),
             "start_step": self.step,
-            "workers": self.world_size,
+            "workers": self.exchange.trainers,
+            "strategy": self.spec.strategy.name,
             **self.plan.__dict__,
+            **self.exchange.describe(),
         }
 
     def _write_record(self, status: str) -> dict:
-        record = run_record(self, status)
-        if self.is_main:
-            write_json_atomic(self.run_dir / "run.json", record)
+        summaries = self.summaries or [self.worker_summary()]
+        spec, data = self.spec, self.data
+        record = RunRecord(
+            status=status, name=spec.name, strategy=spec.strategy.name,
+            run_dir=str(self.run_dir), spec_hash=spec.spec_hash(),
+            spec=spec.model_dump(mode="json"), started_at=self.started_at,
+            updated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            resumed_from_step=self.resumed_from, environment=self.environment,
+            model={"name": spec.model.name, "parameters": self.parameters[0],
+                   "trainable_parameters": self.parameters[1]},
+            data={"train_samples": data.num_train, "val_samples": len(data.val),
+                  "input_shape": list(data.input_shape), "num_classes": data.num_classes,
+                  "task": data.task},
+            plan=dict(self.plan.__dict__), timing=self.history.timing.summary(),
+            epochs=self.history.epochs, steps=self.history.steps.records,
+            warnings=self.warnings,
+            checkpoints=[str(p) for _, p in ckpt.list_checkpoints(self.run_dir)],
+            final=final_figures(
+                summaries, self.history.epochs[-1] if self.history.epochs else {}, self.step,
+                (time.perf_counter() - self.t_start, self.setup_s, self.first_step_at),
+                self.device,
+            ),
+            workers=[s if s is not None else {"rank": r, "status": "died"}
+                     for r, s in enumerate(summaries)],
+            **self.exchange.sections(summaries),
+        ).to_json()  # fmt: skip
+        write_json_atomic(self.run_dir / "run.json", record)
         return record

@@ -1,40 +1,70 @@
-"""Per-step time breakdown (data wait, host→device copy, compute), throughput, starvation."""
+"""Per-step time breakdown (data wait, host→device copy, compute, waiting on other workers),
+throughput outside warm-up, the median step, starvation."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 
 STARVING_FRACTION = 0.2  # data wait above this share of the step: the device waits on the loader
-WARMUP_STEPS = 3  # first steps pay for lazy init, worker start-up and allocator growth
+WARMUP_STEPS = 3  # first steps of a process pay for lazy init, worker start-up, allocator growth
+STEP_TIMES_KEPT = 4096  # steady step times kept for the median (an evenly strided sample)
 
 
 @dataclass
 class StepTiming:
-    """Where one step's wall time went, in seconds."""
+    """Where one step's wall time went, in seconds.
+
+    `comm_wait_s` is time the step spent blocked on other processes and not overlapped with its
+    own compute: a parameter server's push and pull, a pipeline's gradient sync. DDP's allreduce
+    overlaps backward, so it is counted inside compute (and reported apart as `comm_s`).
+    """
 
     data_wait_s: float
     h2d_s: float
     compute_s: float
+    comm_wait_s: float = 0.0
 
     @property
     def step_s(self) -> float:
-        return self.data_wait_s + self.h2d_s + self.compute_s
+        return self.data_wait_s + self.h2d_s + self.compute_s + self.comm_wait_s
+
+    @classmethod
+    def between(
+        cls, t_prev: float, t_data: float, t_copy: float, t_end: float, waited: float
+    ) -> StepTiming:
+        """A step's split from its timestamps: the last step's end, batch in hand, batch on
+        the device, step done; `waited` (communication not overlapped) comes out of compute."""
+        return cls(t_data - t_prev, t_copy - t_data, t_end - t_copy - waited, waited)
 
 
 @dataclass
 class TimingTotals:
-    """Running sums of step timings, split into warm-up and steady state."""
+    """Running sums of step timings, with the warm-up steps of each process kept apart.
+
+    The step times tile the training loop's wall time (a step's data wait starts where the
+    previous step's compute ended, per-step bookkeeping included); evaluation and checkpoint
+    writes fall outside them. So `steady_samples / steady_step_s` is the loop's throughput after
+    warm-up, and the median of the steady step times is the typical step.
+    """
 
     steps: int = 0
     samples: int = 0
     data_wait_s: float = 0.0
     h2d_s: float = 0.0
     compute_s: float = 0.0
+    comm_wait_s: float = 0.0
+    warmup_steps: int = 0
+    warmup_s: float = 0.0
     steady_steps: int = 0
+    steady_samples: int = 0
     steady_data_wait_s: float = 0.0
     steady_step_s: float = 0.0
-    comm_s: float = 0.0  # allreduce time (data parallel), overlapping with compute
+    comm_s: float = 0.0  # all communication, overlapping compute (DDP) or not
     comm_payload_bytes: int = 0
+    step_times: list[float] = field(default_factory=list)  # every `stride`-th steady step
+    step_times_stride: int = 1
+    session_steps: int = field(default=0, repr=False)  # steps since this process started
 
     def add_comm(self, seconds: float, payload_bytes: int) -> None:
         self.comm_s += seconds
@@ -46,19 +76,36 @@ class TimingTotals:
         self.data_wait_s += timing.data_wait_s
         self.h2d_s += timing.h2d_s
         self.compute_s += timing.compute_s
-        if self.steps > WARMUP_STEPS:
-            self.steady_steps += 1
-            self.steady_data_wait_s += timing.data_wait_s
-            self.steady_step_s += timing.step_s
+        self.comm_wait_s += timing.comm_wait_s
+        self.session_steps += 1
+        if self.session_steps <= WARMUP_STEPS:
+            self.warmup_steps += 1
+            self.warmup_s += timing.step_s
+            return
+        if self.steady_steps % self.step_times_stride == 0:
+            self.step_times.append(timing.step_s)
+            if len(self.step_times) >= STEP_TIMES_KEPT:  # keep every other, sample half as often
+                self.step_times = self.step_times[::2]
+                self.step_times_stride *= 2
+        self.steady_steps += 1
+        self.steady_samples += samples
+        self.steady_data_wait_s += timing.data_wait_s
+        self.steady_step_s += timing.step_s
 
     @property
     def step_s(self) -> float:
-        return self.data_wait_s + self.h2d_s + self.compute_s
+        return self.data_wait_s + self.h2d_s + self.compute_s + self.comm_wait_s
 
     @property
     def samples_per_s(self) -> float:
-        """Training throughput over time spent in steps (evaluation and checkpoints excluded)."""
+        """Training throughput after warm-up (every step, if the run was all warm-up)."""
+        if self.steady_steps and self.steady_step_s > 0:
+            return self.steady_samples / self.steady_step_s
         return self.samples / self.step_s if self.step_s > 0 else 0.0
+
+    @property
+    def median_step_s(self) -> float | None:
+        return statistics.median(self.step_times) if self.step_times else None
 
     @property
     def data_wait_fraction(self) -> float:
@@ -75,22 +122,30 @@ class TimingTotals:
             "data_wait_s": self.data_wait_s,
             "h2d_s": self.h2d_s,
             "compute_s": self.compute_s,
+            "comm_wait_s": self.comm_wait_s,
             "step_s": self.step_s,
             "data_wait_share": self.data_wait_s / total,
             "h2d_share": self.h2d_s / total,
             "compute_share": self.compute_s / total,
+            "comm_wait_share": self.comm_wait_s / total,
             "steady_data_wait_share": self.data_wait_fraction,
+            "warmup_steps": self.warmup_steps,
+            "warmup_s": self.warmup_s,
+            "steady_steps": self.steady_steps,
+            "median_step_s": self.median_step_s,
             "samples_per_s": self.samples_per_s,
             "comm_s": self.comm_s,
             "comm_share": self.comm_s / total,
             "comm_payload_bytes_per_step": self.comm_payload_bytes / max(1, self.steps),
         }
 
-    def to_state(self) -> dict[str, float]:
-        return asdict(self)
+    def to_state(self) -> dict:
+        state = asdict(self)
+        del state["session_steps"]  # a resumed process warms up again
+        return state
 
     @classmethod
-    def from_state(cls, state: dict[str, float]) -> TimingTotals:
+    def from_state(cls, state: dict) -> TimingTotals:
         return cls(**state)
 
 
@@ -125,7 +180,3 @@ class StepSampler:
     def wants(self, step: int) -> bool:
         """Whether this step's record is kept (so the record is only built when it is)."""
         return step % self.every == 0 or step == self.total_steps
-
-    def offer(self, step: int, record: dict) -> None:
-        if self.wants(step):
-            self.records.append(record)

@@ -1,13 +1,14 @@
-"""The one training step every strategy calls: forward, loss, backward, optimizer update."""
+"""The one training step every strategy runs: forward, loss, backward, the exchange, the update."""
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dlscale.spec import OptimizerSpec
-from dlscale.train.device import autocast, eval_mode, grad_scaler
+from dlscale.train.device import autocast, grad_scaler
+from dlscale.train.exchange import Exchange
+from dlscale.train.score import compute_loss
 
 
 def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
@@ -32,23 +33,16 @@ def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
     raise AssertionError(f"optimizer {spec.name} passed validation but has no builder")
 
 
-def compute_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy; sequence outputs (B, T, V) are scored at every position."""
-    # Loss in fp32 even under autocast: softmax over a large vocabulary loses bits in bf16.
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
-
-
-def count_correct(logits: torch.Tensor, targets: torch.Tensor) -> tuple[int, int]:
-    """(correct predictions, predictions made): per sample, or per token for sequences."""
-    predicted = logits.argmax(dim=-1)
-    return int((predicted == targets).sum()), targets.numel()
-
-
 class TrainStep:
-    """Forward and backward under the chosen precision, then the optimizer update.
+    """One step under the chosen precision, with the strategy's exchange around it:
 
-    Strategies differ only in what happens between `forward_backward` and `apply` (allreduce,
-    push to a parameter server, ...); calling the object does both for one device.
+        zero the gradients → forward and backward (or the pipeline schedule) → the exchange's
+        work on the gradients → the optimizer update, here or on a server → the exchange's work
+        on the weights.
+
+    The exchange decides what moves between processes; this class does the rest for all of
+    them: autocast, fp16 loss scaling (with the overflow check agreed between trainers), and
+    the update.
     """
 
     def __init__(
@@ -57,64 +51,60 @@ class TrainStep:
         optimizer: torch.optim.Optimizer,
         device: torch.device,
         precision: str,
+        exchange: Exchange | None = None,
     ):
         self.model = model
         self.optimizer = optimizer
         self.device = device
         self.precision = precision
+        self.exchange = exchange or Exchange()
         self.scaler = grad_scaler(device, precision)
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Gradients of the mean loss land in `.grad`; returns the loss, detached."""
-        self.optimizer.zero_grad(set_to_none=True)
+        """Gradients of the mean loss land in `.grad` (added to what is there); returns the
+        loss, detached."""
         with autocast(self.device, self.precision):
             loss = compute_loss(self.model(x), y)
+        self.backward(loss)
+        return loss.detach()
+
+    def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
         else:
             loss.backward()
-        return loss.detach()
+
+    def unscale(self) -> bool:
+        """fp16: divide the gradients by the loss scale; True if any trainer's overflowed (the
+        update is then skipped everywhere and the scale lowered by `update_scale`)."""
+        if self.scaler is None:
+            return False
+        self.scaler.unscale_(self.optimizer)
+        # GradScaler keeps its overflow flags per optimizer; the exchange makes them agree.
+        found = self.scaler._per_optimizer_states[id(self.optimizer)]["found_inf_per_device"]
+        self.exchange.agree_on_overflow(list(found.values()))
+        return any(bool(flag.item()) for flag in found.values())
+
+    def update_scale(self) -> None:
+        if self.scaler is not None:
+            self.scaler.update()
 
     def apply(self) -> None:
         """Update the weights from `.grad` (unscaling fp16 gradients first)."""
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
+        if self.scaler is None:
             self.optimizer.step()
+            return
+        self.unscale()
+        self.scaler.step(self.optimizer)  # skips the update if the gradients overflowed
+        self.scaler.update()
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = self.forward_backward(x, y)
-        self.apply()
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
+        """One step; the loss (None on a pipeline stage that does not compute it)."""
+        exchange = self.exchange
+        exchange.zero_grad(self.optimizer)
+        loss = exchange.forward_backward(self, x, y)
+        exchange.after_backward(self)
+        if exchange.updates_locally:
+            self.apply()
+        exchange.after_update(self)
         return loss
-
-
-def evaluate(model: nn.Module, loader, device: torch.device, precision: str) -> tuple[float, float]:
-    """Mean loss and accuracy over a whole loader, in eval mode."""
-    total_loss, correct, seen, batches = 0.0, 0, 0, 0
-    with eval_mode(model):
-        for x, y in loader:
-            x, y = x.to(device), y.to(device)
-            with autocast(device, precision):
-                logits = model(x)
-            total_loss += float(compute_loss(logits, y)) * y.shape[0]
-            right, count = count_correct(logits, y)
-            correct += right
-            seen += count
-            batches += y.shape[0]
-    if batches == 0:
-        return float("nan"), float("nan")
-    return total_loss / batches, correct / seen
-
-
-def predict(model: nn.Module, loader, device: torch.device, precision: str):
-    """Class probabilities (softmax, float32, on the CPU) for every sample of a loader, and the
-    labels: what an ensemble averages. Shapes (N, C) and (N,), or (N, T, V) and (N, T)."""
-    probabilities, labels = [], []
-    with eval_mode(model):
-        for x, y in loader:
-            with autocast(device, precision):
-                logits = model(x.to(device))
-            probabilities.append(torch.softmax(logits.float(), dim=-1).cpu())
-            labels.append(y)
-    return torch.cat(probabilities), torch.cat(labels)

@@ -5,14 +5,56 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from dlscale.api.bench import (
+    DEFAULT_BATCHES,
+    DEFAULT_LOADER_STEPS,
+    bench_batch,
+    bench_loader,
+    bench_machine,
+    bench_matmul,
+    bench_width,
+    output_dir,
+    save_local_hardware,
+    write_outputs,
+)
 from dlscale.errors import UserError
-from dlscale.hardware import Hardware, load_catalogue, lookup
+from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
 from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.spec import Spec, load_spec
 from dlscale.strategies import STRATEGIES
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
 from dlscale.train.reporter import Reporter
+
+__all__ = [
+    "DEFAULT_BATCHES",
+    "DEFAULT_LOADER_STEPS",
+    "PRECISIONS",
+    "Hardware",
+    "bench_batch",
+    "bench_loader",
+    "bench_machine",
+    "bench_matmul",
+    "bench_width",
+    "compare",
+    "estimate",
+    "hardware",
+    "models",
+    "new_run_dir",
+    "output_dir",
+    "parse_strategies",
+    "profile",
+    "profile_json",
+    "profile_plots",
+    "profile_report",
+    "save_local_hardware",
+    "scale",
+    "show_value",
+    "sweep",
+    "train",
+    "validate",
+    "write_outputs",
+]
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
@@ -46,6 +88,10 @@ def train(
     """
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
+    from dlscale.train.device import check_precision, resolve_device
+
+    # Before any process starts: a device this machine lacks, fp16 without a GPU.
+    check_precision(spec.precision, resolve_device(spec.device))
     if cluster != "local" and spec.strategy.name == "single":
         raise UserError(
             f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
@@ -137,6 +183,34 @@ def profile(
     return profiler.profile(workload, profile_hardware(hardware, hardware_files))
 
 
+def profile_report(result, console) -> None:
+    """A profile as tables, on a rich console."""
+    from dlscale.profiler.report import render
+
+    render(result, console)
+
+
+def profile_json(result) -> dict:
+    """A profile as JSON (schema dlscale.profile/1)."""
+    from dlscale.profiler.report import to_json
+
+    return to_json(result)
+
+
+def profile_plots(result, folder: Path) -> list[Path]:
+    """The profile's roofline and per-layer plots, written to `folder`."""
+    from dlscale.profiler.plots import write_plots
+
+    return write_plots(result, folder)
+
+
+def show_value(value) -> str:
+    """A swept value as a sweep shows it."""
+    from dlscale.sweep.space import show
+
+    return show(value)
+
+
 def hardware(
     names: list[str] | None = None, extra_files: list[Path] | None = None
 ) -> list[Hardware]:
@@ -179,6 +253,13 @@ def scale(
         if on_run is not None:
             on_run(rows[-1])
     return scale_result(spec, str(spec_path), rows, steps, cluster)
+
+
+def parse_strategies(text: str) -> list[str]:
+    """`--strategies ddp,async`: checked names, in order, each once."""
+    from dlscale.bench.compare import parse_strategies as parse
+
+    return parse(text)
 
 
 def compare(
@@ -274,13 +355,11 @@ def sweep(
 
 
 def _gpus_of(spec: Spec) -> int:
-    """GPUs one run of `spec` takes: one per process of single and ddp on cuda; ps, pipeline
-    and hybrid train on CPU."""
+    """GPUs one run of `spec` takes: one per trainer process when it runs on CUDA (a parameter
+    server holds its shard in host memory)."""
     from dlscale.train.device import resolve_device
 
-    if spec.strategy.name not in ("single", "ddp"):
-        return 0
-    return spec.strategy.processes if resolve_device(spec.device).type == "cuda" else 0
+    return spec.strategy.trainers if resolve_device(spec.device).type == "cuda" else 0
 
 
 def latest_sweep_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:

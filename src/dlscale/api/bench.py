@@ -1,0 +1,77 @@
+"""The bench verbs: measure this machine and run the field's classic experiments; their outputs
+(JSON and PNG) and the `local` hardware entry a machine measurement becomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlscale.bench.batch import DEFAULT_BATCHES
+from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
+from dlscale.spec import load_spec
+
+__all__ = [
+    "DEFAULT_BATCHES",
+    "DEFAULT_LOADER_STEPS",
+    "bench_batch",
+    "bench_loader",
+    "bench_machine",
+    "bench_matmul",
+    "bench_width",
+    "output_dir",
+    "save_local_hardware",
+    "write_outputs",
+]
+
+
+def bench_machine(quick: bool = False, device: str = "auto") -> dict:
+    """Matmul FLOP/s, memory bandwidth, host link and per-op overhead of this machine."""
+    from dlscale.bench.machine import run_machine_bench
+
+    return run_machine_bench(quick=quick, device=device)
+
+
+def save_local_hardware(result: dict) -> Path:
+    """A machine measurement saved as the hardware entry `local`; where it was written."""
+    from dlscale.bench.machine import machine_hardware
+    from dlscale.hardware import save_local
+
+    return save_local(machine_hardware(result))
+
+
+def bench_matmul(sizes: list[int] | None, precision: str) -> dict:
+    from dlscale.bench.matmul import run_matmul_bench
+
+    return run_matmul_bench(sizes, precision)
+
+
+def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -> dict:
+    from dlscale.bench.loader import run_loader_bench
+
+    return run_loader_bench(load_spec(spec_path) if spec_path else None, workers, steps)
+
+
+def bench_width(widths: list[int], batch: int) -> dict:
+    from dlscale.bench.width import run_width_bench
+
+    return run_width_bench(widths, batch)
+
+
+def bench_batch(
+    model: str, batches: list[int], kwargs: dict | None, steps: int, memory_fraction: float
+) -> dict:
+    from dlscale.bench.batch import run_batch_bench
+
+    return run_batch_bench(model, batches, kwargs, steps, memory_fraction)
+
+
+def output_dir(name: str, out: Path | None) -> Path:
+    from dlscale.bench.output import output_dir as folder
+
+    return folder(name, out)
+
+
+def write_outputs(name: str, result: dict, out: Path | None) -> tuple[Path, Path]:
+    """`<name>.json` and `<name>.png` in `out` (default runs/bench-<name>-<timestamp>/)."""
+    from dlscale.bench.output import write_outputs as write
+
+    return write(name, result, out)

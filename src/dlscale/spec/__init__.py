@@ -1,0 +1,63 @@
+"""The job spec: a YAML file validated by pydantic into one tree, with clear one-line errors.
+
+Every section is a strict pydantic model (unknown keys are rejected). Sections that come in kinds
+(`data`, `strategy`) are unions discriminated by their `name` key: a new kind is one new class
+added to its union.
+"""
+
+from dlscale.spec.data import (
+    DATA_KINDS,
+    Cifar10Data,
+    DataSection,
+    DataSpec,
+    DigitsData,
+    FoldSpec,
+    IdxData,
+    NpzData,
+    SyntheticData,
+)
+from dlscale.spec.job import Spec
+from dlscale.spec.load import describe_validation_error, load_raw, load_spec, parse_spec
+from dlscale.spec.strategy import (
+    DdpStrategy,
+    HybridStrategy,
+    PipelineStrategy,
+    PsStrategy,
+    SingleStrategy,
+    StragglerSpec,
+    StrategySpec,
+)
+from dlscale.spec.sweep import Distribution, EarlyStoppingSpec, SearchSpec, SweepSpec
+from dlscale.spec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
+
+__all__ = [
+    "DATA_KINDS",
+    "CheckpointSpec",
+    "Cifar10Data",
+    "DataSection",
+    "DataSpec",
+    "DdpStrategy",
+    "DigitsData",
+    "Distribution",
+    "EarlyStoppingSpec",
+    "FoldSpec",
+    "HybridStrategy",
+    "IdxData",
+    "LoaderSpec",
+    "ModelSpec",
+    "NpzData",
+    "OptimizerSpec",
+    "PipelineStrategy",
+    "PsStrategy",
+    "SearchSpec",
+    "SingleStrategy",
+    "Spec",
+    "StragglerSpec",
+    "StrategySpec",
+    "SweepSpec",
+    "SyntheticData",
+    "describe_validation_error",
+    "load_raw",
+    "load_spec",
+    "parse_spec",
+]

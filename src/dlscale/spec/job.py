@@ -1,0 +1,112 @@
+"""One training job: the whole spec tree, the settings it ignores, and its identity hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+
+from dlscale.spec.base import Strict
+from dlscale.spec.data import Cifar10Data, DataSpec, IdxData, NpzData, SyntheticData
+from dlscale.spec.strategy import PipelineStrategy, PsStrategy, SingleStrategy, StrategySpec
+from dlscale.spec.sweep import SweepSpec
+from dlscale.spec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
+
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+class Spec(Strict):
+    """One training job."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=80)]
+    model: ModelSpec
+    data: DataSpec
+    batch_size: PositiveInt
+    epochs: PositiveInt | None = None
+    steps: PositiveInt | None = None
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    device: str = "auto"
+    seed: NonNegativeInt = 0
+    loader: LoaderSpec = Field(default_factory=LoaderSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    strategy: StrategySpec = Field(default_factory=SingleStrategy)
+    sweep: SweepSpec | None = None  # read by `dlscale sweep`; `train` ignores it
+
+    @field_validator("device")
+    @classmethod
+    def _device(cls, value: str) -> str:
+        if not _DEVICE.match(value):
+            raise ValueError(f"'{value}' is not one of auto, cpu, cuda, cuda:N, mps")
+        return value
+
+    @model_validator(mode="after")
+    def _length(self) -> Spec:
+        if self.epochs is not None and self.steps is not None:
+            raise ValueError("give epochs or steps, not both")
+        if self.epochs is None and self.steps is None:
+            self.epochs = 1
+        return self
+
+    def warnings(self) -> list[str]:
+        """Settings the user gave that will have no effect (each deserves a warning)."""
+        found = []
+        opt = self.optimizer
+        if "momentum" in opt.model_fields_set and opt.name != "momentum":
+            found.append(f"optimizer.momentum is ignored by optimizer '{opt.name}'")
+        if "betas" in opt.model_fields_set and opt.name not in ("adam", "adamw"):
+            found.append(f"optimizer.betas is ignored by optimizer '{opt.name}'")
+        strategy = self.strategy
+        if isinstance(strategy, PsStrategy):
+            unused = {
+                "averaging": ("n_fetch", "n_push", "staleness_lr", "max_staleness"),
+                "async": ("local_steps", "n_fetch", "n_push"),
+                "downpour": ("local_steps",),
+            }[strategy.mode]
+            found += [
+                f"strategy.{key} is ignored by ps mode '{strategy.mode}'"
+                for key in unused
+                if key in strategy.model_fields_set
+            ]
+            if strategy.mode != "averaging" and opt.name not in ("sgd", "adagrad", "momentum"):
+                found.append(
+                    f"ps mode '{strategy.mode}' applies optimizer '{opt.name}' on the server, "
+                    "across every worker's gradients; sgd or adagrad are the classic choices"
+                )
+        if (
+            isinstance(strategy, PipelineStrategy)
+            and strategy.schedule == "naive"
+            and "microbatches" in strategy.model_fields_set
+        ):
+            found.append("strategy.microbatches is ignored by schedule 'naive' (whole batches)")
+        if self.sweep is not None:
+            found.append(
+                "the sweep section is read by `dlscale sweep`; `train` runs the spec as is"
+            )
+        if self.loader.prefetch is not None and self.loader.workers == 0:
+            found.append("loader.prefetch is ignored with loader.workers: 0")
+        data = self.data
+        if isinstance(data, SyntheticData):
+            given = data.model_fields_set
+            unused = ("seq_len", "vocab_size") if data.kind == "image" else ("shape",)
+            found += [
+                f"data.{key} is ignored with data.kind: {data.kind}"
+                for key in unused
+                if key in given
+            ]
+        if (
+            isinstance(data, IdxData | NpzData | Cifar10Data)
+            and "val_fraction" in data.model_fields_set
+        ):
+            has_val = getattr(data, "val_images", None) or getattr(data, "val_path", None)
+            if has_val or getattr(data, "val_files", None):
+                found.append("data.val_fraction is ignored: validation files are given")
+        return found
+
+    def spec_hash(self) -> str:
+        """Stable short hash of the resolved spec: the identity of a run for checkpoints."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]

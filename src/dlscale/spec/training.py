@@ -1,0 +1,44 @@
+"""The training knobs: model, optimizer, loader and checkpoint sections."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from dlscale.spec.base import Strict
+
+
+class ModelSpec(Strict):
+    """A zoo name (`lenet`, `resnet18`, ...) or `package.module:factory`, with factory kwargs."""
+
+    name: str = Field(min_length=1)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+
+class OptimizerSpec(Strict):
+    """`sgd` (plain), `momentum` (SGD with momentum), `adam`, `adamw`, `adagrad`."""
+
+    name: Literal["sgd", "momentum", "adam", "adamw", "adagrad"] = "adam"
+    lr: PositiveFloat = 1e-3
+    weight_decay: NonNegativeFloat = 0.0
+    momentum: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.9
+    betas: tuple[Annotated[float, Field(ge=0, lt=1)], Annotated[float, Field(ge=0, lt=1)]] = (
+        0.9,
+        0.999,
+    )
+
+
+class LoaderSpec(Strict):
+    """torch DataLoader settings: worker processes, pinned host memory, batches prefetched."""
+
+    workers: NonNegativeInt = 0
+    pin_memory: bool = False
+    prefetch: PositiveInt | None = None
+
+
+class CheckpointSpec(Strict):
+    """Checkpoints are written at every epoch end, at the end, and every `every_steps` steps."""
+
+    every_steps: PositiveInt | None = None
+    keep_last: PositiveInt = 2

@@ -1,0 +1,248 @@
+"""A pipeline stage's exchange: its part of the model, the schedule that runs forward and
+backward over the microbatches, tied gradients summed across stages, and (hybrid) gradients
+averaged with the same stage of the other replicas.
+
+Rank = replica × S + stage. The last stage of replica 0 sees the loss: it is the main trainer
+(reports, evaluates, writes). Every stage records the time it spends computing (forward and
+backward of its microbatches); the rest of a schedule step is the bubble.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dlscale.launch.base import WorkerContext
+from dlscale.spec import PipelineStrategy, Spec
+from dlscale.strategies.pipeline.plan import microbatch_size, split_model, tied_groups
+from dlscale.strategies.pipeline.section import pipeline_sections
+from dlscale.strategies.worker import backend_for, join
+from dlscale.train.device import autocast
+from dlscale.train.exchange import Exchange
+from dlscale.train.score import compute_loss, count_correct
+
+
+class Autocast(nn.Module):
+    """A stage's forward under the run's mixed precision (what autocast does for one process)."""
+
+    def __init__(self, inner: nn.Module, device: torch.device, precision: str):
+        super().__init__()
+        self.inner, self.device, self.precision = inner, device, precision
+
+    def forward(self, *args):
+        with autocast(self.device, self.precision):
+            return self.inner(*args)
+
+
+class PipelineExchange(Exchange):
+    optimizer_sharded = True  # each stage's optimizer holds its own parameters' state
+
+    def __init__(self, spec: Spec, context: WorkerContext, payload: dict, device: torch.device):
+        self.spec, self.context, self.payload, self.device = spec, context, payload, device
+        strategy: PipelineStrategy = spec.strategy
+        self.name, self.strategy = strategy.name, strategy
+        self.stages, self.replicas = strategy.stages, strategy.replicas
+        self.rank = context.rank
+        self.trainers = self.stages * self.replicas
+        self.replica, self.index = divmod(context.rank, self.stages)
+        self.data_rank, self.data_world = self.replica, self.replicas
+        self.first, self.last = self.index == 0, self.index == self.stages - 1
+        self.main_rank = self.stages - 1
+        self.forward_s = self.backward_s = self.schedule_s = self.sync_s = 0.0
+        self.counting = True  # evaluation is not training compute
+        self.scaler = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == self.main_rank
+
+    # ---- setting up
+
+    def prepare(self, model: nn.Module, data, device: torch.device) -> nn.Module:
+        self.data = data
+        example = data.train.tensors[0][: microbatch_size(self.spec)]
+        stage = split_model(model, example, self.payload["boundaries"]).get_stage_module(self.index)
+        # Each tied parameter: this stage's copies (maybe none) and its shape; every stage takes
+        # part in summing their gradients.
+        mine = dict(stage.named_parameters(remove_duplicate=False))
+        everywhere = dict(model.named_parameters(remove_duplicate=False))
+        self.tied = [
+            ([mine[n] for n in group if n in mine], everywhere[min(group)].shape)
+            for group in tied_groups(model)
+        ]
+        self.module = stage.to(device)
+        return self.module
+
+    def connect(self, module: nn.Module, optimizer) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        join(self.context, backend_for(self.device), self.strategy.timeout_s)
+        stages, replicas = self.stages, self.replicas
+        # Every rank creates every group, in the same order (torch.distributed's rule).
+        pipes = [dist.new_group([r * stages + s for s in range(stages)]) for r in range(replicas)]
+        self.pipe_group = pipes[self.replica]
+        self.replica_group = None
+        if replicas > 1:
+            same_stage = [
+                dist.new_group([r * stages + s for r in range(replicas)]) for s in range(stages)
+            ]
+            self.replica_group = same_stage[self.index]
+        runs = (
+            module
+            if self.spec.precision == "fp32"
+            else Autocast(module, self.device, self.spec.precision)
+        )
+        stage = PipelineStage(runs, self.index, stages, self.device, group=self.pipe_group)
+        self._time_calls(stage)
+        schedule = Schedule1F1B if self.strategy.schedule == "1f1b" else ScheduleGPipe
+        self.schedule = schedule(
+            stage, n_microbatches=self.strategy.microbatches_run, loss_fn=self._loss
+        )
+
+    def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = compute_loss(logits, targets)
+        return self.scaler.scale(loss) if self.scaler is not None else loss  # fp16
+
+    def _time_calls(self, stage) -> None:
+        """Count the stage's compute: its forward and backward of each microbatch."""
+        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
+
+        def timed_forward(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return forward(*args, **kwargs)
+            finally:
+                if self.counting:
+                    self.forward_s += time.perf_counter() - t0
+
+        def timed_backward(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return backward(*args, **kwargs)
+            finally:
+                self.backward_s += time.perf_counter() - t0
+
+        stage.forward_one_chunk, stage.backward_one_chunk = timed_forward, timed_backward
+
+    # ---- the step
+
+    def _run_schedule(self, x, y, losses: list, train: bool = True):
+        run = self.schedule.step if train else self.schedule.eval
+        if self.first and self.last:
+            return run(x, target=y, losses=losses)
+        if self.first:
+            return run(x)
+        if self.last:
+            return run(target=y, losses=losses)
+        return run()
+
+    def forward_backward(self, step, x: torch.Tensor, y: torch.Tensor):
+        self.scaler = step.scaler
+        t0 = time.perf_counter()
+        losses: list[torch.Tensor] = []
+        self._run_schedule(x, y, losses)
+        self.schedule_s += time.perf_counter() - t0
+        if not losses:
+            return None
+        loss = torch.stack(losses).detach().mean()
+        return loss / self.scaler.get_scale() if self.scaler is not None else loss
+
+    def after_backward(self, step) -> None:
+        """Tied copies get the sum of their gradients; replicas average theirs."""
+        t0 = time.perf_counter()
+        for copies, shape in self.tied:
+            total = torch.zeros(shape, device=self.device)
+            for param in copies:
+                if param.grad is not None:
+                    total += param.grad
+            dist.all_reduce(total, group=self.pipe_group)
+            for param in copies:
+                param.grad = total.clone()
+        if self.replica_group is not None:
+            params = [p for p in self.module.parameters() if p.grad is not None]
+            if params:
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat, group=self.replica_group)
+                flat /= self.replicas
+                offset = 0
+                for param in params:
+                    n = param.numel()
+                    param.grad.copy_(flat[offset : offset + n].view_as(param))
+                    offset += n
+        self.sync_s += time.perf_counter() - t0
+
+    def agree_on_overflow(self, found_inf: list[torch.Tensor]) -> None:
+        for flag in found_inf:  # every stage of every replica skips, or none does
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+
+    def comm_totals(self) -> tuple[float, int]:
+        return self.sync_s, 0
+
+    # ---- evaluation and state
+
+    def evaluate(self, module: nn.Module, loader, device, precision: str):
+        """Replica 0 evaluates through its pipeline (forward only, whole batches padded to the
+        training batch: the stages' buffers have that shape); its last stage scores it."""
+        if self.replica != 0:
+            return None
+        self.counting = False
+        val_x, val_y = self.data.val.tensors
+        batch = self.spec.batch_size
+        total_loss, correct, seen = 0.0, 0, 0
+        module.eval()
+        with torch.no_grad():
+            for start in range(0, len(val_y), batch):
+                x, y = val_x[start : start + batch], val_y[start : start + batch]
+                real = len(y)
+                if real < batch:  # pad with copies of the first rows; they are not scored
+                    x = torch.cat([x, val_x[: batch - real]])
+                padded = torch.cat([y, val_y[: batch - real]])
+                output = self._run_schedule(x.to(device), padded.to(device), [], train=False)
+                if self.last:
+                    logits, y = output[:real].float(), y.to(device)
+                    total_loss += float(compute_loss(logits, y)) * real
+                    right, count = count_correct(logits, y)
+                    correct, seen = correct + right, seen + count
+        module.train()
+        self.counting = True
+        if not self.last:
+            return None
+        return (total_loss / len(val_y), correct / seen) if seen else (None, None)
+
+    def full_state(self, state: dict) -> dict | None:
+        """The stages' states merged (replica 0's: every replica holds the same weights)."""
+        states = self.gather(state if self.replica == 0 else {})
+        if not self.is_main:
+            return None
+        return {name: value for part in states for name, value in part.items()}
+
+    def load_model(self, module: nn.Module, state: dict) -> None:
+        module.load_state_dict({name: state[name] for name in module.state_dict()})
+
+    def extra_state(self) -> dict:
+        return {"boundaries": self.payload["boundaries"]}
+
+    # ---- the record
+
+    def describe(self) -> dict:
+        return {"pipeline": self.payload["split"]}
+
+    def worker_extras(self) -> dict:
+        busy = self.forward_s + self.backward_s
+        return {
+            "role": "stage",
+            "replica": self.replica,
+            "stage": self.index,
+            "forward_s": self.forward_s,
+            "backward_s": self.backward_s,
+            "busy_s": busy,
+            "schedule_s": self.schedule_s,
+            "sync_s": self.sync_s,
+            "bubble": 1.0 - busy / self.schedule_s if self.schedule_s else 0.0,
+        }
+
+    def sections(self, summaries: list[dict | None]) -> dict[str, dict]:
+        return pipeline_sections(self.strategy, self.payload["split"], summaries)

@@ -1,0 +1,81 @@
+"""Planning a pipeline before any process starts: the microbatch size, the split (from a
+traced step), torch's tracer cutting the model, and the parameters tied across stages."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+from dlscale.errors import UserError, one_line
+from dlscale.hardware.catalogue import load_catalogue
+from dlscale.models import build_model
+from dlscale.profiler.split import SplitPlan, plan_split
+from dlscale.profiler.trace import trace_step
+from dlscale.spec import PipelineStrategy, Spec
+from dlscale.train.step import build_optimizer
+
+
+def predicted_bubble(stages: int, microbatches: int) -> float:
+    """Idle share of a GPipe or 1F1B step: (S − 1) / (M + S − 1) (Huang et al., 2019)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def microbatch_size(spec: Spec) -> int:
+    strategy: PipelineStrategy = spec.strategy
+    micro = strategy.microbatches_run
+    if spec.batch_size % micro:
+        raise UserError(
+            f"batch_size {spec.batch_size} does not split into {micro} equal microbatches"
+        )
+    return spec.batch_size // micro
+
+
+def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> SplitPlan:
+    """The split, from a step traced at one microbatch on the meta device: balanced by the time
+    predicted on `local` when this machine was measured (`dlscale bench machine`), else FLOPs.
+    `split` is the spec's, or the boundaries a checkpoint recorded."""
+    strategy: PipelineStrategy = spec.strategy
+    micro = microbatch_size(spec)
+    sample = data.train.tensors[0][0]
+    try:
+        trace = trace_step(
+            lambda: build_model(spec.model.name, spec.model.kwargs, data.model_defaults()),
+            sample, micro, "fp32",
+            lambda params: build_optimizer(params, spec.optimizer), spec.optimizer.name,
+        )  # fmt: skip
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise UserError(
+            f"model '{spec.model.name}' cannot take samples of shape {tuple(sample.shape)}: "
+            f"{one_line(exc)}"
+        ) from None
+    local = load_catalogue().get("local")
+    return plan_split(
+        model, trace, strategy.stages, strategy.schedule, strategy.microbatches_run,
+        split, local, strategy.max_memory_per_worker,
+    )  # fmt: skip
+
+
+def split_model(model: nn.Module, example: torch.Tensor, boundaries: list[str]):
+    """torch's pipeline frontend: trace `model` on one microbatch and cut it at `boundaries`."""
+    from torch.distributed.pipelining import SplitPoint, pipeline
+
+    try:
+        with warnings.catch_warnings():  # torch.export's deprecation chatter, not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            return pipeline(
+                model, mb_args=(example,),
+                split_spec=dict.fromkeys(boundaries, SplitPoint.BEGINNING),
+            )  # fmt: skip
+    except Exception as exc:  # torch.export's many error types: one line for the user
+        message = f"the model cannot be split into pipeline stages: {one_line(exc)}"
+        raise UserError(message) from None
+
+
+def tied_groups(model: nn.Module) -> list[set[str]]:
+    """Names that refer to one parameter (GPT's tied embedding and head)."""
+    by_tensor: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        by_tensor.setdefault(id(param), []).append(name)
+    return [set(names) for names in by_tensor.values() if len(names) > 1]

@@ -1,0 +1,143 @@
+"""Strategy `ps`: parameter servers (averaging, asynchronous SGD, Downpour SGD), sharded.
+
+One process group of `servers + workers` ranks: ranks 0..S-1 are servers (`server.py`), each
+holding one shard of the parameters (whole tensors, balanced by size: `layout.py`); the rest are
+workers, each training on its own slice of every global batch through the one training loop
+with a `PsExchange` (`exchange.py`). Requests are small header tensors over torch.distributed
+point-to-point; parameters and gradients travel on the data plane (`wire.py`): buffers in
+/dev/shm that a worker and a server both map when every process runs on one host, else gloo
+sends. The update rules are pure functions (`rules.py`).
+
+- averaging: each worker steps its own optimizer `local_steps` times, then sends its shard
+  parameters to every server; a server waits for every live worker, takes the mean, and sends it
+  back (synchronous parameter averaging).
+- async / downpour: a worker pulls parameters (every step, or every `n_fetch`), computes
+  gradients, and pushes them (every step, or their sum every `n_push`); the server applies each
+  push at once with the spec's optimizer. The staleness of each update is recorded;
+  `max_staleness` makes a worker that is that many pushes ahead of the slowest live worker wait.
+
+Faults: workers send heartbeats through the process group's store; in async and downpour a
+worker other than worker 0 that dies (or goes silent for `heartbeat_timeout_s`) after the
+rendezvous is dropped and the others finish. Worker 0 evaluates and writes the record, so its
+death stops the job like a server's; `--resume` continues from the servers' shards.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dlscale.launch.base import Launcher, Resources, WorkerContext
+from dlscale.spec import PsStrategy, Spec, parse_spec
+from dlscale.strategies.parent import initial_model, launch, role_names
+from dlscale.strategies.ps.exchange import PsExchange
+from dlscale.strategies.ps.layout import shard_parameters
+from dlscale.strategies.ps.server import ParameterServer, load_shard
+from dlscale.strategies.ps.wire import SHM_DIR, agree_on_data_plane
+from dlscale.strategies.worker import join, ready, run_trainer
+from dlscale.train import checkpoint as ckpt
+from dlscale.train.device import resolve_device
+from dlscale.train.plan import Plan
+from dlscale.train.reporter import Reporter
+
+PEER_DEATH_GRACE_S = 10.0
+
+
+def serve(context: WorkerContext, payload: dict) -> dict:
+    """A server rank: its shard, built before the process group (see PsExchange.connect)."""
+    spec = parse_spec(payload["spec"])
+    strategy: PsStrategy = spec.strategy
+    torch.set_num_threads(1)
+    model, _ = initial_model(spec)
+    server = ParameterServer(
+        spec, context.rank, list(model.parameters()), payload["shards"][context.rank],
+        Path(payload["run_dir"]), payload["resume_from"] is not None,
+    )  # fmt: skip
+    del model
+    join(context, "gloo", strategy.timeout_s)
+    store = dist.distributed_c10d._get_default_store()
+    needed = 2 * strategy.workers * sum(payload["shard_elements"]) * 4
+    if agree_on_data_plane(store, context, strategy.data_plane, needed) == "shm":
+        dist.barrier()  # every worker's buffers exist
+        server.attach(payload["token"])
+        dist.barrier()  # every server has mapped them
+    ready(context)
+    statistics = server.serve(store, lambda message: context.send("warn", message))
+    if not server.dead:  # a dropped worker's receive thread may still be waiting: leave it be
+        dist.destroy_process_group()
+    return statistics
+
+
+def ps_process(context: WorkerContext, payload: dict) -> dict | None:
+    """Every rank of a ps job: servers first, then workers."""
+    if context.rank < payload["servers"]:
+        return serve(context, payload)
+    torch.set_num_threads(1)
+    try:
+        return run_trainer(
+            context, payload, lambda spec, device: PsExchange(spec, context, payload)
+        )
+    except RuntimeError:  # gloo reports a lost peer as a RuntimeError (DistError or not)
+        # A server died under us: the launcher sees its exit, names it and stops the job within
+        # a moment; a traceback from here would only bury that line. If it does not, fail.
+        time.sleep(PEER_DEATH_GRACE_S)
+        raise
+
+
+def run(
+    spec: Spec,
+    run_dir: Path,
+    resume_from: Path | None,
+    reporter: Reporter,
+    launcher: Launcher | None = None,
+) -> dict:
+    """Start the servers and workers; worker 0's record, with the servers' section."""
+    strategy: PsStrategy = spec.strategy
+    model, data = initial_model(spec)
+    params = list(model.parameters())
+    shards = shard_parameters([p.numel() for p in params], strategy.servers)
+    Plan.of(spec, data.num_train, strategy.workers)  # a batch too large is one line, here
+    start_steps: dict[str, int] = {}
+    if resume_from is not None:
+        states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
+        for worker in range(strategy.workers):
+            key = str(strategy.servers + worker)
+            start_steps[str(worker)] = min(int(s["worker_steps"].get(key, 0)) for s in states)
+    else:  # the starting point: what a bare --resume finds before any shard is saved
+        ckpt.save_checkpoint(
+            run_dir, 0, {"spec_hash": spec.spec_hash(), "strategy": "ps",
+                         "model": model.state_dict(), "optimizer": None, "scaler": None,
+                         "rng": [], "history": None, "exchange": {}},
+            spec.checkpoint.keep_last,
+        )  # fmt: skip
+    token = uuid.uuid4().hex[:12]  # names this job's shared buffers
+    extra = {
+        "servers": strategy.servers,
+        "shards": shards,
+        "start_steps": start_steps,
+        "shard_elements": [sum(params[i].numel() for i in shard) for shard in shards],
+        "token": token,
+    }
+    gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
+    resources = [Resources(cpus=1.0)] * strategy.servers
+    resources += [Resources(cpus=1.0, gpus=gpu)] * strategy.workers
+    expendable = frozenset()
+    if strategy.mode != "averaging":  # worker 0 writes the record: it is never expendable
+        expendable = frozenset(range(strategy.servers + 1, strategy.processes))
+
+    def name(rank: int) -> str:
+        return f"server {rank}" if rank < strategy.servers else f"worker {rank - strategy.servers}"
+
+    try:
+        return launch(
+            spec, run_dir, resume_from, reporter, launcher, ps_process, resources,
+            strategy.servers, extra, expendable, lambda message: role_names(message, name),
+            own_gpu=False,  # workers share GPUs: their tensors meet on the host
+        )  # fmt: skip
+    finally:  # a job stopped before the servers mapped the workers' buffers leaves their files
+        for path in SHM_DIR.glob(f"dlscale-{token}-*") if SHM_DIR.is_dir() else ():
+            path.unlink(missing_ok=True)

@@ -1,0 +1,75 @@
+"""What every process of a parallel strategy does on its side: find its device, meet the
+others over torch.distributed, and run the one training loop with its strategy's exchange."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dlscale.launch.base import READY, WorkerContext
+from dlscale.spec import Spec, parse_spec
+from dlscale.strategies.events import EventReporter
+from dlscale.train.device import resolve_device
+from dlscale.train.exchange import Exchange
+from dlscale.train.loop import Trainer
+from dlscale.train.reporter import NullReporter
+
+
+def worker_device(spec: Spec, context: WorkerContext) -> torch.device:
+    """The GPU the launcher gave this process when the spec runs on CUDA; otherwise the CPU."""
+    device = resolve_device(spec.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", context.gpu or 0)
+        torch.cuda.set_device(device)
+    return device
+
+
+def backend_for(device: torch.device, asked: str = "auto") -> str:
+    """NCCL between GPUs, gloo between CPU processes (or what the spec asks for)."""
+    if asked != "auto":
+        return asked
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def join(context: WorkerContext, backend: str, timeout_s: float) -> None:
+    """Meet every other process of the job (torch.distributed's TCP rendezvous)."""
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{context.master_addr}:{context.master_port}",
+        rank=context.rank,
+        world_size=context.world_size,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
+def ready(context: WorkerContext) -> None:
+    """Tell the launcher this process has met the others: from now on a strategy that trains
+    on without a worker may lose it."""
+    context.send(READY, context.rank)
+
+
+def run_trainer(
+    context: WorkerContext, payload: dict, make_exchange: Callable[[Spec, torch.device], Exchange]
+) -> dict | None:
+    """Build this process's trainer around its exchange, resume it if asked, run it; the run
+    record on the main trainer, None on the others."""
+    spec = parse_spec(payload["spec"])
+    device = worker_device(spec, context)
+    exchange = make_exchange(spec, device)
+    finished = False
+    try:
+        reporter = EventReporter(context) if exchange.is_main else NullReporter()
+        trainer = Trainer(spec, Path(payload["run_dir"]), reporter, exchange, device)
+        trainer.worker_info = {"node": context.node}
+        if payload.get("resume_from"):
+            trainer.resume(Path(payload["resume_from"]))
+        ready(context)
+        record = trainer.run()
+        finished = True
+        return record
+    finally:
+        exchange.close(finished)
