@@ -39,44 +39,52 @@ def train(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
+def kill_once_checkpointed(spec: Path, out: Path, at_step: int) -> int:
+    """Start `dlscale train`, SIGKILL it once a checkpoint at `at_step` or later exists (its
+    worker processes die with it); the step of the last checkpoint it left."""
+    process = subprocess.Popen([*DLSCALE, str(spec), "--out", str(out)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 180
+    while not any(step >= at_step for step, _ in list_checkpoints(out)):
+        assert process.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline, "no checkpoint within 180 s"
+        time.sleep(0.005)
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+    return list_checkpoints(out)[-1][0]
+
+
+def assert_resumes_to_the_uninterrupted_weights(
+    spec: Path, killed: Path, killed_at: int, steps: int
+) -> dict:
+    """`--resume` the killed run, train the spec straight through beside it: the same final
+    weights, bit for bit. The resumed run's record."""
+    resumed = train(spec, killed, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {killed_at}" in " ".join(resumed.stdout.split())
+    straight = train(spec, killed.parent / "straight")
+    assert straight.returncode == 0, straight.stderr
+    final_resumed = load_checkpoint(latest_checkpoint(killed))
+    final_straight = load_checkpoint(latest_checkpoint(killed.parent / "straight"))
+    assert final_resumed["step"] == final_straight["step"] == steps
+    for name, tensor in final_straight["model"].items():
+        assert torch.equal(final_resumed["model"][name], tensor), name
+    record = json.loads((killed / "run.json").read_text())
+    assert record["resumed_from_step"] == killed_at and record["status"] == "completed"
+    return record
+
+
 @pytest.mark.slow
 def test_kill_then_resume_equals_uninterrupted(tmp_path: Path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     killed = tmp_path / "killed"
-    process = subprocess.Popen(
-        [*DLSCALE, str(spec), "--out", str(killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(
-        step >= 40 for step, _ in list_checkpoints(killed)
-    ):
-        assert process.poll() is None, "training ended before it could be killed"
-        time.sleep(0.005)
-    process.send_signal(signal.SIGKILL)
-    process.wait(timeout=30)
-    assert process.returncode == -signal.SIGKILL
-    killed_at = list_checkpoints(killed)[-1][0]
+    killed_at = kill_once_checkpointed(spec, killed, 40)
     assert 40 <= killed_at < 600, "the kill must land mid-run"
     record = json.loads((killed / "run.json").read_text()) if (killed / "run.json").exists() else {}
     assert record.get("status") != "completed"
-
-    resumed = train(spec, killed, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming at step {killed_at}" in " ".join(resumed.stdout.split())
-
-    straight = train(spec, tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-
-    final_resumed = load_checkpoint(latest_checkpoint(killed))
-    final_straight = load_checkpoint(latest_checkpoint(tmp_path / "straight"))
-    assert final_resumed["step"] == final_straight["step"] == 600
-    for name, tensor in final_straight["model"].items():
-        assert torch.equal(final_resumed["model"][name], tensor), name
-    record = json.loads((killed / "run.json").read_text())
-    assert record["resumed_from_step"] == killed_at and record["status"] == "completed"
+    record = assert_resumes_to_the_uninterrupted_weights(spec, killed, killed_at, 600)
     # The resumed run keeps the history of the part before the kill.
     assert record["steps"][0]["step"] < killed_at < record["steps"][-1]["step"]
 
@@ -121,28 +129,6 @@ def test_a_killed_pipeline_resumes_to_the_uninterrupted_weights(tmp_path, strate
     spec = tmp_path / "spec.yaml"
     spec.write_text(PIPELINE.replace("STEPS", str(steps)).replace("STRATEGY", strategy))
     killed = tmp_path / "killed"
-    process = subprocess.Popen([*DLSCALE, str(spec), "--out", str(killed)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    deadline = time.monotonic() + 180
-    while not any(step >= 20 for step, _ in list_checkpoints(killed)):
-        assert process.poll() is None, "training ended before it could be killed"
-        assert time.monotonic() < deadline, "no checkpoint within 180 s"
-        time.sleep(0.005)
-    process.send_signal(signal.SIGKILL)  # the launcher; its stage processes die with it
-    process.wait(timeout=30)
-    killed_at = list_checkpoints(killed)[-1][0]
+    killed_at = kill_once_checkpointed(spec, killed, 20)
     assert 20 <= killed_at < steps, "the kill must land mid-run"
-
-    resumed = train(spec, killed, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resuming at step {killed_at}" in " ".join(resumed.stdout.split())
-    straight = train(spec, tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-
-    final_resumed = load_checkpoint(latest_checkpoint(killed))
-    final_straight = load_checkpoint(latest_checkpoint(tmp_path / "straight"))
-    assert final_resumed["step"] == final_straight["step"] == steps
-    for name, tensor in final_straight["model"].items():
-        assert torch.equal(final_resumed["model"][name], tensor), name
-    record = json.loads((killed / "run.json").read_text())
-    assert record["resumed_from_step"] == killed_at and record["status"] == "completed"
+    assert_resumes_to_the_uninterrupted_weights(spec, killed, killed_at, steps)

@@ -222,3 +222,24 @@ def test_a_model_with_in_place_activations_trains_in_stages(tmp_path: Path, monk
     assert record["status"] == "completed" and record["final"]["step"] == 3
     assert not {"2", "4"} & set(record["pipeline"]["split"])  # the in-place ReLUs
     assert record["pipeline"]["per_stage"][0]["params"] == 0
+
+
+@pytest.mark.slow
+def test_the_pipeline_evaluates_its_model_in_eval_mode(tmp_path: Path):
+    """Dropout of 0.5 in every stage: the pipeline's own evaluation (its eval-mode trace) scores
+    the final weights exactly as one process scores them in eval mode."""
+    from dlscale.data import build_data
+    from dlscale.train.score import evaluate
+
+    base = {**GPT, "model": {"name": "gpt", "kwargs": {**GPT["model"]["kwargs"],
+                                                      "dropout": 0.5}}}  # fmt: skip
+    spec = parse_spec({**base, "batch_size": 16, "steps": 6, "strategy": {
+        "name": "pipeline", "stages": 2, "microbatches": 2}})  # fmt: skip
+    record = api.train(spec, out_dir=tmp_path)
+    data = build_data(spec.data, spec.seed)
+    model = build_model("gpt", spec.model.kwargs, data.model_defaults())
+    model.load_state_dict(final_weights(tmp_path))
+    loader = torch.utils.data.DataLoader(data.val, batch_size=64)
+    val_loss, val_accuracy = evaluate(model, loader, torch.device("cpu"), "fp32")
+    assert record["final"]["val_loss"] == pytest.approx(val_loss, rel=1e-5)
+    assert record["final"]["val_accuracy"] == pytest.approx(val_accuracy)

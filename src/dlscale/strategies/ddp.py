@@ -89,6 +89,14 @@ class DdpExchange(Exchange):
     def comm_totals(self) -> tuple[float, int]:
         return self.timer.totals()
 
+    def close(self, finished: bool) -> None:
+        # DDP's reducer holds the process group: released after the group was destroyed, the
+        # group's destructor waited forever for its gloo threads (torch 2.13, now and then).
+        # Released first, the group goes down with destroy_process_group, as it should.
+        if self.model is not None:
+            self.model.reducer = None
+        super().close(finished)
+
     def sections(self, summaries: list[dict | None]) -> dict[str, dict]:
         seconds, payload = self.timer.totals()
         own = summaries[self.rank]

@@ -3,6 +3,7 @@ others over torch.distributed, and run the one training loop with its strategy's
 
 from __future__ import annotations
 
+import atexit
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -60,7 +61,6 @@ def run_trainer(
     spec = parse_spec(payload["spec"])
     device = worker_device(spec, context)
     exchange = make_exchange(spec, device)
-    finished = False
     try:
         reporter = EventReporter(context) if exchange.is_main else NullReporter()
         trainer = Trainer(spec, Path(payload["run_dir"]), reporter, exchange, device)
@@ -69,7 +69,11 @@ def run_trainer(
             trainer.resume(Path(payload["resume_from"]))
         ready(context)
         record = trainer.run()
-        finished = True
-        return record
-    finally:
-        exchange.close(finished)
+    except BaseException:
+        exchange.close(finished=False)
+        raise
+    # Leaving the process group comes after the launcher has this process's result: a teardown
+    # that stalls (a gloo group's destructor waiting on its threads) must not hold up the job,
+    # whose launcher stops every process once it has every result.
+    atexit.register(exchange.close, finished=True)
+    return record

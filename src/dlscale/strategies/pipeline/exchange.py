@@ -9,6 +9,7 @@ backward of its microbatches); the rest of a schedule step is the bubble.
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
@@ -52,7 +53,6 @@ class PipelineExchange(Exchange):
         self.first, self.last = self.index == 0, self.index == self.stages - 1
         self.main_rank = self.stages - 1
         self.forward_s = self.backward_s = self.schedule_s = self.sync_s = 0.0
-        self.counting = True  # evaluation is not training compute
         self.scaler = None
 
     @property
@@ -64,7 +64,13 @@ class PipelineExchange(Exchange):
     def prepare(self, model: nn.Module, data, device: torch.device) -> nn.Module:
         self.data = data
         example = data.train.tensors[0][: microbatch_size(self.spec)]
-        stage = split_model(model, example, self.payload["boundaries"]).get_stage_module(self.index)
+        boundaries = self.payload["boundaries"]
+        # torch.export bakes a module's mode into the graph (dropout's p, BatchNorm's batch
+        # statistics), so evaluation runs a second trace of the stage, made in eval mode, whose
+        # weights are refreshed from the trained ones before every evaluation.
+        evaluating = split_model(copy.deepcopy(model).eval(), example, boundaries)
+        self.eval_module = evaluating.get_stage_module(self.index).to(device)
+        stage = split_model(model, example, boundaries).get_stage_module(self.index)
         # Each tied parameter: this stage's copies (maybe none) and its shape; every stage takes
         # part in summing their gradients.
         mine = dict(stage.named_parameters(remove_duplicate=False))
@@ -90,17 +96,20 @@ class PipelineExchange(Exchange):
                 dist.new_group([r * stages + s for r in range(replicas)]) for s in range(stages)
             ]
             self.replica_group = same_stage[self.index]
-        runs = (
-            module
-            if self.spec.precision == "fp32"
-            else Autocast(module, self.device, self.spec.precision)
-        )
-        stage = PipelineStage(runs, self.index, stages, self.device, group=self.pipe_group)
+        stage = PipelineStage(self._autocast(module), self.index, stages, self.device,
+                              group=self.pipe_group)  # fmt: skip
         self._time_calls(stage)
         schedule = Schedule1F1B if self.strategy.schedule == "1f1b" else ScheduleGPipe
-        self.schedule = schedule(
-            stage, n_microbatches=self.strategy.microbatches_run, loss_fn=self._loss
-        )
+        micro = self.strategy.microbatches_run
+        self.schedule = schedule(stage, n_microbatches=micro, loss_fn=self._loss)
+        evaluating = PipelineStage(self._autocast(self.eval_module), self.index, stages,
+                                   self.device, group=self.pipe_group)  # fmt: skip
+        self.eval_schedule = ScheduleGPipe(evaluating, n_microbatches=micro, loss_fn=compute_loss)
+
+    def _autocast(self, module: nn.Module) -> nn.Module:
+        if self.spec.precision == "fp32":
+            return module
+        return Autocast(module, self.device, self.spec.precision)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss = compute_loss(logits, targets)
@@ -108,29 +117,24 @@ class PipelineExchange(Exchange):
 
     def _time_calls(self, stage) -> None:
         """Count the stage's compute: its forward and backward of each microbatch."""
-        forward, backward = stage.forward_one_chunk, stage.backward_one_chunk
 
-        def timed_forward(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return forward(*args, **kwargs)
-            finally:
-                if self.counting:
-                    self.forward_s += time.perf_counter() - t0
+        def timed(call, total: str):
+            def run(*args, **kwargs):
+                t0 = time.perf_counter()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    setattr(self, total, getattr(self, total) + time.perf_counter() - t0)
 
-        def timed_backward(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return backward(*args, **kwargs)
-            finally:
-                self.backward_s += time.perf_counter() - t0
+            return run
 
-        stage.forward_one_chunk, stage.backward_one_chunk = timed_forward, timed_backward
+        stage.forward_one_chunk = timed(stage.forward_one_chunk, "forward_s")
+        stage.backward_one_chunk = timed(stage.backward_one_chunk, "backward_s")
 
     # ---- the step
 
     def _run_schedule(self, x, y, losses: list, train: bool = True):
-        run = self.schedule.step if train else self.schedule.eval
+        run = self.schedule.step if train else self.eval_schedule.eval
         if self.first and self.last:
             return run(x, target=y, losses=losses)
         if self.first:
@@ -184,15 +188,15 @@ class PipelineExchange(Exchange):
     # ---- evaluation and state
 
     def evaluate(self, module: nn.Module, loader, device, precision: str):
-        """Replica 0 evaluates through its pipeline (forward only, whole batches padded to the
-        training batch: the stages' buffers have that shape); its last stage scores it."""
+        """Replica 0 evaluates through its pipeline's eval-mode stages (forward only, whole
+        batches padded to the training batch: the stages' buffers have that shape); its last
+        stage scores it."""
         if self.replica != 0:
             return None
-        self.counting = False
+        self.eval_module.load_state_dict(module.state_dict())
         val_x, val_y = self.data.val.tensors
         batch = self.spec.batch_size
         total_loss, correct, seen = 0.0, 0, 0
-        module.eval()
         with torch.no_grad():
             for start in range(0, len(val_y), batch):
                 x, y = val_x[start : start + batch], val_y[start : start + batch]
@@ -206,8 +210,6 @@ class PipelineExchange(Exchange):
                     total_loss += float(compute_loss(logits, y)) * real
                     right, count = count_correct(logits, y)
                     correct, seen = correct + right, seen + count
-        module.train()
-        self.counting = True
         if not self.last:
             return None
         return (total_loss / len(val_y), correct / seen) if seen else (None, None)
