@@ -38,6 +38,8 @@ def test_every_strategy_writes_the_one_schema(tmp_path: Path, kind: str):
     assert on_disk == json.loads(json.dumps(returned))
     record = RunRecord.model_validate(on_disk)  # every key of final, timing, epochs, steps, ...
     assert record.status == "completed" and record.strategy == strategy["name"]
+    # Nothing in BASE is ignored: a worker must not warn about defaults it never was given.
+    assert record.warnings == []
     sections = {key for key in ("distributed", "ps", "pipeline") if key in on_disk}
     assert sections == ({section} if section else set())
     # The same figures mean the same thing everywhere.

@@ -112,6 +112,9 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
         time.sleep(0.1)
     assert failed.is_file(), first.communicate()[0]
     tasks = worker_pids(first.pid)
+    while not tasks and time.monotonic() < deadline and first.poll() is None:
+        time.sleep(0.05)  # between two trials: wait for the third one's process
+        tasks = worker_pids(first.pid)
     first.send_signal(signal.SIGINT)  # Ctrl-C while the third trial starts
     output = first.communicate(timeout=60)[0]
     assert first.returncode == 130, output

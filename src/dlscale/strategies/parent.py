@@ -17,6 +17,7 @@ from dlscale.models import build_model
 from dlscale.spec import Spec
 from dlscale.strategies.events import default_launcher, forward_to
 from dlscale.train.files import write_json_atomic
+from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
 
 
@@ -47,7 +48,9 @@ def launch(
         check_gpus(spec, sum(1 for each in per_rank(resources, processes) if each.gpus))
     reporter = reporter or NullReporter()
     payload = {
-        "spec": spec.model_dump(mode="json"),
+        # What the user set, not every default: a worker's spec then knows which settings were
+        # given and warns only about those (the same spec, so the same hash, either way).
+        "spec": spec.model_dump(mode="json", exclude_unset=True),
         "run_dir": str(run_dir),
         "resume_from": str(resume_from) if resume_from else None,
         **(extra or {}),
@@ -88,10 +91,13 @@ def check_gpus(spec: Spec, needed: int) -> None:
         )
 
 
-def initial_model(spec: Spec):
-    """The model every process starts from (same seed: same initial weights), and the data."""
+def initial_model(spec: Spec, data_world: int | None = None):
+    """The model every process starts from (same seed: same initial weights), and the data;
+    with `data_world`, a batch too large for the data is one line here, before any process."""
     torch.manual_seed(spec.seed)
     data = build_data(spec.data, spec.seed)
+    if data_world is not None:
+        Plan.of(spec, data.num_train, data_world)
     return build_model(spec.model.name, spec.model.kwargs, data.model_defaults()), data
 
 

@@ -25,7 +25,6 @@ from dlscale.strategies.pipeline.plan import microbatch_size, plan_stages, split
 from dlscale.strategies.worker import run_trainer
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
-from dlscale.train.plan import Plan
 from dlscale.train.reporter import Reporter
 
 
@@ -44,8 +43,7 @@ def run(
 ) -> dict:
     """Plan the split, start S × D stage processes; the last stage of replica 0's record."""
     strategy: PipelineStrategy = spec.strategy
-    model, data = initial_model(spec)
-    Plan.of(spec, data.num_train, strategy.replicas)  # a batch too large is one line, here
+    model, data = initial_model(spec, strategy.replicas)
     split = strategy.split
     if resume_from is not None:  # the split the run began with (a new calibration may differ)
         split = ckpt.load_checkpoint(resume_from).get("exchange", {}).get("boundaries", split)

@@ -41,7 +41,6 @@ from dlscale.strategies.ps.wire import SHM_DIR, agree_on_data_plane
 from dlscale.strategies.worker import join, ready, run_trainer
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
-from dlscale.train.plan import Plan
 from dlscale.train.reporter import Reporter
 
 PEER_DEATH_GRACE_S = 10.0
@@ -97,10 +96,9 @@ def run(
 ) -> dict:
     """Start the servers and workers; worker 0's record, with the servers' section."""
     strategy: PsStrategy = spec.strategy
-    model, data = initial_model(spec)
+    model, _ = initial_model(spec, strategy.workers)
     params = list(model.parameters())
     shards = shard_parameters([p.numel() for p in params], strategy.servers)
-    Plan.of(spec, data.num_train, strategy.workers)  # a batch too large is one line, here
     start_steps: dict[str, int] = {}
     if resume_from is not None:
         states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
