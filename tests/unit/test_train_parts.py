@@ -169,3 +169,13 @@ def test_the_median_keeps_an_even_sample_of_a_long_run():
         totals.add(StepTiming(0.0, 0.0, 0.001 * (index % 3 + 1)), 1)
     assert len(totals.step_times) < STEP_TIMES_KEPT and totals.step_times_stride > 1
     assert totals.median_step_s == pytest.approx(0.002)
+
+
+def test_throughput_counts_each_data_parallel_slice_once():
+    from dlscale.train.summary import throughput
+
+    stages = [{"data_rank": 0, "samples_per_s": 120.0}, {"data_rank": 0, "samples_per_s": 100.0},
+              {"data_rank": 1, "samples_per_s": 110.0}, None]  # fmt: skip
+    assert throughput(stages) == (210.0, 105.0)  # a replica runs at its slowest stage's pace
+    # While training only one trainer's figures are at hand: the others keep its pace.
+    assert throughput([{"data_rank": 0, "samples_per_s": 100.0}], slices=4) == (400.0, 100.0)

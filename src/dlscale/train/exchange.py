@@ -45,8 +45,7 @@ class Exchange:
     rank = 0  # this trainer among the trainers
     trainers = 1
     data_rank, data_world = 0, 1  # which slice of every global batch this trainer takes
-    main_rank = 0  # the main trainer's rank in the process group (collectives address it)
-    group = None  # the process group the trainers share (None: the default group)
+    main_rank = 0  # the trainer that reports, evaluates and writes
     updates_locally = True  # the step applies the optimizer here (not on a parameter server)
     comm_overlaps = False  # communication runs during backward (DDP) rather than after it
     optimizer_sharded = False  # each trainer's optimizer holds a different part (pipeline)
@@ -55,7 +54,7 @@ class Exchange:
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.rank == self.main_rank
 
     # ---- setting up
 
@@ -117,7 +116,7 @@ class Exchange:
         # hung in ProcessGroupGloo's destructor here (torch 2.13); every trainer briefly holds
         # every value, which for a model's state is a copy of the whole model each.
         gathered: list[Any] = [None] * self.trainers
-        dist.all_gather_object(gathered, _to_cpu(value), group=self.group)
+        dist.all_gather_object(gathered, _to_cpu(value))
         return gathered if self.is_main else None
 
     def full_state(self, state: dict) -> dict | None:

@@ -4,6 +4,7 @@ resume and the run record. A strategy changes only the Exchange it hands in."""
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -89,10 +90,6 @@ class Trainer:
         self.summaries: list[dict | None] | None = None  # every trainer's, once training ends
         self.environment = environment(self.device)
         self.setup_s = time.perf_counter() - self.t_start
-
-    @property
-    def timing(self):
-        return self.history.timing
 
     # ------------------------------------------------------------------ resume
 
@@ -232,11 +229,9 @@ class Trainer:
             self.finished = True
             self.summaries = self.exchange.finish(self.worker_summary())
 
-    def _step_record(self, epoch: int, loss: float | None, timing) -> dict:
-        return {"step": self.step, "epoch": epoch + 1, "loss": loss,
-                "data_wait_s": timing.data_wait_s, "h2d_s": timing.h2d_s,
-                "compute_s": timing.compute_s, "comm_wait_s": timing.comm_wait_s,
-                "step_s": timing.step_s}  # fmt: skip
+    def _step_record(self, epoch: int, loss: float | None, split: StepTiming) -> dict:
+        return {"step": self.step, "epoch": epoch + 1, "loss": loss, **asdict(split),
+                "step_s": split.step_s}  # fmt: skip
 
     def worker_summary(self) -> dict:
         """This trainer's own figures, gathered into run.json's `workers`."""
@@ -285,7 +280,10 @@ class Trainer:
         }
 
     def _write_record(self, status: str) -> dict:
+        # While training, only this trainer's figures are at hand: the others are taken to keep
+        # its pace (they do, in lockstep) until the end brings everyone's.
         summaries = self.summaries or [self.worker_summary()]
+        peers = 1 if self.summaries else self.exchange.data_world
         spec, data = self.spec, self.data
         record = RunRecord(
             status=status, name=spec.name, strategy=spec.strategy.name,
@@ -305,7 +303,7 @@ class Trainer:
             final=final_figures(
                 summaries, self.history.epochs[-1] if self.history.epochs else {}, self.step,
                 (time.perf_counter() - self.t_start, self.setup_s, self.first_step_at),
-                self.device,
+                self.device, peers,
             ),
             workers=[s if s is not None else {"rank": r, "status": "died"}
                      for r, s in enumerate(summaries)],

@@ -30,16 +30,17 @@ def worker_summary(
     }
 
 
-def throughput(summaries: list[dict | None]) -> tuple[float, float]:
+def throughput(summaries: list[dict | None], slices: int = 1) -> tuple[float, float]:
     """(all workers' samples/s, per worker): the sum over data-parallel slices, each counted once
-    (every stage of a pipeline replica trains the same samples: the slowest stage's rate)."""
+    (every stage of a pipeline replica trains the same samples: the slowest stage's rate); with
+    `slices`, the slices not among `summaries` counted at the mean rate of those that are."""
     rates: dict[int, float] = {}
     for summary in summaries:
         if summary is not None:
             rank, rate = summary["data_rank"], summary["samples_per_s"]
             rates[rank] = min(rate, rates.get(rank, rate))
-    total = sum(rates.values())
-    return total, (total / len(rates) if rates else 0.0)
+    per_worker = sum(rates.values()) / len(rates) if rates else 0.0
+    return per_worker * max(slices, len(rates)), per_worker
 
 
 def final_figures(
@@ -48,11 +49,13 @@ def final_figures(
     step: int,
     times: tuple[float, float, float | None],
     device: torch.device,
+    slices: int = 1,
 ) -> dict:
-    """run.json's `final`: the last evaluation, throughput after warm-up, wall and set-up time
-    (`times`: wall, setup, first step's unix time), the largest trainer's peak memory."""
+    """run.json's `final`: the last evaluation, throughput after warm-up (over `slices`
+    data-parallel slices at least), wall and set-up time (`times`: wall, setup, first step's
+    unix time), the largest trainer's peak memory."""
     wall_s, setup_s, first_step_at = times
-    total, per_worker = throughput(summaries)
+    total, per_worker = throughput(summaries, slices)
     alive = [s for s in summaries if s is not None]
     kind = peak_memory(device)[1]
     medians = [s["median_step_s"] for s in alive if s["median_step_s"] is not None]

@@ -55,10 +55,6 @@ class PipelineExchange(Exchange):
         self.forward_s = self.backward_s = self.schedule_s = self.sync_s = 0.0
         self.scaler = None
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == self.main_rank
-
     # ---- setting up
 
     def prepare(self, model: nn.Module, data, device: torch.device) -> nn.Module:

@@ -52,7 +52,6 @@ class PsExchange(Exchange):
         self.servers = strategy.servers
         self.rank = self.data_rank = context.rank - self.servers  # 0..workers-1
         self.trainers = self.data_world = strategy.workers
-        self.main_rank = self.servers
         self.updates_locally = self.averaging = strategy.mode == "averaging"
         downpour = strategy.mode == "downpour"
         self.n_fetch = strategy.n_fetch if downpour else 1
