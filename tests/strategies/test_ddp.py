@@ -109,3 +109,24 @@ def test_local_workers_are_pinned_to_their_own_cores(monkeypatch):
     monkeypatch.setenv("DLSCALE_PIN", "0")
     local._pin_to_cores(local_rank=0, workers=2, threads=1)
     assert calls == [[2, 3]]
+
+
+def test_a_peer_that_lost_its_partner_is_one_line_and_a_defect_keeps_its_traceback(
+    monkeypatch, capsys
+):
+    """The survivors of a killed worker fail too ('connection closed by peer'): the job names
+    the dead one in one line, without the survivor's traceback (which once reached the user's
+    terminal when the survivor reported first). A failure with no dead peer shows its trace."""
+    from types import SimpleNamespace
+
+    from dlscale.launch import local
+
+    monkeypatch.setattr(local, "DEATH_NOTICE_S", 0.2)
+    dead, survivor = SimpleNamespace(exitcode=-9, pid=41), SimpleNamespace(exitcode=1, pid=42)
+    trace = "Traceback (most recent call last):\n  RuntimeError: closed by peer\n"
+    failed = local._first_cause([dead, survivor], 1, "RuntimeError: closed by peer", trace)
+    assert str(failed).startswith("worker 0 (pid 41) was killed by SIGKILL")
+    assert capsys.readouterr().err == ""
+    failed = local._first_cause([survivor], 0, "ValueError: a defect", trace)
+    assert str(failed) == "worker 0 failed: ValueError: a defect"
+    assert capsys.readouterr().err == trace

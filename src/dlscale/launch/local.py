@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import time
 import traceback
@@ -105,8 +106,8 @@ def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, thread
     except UserError as exc:
         results.put(("user_error", context.rank, str(exc)))
     except BaseException as exc:  # report everything else, traceback included, then fail
-        results.put(("error", context.rank, f"{type(exc).__name__}: {one_line(exc)}"))
-        traceback.print_exc()
+        line = f"{type(exc).__name__}: {one_line(exc)}"
+        results.put(("error", context.rank, (line, traceback.format_exc())))
         raise SystemExit(1) from None
 
 
@@ -202,11 +203,12 @@ class LocalLauncher:
                 done[rank] = value
             elif status in ("user_error", "error") and late.may_lose(rank):
                 done[rank] = None
-                lost_worker(rank, f"failed: {value}", on_event)
+                lost_worker(rank, f"failed: {value if status == 'user_error' else value[0]}",
+                            on_event)  # fmt: skip
             elif status == "user_error":
                 raise UserError(value)
             elif status == "error":
-                raise _first_cause(processes, rank, value)
+                raise _first_cause(processes, rank, *value)
             for rank, process in enumerate(processes):
                 code = process.exitcode
                 if code is None or rank in done:
@@ -239,9 +241,11 @@ def _gpu_indices(resources: list[Resources]) -> list[int | None]:
     return indices
 
 
-def _first_cause(processes, rank: int, error: str) -> WorkerFailed:
+def _first_cause(processes, rank: int, error: str, trace: str) -> WorkerFailed:
     """When one worker dies, its peers fail too (their allreduce loses a partner); name the
-    dead one first. Its exit may trail its peers' error reports by a moment."""
+    dead one first (its exit may trail its peers' error reports by a moment), and leave out
+    the peer's traceback, which only says it lost a partner. An error of its own, with no
+    peer dead, is a defect: its traceback goes to stderr before the one line."""
     deadline = time.monotonic() + DEATH_NOTICE_S
     while time.monotonic() < deadline:
         for other, process in enumerate(processes):
@@ -252,6 +256,7 @@ def _first_cause(processes, rank: int, error: str) -> WorkerFailed:
                     f"then worker {rank} failed: {error}"
                 )
         time.sleep(POLL_S)
+    sys.stderr.write(trace)
     return WorkerFailed(f"worker {rank} failed: {error}")
 
 
