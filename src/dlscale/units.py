@@ -23,7 +23,14 @@ def parse_bytes(value: object) -> object:
 
 def binary_bytes(count: float) -> str:
     """3 * 2**20 -> '3 MiB'."""
-    for factor, prefix in ((2**40, "Ti"), (2**30, "Gi"), (2**20, "Mi"), (2**10, "Ki")):
+    for factor, prefix in (
+        (2**60, "Ei"),
+        (2**50, "Pi"),
+        (2**40, "Ti"),
+        (2**30, "Gi"),
+        (2**20, "Mi"),
+        (2**10, "Ki"),
+    ):
         if abs(count) >= factor:
             return f"{count / factor:.3g} {prefix}B"
     return f"{int(count)} B"

@@ -121,11 +121,14 @@ strategy: STRATEGY
     [
         ("{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 100),
         ("{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}", 40),
+        # 50 steps an epoch: the resumed run also crosses an epoch end and its validation.
+        ("{name: ddp, workers: 2}", 60),
     ],
 )
-def test_a_killed_pipeline_resumes_to_the_uninterrupted_weights(tmp_path, strategy, steps):
-    """Every stage's weights, optimizer state and random stream (dropout runs in every stage)
-    come back from the checkpoint, so the resumed run ends where the uninterrupted one does."""
+def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, strategy, steps):
+    """Every trainer's weights, optimizer state and random stream (dropout runs in every stage
+    and every replica, each with its own stream) come back from the checkpoint, so the resumed
+    run ends where the uninterrupted one does, bit for bit."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(PIPELINE.replace("STEPS", str(steps)).replace("STRATEGY", strategy))
     killed = tmp_path / "killed"

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from dlscale.train.checkpoint import list_checkpoints
 from tests.conftest import EXAMPLES
@@ -181,3 +182,45 @@ def test_a_worker_killed_before_the_rendezvous_ends_the_job_naming_it(tmp_path: 
     assert "Traceback" not in stderr and "continues without it" not in stdout + stderr
     assert len(stderr.strip().splitlines()) == 1, stderr
     assert not any(alive(pid) for pid in processes), "a process outlived the job"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("every_s", [0.5, 3600])
+def test_a_killed_async_job_resumes_from_its_last_shard_save_and_says_which_step(
+    tmp_path: Path, every_s: float
+):
+    """The defect: killed seconds in, the shard on disk was the starting one and --resume
+    started over at step 0 without a word. Killed once a periodic save holds updates, the resume
+    continues from the step in the shard; killed before any (a period longer than the run so
+    far), it says that nothing trained was saved and starts over."""
+    spec = tmp_path / "spec.yaml"
+    every = f"checkpoint_every_s: {every_s}, data_plane: gloo"  # gloo: no /dev/shm left behind
+    # 600 steps: seconds of training, long enough to be killed after a periodic save
+    spec.write_text(SERVER_FAULT.replace("checkpoint_every_s: 0.5", every).replace("1500", "600"))
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([DLSCALE, "train", str(spec), "--out", str(run_dir)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    shard = run_dir / "checkpoints" / "ps-shard-0.pt"
+    deadline = time.monotonic() + 120
+    while not (shard.exists() and (every_s > 60 or _version(shard) > 0)):
+        assert job.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline, "no shard saved within 120 s"
+        time.sleep(0.01)
+    job.send_signal(signal.SIGKILL)
+    job.wait(timeout=30)
+    saved = torch.load(shard, weights_only=True)
+    worker_0_step = saved["worker_steps"]["1"]  # rank 1: the first worker after server 0
+    assert (saved["version"] > 0 and worker_0_step > 0) == (every_s < 60)
+
+    resumed = train(spec, run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    words = " ".join(resumed.stdout.split())
+    assert f"resuming at step {worker_0_step} " in words
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["resumed_from_step"] == worker_0_step
+    said_nothing_saved = any("holds no trained step" in w for w in record["warnings"])
+    assert said_nothing_saved == (worker_0_step == 0)
+
+
+def _version(shard: Path) -> int:
+    return int(torch.load(shard, weights_only=True)["version"])

@@ -177,6 +177,7 @@ def test_matmul_crossover_with_a_gpu(tmp_path, monkeypatch):
     monkeypatch.setattr(matmul_bench, "MAX_CPU_PRODUCT_S", 1e-3)  # n = 512 takes 1.3 ms
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Model GPU")
+    monkeypatch.setattr(matmul_bench, "available_memory_bytes", lambda device: 16 * 2**30)
     args = ["bench", "matmul", "--sizes", "64,128,256,512,1024", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output

@@ -6,6 +6,7 @@ import pytest
 
 from dlscale.errors import UserError
 from dlscale.spec import load_spec, parse_spec
+from tests.conftest import EXAMPLES
 
 BASE = {"name": "t", "model": {"name": "lenet"}, "data": {"name": "digits"}, "batch_size": 32}
 
@@ -123,3 +124,14 @@ def test_ignored_settings_are_warned_about():
 def test_spec_hash_is_stable_and_sensitive():
     assert spec_with().spec_hash() == spec_with().spec_hash()
     assert spec_with().spec_hash() != spec_with(seed=1).spec_hash()
+
+
+def test_settings_that_only_say_when_a_worker_is_silent_leave_the_spec_hash_alone():
+    """A checkpoint written before `heartbeat_warn_s` existed still resumes: the setting changes
+    no step, so it is not part of the run's identity (a timeout still is)."""
+    ddp = {"name": "ddp", "workers": 2}
+    base = spec_with(strategy=ddp).spec_hash()
+    assert spec_with(strategy={**ddp, "heartbeat_warn_s": 30}).spec_hash() == base
+    assert spec_with(strategy={**ddp, "workers": 3}).spec_hash() != base
+    # The hash of the example spec, as the code before the setting computed it.
+    assert load_spec(EXAMPLES / "ddp-digits.yaml").spec_hash() == "bd96f00322a71463"

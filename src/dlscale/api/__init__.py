@@ -13,10 +13,20 @@ from dlscale.api.bench import (
     bench_machine,
     bench_matmul,
     bench_width,
+    check_out_dir,
     output_dir,
     save_local_hardware,
     write_outputs,
 )
+from dlscale.api.capacity import check_one_process, check_run, check_trials, local_problems
+from dlscale.api.profiling import (
+    profile,
+    profile_json,
+    profile_plot_folder,
+    profile_plots,
+    profile_report,
+)
+from dlscale.api.rundir import train_in_folder
 from dlscale.errors import UserError
 from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
 from dlscale.models import ZOO, check_model, parameter_count_meta
@@ -24,6 +34,7 @@ from dlscale.spec import Spec, load_spec
 from dlscale.strategies import STRATEGIES
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
+from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 
 __all__ = [
@@ -36,6 +47,7 @@ __all__ = [
     "bench_machine",
     "bench_matmul",
     "bench_width",
+    "check_out_dir",
     "compare",
     "estimate",
     "hardware",
@@ -45,6 +57,7 @@ __all__ = [
     "parse_strategies",
     "profile",
     "profile_json",
+    "profile_plot_folder",
     "profile_plots",
     "profile_report",
     "save_local_hardware",
@@ -65,12 +78,15 @@ def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
         check_model(spec.model.name, spec.model.kwargs)
     except UserError as exc:
         raise UserError(f"{spec_path}: model: {exc}") from None
+    from dlscale.train.preflight import preflight
+
+    preflight(spec)  # the data read, and the model given one sample on the meta device
     if spec.sweep is not None:
         from dlscale.spec import load_raw
         from dlscale.sweep.space import check_space
 
         check_space(spec, load_raw(spec_path), Path(spec_path).resolve().parent, str(spec_path))
-    return spec, spec.warnings()
+    return spec, spec.warnings() + local_problems(spec)
 
 
 def train(
@@ -98,33 +114,14 @@ def train(
         )
     from dlscale.launch import make_launcher
 
-    launcher = make_launcher(cluster, address)
-    resume_from = None
-    if resume:
-        run_dir = Path(out_dir) if out_dir else latest_run_dir(spec.name)
-        resume_from = ckpt.latest_checkpoint(run_dir)
-        if resume_from is None:
-            raise UserError(f"nothing to resume: no checkpoint in {run_dir / 'checkpoints'}")
-    else:
-        run_dir = Path(out_dir) if out_dir else new_run_dir(spec.name)
-        if ckpt.list_checkpoints(run_dir):
-            raise UserError(
-                f"{run_dir} already holds checkpoints of a run: pass --resume to continue it, "
-                "or choose another --out"
-            )
-    run = STRATEGIES[spec.strategy.name]
-    return run(spec, run_dir, resume_from, reporter, launcher)
+    check_run(spec, cluster, reporter)  # memory, cores, load: before any folder or process
 
+    def start(run_dir: Path, resume_from: Path | None) -> dict:
+        launcher = make_launcher(cluster, address)
+        return STRATEGIES[spec.strategy.name](spec, run_dir, resume_from, reporter, launcher)
 
-def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
-    """The newest runs/<name>-* folder holding a checkpoint: what a bare --resume continues."""
-    candidates = [p for p in root.glob(f"{name}-*") if ckpt.list_checkpoints(p)]
-    if not candidates:
-        raise UserError(
-            f"nothing to resume: no run of '{name}' with checkpoints under {root}/ "
-            "(pass --out DIR to name the run folder)"
-        )
-    return max(candidates, key=lambda p: ckpt.list_checkpoints(p)[-1][1].stat().st_mtime)
+    # The folder is this process's from here to the end (a second run into it is refused).
+    return train_in_folder(spec.name, out_dir, resume, reporter, start)
 
 
 def models() -> list[dict]:
@@ -142,66 +139,6 @@ def models() -> list[dict]:
             }
         )
     return rows
-
-
-DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
-
-
-def profile_hardware(names: list[str] | None, files: list[Path] | None = None) -> list:
-    """The devices to predict on: named ones, `all`, or by default `local` (if measured) + a few."""
-    from dlscale.hardware.catalogue import load_catalogue, local_entry_path, lookup
-
-    catalogue = load_catalogue(files)
-    if names == ["all"]:
-        return list(catalogue.values())
-    if not names:
-        names = (["local"] if local_entry_path().is_file() else []) + [
-            n for n in DEFAULT_PROFILE_HARDWARE if n in catalogue
-        ]
-    return [lookup(catalogue, name) for name in names]
-
-
-def profile(
-    target: str,
-    batch_size: int | None = None,
-    input_shape: list[int] | None = None,
-    precision: str | None = None,
-    optimizer: str | None = None,
-    hardware: list[str] | None = None,
-    hardware_files: list[Path] | None = None,
-    tokens: bool = False,
-    model_kwargs: dict | None = None,
-    dataset_size: int | None = None,
-):
-    """Trace one training step of `target` on the meta device and predict it on `hardware`."""
-    from dlscale import profiler
-    from dlscale.profiler.target import resolve
-
-    workload = resolve(
-        target, batch_size, input_shape, precision, optimizer, tokens, model_kwargs, dataset_size
-    )
-    return profiler.profile(workload, profile_hardware(hardware, hardware_files))
-
-
-def profile_report(result, console) -> None:
-    """A profile as tables, on a rich console."""
-    from dlscale.profiler.report import render
-
-    render(result, console)
-
-
-def profile_json(result) -> dict:
-    """A profile as JSON (schema dlscale.profile/1)."""
-    from dlscale.profiler.report import to_json
-
-    return to_json(result)
-
-
-def profile_plots(result, folder: Path) -> list[Path]:
-    """The profile's roofline and per-layer plots, written to `folder`."""
-    from dlscale.profiler.plots import write_plots
-
-    return write_plots(result, folder)
 
 
 def show_value(value) -> str:
@@ -226,6 +163,8 @@ def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
     from dlscale.profiler.estimate import estimate as run_estimate
 
+    check_one_process(load_spec(spec_path))  # it trains a few steps here, whatever the strategy
+
     local = get_hardware("local") if local_entry_path().is_file() else None
     return run_estimate(spec_path, local, steps=steps, warmup=warmup)
 
@@ -240,19 +179,28 @@ def scale(
     on_run=None,
 ) -> dict:
     """Train a spec with each data-parallel worker count; throughput and scaling efficiency."""
-    from dlscale.bench.scale import scale_result, scale_row, scaled_spec
+    from dlscale.bench.scale import local_cores, scale_result, scale_row, scaled_spec, threads_for
+    from dlscale.launch.local import available_cores
 
     if not workers or min(workers) < 1:
         raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
+    if steps is not None and steps < 1:
+        raise UserError(f"--steps: must be a positive integer (got {steps})")
     spec = load_spec(spec_path)
+    check_trials([scaled_spec(spec, count, steps) for count in workers], cluster, "a run")
+    # Like for like: each worker gets the same threads in every run (Ray gives each one core).
+    threads = threads_for(workers, available_cores()) if cluster == "local" else 1
     rows = []
-    for count in sorted(set(workers)):
-        run_dir = Path(out) / f"workers-{count}"
-        record = train(scaled_spec(spec, count, steps), run_dir, cluster=cluster, address=address)
-        rows.append(scale_row(count, record, str(run_dir)))
-        if on_run is not None:
-            on_run(rows[-1])
-    return scale_result(spec, str(spec_path), rows, steps, cluster)
+    with claim(out):  # one scale or compare into a folder at a time
+        for count in sorted(set(workers)):
+            run_dir = Path(out) / f"workers-{count}"
+            with local_cores(count, threads):
+                record = train(scaled_spec(spec, count, steps), run_dir, cluster=cluster,
+                               address=address)  # fmt: skip
+            rows.append(scale_row(count, record, str(run_dir)))
+            if on_run is not None:
+                on_run(rows[-1])
+    return scale_result(spec, str(spec_path), rows, steps, cluster, threads)
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -281,23 +229,25 @@ def compare(
     names = list(dict.fromkeys(strategies))
     # Every problem is found before the first run starts, not after an hour of training.
     specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
+    check_trials(list(specs.values()), cluster, "a run")
     if cluster != "local" and "single" in specs:
         raise UserError(
             f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
         )
-    for name in names:
-        if ckpt.list_checkpoints(Path(out) / name):
-            raise UserError(
-                f"{Path(out) / name} already holds checkpoints of a run: choose another --out"
-            )
     rows = []
-    for name, run_spec in specs.items():
-        run_dir = Path(out) / name
-        started = time.perf_counter()
-        record = train(run_spec, run_dir, cluster=cluster, address=address)
-        rows.append(compare_row(name, record, str(run_dir), time.perf_counter() - started))
-        if on_run is not None:
-            on_run(rows[-1])
+    with claim(out):  # one compare or scale into a folder at a time
+        for name in names:
+            if ckpt.list_checkpoints(Path(out) / name):
+                raise UserError(
+                    f"{Path(out) / name} already holds checkpoints of a run: choose another --out"
+                )
+        for name, run_spec in specs.items():
+            run_dir = Path(out) / name
+            started = time.perf_counter()
+            record = train(run_spec, run_dir, cluster=cluster, address=address)
+            rows.append(compare_row(name, record, str(run_dir), time.perf_counter() - started))
+            if on_run is not None:
+                on_run(rows[-1])
     return compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
 
 
@@ -329,6 +279,7 @@ def sweep(
     if parallel is not None and parallel < 1:
         raise UserError(f"--parallel must be at least 1 (got {parallel})")
     checked = check_space(spec, raw, base_dir, str(spec_path))
+    check_trials(checked, cluster)
     processes = max(run.strategy.processes for run in checked)
     gpus = float(max(_gpus_of(run) for run in checked))
     resources = Resources(cpus=float(processes), gpus=gpus)
@@ -348,10 +299,11 @@ def sweep(
         )
     if resume and out_dir is None:
         out_dir = latest_sweep_dir(spec.name)
-    out = Path(out_dir) if out_dir else new_run_dir(f"sweep-{spec.name}")
-    runner = SweepRunner(spec, raw, base_dir, str(spec_path), out, launcher,
-                         slots, resources, reporter or NullSweepReporter(), resume)  # fmt: skip
-    return runner.run()
+    owned = claim(Path(out_dir)) if out_dir else claim_new(f"sweep-{spec.name}")
+    with owned as out:  # the sweep's folder is this process's until it ends
+        runner = SweepRunner(spec, raw, base_dir, str(spec_path), out, launcher,
+                             slots, resources, reporter or NullSweepReporter(), resume)  # fmt: skip
+        return runner.run()
 
 
 def _gpus_of(spec: Spec) -> int:

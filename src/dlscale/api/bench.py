@@ -17,6 +17,7 @@ __all__ = [
     "bench_machine",
     "bench_matmul",
     "bench_width",
+    "check_out_dir",
     "output_dir",
     "save_local_hardware",
     "write_outputs",
@@ -45,7 +46,12 @@ def bench_matmul(sizes: list[int] | None, precision: str) -> dict:
 
 
 def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -> dict:
+    from dlscale.api.capacity import check_process_count
     from dlscale.bench.loader import run_loader_bench
+    from dlscale.launch.local import available_cores
+
+    # This process and its DataLoader workers, at the largest count measured.
+    check_process_count(max(workers) + 1, "bench loader", available_cores())
 
     return run_loader_bench(load_spec(spec_path) if spec_path else None, workers, steps)
 
@@ -62,6 +68,16 @@ def bench_batch(
     from dlscale.bench.batch import run_batch_bench
 
     return run_batch_bench(model, batches, kwargs, steps, memory_fraction)
+
+
+def check_out_dir(out: Path | None) -> None:
+    """Before a bench runs: an --out that cannot be a folder, or that another run holds, is one
+    line now rather than after minutes of measuring (a folder made to check it is removed)."""
+    if out is not None:
+        from dlscale.train.ownership import claim
+
+        with claim(out):
+            pass
 
 
 def output_dir(name: str, out: Path | None) -> Path:

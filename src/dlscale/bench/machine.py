@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import torch
 
 from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
+from dlscale.bench.memory import available_memory_bytes
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
 from dlscale.profiler.calibrate import (
@@ -108,20 +109,6 @@ def total_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def available_memory_bytes(device: torch.device) -> int:
-    """Memory a new allocation can take now: free GPU memory, or the host's MemAvailable."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def device_vendor(device: torch.device) -> str:

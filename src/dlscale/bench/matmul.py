@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.benchmark import Timer
 
+from dlscale.bench.memory import available_memory_bytes, over_share
 from dlscale.errors import UserError, one_line
 
 SCHEMA = "dlscale.bench.matmul/1"
@@ -24,6 +25,33 @@ GPU_EXTRA_SIZES = (4096,)
 # bf16 instructions is ~10× slower than fp32) must not eat the whole time budget.
 MAX_PRODUCT_S = 0.5
 MAX_CPU_PRODUCT_S = 2.0  # the CPU-vs-GPU bench: past this the GPU has won by a wide margin
+
+
+def matmul_memory_bytes(n: int, precision: str) -> int:
+    """Bytes one (n, n) @ (n, n) holds at once: both operands and the result in the precision's
+    storage type, plus the fp32 draw an operand is converted from (none for fp32 storage)."""
+    dtype = DTYPES[precision]
+    draw_bytes = 0 if dtype == torch.float32 else 4
+    return n * n * (3 * dtype.itemsize + draw_bytes)
+
+
+def memory_skips(sizes: list[int], precision: str, gpu: torch.device | None) -> dict[int, str]:
+    """Sizes whose product would not fit in the share of free memory, with the reason: on the
+    host (the CPU product, and the operands a GPU product with copies starts from), and on
+    the GPU. Refused in one line when none fits."""
+    free = {"the host": available_memory_bytes(torch.device("cpu"))}
+    if gpu is not None:
+        free[torch.cuda.get_device_name(gpu)] = available_memory_bytes(gpu)
+    skips = {}
+    for n in sizes:
+        need = matmul_memory_bytes(n, precision)
+        reasons = [r for where, b in free.items() if (r := over_share(need, b, where))]
+        if reasons:
+            skips[n] = reasons[0]
+    if len(skips) == len(sizes):
+        n = sizes[0]
+        raise UserError(f"--sizes: no size fits in memory: n = {n} {skips[n]}")
+    return skips
 
 
 def median_time_s(stmt: str, env: dict, min_run_time_s: float) -> float:
@@ -129,10 +157,18 @@ def cpu_vs_gpu_row(
         times["gpu_with_transfer"] = time_matmul_s(
             n, precision, gpu, min_run_time_s, with_transfer=True
         )
-    row: dict = {"size": n, "flops": flops}
+    row: dict = {"size": n, "flops": flops, "skipped": None}
     for name, time_s in times.items():
         row[f"{name}_time_s"] = time_s
         row[f"{name}_flops_per_s"] = flops / time_s if time_s else None
+    return row
+
+
+def skipped_row(n: int, reason: str) -> dict:
+    """A size not timed because it would not fit in memory."""
+    row: dict = {"size": n, "flops": matmul_flops(n), "skipped": reason}
+    for name in ("cpu", "gpu", "gpu_with_transfer"):
+        row[f"{name}_time_s"] = row[f"{name}_flops_per_s"] = None
     return row
 
 
@@ -152,9 +188,13 @@ def run_matmul_bench(
     if not sizes or min(sizes) < 1:
         raise UserError("matrix sizes must be positive integers")
     gpu = torch.device("cuda") if has_gpu else None
+    skips = memory_skips(sizes, precision, gpu)
     rows: list[dict] = []
     cpu_skipped_from = None
     for n in sizes:
+        if n in skips:
+            rows.append(skipped_row(n, skips[n]))
+            continue
         rows.append(cpu_vs_gpu_row(n, precision, gpu, cpu_skipped_from is None, min_run_time_s))
         cpu_s = rows[-1]["cpu_time_s"]
         if cpu_skipped_from is None and cpu_s is not None and cpu_s > MAX_CPU_PRODUCT_S:
@@ -165,6 +205,7 @@ def run_matmul_bench(
             f"CPU not timed from n = {cpu_skipped_from}: a smaller product took over "
             f"{MAX_CPU_PRODUCT_S:g} s"
         )
+    notes += [f"n = {n} skipped: {reason}" for n, reason in skips.items()]
     return {
         "schema": SCHEMA,
         "precision": precision,

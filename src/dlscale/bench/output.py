@@ -15,14 +15,15 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from dlscale.train.files import new_run_dir, write_atomic, write_json_atomic
+from dlscale.train.ownership import check_folder, claim
 
 GIGA = 1e9
 
 
 def output_dir(bench: str, out: str | Path | None = None) -> Path:
-    """`out`, or runs/bench-<bench>-<UTC timestamp>/; created."""
+    """`out`, or runs/bench-<bench>-<UTC timestamp>/; created (one line if it cannot be)."""
     folder = Path(out) if out is not None else new_run_dir(f"bench-{bench}")
-    folder.mkdir(parents=True, exist_ok=True)
+    check_folder(folder)
     return folder
 
 
@@ -31,11 +32,12 @@ def write_outputs(bench: str, result: dict, out: str | Path | None = None) -> tu
     folder = output_dir(bench, out)
     json_path = folder / f"{bench}.json"
     png_path = folder / f"{bench}.png"
-    write_json_atomic(json_path, result)
     figure = Figure(figsize=(9, 5.5), layout="constrained")
     FigureCanvasAgg(figure)
     PLOTS[bench](figure, result)
-    write_atomic(png_path, lambda handle: figure.savefig(handle, format="png", dpi=110))
+    with claim(folder):  # the JSON and its plot come from one run, not one each from two
+        write_json_atomic(json_path, result)
+        write_atomic(png_path, lambda handle: figure.savefig(handle, format="png", dpi=110))
     return json_path, png_path
 
 
@@ -64,7 +66,7 @@ def plot_machine(figure: Figure, result: dict) -> None:
 def plot_matmul(figure: Figure, result: dict) -> None:
     """Matmul time vs size (log-log): CPU, GPU, and GPU including the copies there and back."""
     axes = figure.add_subplot()
-    rows = result["rows"]
+    rows = [row for row in result["rows"] if not row.get("skipped")]
     sizes = [row["size"] for row in rows]
     lines = (
         ("cpu_time_s", "CPU"),

@@ -4,9 +4,18 @@ Every run uses the same launcher and the `ddp` strategy (a 1-worker run included
 start-up and the loop are the same for all); each worker keeps the spec's batch size, so the global
 batch grows with the workers (weak scaling). Scaling efficiency = throughput(N) / (N ×
 throughput(1)), or against the smallest count tried when 1 is not among them.
+
+Every run gives each worker the same number of threads: the largest run's share of the cores.
+The local launcher would otherwise give a lone worker every core and N workers 1/N of them
+each, and the efficiency would compare unlike runs (a 1-worker baseline with 2 threads on a
+busy 2-core machine ran 12× slower than 2 workers with 1 thread each: "1230%").
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
 
 from dlscale.spec import DdpStrategy, Spec
 
@@ -19,6 +28,41 @@ def scaled_spec(spec: Spec, workers: int, steps: int | None) -> Spec:
     if steps is not None:
         changes.update(steps=steps, epochs=None)
     return spec.model_copy(update=changes)
+
+
+def threads_for(workers: list[int], cores: int) -> int:
+    """Threads each worker gets in every run: the largest run's share of the cores."""
+    return max(1, cores // max(workers))
+
+
+@contextlib.contextmanager
+def local_cores(count: int, threads: int) -> Iterator[None]:
+    """While a run of `count` local workers starts: the cores the launcher counts capped at
+    count × threads (DLSCALE_CPUS, which it divides among the workers), so each gets `threads`."""
+    saved = os.environ.get("DLSCALE_CPUS")
+    os.environ["DLSCALE_CPUS"] = str(count * threads)
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("DLSCALE_CPUS", None)
+        else:
+            os.environ["DLSCALE_CPUS"] = saved
+
+
+def scale_note(rows: list[dict]) -> str | None:
+    """A word on efficiencies above 100%. Each worker trains the baseline's batch with the
+    baseline's threads, so it cannot honestly run faster than the baseline's one: above 100%
+    is timing noise, such as a machine busier during the baseline run than after it."""
+    above = [row for row in rows[1:] if row["efficiency"] > 1.0]
+    if not above:
+        return None
+    counts = ", ".join(str(row["workers"]) for row in above)
+    return (
+        f"{counts} workers: above 100%, each worker ran faster than the baseline's one with the "
+        "same batch and threads: timing noise (the machine was busier during the baseline); "
+        "more --steps even it out"
+    )
 
 
 def scale_row(workers: int, record: dict, run_dir: str) -> dict:
@@ -35,7 +79,9 @@ def scale_row(workers: int, record: dict, run_dir: str) -> dict:
     }
 
 
-def scale_result(spec: Spec, spec_path: str, rows: list[dict], steps, cluster: str) -> dict:
+def scale_result(
+    spec: Spec, spec_path: str, rows: list[dict], steps, cluster: str, threads: int
+) -> dict:
     """Efficiency of every row against the first (smallest worker count): T(N) / (N/N0 · T(N0))."""
     base = rows[0]
     for row in rows:
@@ -49,5 +95,7 @@ def scale_result(spec: Spec, spec_path: str, rows: list[dict], steps, cluster: s
         "steps": steps,
         "cluster": cluster,
         "baseline_workers": base["workers"],
+        "threads_per_worker": threads,
+        "note": scale_note(rows),
         "rows": rows,
     }

@@ -11,13 +11,13 @@ from collections.abc import Iterable
 
 import torch
 
-from dlscale.bench.machine import available_memory_bytes, bench_device, last_level_cache_bytes
+from dlscale.bench.machine import bench_device, last_level_cache_bytes
 from dlscale.bench.matmul import median_time_s
+from dlscale.bench.memory import available_memory_bytes, over_share
 from dlscale.errors import UserError
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import OptimizerSpec
 from dlscale.train.step import TrainStep, build_optimizer
-from dlscale.units import binary_bytes
 
 SCHEMA = "dlscale.bench.width/1"
 DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -26,7 +26,6 @@ NUM_CLASSES = 10
 # Training state per parameter in fp32 with Adam: weight, gradient, and the two moment estimates.
 STATE_BYTES_PER_PARAMETER = 4 + 4 + 4 + 4
 FLOAT_BYTES = 4
-MEMORY_SHARE = 0.5  # skip a width whose estimate exceeds this share of the free memory
 
 
 def linear_shapes(width: int, input_size: int = INPUT_SIZE) -> list[tuple[int, int]]:
@@ -109,11 +108,8 @@ def width_row(
         "flops_per_s": None,
         "skipped": None,
     }
-    if row["memory_estimate_bytes"] > MEMORY_SHARE * free_bytes:
-        row["skipped"] = (
-            f"needs ~{binary_bytes(row['memory_estimate_bytes'])}, over {MEMORY_SHARE:.0%} "
-            f"of the {binary_bytes(free_bytes)} free"
-        )
+    row["skipped"] = over_share(row["memory_estimate_bytes"], free_bytes)
+    if row["skipped"]:
         return row
     step_s = time_train_step_s(width, batch_size, device, min_run_time_s)
     row.update(step_time_s=step_s, time_per_parameter_s=step_s / params, flops_per_s=flops / step_s)
@@ -135,6 +131,13 @@ def run_width_bench(
     dev = bench_device(device)
     cache_bytes = last_level_cache_bytes(dev)
     free_bytes = available_memory_bytes(dev)
+    # Refused before anything is timed: a table of skipped rows and an empty plot say nothing.
+    smallest = widths[0]
+    reason = over_share(memory_estimate_bytes(smallest, batch_size), free_bytes)
+    if reason:
+        raise UserError(
+            f"--widths: no width fits in memory: w = {smallest} at batch {batch_size} {reason}"
+        )
     rows = [width_row(w, batch_size, dev, free_bytes, min_run_time_s) for w in widths]
     return {
         "schema": SCHEMA,

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
+from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
@@ -20,6 +21,7 @@ from dlscale.units import duration as seconds
 
 app = typer.Typer(
     name="bench",
+    cls=FlagHelpGroup,
     help="Measure this machine, and rerun the field's classic scaling experiments.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -54,6 +56,7 @@ def machine(
     ),
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     console.print(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
@@ -128,6 +131,7 @@ def matmul(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """CPU vs GPU matmul time and FLOP/s across sizes: where the accelerator starts to win."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     size_list = parse_int_list(sizes, "--sizes") if sizes is not None else None
     result = api.bench_matmul(size_list, precision)
     console.print(matmul_table(result))
@@ -169,6 +173,8 @@ def from_size(size: int | None) -> str:
 
 
 def faster(row: dict) -> str:
+    if row.get("skipped"):
+        return "not timed (memory)"
     if row["cpu_time_s"] is None:
         return "GPU (CPU not timed)"
     if row["gpu_with_transfer_time_s"] < row["cpu_time_s"]:
@@ -192,6 +198,7 @@ def loader(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Training throughput vs DataLoader workers and pin_memory, with per-sample loading."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     worker_counts = parse_int_list(workers, "--workers", minimum=0)
     result = api.bench_loader(spec, worker_counts, steps)
     console.print(loader_table(result))
@@ -241,6 +248,7 @@ def width(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """An MLP's training-step time as its width doubles, against the last-level cache and RAM."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     if batch < 1:
         raise UserError(f"--batch: must be a positive integer (got {batch})")
     result = api.bench_width(parse_int_list(widths, "--widths"), batch)
@@ -299,6 +307,7 @@ def batch(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Throughput vs batch size until memory runs out, with the roofline's curve beside it."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     if steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     try:

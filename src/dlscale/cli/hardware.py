@@ -12,8 +12,10 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
+from dlscale.cli.help import FlagHelpGroup
 
 app = typer.Typer(
+    cls=FlagHelpGroup,
     help="The hardware catalogue: peak FLOP/s, memory, links and power of known devices.",
     no_args_is_help=True,
 )
@@ -22,6 +24,7 @@ console = Console(highlight=False)
 HARDWARE_FILES = typer.Option(
     None,
     "--hardware-file",
+    metavar="<path>",  # one file each time it is given (Typer would show <list[Path]>)
     help="Extra catalogue file (TOML, repeatable); its entries replace same-named ones.",
 )
 AS_JSON = typer.Option(False, "--json", help="Print JSON in SI units (FLOP/s, bytes, bytes/s).")

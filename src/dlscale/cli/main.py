@@ -13,6 +13,7 @@ from dlscale import __version__, api
 from dlscale.cli.bench import app as bench_app
 from dlscale.cli.errors import user_errors
 from dlscale.cli.hardware import app as hardware_app
+from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.profile import estimate as estimate_command
 from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
@@ -20,6 +21,7 @@ from dlscale.cli.sweep import sweep as sweep_command
 
 app = typer.Typer(
     name="dlscale",
+    cls=FlagHelpGroup,
     help="Deep learning from a laptop CPU to a GPU cluster: profile, predict, train in parallel.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -154,6 +156,8 @@ def scale(
             f"{row['per_worker_samples_per_s']:,.0f}", f"{100 * row['efficiency']:.0f}%",
             f"{100 * row['allreduce_share']:.0f}% of step",
         )  # fmt: skip
+    notes = [f"each worker {result['threads_per_worker']} thread(s) in every run", result["note"]]
+    table.caption = "; ".join(note for note in notes if note)
     console.print(table)
     json_path, png_path = api.write_outputs("scale", result, folder)
     console.print(f"wrote {json_path} and {png_path}")

@@ -39,7 +39,10 @@ def profile(
         None, "--hardware", help="Devices to predict on: NAME[,NAME...] or 'all'."
     ),
     hardware_file: list[Path] | None = typer.Option(
-        None, "--hardware-file", help="Extra catalogue file(s) of your own devices."
+        None,
+        "--hardware-file",
+        metavar="<path>",  # one file each time it is given (Typer would show <list[Path]>)
+        help="Extra catalogue file(s) of your own devices.",
     ),
     dataset_size: int | None = typer.Option(
         None, "--dataset-size", help="Training samples per epoch, for epoch time."
@@ -58,6 +61,8 @@ def profile(
         raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
     if model_kwargs is not None and not isinstance(model_kwargs, dict):
         raise UserError("--kwargs must be a JSON object, e.g. '{\"hidden\": [64]}'")
+    if plot is not None:
+        api.profile_plot_folder(plot)
     result = api.profile(
         target,
         batch_size=batch,
@@ -113,7 +118,8 @@ def estimate(
         duration(predicted) if predicted else "-",
     )
     table.add_row(
-        f"whole run ({result.total_steps:,} steps, {result.epochs} epochs)",
+        f"whole run ({result.total_steps:,} steps, {result.epochs} "
+        f"epoch{'s' * (result.epochs != 1)})",
         duration(result.total_s),
         duration(result.predicted_total_s) if predicted else "-",
     )

@@ -36,15 +36,15 @@ class RichReporter:
 
     def start(self, plan: dict) -> None:
         self.total_epochs = plan["epochs"]
-        resumed = f", resuming at step {plan['start_step']}" if plan["start_step"] else ""
+        resuming = plan.get("resumed") or plan["start_step"]  # step 0 too: a resume says where
+        resumed = f", resuming at step {plan['start_step']}" if resuming else ""
         strategy = plan.get("strategy", "single")
         how = "" if strategy == "single" else f", {strategy} with {plan['workers']} workers"
         self.console.print(
             f"[bold]{plan['name']}[/]: {plan['model']} ({plan['parameters']:,} parameters) on "
             f"{plan['device']}, {plan['precision']}{how}; {plan['train_samples']:,} training / "
             f"{plan['val_samples']:,} validation samples; batch {plan['global_batch_size']}, "
-            f"{plan['steps_per_epoch']} steps × {plan['epochs']} epochs = "
-            f"{plan['total_steps']} steps{resumed}"
+            f"{run_length(plan)}{resumed}"
         )
         if "pipeline" in plan:
             self.console.print(split_table(plan["pipeline"]))
@@ -98,12 +98,22 @@ class RichReporter:
             self.progress = None
 
 
+def run_length(plan: dict) -> str:
+    """'51 steps × 3 epochs = 153 steps', or for a run the spec's `steps` cuts short
+    '20 steps (capped by the spec's steps; 51 per epoch)'."""
+    per_epoch, epochs, total = plan["steps_per_epoch"], plan["epochs"], plan["total_steps"]
+    if total == per_epoch * epochs:
+        return f"{per_epoch} steps × {epochs} epoch{'s' * (epochs != 1)} = {total} steps"
+    over = f" over {epochs} epochs" if epochs > 1 else ""
+    return f"{total} steps{over} (capped by the spec's steps; {per_epoch} per epoch)"
+
+
 def summary_table(record: dict) -> Table:
     """The run at a glance: the same rows for every strategy, then the strategy's own."""
     final, timing, plan = record["final"], record["timing"], record["plan"]
     table = Table(title=f"{record['name']}: summary", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
-    table.add_column("value")
+    table.add_column("value", overflow="fold")  # a long path folds onto more lines, never "…"
     table.add_row("validation accuracy", percent(final["val_accuracy"]))
     table.add_row("validation loss", decimal(final["val_loss"]))
     replicas = plan["global_batch_size"] // plan["batch_size"]
@@ -165,8 +175,8 @@ def ps_rows(table: Table, record: dict) -> None:
         f"({ps['data_plane']})",
     )
     live = [w for w in record["workers"] if w["status"] == "completed"]
-    waits = ", ".join(f"{percent(w['comm_wait_share'])}" for w in live)
-    table.add_row("workers waiting", f"{waits} of each worker's steps (pull, push, average)")
+    waits = ", ".join(f"worker {w['rank']} {percent(w['comm_wait_share'])}" for w in live)
+    table.add_row("workers waiting", f"{waits} of its step time, waiting on pull and push")
     if ps["mode"] != "averaging":
         table.add_row(
             "staleness",

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
+from dlscale.errors import UserError
 
 MAX_ROWS = 24  # a longer sweep shows its running trials and the best finished ones
 STATUS_STYLE = {"completed": "green", "failed": "red", "pruned": "yellow", "running": "cyan",
@@ -148,7 +149,8 @@ class RichSweepReporter:
         self.console.print(trial_table(result))
         best = result["best"]
         if best is None:
-            self.console.print("[bold red]no trial completed[/]: see the errors above")
+            if not result.get("failure"):  # a failure has an error line of its own, last
+                self.console.print("[bold red]no trial completed[/]: see the errors above")
         else:
             params = " ".join(f"{p}={api.show_value(v)}" for p, v in best["params"].items())
             self.console.print(
@@ -189,3 +191,5 @@ def sweep(
         reporter.close()
     if as_json:
         print(json.dumps(result, indent=2))
+    if result.get("failure"):  # trials ran, and every one failed: exit 1 (bad input is 2)
+        raise UserError(result["failure"], exit_code=1)

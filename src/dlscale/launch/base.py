@@ -18,6 +18,7 @@ EventHandler = Callable[[str, tuple], None]
 
 RESULT_GRACE_S = 30.0  # a worker that exited cleanly, or an expendable one left behind, gets this
 WORKER_EXIT_GRACE_S = 5.0  # after SIGTERM, how long a worker gets before SIGKILL
+HEARTBEAT_WARN_S = 5.0  # a worker with no heartbeat this long is named while the others wait
 
 
 class WorkerFailed(UserError):
@@ -107,7 +108,9 @@ class Launcher(Protocol):
     naming it, unless its rank is in `expendable` (a strategy that trains on without it) and
     every worker has reported READY (before the rendezvous is complete the others would wait
     for it in vain): then its result is None and a warning event says so. `resources` is one
-    for all ranks or one per rank. No worker outlives the call.
+    for all ranks or one per rank. No worker outlives the call. A worker that sends no
+    heartbeat for `heartbeat_warn_s` (stopped, frozen) is named in a warning event, and in the
+    error when its waiting peers then fail (launch.heartbeat).
     """
 
     name: str
@@ -121,6 +124,7 @@ class Launcher(Protocol):
         port: int | None = None,
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
+        heartbeat_warn_s: float = HEARTBEAT_WARN_S,
     ) -> list[Any]: ...
 
     def capacity(self, resources: Resources) -> int:

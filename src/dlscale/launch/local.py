@@ -23,6 +23,7 @@ from typing import Any
 
 from dlscale.errors import UserError, one_line
 from dlscale.launch.base import (
+    HEARTBEAT_WARN_S,
     RESULT_GRACE_S,
     WORKER_EXIT_GRACE_S,
     EventHandler,
@@ -35,6 +36,7 @@ from dlscale.launch.base import (
     lost_worker,
     per_rank,
 )
+from dlscale.launch.heartbeat import Silence, start_beating
 
 LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
@@ -90,6 +92,7 @@ def die_with_parent(parent_pid: int) -> None:
 def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, threads: int) -> None:
     """What each spawned process runs: set up, call `fn`, report its result or its error."""
     die_with_parent(parent_pid)
+    start_beating(context)
     import torch  # after the parent check: importing torch takes a second or two
 
     torch.set_num_threads(threads)  # workers share the cores instead of each taking them all
@@ -117,6 +120,11 @@ def available_cores() -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     share = os.environ.get("DLSCALE_CPUS")
     return max(1, min(cores or 1, int(share)) if share else (cores or 1))
+
+
+def threads_per_worker(num_workers: int) -> int:
+    """Each worker's equal share of the cores, at least one (a spec's `threads` overrides it)."""
+    return max(1, available_cores() // num_workers)
 
 
 def _pin_to_cores(local_rank: int, workers: int, threads: int) -> None:
@@ -160,11 +168,12 @@ class LocalLauncher:
         port: int | None = None,
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
+        heartbeat_warn_s: float = HEARTBEAT_WARN_S,
     ) -> list[Any]:
         port = check_port(port) if port is not None else free_port()
         ctx = mp.get_context("spawn")
         results, events = ctx.Queue(), ctx.Queue()
-        threads = max(1, available_cores() // num_workers)
+        threads = threads_per_worker(num_workers)
         gpus = _gpu_indices(per_rank(resources, num_workers))
         processes = []
         for rank in range(num_workers):
@@ -180,15 +189,16 @@ class LocalLauncher:
                 process.start()
             processes.append(process)
         try:
-            return self._supervise(processes, results, events, on_event, expendable)
+            silence = Silence(num_workers, heartbeat_warn_s, [p.pid for p in processes])
+            return self._supervise(processes, results, events, on_event, expendable, silence)
         finally:
             stop_processes(processes)
 
-    def _supervise(self, processes, results, events, on_event, expendable) -> list[Any]:
+    def _supervise(self, processes, results, events, on_event, expendable, silence) -> list[Any]:
         done: dict[int, Any] = {}
         exited_at: dict[int, float] = {}
         late = LateExpendables(len(processes), expendable, RESULT_GRACE_S)
-        on_event = late.watch(on_event)
+        on_event = silence.watch(late.watch(on_event))
         while len(done) < len(processes):
             for rank in late.overdue(done):
                 done[rank] = None
@@ -199,6 +209,7 @@ class LocalLauncher:
                 status, rank, value = results.get(timeout=POLL_S)
             except queue.Empty:
                 status = None
+            running = [other for other in range(len(processes)) if other not in done]
             if status == "ok":
                 done[rank] = value
             elif status in ("user_error", "error") and late.may_lose(rank):
@@ -206,9 +217,15 @@ class LocalLauncher:
                 lost_worker(rank, f"failed: {value if status == 'user_error' else value[0]}",
                             on_event)  # fmt: skip
             elif status == "user_error":
-                raise UserError(value)
+                # A wait that timed out on a silent peer (a parameter server's): name the peer.
+                blamed = silence.blame(value, rank, running)
+                raise blamed or UserError(value)
             elif status == "error":
-                raise _first_cause(processes, rank, *value)
+                # Whom a silent peer's blame falls on is judged now: _first_cause's wait below
+                # drains no beats, and every worker would look silent after it.
+                silent = silence.blame(f"worker {rank} failed: {value[0]}", rank, running)
+                raise _first_cause(processes, rank, *value, silent)
+            silence.check(running, on_event)
             for rank, process in enumerate(processes):
                 code = process.exitcode
                 if code is None or rank in done:
@@ -241,11 +258,15 @@ def _gpu_indices(resources: list[Resources]) -> list[int | None]:
     return indices
 
 
-def _first_cause(processes, rank: int, error: str, trace: str) -> WorkerFailed:
+def _first_cause(
+    processes, rank: int, error: str, trace: str, silent: WorkerFailed | None = None
+) -> WorkerFailed:
     """When one worker dies, its peers fail too (their allreduce loses a partner); name the
     dead one first (its exit may trail its peers' error reports by a moment), and leave out
-    the peer's traceback, which only says it lost a partner. An error of its own, with no
-    peer dead, is a defect: its traceback goes to stderr before the one line."""
+    the peer's traceback, which only says it lost a partner. Failing with no peer dead but
+    one `silent` (stopped: the collective timed out waiting for it), that one is named. An
+    error of its own, with no peer dead or silent, is a defect: its traceback goes to stderr
+    before the one line."""
     deadline = time.monotonic() + DEATH_NOTICE_S
     while time.monotonic() < deadline:
         for other, process in enumerate(processes):
@@ -256,6 +277,8 @@ def _first_cause(processes, rank: int, error: str, trace: str) -> WorkerFailed:
                     f"then worker {rank} failed: {error}"
                 )
         time.sleep(POLL_S)
+    if silent is not None:
+        return silent
     sys.stderr.write(trace)
     return WorkerFailed(f"worker {rank} failed: {error}")
 
@@ -285,6 +308,10 @@ def stop_processes(processes) -> None:
     for process in processes:
         if process.is_alive():
             process.terminate()
+            # A stopped process (SIGSTOP) acts on SIGTERM only once continued; else it would
+            # hold the job for the whole grace until SIGKILL.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
     deadline = time.monotonic() + WORKER_EXIT_GRACE_S
     for process in processes:
         process.join(timeout=max(0.0, deadline - time.monotonic()))

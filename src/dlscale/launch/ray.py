@@ -14,6 +14,7 @@ from typing import Any
 
 from dlscale.errors import UserError, one_line
 from dlscale.launch.base import (
+    HEARTBEAT_WARN_S,
     RESULT_GRACE_S,
     EventHandler,
     LateExpendables,
@@ -26,6 +27,8 @@ from dlscale.launch.base import (
     lost_worker,
     per_rank,
 )
+from dlscale.launch.heartbeat import Silence, start_beating
+from dlscale.launch.ray_auth import authenticate, forget
 
 CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
 PLACE_TIMEOUT_S = 120.0  # actors not started by then (no room, or nodes too slow) fail the job
@@ -40,6 +43,12 @@ def import_ray():
             "--cluster ray needs Ray: pip install 'dlscale[ray]' (or ray) on every node"
         ) from None
     return ray
+
+
+def leave(ray) -> None:
+    """Disconnect what _connect connected, and the token mode it may have turned on."""
+    ray.shutdown()
+    forget()
 
 
 def check_reachable(address: str) -> None:
@@ -74,6 +83,7 @@ class _RayWorker:
         return check_port(wanted, host) if wanted else free_port(host)
 
     def run(self, fn: WorkerFn, payload: Any, context: WorkerContext, threads: int) -> Any:
+        start_beating(context)
         import torch
 
         torch.set_num_threads(threads)
@@ -99,7 +109,7 @@ class RayLauncher:
             total = ray.cluster_resources()
         finally:
             if connected_here:
-                ray.shutdown()
+                leave(ray)
         fits = [total.get("CPU", 0.0) // max(1.0, resources.cpus)]
         if resources.gpus:
             fits.append(total.get("GPU", 0.0) // resources.gpus)
@@ -118,6 +128,7 @@ class RayLauncher:
         port: int | None = None,
         on_event: EventHandler | None = None,
         expendable: frozenset[int] = frozenset(),
+        heartbeat_warn_s: float = HEARTBEAT_WARN_S,
     ) -> list[Any]:
         ray = import_ray()
         connected_here = self._connect(ray)
@@ -146,21 +157,24 @@ class RayLauncher:
                 )  # fmt: skip
                 threads = max(1, int(each[rank].cpus))
                 futures[actor.run.remote(fn, payload, context, threads)] = rank
-            return self._supervise(ray, futures, events, on_event, expendable)
+            silence = Silence(num_workers, heartbeat_warn_s)  # no pids: on other nodes
+            return self._supervise(ray, futures, events, on_event, expendable, silence)
         finally:
             for actor in actors:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
             if connected_here:
-                ray.shutdown()
+                leave(ray)
 
     def _connect(self, ray) -> bool:
         if ray.is_initialized():
             return False
         check_reachable(self.address)
+        authenticate(self.address)  # a token-authenticated head: its token, or one line why not
         try:
             ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
-        except (ConnectionError, RuntimeError, ValueError) as exc:
+        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
+            forget()
             raise UserError(
                 f"cannot join the Ray cluster at '{self.address}': {one_line(exc)}"
             ) from None
@@ -191,12 +205,12 @@ class RayLauncher:
             raise WorkerFailed(f"worker {rank} died: {one_line(exc)}") from None
 
     def _supervise(
-        self, ray, futures: dict, events, on_event: EventHandler | None, expendable=frozenset()
+        self, ray, futures: dict, events, on_event: EventHandler | None, expendable, silence
     ) -> list[Any]:
         results: dict[int, Any] = {}
         pending = list(futures)
         late = LateExpendables(len(futures), expendable, RESULT_GRACE_S)
-        on_event = late.watch(on_event)
+        on_event = silence.watch(late.watch(on_event))
         while pending:
             for rank in late.overdue(results):
                 results[rank] = None
@@ -207,15 +221,18 @@ class RayLauncher:
                 break
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
             drain_events(events, on_event)
+            running = [futures[ref] for ref in pending + ready]
+            silence.check([futures[ref] for ref in pending], on_event)
             for ref in ready:
                 rank = futures[ref]
                 try:
                     results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
                 except UserError as exc:
-                    if not late.may_lose(rank):
-                        raise
-                    results[rank] = None
-                    lost_worker(rank, f"failed: {exc}", on_event)
+                    if late.may_lose(rank):
+                        results[rank] = None
+                        lost_worker(rank, f"failed: {exc}", on_event)
+                    else:  # a wait that timed out on a silent peer: name the peer
+                        raise silence.blame(str(exc), rank, running) or exc from None
         drain_events(events, on_event)
         return [results[rank] for rank in range(len(futures))]
 
@@ -312,4 +329,4 @@ class RayPool:
         with contextlib.suppress(Exception):
             self.ray.kill(self.events.actor)
         if self.connected_here:
-            self.ray.shutdown()
+            leave(self.ray)

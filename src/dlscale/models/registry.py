@@ -6,6 +6,8 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +38,7 @@ class ZooEntry:
 
 
 _IMAGENET = (3, 224, 224)
+_OWN_FOLDER = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/dlscale
 
 ZOO: dict[str, ZooEntry] = {
     entry.name: entry
@@ -74,10 +77,9 @@ def resolve_factory(name: str) -> Callable[..., Any]:
         module = importlib.import_module(module_name)
     except ImportError as error:
         raise UserError(f"cannot import module '{module_name}': {one_line(error)}") from error
-    except Exception as error:  # user code failing at import time is still the user's problem
-        kind = type(error).__name__
+    except (Exception, SystemExit) as error:  # user code failing at import is still the user's
         raise UserError(
-            f"importing module '{module_name}' failed: {kind}: {one_line(error)}"
+            f"importing module '{module_name}' failed: {user_code_failure(error)}"
         ) from error
     if not hasattr(module, attr):
         raise UserError(f"module '{module_name}' has no attribute '{attr}' (from model '{name}')")
@@ -129,12 +131,44 @@ def build_model(name: str, kwargs: dict | None = None, defaults: dict | None = N
     arguments = _merge_arguments(name, factory, dict(kwargs or {}), dict(defaults or {}))
     try:
         model = factory(**arguments)
-    except (ValueError, TypeError) as error:
+    except (ValueError, TypeError) as error:  # a factory's own check of its arguments
         raise UserError(f"model '{name}' could not be built: {one_line(error)}") from error
+    except (Exception, SystemExit) as error:  # a defect in the user's code: name it, and where
+        raise UserError(
+            f"model '{name}' could not be built by its factory: {user_code_failure(error)}"
+        ) from error
     if not isinstance(model, nn.Module):
         kind = type(model).__name__
         raise UserError(f"model '{name}' returned a {kind}, not a torch.nn.Module")
     return model
+
+
+def raised_at(error: BaseException) -> str:
+    """' (nets.py, line 12)': the innermost frame of the user's own code (not torch's, nor the
+    standard library's, nor ours) that the error passed through: the line to look at."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return ""
+    paths = sysconfig.get_paths()
+    libraries = tuple(
+        os.path.realpath(folder) + os.sep
+        for folder in {paths["stdlib"], paths["purelib"], paths["platlib"], _OWN_FOLDER}
+    )
+    own = [
+        f
+        for f in frames
+        if not f.filename.startswith("<")  # <frozen importlib._bootstrap>, <string>
+        and not os.path.realpath(f.filename).startswith(libraries)
+    ]
+    frame = (own or frames)[-1]
+    return f" ({os.path.basename(frame.filename)}, line {frame.lineno})"
+
+
+def user_code_failure(error: BaseException) -> str:
+    """How user code failed, in one line: "KeyError: 'x' (nets.py, line 12)"."""
+    if isinstance(error, SystemExit):  # uncaught, it would end dlscale without a word
+        return f"it called sys.exit({error.code!r})"
+    return f"{type(error).__name__}: {one_line(error)}{raised_at(error)}"
 
 
 def check_model(name: str, kwargs: dict | None = None) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.spec import Hardware
+from dlscale.models.registry import user_code_failure
 from dlscale.profiler.advice import Verdict, verdict
 from dlscale.profiler.memory import TrainingMemory, training_memory
 from dlscale.profiler.roofline import Prediction, predict
@@ -42,10 +43,16 @@ def trace_workload(workload: Workload) -> StepTrace:
             lambda params: build_optimizer(params, workload.optimizer),
             workload.optimizer.name,
         )
+    except UserError:  # the factory's own failure, already one line
+        raise
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         shape = tuple(workload.sample.shape)
         raise UserError(
             f"model '{workload.model_name}' cannot take samples of shape {shape}: {one_line(exc)}"
+        ) from None
+    except (Exception, SystemExit) as exc:  # a defect in the user's code: name it, and where
+        raise UserError(
+            f"model '{workload.model_name}' failed on the meta device: {user_code_failure(exc)}"
         ) from None
 
 

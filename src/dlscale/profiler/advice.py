@@ -49,18 +49,23 @@ def verdict(
     return result
 
 
+def split_advice(static_bytes: int, usable_bytes: int) -> str:
+    """When weights, gradients and optimizer state alone exceed a device: split or shrink."""
+    devices = math.ceil(static_bytes / usable_bytes)
+    return (
+        "the model does not fit: weights, gradients and optimizer state alone need "
+        f"{_b(static_bytes)} of {_b(usable_bytes)} usable; split it across ≥ {devices} "
+        f"devices (strategy: {{name: pipeline, stages: {max(devices, 2)}}}, with "
+        "max_memory_per_worker set to the device's memory) or shrink it (fewer parameters, "
+        "an optimizer with less state, bf16)"
+    )
+
+
 def _advice(memory, prediction, hardware, layer_types, dataset_bytes, result) -> list[str]:
     notes = []
     usable = result.usable_bytes
     if memory.static_bytes > usable:
-        devices = math.ceil(memory.static_bytes / usable)
-        notes.append(
-            "the model does not fit: weights, gradients and optimizer state alone need "
-            f"{_b(memory.static_bytes)} of {_b(usable)} usable; split it across ≥ {devices} "
-            f"devices (strategy: {{name: pipeline, stages: {max(devices, 2)}}}, with "
-            "max_memory_per_worker set to the device's memory) or shrink it (fewer parameters, "
-            "an optimizer with less state, bf16)"
-        )
+        notes.append(split_advice(memory.static_bytes, usable))
     elif not result.fits:
         notes.append(
             f"batch {memory.batch_size} does not fit ({_b(memory.total_bytes)} needed, "

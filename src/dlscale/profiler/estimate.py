@@ -16,6 +16,7 @@ from dlscale.spec import load_spec
 from dlscale.train.device import synchronize
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate
+from dlscale.train.threads import intra_op_threads
 
 
 @dataclass
@@ -70,7 +71,7 @@ def estimate(
             f"--steps must be at least 3 and --warmup not negative (got {steps}, {warmup})"
         )
     spec = load_spec(spec_path)
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, intra_op_threads(spec.threads):
         trainer = Trainer(spec, Path(scratch))
         times = measure_steps(trainer, warmup, steps)
         start = time.perf_counter()

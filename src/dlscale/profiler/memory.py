@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dlscale.profiler.trace import StepTrace
+from dlscale.profiler.trace import StepTrace, meta_model_state
 
 FP32_BYTES = 4  # master weights and their gradients stay fp32, mixed precision included
 
@@ -36,6 +36,25 @@ class TrainingMemory:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "static_bytes": self.static_bytes, "total_bytes": self.total_bytes}
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """What a model holds whatever its batch: TrainingMemory's static part, without a trace."""
+
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes
+
+
+def model_state(build, make_optimizer) -> ModelState:
+    """Weights, gradients and optimizer state of `build()`, counted on the meta device."""
+    params, trainable, state_bytes = meta_model_state(build, make_optimizer)
+    return ModelState(params * FP32_BYTES, trainable * FP32_BYTES, state_bytes)
 
 
 def training_memory(trace: StepTrace) -> TrainingMemory:

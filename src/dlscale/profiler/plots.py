@@ -9,15 +9,28 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from dlscale.errors import UserError
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.report import layer_kind
+from dlscale.train.files import os_reason
 
 MIB = 2**20
 
 
+def check_plot_folder(folder: Path) -> None:
+    """One line, before anything is profiled, when `folder` (or a folder above it) is a file."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        raise UserError(f"--plot: {blocker} is a file, not a folder: give a folder for the plots")
+
+
 def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    check_plot_folder(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only, forbidden, or a full disk
+        raise UserError(f"--plot: cannot create the folder {folder}: {os_reason(exc)}") from None
     written = [
         _working_set(result, folder / "working_set.png"),
         _memory_pie(result, folder / "memory.png"),

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dlscale.profiler import ProfileResult
+from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
 from dlscale.units import binary_bytes as binary
 from dlscale.units import duration as seconds
@@ -166,47 +167,40 @@ def render(result: ProfileResult, console: Console) -> None:
         f"input {tuple(data['input_shape'])}, {data['precision']}, optimizer {data['optimizer']}; "
         f"traced on the meta device in {data['profile_s']:.2f} s"
     )
-    console.print(_layer_table(result))
+    _print_layer_table(result, console)
     console.print(_totals_table(total))
     if data["uncounted_ops"]:
         listed = ", ".join(f"{op} ×{n}" for op, n in data["uncounted_ops"].items())
         console.print(f"[yellow]ops whose FLOPs are not counted (bytes are):[/] {listed}")
     if result.reports:
-        console.print(_hardware_table(data["hardware"]))
+        _print_hardware_table(data["hardware"], console)
         for hw in data["hardware"]:
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
     console.print(f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['other_flops']}.[/]")
 
 
-def _layer_table(result: ProfileResult) -> Table:
-    table = Table(title="per layer (forward; backward FLOPs beside)", title_justify="left")
-    for column in (
-        "layer",
-        "type",
-        "output",
-        "params",
-        "FLOPs",
-        "other",
-        "bwd FLOPs",
-        "in",
-        "out",
-        "weights",
-        "FLOP/B",
-        "saved",
-    ):
-        justify = "left" if column in ("layer", "type", "output") else "right"
-        table.add_column(column, justify=justify, no_wrap=column == "layer")
+# What a person reads first stays longest when the terminal is narrow (lower `keep`).
+LAYER_COLUMNS = [
+    Column("layer", 0, "left"), Column("type", 6, "left"), Column("output", 5, "left"),
+    Column("params", 1), Column("FLOPs", 2), Column("other", 7), Column("bwd FLOPs", 3),
+    Column("in", 11), Column("out", 10), Column("weights", 9), Column("FLOP/B", 8),
+    Column("saved", 4),
+]  # fmt: skip
+
+
+def _print_layer_table(result: ProfileResult, console: Console) -> None:
+    rows = []
     for row in map(_layer_json, result.trace.layers):
         depth = row["name"].count(".")
         name = "  " * depth + row["name"] + (" (own ops)" if row["kind"] == "own" else "")
         shape = "×".join(map(str, row["output_shape"])) if row["output_shape"] else ""
-        table.add_row(
+        rows.append([
             name, row["type"], shape, f"{row['params']:,}", si(row["forward_flops"]),
             si(row["forward_other_flops"]), si(row["backward_flops"]), binary(row["input_bytes"]),
             binary(row["output_bytes"]), binary(row["weight_bytes"]), f"{row['intensity']:.1f}",
             binary(row["saved_bytes"]),
-        )  # fmt: skip
-    return table
+        ])  # fmt: skip
+    print_fitted(console, "per layer (forward; backward FLOPs beside)", LAYER_COLUMNS, rows)
 
 
 def _totals_table(total: dict) -> Table:
@@ -231,25 +225,23 @@ def _totals_table(total: dict) -> Table:
     return table
 
 
-def _hardware_table(hardware: list[dict]) -> Table:
-    table = Table(title="predicted on each device (roofline)", title_justify="left")
-    for column in (
-        "device",
-        "fits",
-        "memory need / usable",
-        "max batch",
-        "step",
-        "samples/s",
-        "epoch",
-        "compute / memory / overhead-bound",
-    ):
-        table.add_column(column, justify="left" if column == "device" else "right")
+HARDWARE_COLUMNS = [
+    Column("device", 0, "left"), Column("fits", 1), Column("memory need / usable", 5),
+    Column("max batch", 6), Column("step", 2), Column("samples/s", 3), Column("epoch", 4),
+    Column("bound (c / m / o)", 7),
+]  # fmt: skip
+
+
+def _print_hardware_table(hardware: list[dict], console: Console) -> None:
+    rows = []
     for hw in hardware:
         counts = [len(hw[f"{b}_bound_layers"]) for b in ("compute", "memory", "overhead")]
-        table.add_row(
+        rows.append([
             hw["name"], "yes" if hw["fits"] else "[red]no[/]",
             f"{binary(hw['required_bytes'])} / {binary(hw['usable_bytes'])}",
             f"{hw['max_batch']:,}", seconds(hw["step_s"]), f"{hw['samples_per_s']:,.0f}",
-            seconds(hw["epoch_s"]), " / ".join(map(str, counts)) + " layers",
-        )  # fmt: skip
-    return table
+            seconds(hw["epoch_s"]), " / ".join(map(str, counts)),
+        ])  # fmt: skip
+    bound = {"bound (c / m / o)": "bound (c / m / o): layers bound by compute, memory "
+             "bandwidth, per-op overhead"}  # fmt: skip
+    print_fitted(console, "predicted on each device (roofline)", HARDWARE_COLUMNS, rows, bound)

@@ -47,11 +47,15 @@ def resolve(
     """Options given explicitly override what a spec file says."""
     if batch_size is not None and batch_size <= 0:
         raise UserError(f"--batch must be a positive number (got {batch_size})")
+    if dataset_size is not None and dataset_size <= 0:
+        raise UserError(f"--dataset-size must be a positive number (got {dataset_size})")
     if input_shape is not None and (not input_shape or min(input_shape) <= 0):
         raise UserError(f"--input-shape must be positive sizes, e.g. 1,28,28 (got {input_shape})")
     path = Path(target)
     if path.suffix in (".yaml", ".yml") or path.is_file():
-        return _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size)
+        return _checked(
+            _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size)
+        )
     if input_shape is None:
         if target not in ZOO:
             check_model(target, model_kwargs)  # unknown names get the zoo listing
@@ -62,17 +66,30 @@ def resolve(
     defaults = _defaults_for(input_shape, tokens)
     kwargs = dict(model_kwargs or {})
     check_model(target, kwargs)
-    return Workload(
-        label=target,
-        model_name=target,
-        build=lambda: build_model(target, kwargs, defaults),
-        sample=sample,
-        batch_size=batch_size or DEFAULT_BATCH,
-        precision=precision or "fp32",
-        optimizer=OptimizerSpec(name=optimizer or DEFAULT_OPTIMIZER),
-        dataset_size=dataset_size,
-        dataset_bytes=None,
+    return _checked(
+        Workload(
+            label=target,
+            model_name=target,
+            build=lambda: build_model(target, kwargs, defaults),
+            sample=sample,
+            batch_size=batch_size or DEFAULT_BATCH,
+            precision=precision or "fp32",
+            optimizer=OptimizerSpec(name=optimizer or DEFAULT_OPTIMIZER),
+            dataset_size=dataset_size,
+            dataset_bytes=None,
+        )
     )
+
+
+def _checked(workload: Workload) -> Workload:
+    """An epoch of fewer samples than one batch has no step: its time would read 0 s."""
+    size, batch = workload.dataset_size, workload.batch_size
+    if size is not None and size < batch:
+        raise UserError(
+            f"{size} training samples per epoch are fewer than one batch ({batch}): an epoch "
+            "has no step to time; give a larger --dataset-size or a smaller --batch"
+        )
+    return workload
 
 
 def _defaults_for(input_shape: list[int], tokens: bool) -> dict[str, int]:

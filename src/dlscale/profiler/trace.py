@@ -210,6 +210,9 @@ def trace_step(
         with recorder, FusedAttention():
             with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
                 logits = model(x)
+                if not isinstance(logits, torch.Tensor) or logits.ndim < 2:
+                    got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
+                    raise ValueError(f"it returned {got}, not logits (batch, ..., classes)")
                 recorder.scope = LOSS
                 targets = torch.empty(logits.shape[:-1], dtype=torch.long, device="meta")
                 loss = torch.nn.functional.cross_entropy(
@@ -277,6 +280,20 @@ class _SavedTensors:
     @staticmethod
     def unpack(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+
+def meta_model_state(
+    build: Callable[[], nn.Module],
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> tuple[int, int, int]:
+    """Parameters, trainable parameters and optimizer-state bytes of `build()`, as `trace_step`
+    counts them, without the forward and backward passes: what memory checks need, cheaply."""
+    with torch.device("meta"):
+        model = build()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    _, state_bytes = _trace_optimizer(trainable, make_optimizer, foreach=True)
+    params = sum(p.numel() for p in model.parameters())
+    return params, sum(p.numel() for p in trainable), state_bytes
 
 
 def _meta_trainable(build: Callable[[], nn.Module]) -> list[nn.Parameter]:

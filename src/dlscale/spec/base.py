@@ -5,10 +5,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationInfo,
+)
 
 from dlscale.units import parse_bytes
 
+# scikit-learn's random_state and numpy's legacy seeding take 0..2**32 - 1 (the data split and
+# the folds); torch takes 64 bits, which the offsets added to a seed (+ rank, × 1_000_003 per
+# step or epoch) stay far inside of from here.
+MAX_SEED = 2**32 - 1
+
+
+def _seed_in_range(value: int) -> int:
+    if not 0 <= value <= MAX_SEED:
+        raise ValueError(
+            f"must be between 0 and {MAX_SEED} (2**32 - 1: the seeds numpy and scikit-learn take)"
+        )
+    return value
+
+
+Seed = Annotated[int, AfterValidator(_seed_in_range)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
 Bytes = Annotated[PositiveInt, BeforeValidator(parse_bytes)]  # 2048, "512MiB", "1.5GB"
 

@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from dlscale.spec.base import Fraction, Strict, resolve_path
+from dlscale.spec.base import Fraction, Seed, Strict, resolve_path
 
 
 class FoldSpec(Strict):
@@ -36,7 +36,7 @@ class DataSection(Strict):
 
     # Seed of generated data and of the train/validation split; default: the spec's seed. The
     # members of an ensemble differ in `seed` but keep this one, so they share one validation set.
-    seed: NonNegativeInt | None = None
+    seed: Seed | None = None
     fold: FoldSpec | None = None
 
 

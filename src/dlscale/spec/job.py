@@ -7,9 +7,9 @@ import json
 import re
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from dlscale.spec.base import Strict
+from dlscale.spec.base import Seed, Strict
 from dlscale.spec.data import Cifar10Data, DataSpec, IdxData, NpzData, SyntheticData
 from dlscale.spec.strategy import PipelineStrategy, PsStrategy, SingleStrategy, StrategySpec
 from dlscale.spec.sweep import SweepSpec
@@ -30,7 +30,9 @@ class Spec(Strict):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     device: str = "auto"
-    seed: NonNegativeInt = 0
+    # torch's intra-op threads in each process; None: the cores shared out among the processes
+    threads: PositiveInt | None = None
+    seed: Seed = 0
     loader: LoaderSpec = Field(default_factory=LoaderSpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     strategy: StrategySpec = Field(default_factory=SingleStrategy)
@@ -108,5 +110,9 @@ class Spec(Strict):
 
     def spec_hash(self) -> str:
         """Stable short hash of the resolved spec: the identity of a run for checkpoints."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        # Threads set the speed, not the job (at most the last bits of float sums): a run may
+        # resume on a machine with other cores. The heartbeat warning only says when a worker is
+        # silent. Left out, they keep every earlier hash too.
+        ignored = {"threads": True, "strategy": {"heartbeat_warn_s"}}
+        canonical = json.dumps(self.model_dump(mode="json", exclude=ignored), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from dlscale.errors import UserError
 from dlscale.spec.job import Spec
+from dlscale.spec.strict_yaml import load_yaml
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -24,7 +25,7 @@ def load_raw(path: str | Path) -> Any:
     if not path.is_file():
         raise UserError(f"spec file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""

@@ -8,6 +8,9 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from dlscale.spec.base import Bytes, Strict
 
+# Processes beat once a second (launch.heartbeat): a shorter wait would name healthy ones.
+HeartbeatWarnS = Annotated[float, Field(ge=2.0)]
+
 
 class SingleStrategy(Strict):
     """One process, one device."""
@@ -33,6 +36,7 @@ class DdpStrategy(Strict):
     backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL on GPUs, gloo on CPUs
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None  # rendezvous; None: a free one
     timeout_s: PositiveFloat = 60.0  # a collective waiting longer than this fails the job
+    heartbeat_warn_s: HeartbeatWarnS = 5.0  # a worker silent this long is named (stopped?)
 
     @property
     def processes(self) -> int:
@@ -71,6 +75,7 @@ class PsStrategy(Strict):
     heartbeat_timeout_s: PositiveFloat = 10.0  # a silent worker is declared dead after this
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
     timeout_s: PositiveFloat = 120.0  # any single wait longer than this fails the job
+    heartbeat_warn_s: HeartbeatWarnS = 5.0  # a process silent this long is named (stopped?)
     # How parameters and gradients travel: `shm` maps buffers that servers and workers share
     # (one host only), `gloo` sends them over torch.distributed; `auto` takes shm when every
     # process runs on one host and /dev/shm has room (the faster of the two measured here).
@@ -110,6 +115,7 @@ class PipelineStrategy(Strict):
     max_memory_per_worker: Bytes | None = None  # a stage predicted to need more is refused
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
     timeout_s: PositiveFloat = 120.0
+    heartbeat_warn_s: HeartbeatWarnS = 5.0  # a stage silent this long is named (stopped?)
 
     @model_validator(mode="after")
     def _split_names_every_boundary(self) -> PipelineStrategy:

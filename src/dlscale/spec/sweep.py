@@ -9,6 +9,8 @@ from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_valida
 
 from dlscale.spec.base import Strict
 
+MAX_RUNS = 10_000  # trainings in one sweep: trials × folds (or ensemble members)
+
 
 class Distribution(Strict):
     """One searched parameter: `log_uniform: [lo, hi]`, `uniform: [lo, hi]`, `int: [lo, hi]`
@@ -83,7 +85,30 @@ class SweepSpec(Strict):
         for path in self.paths:
             if path.split(".")[0] in ("sweep", "name"):
                 raise ValueError(f"'{path}' cannot be swept")
+        self._check_size()
         return self
+
+    def _check_size(self) -> None:
+        """A sweep's every trial is written to disk and shown; millions would take days to
+        train and gigabytes to record, so the count is refused before anything starts."""
+        each = self.kfold or self.ensemble or 1
+        runs = self.trials * each
+        if runs <= MAX_RUNS:
+            return
+        count = f"{self.trials} trials"
+        if self.grid is not None and len(self.grid) > 1:
+            count = " × ".join(str(len(values)) for values in self.grid.values()) + f" = {count}"
+        if each > 1:
+            unit = "folds" if self.kfold else "members"
+            count = (
+                f"{count} × {each} {unit} = {runs} runs"
+                if self.trials > 1
+                else f"{runs} runs ({'kfold' if self.kfold else 'ensemble'}: {each})"
+            )
+        raise ValueError(
+            f"{count}: a sweep trains at most {MAX_RUNS} runs (narrow the grid, sample it with "
+            "random or tpe and fewer trials, or lower kfold/ensemble)"
+        )
 
     @property
     def search(self) -> SearchSpec | None:

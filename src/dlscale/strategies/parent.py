@@ -16,6 +16,7 @@ from dlscale.launch.base import Launcher, Resources, WorkerFailed, WorkerFn, per
 from dlscale.models import build_model
 from dlscale.spec import Spec
 from dlscale.strategies.events import default_launcher, forward_to
+from dlscale.train.checkpoint import naming_intact
 from dlscale.train.files import write_json_atomic
 from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
@@ -66,15 +67,17 @@ def launch(
 
     try:
         results = launcher.run(
-            fn, payload, processes, resources, spec.strategy.port, handle, expendable
-        )
+            fn, payload, processes, resources, spec.strategy.port, handle, expendable,
+            spec.strategy.heartbeat_warn_s,
+        )  # fmt: skip
     except WorkerFailed as exc:
         raise WorkerFailed(rename(str(exc))) from None
     record = results[main_rank]
     missing = [message for message in heard if message not in record["warnings"]]
     if missing:
         record["warnings"] = record["warnings"] + missing
-        write_json_atomic(Path(run_dir) / "run.json", record)
+        with naming_intact(run_dir):
+            write_json_atomic(Path(run_dir) / "run.json", record)
     reporter.finish(record)
     return record
 

@@ -7,13 +7,15 @@ from pathlib import Path
 from dlscale.spec import Spec
 from dlscale.train.loop import Trainer
 from dlscale.train.reporter import Reporter
+from dlscale.train.threads import intra_op_threads
 
 
 def run(
     spec: Spec, run_dir: Path, resume_from: Path | None, reporter: Reporter, launcher=None
 ) -> dict:
     """One process: the launcher is not needed (a cluster launcher is refused by api.train)."""
-    trainer = Trainer(spec, run_dir, reporter)
-    if resume_from is not None:
-        trainer.resume(resume_from)
-    return trainer.run()
+    with intra_op_threads(spec.threads):
+        trainer = Trainer(spec, run_dir, reporter)
+        if resume_from is not None:
+            trainer.resume(resume_from)
+        return trainer.run()

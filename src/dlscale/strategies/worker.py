@@ -59,6 +59,8 @@ def run_trainer(
     """Build this process's trainer around its exchange, resume it if asked, run it; the run
     record on the main trainer, None on the others."""
     spec = parse_spec(payload["spec"])
+    if spec.threads is not None:  # the spec's count, over the launcher's share of the cores
+        torch.set_num_threads(spec.threads)
     device = worker_device(spec, context)
     exchange = make_exchange(spec, device)
     try:

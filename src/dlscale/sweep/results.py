@@ -88,6 +88,27 @@ def best_trial(trials: list[dict], maximize: bool) -> dict | None:
     return pick(scored, key=lambda t: t["metric"])
 
 
+def failure_summary(result: dict) -> str | None:
+    """One line when a finished sweep has no completed trial (the CLI then exits 1): how its
+    trials ended, and the first failure's error with how many trials share it."""
+    trials = result["trials"]
+    if not trials or any(t["status"] == "completed" for t in trials):
+        return None
+    ended = {status: sum(t["status"] == status for t in trials) for status in ("failed", "pruned")}
+    how = f"{ended['failed']} of {len(trials)} trials failed"
+    if ended["pruned"]:
+        how += f", {ended['pruned']} stopped early"
+    errors = [t["error"] for t in trials if t["status"] == "failed" and t["error"]]
+    if not errors:
+        return f"no trial completed: {how}"
+    first = next(t for t in trials if t["error"] == errors[0])
+    same = errors.count(errors[0]) - 1
+    others = len(errors) - 1 - same
+    more = [f"{same} more failed the same way"] if same else []
+    more += [f"{others} failed otherwise (every error is in results.csv)"] if others else []
+    return "; ".join([f"no trial completed: {how}", f"{first['id']}: {errors[0]}", *more])
+
+
 def write_csv(path: Path, result: dict) -> None:
     """One row per trial: its swept values, status, score and time."""
     params = result["params"]

@@ -91,6 +91,7 @@ class SweepRunner:
         from dlscale.sweep.plots import write_plots
 
         result["plots"] = [str(p) for p in write_plots(result, self.out_dir)]
+        result["failure"] = res.failure_summary(result)  # None unless no trial completed
         res.write_results(self.out_dir, result)
         self.reporter.finish(result)
         return result

@@ -128,18 +128,24 @@ def probe_points(sweep: SweepSpec) -> list[dict[str, Any]]:
 
 def check_space(spec: Spec, base: dict, base_dir: Path | None, source: str) -> list[Spec]:
     """Validate the runs a sweep will train (see probe_points) before any starts; a bad path or
-    value is one line naming the configuration. Returns the validated specs."""
+    value is one line naming the configuration, as are more folds than the data has samples.
+    Returns the validated specs."""
     from dlscale.models import check_model
     from dlscale.spec import parse_spec
+    from dlscale.sweep.folds import check_folds
 
     checked = []
-    unit = run_units(spec.sweep)[0]
+    units = run_units(spec.sweep)
     for params in probe_points(spec.sweep):
         where = f"{source}: sweep trial {describe(params)}"
-        run = parse_spec(run_raw(config_raw(base, params), unit), base_dir, where)
+        run = parse_spec(run_raw(config_raw(base, params), units[0]), base_dir, where)
         try:
             check_model(run.model.name, run.model.kwargs)
         except UserError as exc:
             raise UserError(f"{where}: model: {exc}") from None
         checked.append(run)
+        if len(units) > 1:  # the last member trains with the largest seed: still in range?
+            last = units[-1]
+            parse_spec(run_raw(config_raw(base, params), last), base_dir, f"{where}, {last.name}")
+    check_folds(checked, source)
     return checked

@@ -18,6 +18,7 @@ from dlscale.strategies.events import EventReporter
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
 from dlscale.train.files import write_atomic
+from dlscale.train.resume_point import resume_point
 from dlscale.train.score import predict
 
 PREDICTIONS = "predictions.pt"
@@ -30,9 +31,14 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(job["run_dir"])
     from dlscale.launch.local import LocalLauncher  # a trial's own workers run beside it
 
-    resume_from = ckpt.latest_checkpoint(run_dir)  # left by an interrupted sweep
+    reporter = EventReporter(context)
+    resume_from = None
+    if ckpt.list_checkpoints(run_dir):  # left by an interrupted sweep; a broken one is skipped
+        resume_from, skipped = resume_point(run_dir)
+        for message in skipped:
+            reporter.warn(message)
     run = STRATEGIES[spec.strategy.name]
-    record = run(spec, run_dir, resume_from, EventReporter(context), LocalLauncher())
+    record = run(spec, run_dir, resume_from, reporter, LocalLauncher())
     if job.get("predict"):
         save_predictions(spec, run_dir)
     final = record["final"]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from dlscale.errors import UserError, one_line
-from dlscale.train.files import write_atomic
+from dlscale.train.files import WriteFailed, write_atomic
 
 FORMAT_VERSION = 1
 _NAME = re.compile(r"^step-(\d+)\.pt$")
@@ -40,10 +42,28 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep_last: 
     """Write `state` as step-N.pt (temp file, fsync, rename), then drop all but the newest K."""
     path = checkpoint_path(run_dir, step)
     payload = {"format": FORMAT_VERSION, "step": step, **state}
-    write_atomic(path, lambda handle: torch.save(payload, handle))
+    with naming_intact(run_dir):
+        write_atomic(path, lambda handle: torch.save(payload, handle))
     for _, old in list_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
     return path
+
+
+@contextmanager
+def naming_intact(run_dir: Path) -> Iterator[None]:
+    """A run's file that cannot be written (a full disk) stops the run in one line that says
+    what survives: the older checkpoints, which a failed write never touches."""
+    try:
+        yield
+    except WriteFailed as exc:
+        found = list_checkpoints(run_dir)
+        if not found:
+            raise WriteFailed(f"{exc}; no checkpoint of this run was saved before") from None
+        step, newest = found[-1]
+        raise WriteFailed(
+            f"{exc}; the older checkpoints are intact (newest: step {step}, {newest}): make "
+            "room, then continue with --resume"
+        ) from None
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -74,14 +94,30 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def rng_state(device: torch.device) -> dict[str, Any]:
-    """The global RNG streams a step may draw from (dropout, random init of lazy layers)."""
+    """This trainer's random streams a step draws from: the CPU generator (dropout on the CPU,
+    random init of lazy layers) and its own accelerator's generator (dropout there)."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        # Its own GPU's only: restoring every visible GPU's state would open a context on each
+        # GPU in every process, and fail on a machine with fewer GPUs than the one that saved.
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    elif device.type == "mps":
+        state["mps"] = torch.mps.get_rng_state()
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    """Put back what `rng_state` saved; an accelerator's stream only on that kind of device.
+    Generators take their state as a CPU tensor, and a checkpoint loaded with `map_location`
+    on a GPU has every tensor there, these too."""
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda")
+    if device.type == "cuda" and cuda is not None:
+        if isinstance(cuda, list | tuple):  # older checkpoints: every visible GPU's, by index
+            index = device.index or 0
+            if index >= len(cuda):
+                return
+            cuda = cuda[index]
+        torch.cuda.set_rng_state(cuda.cpu(), device)
+    elif device.type == "mps" and state.get("mps") is not None:
+        torch.mps.set_rng_state(state["mps"].cpu())

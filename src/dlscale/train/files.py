@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
@@ -11,23 +12,66 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from dlscale.errors import UserError
+
 DEFAULT_RUNS_DIR = Path("runs")
 
 
+class WriteFailed(UserError):
+    """A file could not be written (a full disk, a read-only or vanished folder): one line
+    naming the file and the operating system's reason; the old file, if any, is untouched."""
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for a failed call, as a line reads them: 'no space left on
+    device (ENOSPC)'."""
+    words = exc.strerror or str(exc)
+    code = errno.errorcode.get(exc.errno or 0)
+    return words[:1].lower() + words[1:] + (f" ({code})" if code else "")
+
+
+class _Recorder:
+    """A file that keeps the first OSError its writes raised: torch.save reports a failed write
+    as 'unexpected pos 415232 vs 415124' and the cause (a full disk) would be lost."""
+
+    def __init__(self, handle: IO[bytes]):
+        self._handle = handle
+        self.error: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # seek, tell, flush, fileno: the file's own
+        return getattr(self._handle, name)
+
+
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
-    """Write through `write(file)` into a temp file beside `path`, fsync it, then rename over."""
+    """Write through `write(file)` into a temp file beside `path`, fsync it, then rename over;
+    an OSError on the way (a full disk) is a WriteFailed naming `path` and the real cause."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    recorder = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise WriteFailed(f"cannot write {path}: {os_reason(exc)}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
-            write(handle)
+            recorder = _Recorder(handle)
+            write(recorder)  # type: ignore[arg-type]
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp_name, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
             os.unlink(tmp_name)
+        cause = recorder.error if recorder is not None and recorder.error else exc
+        if isinstance(exc, Exception) and isinstance(cause, OSError):
+            raise WriteFailed(f"cannot write {path}: {os_reason(cause)}") from None
         raise
     _fsync_dir(path.parent)
 

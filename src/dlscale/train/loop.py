@@ -110,9 +110,14 @@ class Trainer:
         saved = state["history"] if self.is_main or self.exchange.lockstep else None
         self.history = History.from_state(saved, self.plan.total_steps, step)
         self.step = self.resumed_from = step
+        if step == 0:  # a ps job stopped before its servers saved an update: say so, not silence
+            self.warnings.append(
+                f"--resume: {self.run_dir} holds no trained step (every saved state is the "
+                "starting one); training starts over at step 0"
+            )
         rngs = state["rng"]
         if rank < len(rngs) and step == int(state["step"]):
-            ckpt.restore_rng(rngs[rank])
+            ckpt.restore_rng(rngs[rank], self.device)
         else:  # no stream saved for this trainer at this step (a ps worker): a fresh one
             torch.manual_seed(self.spec.seed + 1 + rank + 1_000_003 * step)
 
@@ -273,6 +278,7 @@ class Trainer:
             "train_samples": self.data.num_train,
             "val_samples": len(self.data.val),
             "start_step": self.step,
+            "resumed": self.resumed_from is not None,
             "workers": self.exchange.trainers,
             "strategy": self.spec.strategy.name,
             **self.plan.__dict__,
@@ -309,5 +315,6 @@ class Trainer:
                      for r, s in enumerate(summaries)],
             **self.exchange.sections(summaries),
         ).to_json()  # fmt: skip
-        write_json_atomic(self.run_dir / "run.json", record)
+        with ckpt.naming_intact(self.run_dir):
+            write_json_atomic(self.run_dir / "run.json", record)
         return record

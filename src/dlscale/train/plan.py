@@ -11,6 +11,7 @@ from torch import nn
 
 from dlscale.data import DataBundle
 from dlscale.errors import UserError, one_line
+from dlscale.models.registry import user_code_failure
 from dlscale.spec import Spec
 
 
@@ -45,23 +46,53 @@ class Plan:
 
 def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -> None:
     """One forward pass on one real sample, so a shape mismatch is one clear line, not a trace."""
-    x = data.train.tensors[0][:1]
+    x, y = data.train.tensors[0][:1], data.train.tensors[1][:1]
     try:
         with torch.no_grad():
             was_training = model.training
             model.eval()
-            out = model(x)
+            out = model(x.to(_device_of(model)))
             model.train(was_training)
+    except UserError:  # the factory's own failure, already one line
+        raise
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         shape = tuple(data.input_shape)
         raise UserError(
             f"model '{model_name}' cannot take this data's samples of shape {shape}: "
             f"{one_line(exc)}"
         ) from None
+    except (Exception, SystemExit) as exc:  # a defect in the user's forward: name it, and where
+        raise UserError(
+            f"model '{model_name}' failed on one sample: {user_code_failure(exc)}"
+        ) from None
+    check_logits(out, y, data, model_name)
+
+
+def check_logits(out: object, y: torch.Tensor, data: DataBundle, model_name: str) -> None:
+    """Logits the loss and the accuracy can score: (B, classes), or (B, T, vocabulary) for
+    labels (B, T); the class dimension may be wider than the data needs, never narrower."""
     if not isinstance(out, torch.Tensor):
         raise UserError(f"model '{model_name}' must return a tensor of logits, got {type(out)}")
+    expected = (*y.shape, data.num_classes)
+    if tuple(out.shape[:-1]) != tuple(y.shape):
+        axes = "(batch, tokens, vocabulary)" if y.ndim > 1 else "(batch, classes)"
+        raise UserError(
+            f"model '{model_name}' returned logits of shape {_shape(out.shape)} for 1 sample; "
+            f"expected {_shape(expected)}: {axes}"
+        )
     if out.shape[-1] < data.num_classes:
         raise UserError(
             f"model '{model_name}' outputs {out.shape[-1]} classes but the data has "
             f"{data.num_classes}; set model.kwargs.num_classes"
         )
+
+
+def _shape(shape: tuple) -> str:
+    """'(1, 10)', '(1,)' and '()' as Python writes them, without torch.Size around them."""
+    return str(tuple(int(d) for d in shape))
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the sample must go: the model's parameters' device (meta, when only checked)."""
+    first = next(model.parameters(), None)
+    return first.device if first is not None else torch.device("cpu")

@@ -11,6 +11,7 @@ from torch import nn
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.models import build_model
+from dlscale.models.registry import user_code_failure
 from dlscale.profiler.split import SplitPlan, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.spec import PipelineStrategy, Spec
@@ -45,10 +46,16 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
             sample, micro, "fp32",
             lambda params: build_optimizer(params, spec.optimizer), spec.optimizer.name,
         )  # fmt: skip
+    except UserError:  # the factory's own failure, already one line
+        raise
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
         raise UserError(
             f"model '{spec.model.name}' cannot take samples of shape {tuple(sample.shape)}: "
             f"{one_line(exc)}"
+        ) from None
+    except (Exception, SystemExit) as exc:  # a defect in the user's code: name it, and where
+        raise UserError(
+            f"model '{spec.model.name}' failed on the meta device: {user_code_failure(exc)}"
         ) from None
     local = load_catalogue().get("local")
     return plan_split(

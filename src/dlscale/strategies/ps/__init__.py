@@ -50,7 +50,7 @@ def serve(context: WorkerContext, payload: dict) -> dict:
     """A server rank: its shard, built before the process group (see PsExchange.connect)."""
     spec = parse_spec(payload["spec"])
     strategy: PsStrategy = spec.strategy
-    torch.set_num_threads(1)
+    torch.set_num_threads(spec.threads or 1)
     model, _ = initial_model(spec)
     server = ParameterServer(
         spec, context.rank, list(model.parameters()), payload["shards"][context.rank],
@@ -121,8 +121,9 @@ def run(
         "token": token,
     }
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
-    resources = [Resources(cpus=1.0)] * strategy.servers
-    resources += [Resources(cpus=1.0, gpus=gpu)] * strategy.workers
+    cpus = float(spec.threads or 1)  # a Ray cluster reserves each process its threads' cores
+    resources = [Resources(cpus=cpus)] * strategy.servers
+    resources += [Resources(cpus=cpus, gpus=gpu)] * strategy.workers
     expendable = frozenset()
     if strategy.mode != "averaging":  # worker 0 writes the record: it is never expendable
         expendable = frozenset(range(strategy.servers + 1, strategy.processes))

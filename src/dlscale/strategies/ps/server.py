@@ -7,6 +7,7 @@ others; updates are serialised under one lock. The shard is saved to
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections import Counter
@@ -99,7 +100,9 @@ class ParameterServer:
                 "spec_hash": self.spec.spec_hash(),
                 "shard": self.shard,
                 "flat": self.flat.detach().clone(),
-                "optimizer": self.optimizer.state_dict(),
+                # A copy: state_dict() shares the momentum buffers, which the workers' threads
+                # update in place while the file is written after the lock is let go.
+                "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                 "version": self.version,
                 "worker_steps": {str(k): v for k, v in self.worker_steps.items()},
                 "updates": self.updates,
@@ -142,11 +145,14 @@ class ParameterServer:
             ).start()
         beats: dict[int, tuple[int, float]] = {}
         self.checkpoint()  # from now on a --resume has this shard to start from
-        last_checkpoint = time.monotonic()
+        every_s = self.strategy.checkpoint_every_s
+        next_checkpoint = time.monotonic() + every_s
         while not self.finished.is_set():
             # Woken when a worker finishes or fails; every update notifies `cond`, and the
             # heartbeat checks below (store round trips) would then run hundreds of times a second.
-            self.changed.wait(timeout=HEARTBEAT_S / 2)
+            # Woken, too, when the next save is due: a fixed poll would make it up to a poll late.
+            due_in_s = next_checkpoint - time.monotonic()
+            self.changed.wait(timeout=max(0.0, min(HEARTBEAT_S / 2, due_in_s)))
             self.changed.clear()
             with self.cond:
                 if self.error is not None:
@@ -164,9 +170,11 @@ class ParameterServer:
                     f"server {self.shard}: no message from any worker for "
                     f"{self.strategy.timeout_s:g} s (strategy.timeout_s)"
                 )
-            if now - last_checkpoint > self.strategy.checkpoint_every_s:
+            if time.monotonic() >= next_checkpoint:
                 self.checkpoint()
-                last_checkpoint = now
+                # The period runs from save to save: a slow save never makes the next one due
+                # at once, and a missed period is not made up by a burst of saves.
+                next_checkpoint = time.monotonic() + every_s
         return self.statistics()
 
     def statistics(self) -> dict:

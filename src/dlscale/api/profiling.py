@@ -1,0 +1,72 @@
+"""The profile verbs: trace one training step on the meta device, predict it on devices, and show
+it as tables, JSON and plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
+
+
+def profile_hardware(names: list[str] | None, files: list[Path] | None = None) -> list:
+    """The devices to predict on: named ones, `all`, or by default `local` (if measured) + a few."""
+    from dlscale.hardware.catalogue import load_catalogue, local_entry_path, lookup
+
+    catalogue = load_catalogue(files)
+    if names == ["all"]:
+        return list(catalogue.values())
+    if not names:
+        names = (["local"] if local_entry_path().is_file() else []) + [
+            n for n in DEFAULT_PROFILE_HARDWARE if n in catalogue
+        ]
+    return [lookup(catalogue, name) for name in names]
+
+
+def profile(
+    target: str,
+    batch_size: int | None = None,
+    input_shape: list[int] | None = None,
+    precision: str | None = None,
+    optimizer: str | None = None,
+    hardware: list[str] | None = None,
+    hardware_files: list[Path] | None = None,
+    tokens: bool = False,
+    model_kwargs: dict | None = None,
+    dataset_size: int | None = None,
+):
+    """Trace one training step of `target` on the meta device and predict it on `hardware`."""
+    from dlscale import profiler
+    from dlscale.profiler.target import resolve
+
+    workload = resolve(
+        target, batch_size, input_shape, precision, optimizer, tokens, model_kwargs, dataset_size
+    )
+    return profiler.profile(workload, profile_hardware(hardware, hardware_files))
+
+
+def profile_report(result, console) -> None:
+    """A profile as tables, on a rich console."""
+    from dlscale.profiler.report import render
+
+    render(result, console)
+
+
+def profile_json(result) -> dict:
+    """A profile as JSON (schema dlscale.profile/1)."""
+    from dlscale.profiler.report import to_json
+
+    return to_json(result)
+
+
+def profile_plot_folder(folder: Path) -> None:
+    """One line now, before the profile, if `folder` cannot take the plots (it is a file)."""
+    from dlscale.profiler.plots import check_plot_folder
+
+    check_plot_folder(Path(folder))
+
+
+def profile_plots(result, folder: Path) -> list[Path]:
+    """The profile's roofline and per-layer plots, written to `folder`."""
+    from dlscale.profiler.plots import write_plots
+
+    return write_plots(result, folder)

@@ -1,0 +1,57 @@
+"""The folder a training run writes to, held by it for the run's life, and what a --resume
+continues from there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from dlscale.errors import UserError
+from dlscale.train import checkpoint as ckpt
+from dlscale.train.files import DEFAULT_RUNS_DIR, write_json_atomic
+from dlscale.train.ownership import claim, claim_new
+from dlscale.train.reporter import Reporter
+from dlscale.train.resume_point import resume_point
+
+Start = Callable[[Path, Path | None], dict]
+
+
+def train_in_folder(
+    name: str, out_dir: str | Path | None, resume: bool, reporter: Reporter | None, start: Start
+) -> dict:
+    """Hold the run folder (`out_dir`; for a new run by default a new runs/<name>-<timestamp>;
+    for --resume the newest run of `name`), then `start(run_dir, resume_from)`: its record."""
+    if out_dir is not None:
+        owned = claim(Path(out_dir))
+    else:
+        owned = claim(latest_run_dir(name)) if resume else claim_new(name)
+    with owned as run_dir:
+        skipped: list[str] = []
+        resume_from = None
+        if resume:
+            resume_from, skipped = resume_point(run_dir)
+        elif ckpt.list_checkpoints(run_dir):
+            raise UserError(
+                f"{run_dir} already holds checkpoints of a run: pass --resume to continue it, "
+                "or choose another --out"
+            )
+        for message in skipped:
+            if reporter is not None:
+                reporter.warn(message)
+        record = start(run_dir, resume_from)
+        if skipped:  # said before the run began, so the run's own record did not have them
+            record["warnings"] = skipped + record["warnings"]
+            with ckpt.naming_intact(run_dir):
+                write_json_atomic(run_dir / "run.json", record)
+        return record
+
+
+def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
+    """The newest runs/<name>-* folder holding a checkpoint: what a bare --resume continues."""
+    candidates = [p for p in root.glob(f"{name}-*") if ckpt.list_checkpoints(p)]
+    if not candidates:
+        raise UserError(
+            f"nothing to resume: no run of '{name}' with checkpoints under {root}/ "
+            "(pass --out DIR to name the run folder)"
+        )
+    return max(candidates, key=lambda p: ckpt.list_checkpoints(p)[-1][1].stat().st_mtime)

@@ -1,0 +1,30 @@
+"""Help screens without a type label on on/off flags: Typer 0.29 prints `<bool>` beside each.
+
+A flag takes no value, so a label there reads as if `--resume <bool>` wanted one. Rich help
+prints an option's metavar in place of its type when one is set: an empty one for every flag
+(`--help` and `--version` included) leaves the column blank.
+"""
+
+from __future__ import annotations
+
+from typer.core import TyperGroup
+
+
+def _unlabel_flags(params: list) -> list:
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    return params
+
+
+class FlagHelpGroup(TyperGroup):
+    """A command group whose own flags, and its commands' flags, show no type in help."""
+
+    def get_params(self, ctx):
+        return _unlabel_flags(super().get_params(ctx))
+
+    def get_command(self, ctx, cmd_name: str):
+        command = super().get_command(ctx, cmd_name)
+        if command is not None and not isinstance(command, TyperGroup):
+            _unlabel_flags(command.get_params(ctx))  # the same objects its help then prints
+        return command

@@ -1,0 +1,130 @@
+"""Output folders are owned by one process: checked up front, then locked for the run's life.
+
+Two runs into one folder would replace each other's run.json and checkpoints without a word;
+the second is refused instead. The lock is an flock on a file in the folder: the kernel drops it
+when the holder exits, however it exits (SIGKILL included), so a crash never leaves it stuck.
+Spawned workers do not inherit it (Python opens files non-inheritable), and need not: they
+live no longer than the process that holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from dlscale.errors import UserError
+from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir, os_reason
+
+LOCK_NAME = ".dlscale.lock"
+
+
+def check_folder(folder: Path) -> bool:
+    """Make `folder` (and its parents) unless it exists; one line when it cannot be a folder.
+    True if it was made here."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise UserError(f"{folder} is a file, not a folder: choose another --out")
+    try:
+        existed = folder.is_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(folder_problem(folder, exc)) from None
+    return not existed
+
+
+def folder_problem(folder: Path, exc: OSError) -> str:
+    """Why `folder` cannot be made or written, in the words a person acts on."""
+    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()),
+                       folder)  # fmt: skip
+        return f"{blocker} is a file, not a folder: choose another --out"
+    if exc.errno == errno.EROFS:
+        return f"{folder} is on a read-only file system: choose another --out"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"{folder}: permission denied (this user cannot write there): choose another --out"
+    return f"cannot create the folder {folder}: {os_reason(exc)}"
+
+
+def claim(folder: Path) -> contextlib.AbstractContextManager[Path]:
+    """Hold `folder` for as long as the block runs: made if missing, refused in one line if it
+    cannot be a folder or another process holds it. On leaving, the lock file goes, and so
+    does the folder if it was made here and nothing was written into it (a run refused before
+    it started leaves no empty folder behind)."""
+    folder = Path(folder)
+    return _held(folder, made=check_folder(folder))
+
+
+def claim_new(name: str, root: Path = DEFAULT_RUNS_DIR) -> contextlib.AbstractContextManager[Path]:
+    """Hold a new runs/<name>-<timestamp> folder: made here, so two runs that start in the same
+    second never pick the same one."""
+    while True:
+        folder = new_run_dir(name, root)
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            continue  # another run took this name a moment ago: new_run_dir picks the next
+        except OSError as exc:
+            raise UserError(folder_problem(folder, exc)) from None
+        return _held(folder, made=True)
+
+
+@contextlib.contextmanager
+def _held(folder: Path, made: bool) -> Iterator[Path]:
+    fd = _lock(folder)
+    try:
+        yield folder
+    finally:
+        with contextlib.suppress(OSError):  # while still held: no one can have it half-removed
+            (folder / LOCK_NAME).unlink()
+            if made:
+                folder.rmdir()  # only if empty
+        os.close(fd)
+
+
+def _lock(folder: Path) -> int:
+    """Take the folder's lock without waiting; its file names the holder (pid, host)."""
+    path = folder / LOCK_NAME
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(folder_problem(folder, exc)) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise UserError(
+                f"{folder} is in use by another dlscale run{holder}: wait for it to end, "
+                "or choose another --out"
+            ) from None
+        # The holder before us may have removed the file between our open and our lock: a
+        # lock on a file no longer in the folder guards nothing, so take the new one.
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+    except OSError as exc:  # a full disk: better said now than at the first checkpoint
+        os.close(fd)
+        raise UserError(f"cannot write in {folder}: {os_reason(exc)}") from None
+    return fd
+
+
+def _holder(fd: int) -> str:
+    """' (pid 123)', or ' (pid 123 on host)' when it runs on another machine of a shared
+    file system; empty when the holder has not written it yet."""
+    words = os.pread(fd, 200, 0).decode(errors="replace").split()
+    if not words:
+        return ""
+    on = f" on {words[1]}" if len(words) > 1 and words[1] != socket.gethostname() else ""
+    return f" (pid {words[0]}{on})"

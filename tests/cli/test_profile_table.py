@@ -1,0 +1,65 @@
+"""The profile's tables at 80 and 120 columns and piped (issue 17, point 18): every number whole,
+every layer named, the columns left out at a narrow terminal named, nothing left out in a file."""
+
+import io
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from dlscale import api
+from dlscale.cli.main import app
+from dlscale.profiler.report import HARDWARE_COLUMNS, LAYER_COLUMNS, to_json
+from dlscale.units import binary_bytes, si
+
+HARDWARE = ["a100-40gb", "i7-7700k"]
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    """ResNet-18: 60-odd layers, nested names, figures from bytes to giga-FLOPs."""
+    return api.profile("resnet18", hardware=HARDWARE)
+
+
+def layer_lines(text: str) -> list[str]:
+    """The rows of the per-layer table (between its header rule and its bottom edge)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("┡"))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("└"))
+    return lines[start + 1 : end]
+
+
+def check_whole(text: str, result) -> None:
+    assert "…" not in text
+    rows = layer_lines(text)
+    layers = to_json(result)["layers"]
+    assert len(rows) == len(layers)  # one line a layer: nothing wrapped onto a second line
+    for line, layer in zip(rows, layers, strict=True):
+        assert layer["name"] in line
+        for figure in (f"{layer['params']:,}", si(layer["forward_flops"])):
+            assert f" {figure} │" in line, (figure, line)
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_at_a_terminal_columns_are_left_out_not_cut(resnet, width: int):
+    console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
+    api.profile_report(resnet, console)
+    text = console.file.getvalue()
+    check_whole(text, resnet)
+    assert max(len(line) for line in text.splitlines()) <= width
+    joined = " ".join(text.split())
+    assert f"not shown at {width} columns: " in joined and "in, out, weights" in joined
+    for row in to_json(resnet)["layers"]:  # the most needed columns stay
+        assert binary_bytes(row["saved_bytes"]) in text
+    assert "a100-40gb" in text and "874 MiB / 36 GiB" in text
+
+
+def test_piped_the_tables_are_whole(resnet):
+    result = CliRunner().invoke(app, ["profile", "resnet18", "--hardware", ",".join(HARDWARE)])
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    check_whole(text, resnet)
+    header = " ".join(text.split())
+    for column in [*LAYER_COLUMNS, *HARDWARE_COLUMNS]:
+        assert f" {column.header} ┃" in header, column.header
+    assert "not shown" not in text

@@ -1,0 +1,68 @@
+"""`--resume` past a corrupt newest checkpoint: it continues from the newest readable one and
+says which it skipped and why; with none readable, one line naming each."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlscale.cli.main import app
+from dlscale.train.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint
+
+SPEC = """
+name: corrupt
+model: {name: mlp, kwargs: {hidden: [16]}}
+data: {name: digits}
+batch_size: 64
+steps: 40
+device: cpu
+checkpoint: {every_steps: 20, keep_last: 3}
+"""
+
+
+def invoke(*args) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:300])
+
+
+@pytest.fixture
+def trained(tmp_path: Path) -> tuple[Path, Path]:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "run"
+    result = invoke("train", spec, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert [step for step, _ in list_checkpoints(out)] == [20, 22, 40]  # 20, epoch end, end
+    return spec, out
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint_and_says_so(trained):
+    spec, out = trained
+    truncate(checkpoint_path(out, 40))
+    result = invoke("train", spec, "--out", out, "--resume")
+    assert result.exit_code == 0, result.output
+    said = "".join(result.output.split())  # as printed, wrapped at the terminal's width
+    skipped = f"warning: skipped {checkpoint_path(out, 40)}: not a readable dlscale checkpoint"
+    assert "".join(skipped.split()) in said and "resumingatstep22" in said
+    record = json.loads((out / "run.json").read_text())
+    assert record["resumed_from_step"] == 22 and record["status"] == "completed"
+    assert any("skipped" in warning for warning in record["warnings"])
+    assert load_checkpoint(checkpoint_path(out, 40))["step"] == 40  # written again, whole
+    # Set aside, not deleted: pruning keeps the newest K by step and must not keep a broken one.
+    assert (out / "checkpoints" / "step-00000040.pt.unreadable").is_file()
+
+
+def test_resume_with_no_readable_checkpoint_is_one_line_naming_each(trained):
+    spec, out = trained
+    for _, path in list_checkpoints(out):
+        truncate(path)
+    result = invoke("train", spec, "--out", out, "--resume")
+    assert result.exit_code == 2, result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert f"nothing to resume: no readable checkpoint in {out / 'checkpoints'}" in result.stderr
+    for step in (20, 22, 40):
+        assert str(checkpoint_path(out, step).name) in result.stderr

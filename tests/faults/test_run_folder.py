@@ -1,0 +1,128 @@
+"""A run folder belongs to one process: a second run, sweep or bench into it is refused in one
+line, and the first run's record and checkpoints stay its own."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlscale.cli.main import app
+from dlscale.errors import UserError
+from dlscale.train.checkpoint import latest_checkpoint, load_checkpoint
+from dlscale.train.ownership import LOCK_NAME, claim
+
+DLSCALE = str(Path(sys.executable).parent / "dlscale")
+# Many short epochs: run.json and checkpoints appear within a second, and the run goes on until
+# the test stops it.
+LONG = """
+name: {name}
+model: {{name: mlp, kwargs: {{hidden: [16]}}}}
+data: {{name: digits}}
+batch_size: 64
+epochs: 100000
+device: cpu
+seed: {seed}
+"""
+SHORT = (
+    "name: t\nmodel: {name: mlp, kwargs: {hidden: [8]}}\ndata: {name: digits}\n"
+    "batch_size: 32\nsteps: 2\n"
+)
+
+
+def invoke(*args) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.mark.slow
+def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path: Path):
+    out = tmp_path / "run"
+    names = ("first", "second")
+    processes = {}
+    for seed, name in enumerate(names):
+        spec = tmp_path / f"{name}.yaml"
+        spec.write_text(LONG.format(name=name, seed=seed))
+        processes[name] = subprocess.Popen(
+            [DLSCALE, "train", str(spec), "--out", str(out)],
+            # stdout unread while the winner trains: a pipe would fill and block it
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while all(p.poll() is None for p in processes.values()):
+            assert time.monotonic() < deadline, "both runs are training into one folder"
+            time.sleep(0.05)
+        loser = next(name for name, p in processes.items() if p.poll() is not None)
+        winner = next(name for name in names if name != loser)
+        _, err = processes[loser].communicate(timeout=30)
+        assert processes[loser].returncode == 2, err
+        assert f"{out} is in use by another dlscale run (pid {processes[winner].pid})" in err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        while not (out / "run.json").exists():  # the winner goes on: its record appears
+            assert processes[winner].poll() is None, processes[winner].communicate()[1]
+            time.sleep(0.05)
+        processes[winner].send_signal(signal.SIGINT)
+        processes[winner].wait(timeout=60)
+        assert processes[winner].returncode == 130
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    record = json.loads((out / "run.json").read_text())
+    assert record["name"] == winner
+    assert load_checkpoint(latest_checkpoint(out))["spec_hash"] == record["spec_hash"]
+    assert not (out / LOCK_NAME).exists()  # released at exit, even on Ctrl-C
+
+
+def test_a_held_folder_refuses_resume_and_names_the_holder(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SHORT)
+    assert invoke("train", spec, "--out", tmp_path / "run").exit_code == 0
+    with claim(tmp_path / "run"):
+        result = invoke("train", spec, "--out", tmp_path / "run", "--resume")
+    assert result.exit_code == 2
+    assert f"in use by another dlscale run (pid {os.getpid()})" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_claim_is_released_and_an_empty_folder_it_made_is_removed(tmp_path: Path):
+    folder = tmp_path / "new" / "run"
+    with claim(folder):
+        assert (folder / LOCK_NAME).read_text().split()[0] == str(os.getpid())
+        with pytest.raises(UserError, match="in use by another dlscale run"), claim(folder):
+            pass
+    assert not folder.exists() and (tmp_path / "new").is_dir()
+    with claim(folder):
+        (folder / "run.json").write_text("{}")
+    assert sorted(p.name for p in folder.iterdir()) == ["run.json"]  # no lock file left
+    with claim(folder), pytest.raises(RuntimeError):
+        raise RuntimeError("a failed run")
+    with claim(folder):  # released on error too
+        pass
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("sweep", "{spec}", "--out", "{out}"),
+        ("scale", "{spec}", "--workers", "1", "--steps", "2", "--out", "{out}"),
+        ("compare", "{spec}", "--strategies", "ddp", "--workers", "2", "--out", "{out}"),
+        ("bench", "matmul", "--sizes", "8", "--out", "{out}"),
+    ],
+)
+def test_every_output_folder_is_owned_by_one_process(tmp_path: Path, command):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SHORT + "sweep:\n  grid:\n    optimizer.lr: [0.1]\n")
+    out = tmp_path / "out"
+    args = [a.format(spec=spec, out=out) for a in command]
+    with claim(out):
+        result = invoke(*args)
+    assert result.exit_code == 2, result.output
+    assert f"{out} is in use by another dlscale run (pid {os.getpid()})" in result.stderr
+    assert "Traceback" not in result.output
