@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dlscale.bench.machine import available_memory_bytes
+from dlscale.bench.memory import available_memory_bytes
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
 from dlscale.launch import local
