@@ -1,5 +1,7 @@
 """The two kinds of failure: UserError (bad input, one line, exit 2) and everything else."""
 
+import errno
+
 
 class UserError(Exception):
     """A problem with what the user gave us: a spec, a path, a name, a shape.
@@ -21,3 +23,11 @@ def one_line(text: str, limit: int = 300) -> str:
             line = line.strip()
             return line if len(line) <= limit else line[: limit - 1] + "…"
     return str(text).strip()[:limit]
+
+
+def os_reason(exc: OSError) -> str:
+    """The operating system's words for a failed call, as a line reads them: 'no space left on
+    device (ENOSPC)'."""
+    words = exc.strerror or str(exc)
+    code = errno.errorcode.get(exc.errno or 0)
+    return words[:1].lower() + words[1:] + (f" ({code})" if code else "")

@@ -119,6 +119,25 @@ def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
 
 
 @pytest.mark.slow
+def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path):
+    """WebDataset shards on storage both nodes reach: each Ray worker opens them itself and
+    reads its own part of every epoch (the driver sends a spec, never data), and the weights
+    are those of the same run as local processes."""
+    api.convert_data("digits", tmp_path / "shards", shard_size="64KB")
+    data = {"name": "webdataset", "urls": str(tmp_path / "shards" / "train-*.tar"),
+            "val_urls": str(tmp_path / "shards" / "val-*.tar"), "shuffle_buffer": 200}
+    spec = parse_spec({**SPEC, "name": "ray-shards", "model": {"name": "mlp"}, "data": data,
+                       "optimizer": {"name": "sgd", "lr": 0.05}})  # fmt: skip
+    local = api.train(spec, out_dir=tmp_path / "local")
+    placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
+    assert placed["status"] == "completed" and placed["data"]["streamed"] is True
+    assert len({worker["node"] for worker in placed["workers"]}) == 2
+    per_worker = placed["plan"]["total_steps"] * placed["plan"]["batch_size"]
+    assert [w["samples_read"] for w in placed["workers"]] == [per_worker, per_worker]
+    assert_same_final_weights(local, placed)
+
+
+@pytest.mark.slow
 def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
     spec = parse_spec({**SPEC, "strategy": {"name": "ddp", "workers": 3}})
     with pytest.raises(

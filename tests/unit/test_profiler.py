@@ -426,6 +426,28 @@ def test_verdicts_fit_split_and_largest_batch():
     assert any("memory bandwidth" in note for note in lstm.advice)
 
 
+def test_a_data_set_that_does_not_fit_is_told_where_to_stream_it_from_and_how_fast():
+    step = trace(lambda: nn.Linear(1000, 10), torch.zeros(1000), 100)
+    memory = training_memory(step)
+    gpu = device(memory_bytes=64 * 2**20)
+    room = int(gpu.memory_bytes * 0.9) - memory.total_bytes
+    prediction = predict(step, gpu)
+    assert not any("stream" in n for n in verdict(memory, prediction, gpu, [], room).advice)
+    (note,) = [n for n in verdict(memory, prediction, gpu, [], room + 1).advice if "stream" in n]
+    assert note.startswith("the data set (") and "does not fit beside the model" in note
+    # The three formats read from disk, each with the spec line that reads it.
+    assert "WebDataset shards (`dlscale data convert`; data: {name: webdataset, urls: " in note
+    assert "data: {name: hf, path: DIR}" in note and "data: {name: images, path: DIR}" in note
+    # What the device consumes: a batch per predicted step, in samples and in bytes.
+    samples_per_s = 100 / prediction.step_s
+    megabytes_per_s = memory.batch_bytes / prediction.step_s / 1e6
+    assert f"{samples_per_s:,.0f} samples/s ({megabytes_per_s:,.1f} MB/s" in note
+    assert "host memory" in note  # a GPU's data can still sit in the host's memory
+    cpu = device(kind="cpu", memory_bytes=64 * 2**20)
+    cpu_notes = verdict(memory, predict(step, cpu), cpu, [], room + 1).advice
+    assert not any("host memory" in n for n in cpu_notes)  # there, it is the device's memory
+
+
 def test_bad_inputs_are_one_line_errors():
     with pytest.raises(UserError, match=r"cannot take samples of shape \(1, 8, 8\)"):
         trace_workload(resolve("lenet", input_shape=[1, 8, 8]))

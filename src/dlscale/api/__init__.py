@@ -9,6 +9,7 @@ from dlscale.api.bench import (
     DEFAULT_BATCHES,
     DEFAULT_LOADER_STEPS,
     bench_batch,
+    bench_io,
     bench_loader,
     bench_machine,
     bench_matmul,
@@ -19,6 +20,7 @@ from dlscale.api.bench import (
     write_outputs,
 )
 from dlscale.api.capacity import check_one_process, check_run, check_trials, local_problems
+from dlscale.api.data import convert_data, stage_data
 from dlscale.api.profiling import (
     profile,
     profile_json,
@@ -43,12 +45,14 @@ __all__ = [
     "PRECISIONS",
     "Hardware",
     "bench_batch",
+    "bench_io",
     "bench_loader",
     "bench_machine",
     "bench_matmul",
     "bench_width",
     "check_out_dir",
     "compare",
+    "convert_data",
     "estimate",
     "hardware",
     "models",
@@ -63,6 +67,7 @@ __all__ = [
     "save_local_hardware",
     "scale",
     "show_value",
+    "stage_data",
     "sweep",
     "train",
     "validate",

@@ -13,6 +13,7 @@ __all__ = [
     "DEFAULT_BATCHES",
     "DEFAULT_LOADER_STEPS",
     "bench_batch",
+    "bench_io",
     "bench_loader",
     "bench_machine",
     "bench_matmul",
@@ -68,6 +69,15 @@ def bench_batch(
     from dlscale.bench.batch import run_batch_bench
 
     return run_batch_bench(model, batches, kwargs, steps, memory_fraction)
+
+
+def bench_io(spec_path: str | Path, readers: int | None, seconds: float) -> dict:
+    """Storage read (1 and N readers), decode per loader worker and the model's rate, side by
+    side, with the one that bounds training (`dlscale bench io`)."""
+    from dlscale.bench.io import run_io_bench
+    from dlscale.launch.local import available_cores
+
+    return run_io_bench(load_spec(spec_path), readers, seconds, available_cores())
 
 
 def check_out_dir(out: Path | None) -> None:

@@ -119,7 +119,7 @@ def check_memory(spec: Spec, is_local: bool) -> None:
     state = model_state_of(spec, data) or ModelState(0, 0, 0)
     if device.type == "cuda" and is_local:
         check_gpu(spec, state, device)
-    host = host_need(spec, state, data_bytes(data), is_local, device)
+    host = host_need(spec, state, data_bytes(data, spec.batch_size), is_local, device)
     available = available_memory_bytes(torch.device("cpu"))
     if host.total_bytes > available:
         raise host_error(spec, host, available)
@@ -135,9 +135,13 @@ def model_state_of(spec: Spec, data: DataBundle) -> ModelState | None:
         return None
 
 
-def data_bytes(data: DataBundle) -> int:
-    tensors = [*data.train.tensors, *data.val.tensors]
-    return sum(t.numel() * t.element_size() for t in tensors)
+def data_bytes(data: DataBundle, batch_size: int) -> int:
+    """Data each process holds: all of it when in memory; when read from disk, the batches the
+    loader has in flight (the shuffle buffer of a stream among them)."""
+    if data.in_memory:
+        return data.resident_bytes
+    buffered = getattr(data.train, "shuffle_buffer", 0) + 4 * batch_size
+    return buffered * data.sample_bytes
 
 
 def replicas(spec: Spec) -> int:

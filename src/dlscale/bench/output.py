@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from dlscale.bench.io_plot import plot_io
 from dlscale.train.files import new_run_dir, write_atomic, write_json_atomic
 from dlscale.train.ownership import check_folder, claim
 
@@ -285,4 +286,5 @@ PLOTS: dict[str, Callable[[Figure, dict], None]] = {
     "matmul": plot_matmul,
     "loader": plot_loader,
     "width": plot_width,
+    "io": plot_io,
 }

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dlscale import api
+from dlscale.cli.bench_io import io_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
@@ -231,6 +232,11 @@ def loader_table(result: dict) -> Table:
     ]
     table.caption = "; ".join([*notes, *([result["note"]] if result["note"] else [])])
     return table
+
+
+# ----------------------------------------------------------------------------------- io
+
+app.command(name="io")(io_command)
 
 
 # -------------------------------------------------------------------------------- width

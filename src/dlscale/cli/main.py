@@ -11,6 +11,7 @@ from rich.table import Table
 
 from dlscale import __version__, api
 from dlscale.cli.bench import app as bench_app
+from dlscale.cli.data import app as data_app
 from dlscale.cli.errors import user_errors
 from dlscale.cli.hardware import app as hardware_app
 from dlscale.cli.help import FlagHelpGroup
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 app.add_typer(hardware_app, name="hardware")
 app.add_typer(bench_app, name="bench")
+app.add_typer(data_app, name="data")
 console = Console(highlight=False)
 
 

@@ -8,11 +8,26 @@ from typing import Any
 from dlscale.data.bundle import DataBundle
 from dlscale.data.cifar import read_cifar10
 from dlscale.data.digits import read_digits
+from dlscale.data.hf import read_hf
 from dlscale.data.idx import read_idx
+from dlscale.data.images import read_images
 from dlscale.data.npz import read_npz
 from dlscale.data.split import cross_validation_fold
+from dlscale.data.staged import stage_spec
 from dlscale.data.synthetic import make_synthetic
-from dlscale.spec import Cifar10Data, DataSpec, DigitsData, IdxData, NpzData, SyntheticData
+from dlscale.data.wds import read_webdataset
+from dlscale.spec import (
+    Cifar10Data,
+    DataSpec,
+    DigitsData,
+    HfData,
+    IdxData,
+    ImagesData,
+    NpzData,
+    StoredData,
+    SyntheticData,
+    WebDatasetData,
+)
 
 # Spec class → reader(spec, seed). The seed drives generation and the train/validation split.
 READERS: dict[type, Callable[[Any, int], DataBundle]] = {
@@ -21,6 +36,9 @@ READERS: dict[type, Callable[[Any, int], DataBundle]] = {
     IdxData: read_idx,
     Cifar10Data: read_cifar10,
     NpzData: read_npz,
+    ImagesData: read_images,
+    HfData: read_hf,
+    WebDatasetData: read_webdataset,
 }
 
 
@@ -34,7 +52,12 @@ def build_data(spec: DataSpec, seed: int) -> DataBundle:
     # The spec's discriminated union only admits the classes above, so a miss is our bug.
     assert reader is not None, f"no data reader registered for {type(spec).__name__}"
     seed = spec.seed if spec.seed is not None else seed
+    staging = None
+    if isinstance(spec, StoredData) and spec.stage is not None:
+        spec, staging = stage_spec(spec)  # copied to local disk first; read from there
     bundle = reader(spec, seed)
+    if staging is not None:
+        bundle.staging = staging
     if spec.fold is not None:
         bundle = cross_validation_fold(bundle, spec.fold.folds, spec.fold.index, seed)
     return bundle

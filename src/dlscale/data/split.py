@@ -75,6 +75,12 @@ def cross_validation_fold(bundle: DataBundle, folds: int, index: int, seed: int)
     """
     from sklearn.model_selection import KFold, StratifiedKFold
 
+    if not bundle.in_memory:
+        raise UserError(
+            "sweep.kfold: folds are cut from a data set in memory; data read from disk "
+            "while training (hf, webdataset, images) gives its validation part by val_fraction, "
+            "val_path or val_urls instead"
+        )
     x, y = bundle.train.tensors
     if len(y) < folds:
         raise UserError(

@@ -68,7 +68,14 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
             HardwareReport(
                 device,
                 prediction,
-                verdict(memory, prediction, device, layer_types, workload.dataset_bytes),
+                verdict(
+                    memory,
+                    prediction,
+                    device,
+                    layer_types,
+                    workload.dataset_bytes,
+                    workload.data_from_disk,
+                ),
             )
         )
     return ProfileResult(workload, trace, memory, reports, time.perf_counter() - start)

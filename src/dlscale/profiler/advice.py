@@ -34,6 +34,7 @@ def verdict(
     hardware: Hardware,
     layer_types: list[str],
     dataset_bytes: int | None = None,
+    data_from_disk: bool = False,
 ) -> Verdict:
     usable = int(hardware.memory_bytes * USABLE_MEMORY_FRACTION)
     room = usable - memory.static_bytes
@@ -45,7 +46,8 @@ def verdict(
         usable_bytes=usable,
         max_batch=max_batch,
     )
-    result.advice = _advice(memory, prediction, hardware, layer_types, dataset_bytes, result)
+    data = dataset_bytes, data_from_disk
+    result.advice = _advice(memory, prediction, hardware, layer_types, data, result)
     return result
 
 
@@ -61,8 +63,41 @@ def split_advice(static_bytes: int, usable_bytes: int) -> str:
     )
 
 
-def _advice(memory, prediction, hardware, layer_types, dataset_bytes, result) -> list[str]:
+def loader_rate(memory: TrainingMemory, prediction: Prediction) -> str:
+    """What the device consumes, a batch per predicted step: samples/s and decoded MB/s."""
+    samples_per_s = memory.batch_size / prediction.step_s
+    bytes_per_s = memory.batch_bytes / prediction.step_s  # decoded, as copied to the device
+    return f"{samples_per_s:,.0f} samples/s ({bytes_per_s / 1e6:,.1f} MB/s decoded)"
+
+
+def disk_rate_advice(memory: TrainingMemory, prediction: Prediction) -> str:
+    return (
+        "the data set is read from disk while training: the loader must deliver "
+        f"{loader_rate(memory, prediction)} to keep up; `dlscale bench io SPEC` measures "
+        "whether storage and decoding do"
+    )
+
+
+def stream_advice(
+    dataset_bytes: int, memory: TrainingMemory, prediction: Prediction, hardware: Hardware
+) -> str:
+    """A data set too large for the device beside the model: where to stream it from, and the
+    rate a batch per predicted step asks of the loader."""
+    # A GPU's data may still sit in the host's memory (batches are copied each step); on a CPU
+    # the device's memory is the host's, so only disk is left.
+    where = "keep it in host memory if it fits there, else " if hardware.kind != "cpu" else ""
+    return (
+        f"the data set ({_b(dataset_bytes)}) does not fit beside the model: {where}stream it "
+        "from disk as WebDataset shards (`dlscale data convert`; data: {name: webdataset, "
+        "urls: shards/train-{000000..000009}.tar}), a Hugging Face dataset saved to disk "
+        "(data: {name: hf, path: DIR}) or an image folder (data: {name: images, path: DIR}); "
+        f"to keep up, the loader must deliver {loader_rate(memory, prediction)}"
+    )
+
+
+def _advice(memory, prediction, hardware, layer_types, data, result) -> list[str]:
     notes = []
+    dataset_bytes, data_from_disk = data
     usable = result.usable_bytes
     if memory.static_bytes > usable:
         notes.append(split_advice(memory.static_bytes, usable))
@@ -77,12 +112,10 @@ def _advice(memory, prediction, hardware, layer_types, dataset_bytes, result) ->
             f"fits: {_b(memory.total_bytes)} of {_b(usable)} usable; largest batch that "
             f"fits ≈ {result.max_batch:,}"
         )
-    if dataset_bytes is not None and dataset_bytes > usable - memory.total_bytes:
-        rate = memory.batch_bytes / prediction.step_s
-        notes.append(
-            f"the data set ({_b(dataset_bytes)}) does not fit beside the model: stream it "
-            f"from host memory; the loader must deliver {rate / 1e6:,.0f} MB/s to keep up"
-        )
+    if data_from_disk:  # streamed already: what matters is whether it arrives fast enough
+        notes.append(disk_rate_advice(memory, prediction))
+    elif dataset_bytes is not None and dataset_bytes > usable - memory.total_bytes:
+        notes.append(stream_advice(dataset_bytes, memory, prediction, hardware))
     if RECURRENT_LAYERS & set(layer_types) or prediction.time_share("memory") > MEMORY_BOUND_SHARE:
         notes.append(
             "most of the time is memory-bound (small matrix products, as in RNN/LSTM layers): "

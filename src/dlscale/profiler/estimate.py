@@ -50,7 +50,7 @@ def measure_steps(trainer: Trainer, warmup: int, steps: int) -> list[float]:
     while len(times) < needed:
         trainer.sampler.set_epoch(epoch)
         t_prev = time.perf_counter()
-        for x, y in trainer.train_loader:
+        for x, y, *_ in trainer.train_loader:
             x, y = x.to(trainer.device), y.to(trainer.device)
             float(trainer.step_fn(x, y))  # reading the loss waits for the device
             synchronize(trainer.device)

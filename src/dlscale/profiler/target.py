@@ -32,6 +32,7 @@ class Workload:
     optimizer: OptimizerSpec
     dataset_size: int | None  # training samples per epoch, when known
     dataset_bytes: int | None
+    data_from_disk: bool = False  # read while training (hf, webdataset, images), not held
 
 
 def resolve(
@@ -106,7 +107,7 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         raise UserError(
             f"--input-shape {input_shape} contradicts the spec's data {list(data.input_shape)}"
         )
-    x = data.train.tensors[0]
+    x = data.example(1)[0]
     defaults = data.model_defaults()
     name, kwargs = spec.model.name, dict(spec.model.kwargs)
     return Workload(
@@ -118,5 +119,6 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         precision=precision or spec.precision,
         optimizer=spec.optimizer if optimizer is None else OptimizerSpec(name=optimizer),
         dataset_size=dataset_size or data.num_train,
-        dataset_bytes=sum(t.numel() * t.element_size() for t in data.train.tensors),
+        dataset_bytes=data.num_train * data.sample_bytes,
+        data_from_disk=not data.in_memory,
     )

@@ -110,7 +110,120 @@ class NpzData(DataSection):
     _paths = field_validator("path", "val_path", mode="before")(resolve_path)
 
 
+def resolve_dir(value: Any, info: ValidationInfo) -> Path | None:
+    """A folder in a spec, relative to the spec file's folder; it must exist."""
+    if value is None:
+        return None
+    path = Path(str(value)).expanduser()
+    base = (info.context or {}).get("base_dir")
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    if not path.is_dir():
+        raise ValueError(f"folder not found: {path}")
+    return path.resolve()
+
+
+def resolve_pattern(value: Any, info: ValidationInfo) -> str | None:
+    """A shard pattern (`shards/train-{000000..000009}.tar`), relative to the spec's folder.
+    Whether it matches files is checked when the data is opened (one line naming it)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text:
+        raise ValueError("empty shard pattern")
+    if "://" in text:
+        raise ValueError(f"{text}: only local or mounted paths are read (no URLs)")
+    path = Path(text).expanduser()
+    base = (info.context or {}).get("base_dir")
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    return str(path)
+
+
+ImageSize = Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=2, max_length=2)]
+
+
+class StoredData(DataSection):
+    """What the data kinds read from disk while training share (streamed, never loaded whole)."""
+
+    # Copy the files to this local folder first (resumable, checksum-verified), then read there.
+    stage: Path | None = None
+    skip_bad: bool = False  # skip and count samples that do not decode, instead of stopping
+    val_fraction: Fraction = 0.2
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stage_dir(cls, value: Any, info: ValidationInfo) -> Path | None:
+        if value is None:
+            return None
+        path = Path(str(value)).expanduser()
+        base = (info.context or {}).get("base_dir")
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path
+        return path.resolve()
+
+
+class HfData(StoredData):
+    """A Hugging Face `datasets` data set saved with `save_to_disk` (Arrow, memory-mapped)."""
+
+    name: Literal["hf"]
+    path: Path
+    split: str | None = None  # for a DatasetDict: the training split (default "train")
+    # For a DatasetDict: the validation split (default: "validation" if it has one, else
+    # val_fraction of the training split)
+    val_split: str | None = None
+    image_column: str | None = None  # PIL images or arrays: image classification
+    input_column: str | None = None  # numeric arrays (features) of one shape
+    text_column: str | None = None  # strings (UTF-8 bytes as tokens) or token-id lists
+    label_column: str | None = "label"  # class labels; none for text (next-token labels)
+    image_size: ImageSize | None = None  # [height, width] every image is resized to
+    seq_len: PositiveInt = 64  # text: tokens per sample
+
+    _dir = field_validator("path", mode="before")(resolve_dir)
+
+    @model_validator(mode="after")
+    def _one_input(self) -> HfData:
+        given = [c for c in ("image_column", "input_column", "text_column") if getattr(self, c)]
+        if len(given) != 1:
+            raise ValueError("give exactly one of image_column, input_column, text_column")
+        return self
+
+
+class WebDatasetData(StoredData):
+    """WebDataset tar shards, read sequentially through a shuffle buffer."""
+
+    name: Literal["webdataset"]
+    urls: str  # brace pattern: shards/train-{000000..000099}.tar
+    val_urls: str | None = None  # validation shards; else val_fraction of the samples
+    shuffle_buffer: NonNegativeInt = 1000  # samples held to shuffle the stream (0: in order)
+    num_classes: Annotated[int, Field(ge=2)] | None = None  # default: from dataset.json
+    image_size: ImageSize | None = None  # resize decoded images to [height, width]
+
+    _patterns = field_validator("urls", "val_urls", mode="before")(resolve_pattern)
+
+
+class ImagesData(StoredData):
+    """A folder with one sub-folder of images per class, decoded with Pillow while training."""
+
+    name: Literal["images"]
+    path: Path
+    val_path: Path | None = None  # same layout; else val_fraction of the images
+    image_size: ImageSize | None = None  # default: the first image's size
+    mode: Literal["RGB", "L"] | None = None  # default: the first image's (RGB unless grey)
+
+    _dirs = field_validator("path", "val_path", mode="before")(resolve_dir)
+
+
 DataSpec = Annotated[
-    DigitsData | SyntheticData | IdxData | Cifar10Data | NpzData, Field(discriminator="name")
+    DigitsData
+    | SyntheticData
+    | IdxData
+    | Cifar10Data
+    | NpzData
+    | HfData
+    | WebDatasetData
+    | ImagesData,
+    Field(discriminator="name"),
 ]
-DATA_KINDS = ("digits", "synthetic", "idx", "cifar10", "npz")
+DATA_KINDS = ("digits", "synthetic", "idx", "cifar10", "npz", "hf", "webdataset", "images")
+STREAMED_KINDS = (HfData, WebDatasetData, ImagesData)

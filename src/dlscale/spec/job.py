@@ -10,7 +10,14 @@ from typing import Annotated, Literal
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from dlscale.spec.base import Seed, Strict
-from dlscale.spec.data import Cifar10Data, DataSpec, IdxData, NpzData, SyntheticData
+from dlscale.spec.data import (
+    Cifar10Data,
+    DataSpec,
+    IdxData,
+    NpzData,
+    StoredData,
+    SyntheticData,
+)
 from dlscale.spec.strategy import PipelineStrategy, PsStrategy, SingleStrategy, StrategySpec
 from dlscale.spec.sweep import SweepSpec
 from dlscale.spec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
@@ -100,11 +107,11 @@ class Spec(Strict):
                 if key in given
             ]
         if (
-            isinstance(data, IdxData | NpzData | Cifar10Data)
+            isinstance(data, IdxData | NpzData | Cifar10Data | StoredData)
             and "val_fraction" in data.model_fields_set
         ):
-            has_val = getattr(data, "val_images", None) or getattr(data, "val_path", None)
-            if has_val or getattr(data, "val_files", None):
+            given = ("val_images", "val_path", "val_files", "val_urls", "val_split")
+            if any(getattr(data, name, None) for name in given):
                 found.append("data.val_fraction is ignored: validation files are given")
         return found
 
@@ -113,6 +120,7 @@ class Spec(Strict):
         # Threads set the speed, not the job (at most the last bits of float sums): a run may
         # resume on a machine with other cores. The heartbeat warning only says when a worker is
         # silent. Left out, they keep every earlier hash too.
-        ignored = {"threads": True, "strategy": {"heartbeat_warn_s"}}
+        # Where data is staged is a copy's location, not the data: it may move between resumes.
+        ignored = {"threads": True, "strategy": {"heartbeat_warn_s"}, "data": {"stage"}}
         canonical = json.dumps(self.model_dump(mode="json", exclude=ignored), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

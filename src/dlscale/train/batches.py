@@ -6,8 +6,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    SequentialSampler,
+    TensorDataset,
+    get_worker_info,
+)
 
+from dlscale.data.stream import StreamDataset
 from dlscale.spec import Spec
 from dlscale.train.sampler import GlobalBatchSampler
 
@@ -27,16 +35,100 @@ class InProcessBatches:
         return len(self.sampler)
 
 
-def train_batches(
-    spec: Spec, dataset: TensorDataset, sampler: GlobalBatchSampler, device: torch.device
-) -> Iterable:
-    """Batches are fetched whole (`dataset[index_tensor]`), never sample by sample.
+class StreamSampler:
+    """What the loop asks of a sampler, for a stream that yields its own batches."""
+
+    def __init__(self, source: StreamDataset, batch_size: int, rank: int = 0, world: int = 1):
+        self.source = source
+        self.batch_size = batch_size
+        self.rank = rank
+        self.world_size = world
+        self.epoch = 0
+        self.start_batch = 0
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return self.source.batches_per_epoch(self.batch_size, self.world_size)
+
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        self.epoch = epoch
+        self.start_batch = start_batch
+
+    def batches(self, part: tuple[int, int] = (0, 1)) -> Iterator:
+        return self.source.batches(
+            self.epoch, self.start_batch, self.batch_size, self.rank, self.world_size, part
+        )
+
+    def position(self) -> dict:
+        return self.source.position(
+            self.epoch, self.start_batch, self.batch_size, self.rank, self.world_size
+        )
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch - self.start_batch
+
+
+class _StreamPart(IterableDataset):
+    """In DataLoader worker w of W: the stream's batches that are worker w's."""
+
+    def __init__(self, sampler: StreamSampler):
+        self.sampler = sampler
+
+    def __iter__(self) -> Iterator:
+        info = get_worker_info()
+        part = (info.id, info.num_workers) if info is not None else (0, 1)
+        return self.sampler.batches(part)
+
+
+class StreamBatches:
+    """A stream's batches of the sampler's epoch: read here, or by loader worker processes
+    (started for each epoch, since the epoch and start batch change what they read)."""
+
+    def __init__(self, sampler: StreamSampler, workers: int, prefetch: int | None, pin: bool):
+        self.sampler = sampler
+        self.workers = workers
+        self.prefetch = prefetch
+        self.pin_memory = pin
+
+    def __iter__(self) -> Iterator:
+        if self.workers == 0 and not self.pin_memory:
+            return self.sampler.batches()
+        extra = {"prefetch_factor": self.prefetch or 2} if self.workers else {}
+        loader = DataLoader(
+            _StreamPart(self.sampler),
+            batch_size=None,
+            num_workers=self.workers,
+            pin_memory=self.pin_memory,
+            **extra,
+        )
+        return iter(loader)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class _WholeStream(IterableDataset):
+    """Every sample of a stream once, in file order: validation."""
+
+    def __init__(self, source: StreamDataset, batch_size: int):
+        self.source = source
+        self.batch_size = batch_size
+
+    def __iter__(self) -> Iterator:
+        return self.source.batches(0, 0, self.batch_size, shuffle=False, drop_last=False)
+
+
+def train_batches(spec: Spec, dataset, sampler, device: torch.device) -> Iterable:
+    """Batches are fetched whole (`dataset[index_tensor]`), never sample by sample; a stream
+    yields its own (`sampler` is then a StreamSampler).
 
     With no worker processes and no pinning, DataLoader has nothing to add and costs ~80 µs
     a step (benchmarks/loop_overhead.py), so the sampler's batches are gathered directly.
     """
     loader = spec.loader
     pin = loader.pin_memory and device.type == "cuda"
+    if isinstance(sampler, StreamSampler):
+        return StreamBatches(sampler, loader.workers, loader.prefetch, pin)
     if loader.workers == 0 and not pin:
         return InProcessBatches(dataset, sampler)
     extra = {}
@@ -54,5 +146,15 @@ def train_batches(
     )
 
 
-def val_batches(spec: Spec, dataset: TensorDataset) -> DataLoader:
-    return DataLoader(dataset, batch_size=max(256, spec.batch_size))
+def val_batches(spec: Spec, dataset) -> Iterable:
+    """Every validation sample once, in order, in batches of at least 256."""
+    size = max(256, spec.batch_size)
+    if isinstance(dataset, TensorDataset):
+        return DataLoader(dataset, batch_size=size)
+    if getattr(dataset, "streamed", False):
+        return DataLoader(_WholeStream(dataset, size), batch_size=None)
+    # Data read from disk: a batch of indices at a time, decoded by the loader's workers.
+    batches = BatchSampler(SequentialSampler(dataset), size, drop_last=False)
+    workers = spec.loader.workers
+    extra = {"persistent_workers": True} if workers else {}
+    return DataLoader(dataset, sampler=batches, batch_size=None, num_workers=workers, **extra)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import os
 import tempfile
@@ -12,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from dlscale.errors import UserError
+from dlscale.errors import UserError, os_reason
 
 DEFAULT_RUNS_DIR = Path("runs")
 
@@ -20,14 +19,6 @@ DEFAULT_RUNS_DIR = Path("runs")
 class WriteFailed(UserError):
     """A file could not be written (a full disk, a read-only or vanished folder): one line
     naming the file and the operating system's reason; the old file, if any, is untouched."""
-
-
-def os_reason(exc: OSError) -> str:
-    """The operating system's words for a failed call, as a line reads them: 'no space left on
-    device (ENOSPC)'."""
-    words = exc.strerror or str(exc)
-    code = errno.errorcode.get(exc.errno or 0)
-    return words[:1].lower() + words[1:] + (f" ({code})" if code else "")
 
 
 class _Recorder:

@@ -14,7 +14,7 @@ from dlscale.data import build_data
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import Spec
 from dlscale.train import checkpoint as ckpt
-from dlscale.train.batches import train_batches, val_batches
+from dlscale.train.batches import StreamSampler, train_batches, val_batches
 from dlscale.train.device import check_precision, reset_peak_memory, resolve_device, synchronize
 from dlscale.train.env import environment
 from dlscale.train.exchange import Exchange
@@ -71,10 +71,14 @@ class Trainer:
                                  self.exchange)  # fmt: skip
         world = self.exchange.data_world
         self.plan = Plan.of(spec, self.data.num_train, world)
-        self.sampler = GlobalBatchSampler(
-            self.data.num_train, spec.batch_size, spec.seed, self.exchange.data_rank, world,
-            as_lists=spec.loader.workers > 0,
-        )  # fmt: skip
+        if self.data.streamed:  # the stream yields each rank's batches itself
+            self.sampler = StreamSampler(self.data.train, spec.batch_size,
+                                         self.exchange.data_rank, world)  # fmt: skip
+        else:
+            self.sampler = GlobalBatchSampler(
+                self.data.num_train, spec.batch_size, spec.seed, self.exchange.data_rank, world,
+                as_lists=spec.loader.workers > 0 or not self.data.in_memory,
+            )  # fmt: skip
         self.train_loader = train_batches(spec, self.data.train, self.sampler, self.device)
         self.val_loader = val_batches(spec, self.data.val)
         self.step = 0
@@ -140,8 +144,20 @@ class Trainer:
             "rng": rngs,
             "history": self.history.to_state(),
             "exchange": exchange.extra_state(),
+            "data_position": self.data_position(),
         }
         return ckpt.save_checkpoint(self.run_dir, self.step, state, self.spec.checkpoint.keep_last)
+
+    def data_position(self) -> dict:
+        """Where training stands in the data: the epoch, the batch within it and, for a stream,
+        the file and sample this trainer reads next (a resume starts there)."""
+        epoch, batch = divmod(self.step, self.plan.steps_per_epoch)
+        where = {"epoch": epoch, "batch": batch}
+        if isinstance(self.sampler, StreamSampler):
+            where.update(self.data.train.position(epoch, batch, self.spec.batch_size,
+                                                  self.exchange.data_rank,
+                                                  self.exchange.data_world))  # fmt: skip
+        return where
 
     # -------------------------------------------------------------------- loop
 
@@ -189,8 +205,11 @@ class Trainer:
         epoch_losses: list[float] = []
         last_report = 0.0
         t_prev = time.perf_counter()  # a step's data wait starts where the last one's ended
-        for x, y in self.train_loader:
+        for batch in self.train_loader:
             t_data = time.perf_counter()
+            x, y = batch[0], batch[1]
+            if len(batch) > 2:  # read from disk: what reading and decoding it took
+                timing.add_io(batch[2])
             comm_s, comm_bytes = self.exchange.comm_totals()
             x = x.to(self.device, non_blocking=non_blocking)
             y = y.to(self.device, non_blocking=non_blocking)
@@ -279,6 +298,7 @@ class Trainer:
             "val_samples": len(self.data.val),
             "start_step": self.step,
             "resumed": self.resumed_from is not None,
+            **({"data_position": self.data_position()} if self.resumed_from else {}),
             "workers": self.exchange.trainers,
             "strategy": self.spec.strategy.name,
             **self.plan.__dict__,
@@ -301,7 +321,10 @@ class Trainer:
                    "trainable_parameters": self.parameters[1]},
             data={"train_samples": data.num_train, "val_samples": len(data.val),
                   "input_shape": list(data.input_shape), "num_classes": data.num_classes,
-                  "task": data.task},
+                  "task": data.task, "source": spec.data.name,
+                  "read_from_disk": not data.in_memory, "streamed": data.streamed,
+                  **({"staging": data.staging} if data.staging else {}),
+                  **self.history.timing.io_summary()},
             plan=dict(self.plan.__dict__), timing=self.history.timing.summary(),
             epochs=self.history.epochs, steps=self.history.steps.records,
             warnings=self.warnings,

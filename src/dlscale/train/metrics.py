@@ -3,6 +3,7 @@ throughput outside warm-up, the median step, starvation."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -64,7 +65,23 @@ class TimingTotals:
     comm_payload_bytes: int = 0
     step_times: list[float] = field(default_factory=list)  # every `stride`-th steady step
     step_times_stride: int = 1
+    # Data read from disk while training (summed over the batches; zero for data in memory):
+    # seconds spent reading and decoding, wherever they ran (in loader workers, in parallel).
+    read_s: float = 0.0
+    decode_s: float = 0.0
+    read_bytes: int = 0
+    io_samples: int = 0  # samples those seconds were spent on
+    bad_samples: int = 0  # skipped by data.skip_bad
     session_steps: int = field(default=0, repr=False)  # steps since this process started
+
+    def add_io(self, io) -> None:
+        """One batch's io stats: (read_s, decode_s, bad_samples, read_bytes, samples)."""
+        read_s, decode_s, bad, read_bytes, samples = (float(v) for v in io)
+        self.read_s += read_s
+        self.decode_s += decode_s
+        self.bad_samples += int(bad)
+        self.read_bytes += int(read_bytes)
+        self.io_samples += int(samples)
 
     def add_comm(self, seconds: float, payload_bytes: int) -> None:
         self.comm_s += seconds
@@ -137,6 +154,18 @@ class TimingTotals:
             "comm_s": self.comm_s,
             "comm_share": self.comm_s / total,
             "comm_payload_bytes_per_step": self.comm_payload_bytes / max(1, self.steps),
+            **self.io_summary(),
+        }
+
+    def io_summary(self) -> dict[str, float]:
+        """Reading and decoding per sample, when the data is read from disk while training."""
+        if not self.io_samples:
+            return {}
+        return {
+            "read_s_per_sample": self.read_s / self.io_samples,
+            "decode_s_per_sample": self.decode_s / self.io_samples,
+            "read_bytes": self.read_bytes,
+            "bad_samples": self.bad_samples,
         }
 
     def to_state(self) -> dict:
@@ -152,17 +181,43 @@ class TimingTotals:
 def starving_advice(
     totals: TimingTotals, loader_workers: int, pin_memory: bool, device_type: str
 ) -> str | None:
-    """The field's 'starving accelerator': a warning with the likely fix, or None if fed."""
+    """The field's 'starving accelerator': a warning naming the cause it measured and the
+    likely fix, or None if the device is fed."""
     if totals.steady_steps < 5 or totals.data_wait_fraction <= STARVING_FRACTION:
         return None
-    fixes = [f"raise loader.workers (now {loader_workers})"]
+    share = round(100 * totals.data_wait_fraction)
+    head = f"data loading takes {share}% of each step, so the {device_type} waits for data"
+    fixes = []
+    cause = starving_cause(totals, loader_workers)
+    if cause:
+        head += f": {cause}"
+    if loader_workers == 0 or cause is None or "workers" in cause:
+        fixes.append(f"raise loader.workers (now {loader_workers})")
     if device_type == "cuda" and not pin_memory:
         fixes.append("set loader.pin_memory: true")
-    share = round(100 * totals.data_wait_fraction)
-    return (
-        f"data loading takes {share}% of each step, so the {device_type} waits for data: "
-        + " and ".join(fixes)
-    )
+    if cause and cause.startswith("reading"):
+        fixes.append("stage the files on local disk (data.stage: DIR)")
+    return head + "; " + " and ".join(fixes)
+
+
+def starving_cause(totals: TimingTotals, loader_workers: int) -> str | None:
+    """Decode, read or too few workers, from what the batches measured (None for data in
+    memory, where nothing is read or decoded while training)."""
+    if not totals.io_samples or not totals.steps:
+        return None
+    per_sample_compute = (totals.compute_s + totals.h2d_s) / max(1, totals.samples)
+    read = totals.read_s / totals.io_samples
+    decode = totals.decode_s / totals.io_samples
+    busiest = "reading" if read > decode else "decoding"
+    per = f"{1e3 * max(read, decode):.2f} ms per sample {busiest}"
+    parallel = max(1, loader_workers)
+    needed = math.ceil((read + decode) / max(per_sample_compute, 1e-9))
+    if needed > parallel:
+        return (
+            f"{busiest} bounds it ({per}, {1e3 * per_sample_compute:.2f} ms of compute): "
+            f"about {needed} loader workers would keep up, {loader_workers} run"
+        )
+    return f"{busiest} takes {per}; the loader waits more than it works (too few workers?)"
 
 
 @dataclass

@@ -46,7 +46,7 @@ class Plan:
 
 def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -> None:
     """One forward pass on one real sample, so a shape mismatch is one clear line, not a trace."""
-    x, y = data.train.tensors[0][:1], data.train.tensors[1][:1]
+    x, y = data.example(1)
     try:
         with torch.no_grad():
             was_training = model.training

@@ -31,6 +31,15 @@ class DataInfo(_Strict):
     input_shape: list[int]
     num_classes: int
     task: str
+    source: str  # the data kind: digits, npz, webdataset, ...
+    read_from_disk: bool  # read while training (hf, webdataset, images), not held in memory
+    streamed: bool  # read front to back through a shuffle buffer (webdataset)
+    staging: dict[str, Any] | None = None  # copying the files to local disk first (data.stage)
+    # Read from disk: per-sample reading and decoding seconds (summed over loader workers).
+    read_s_per_sample: float | None = None
+    decode_s_per_sample: float | None = None
+    read_bytes: int | None = None
+    bad_samples: int | None = None  # skipped with data.skip_bad
 
 
 class PlanInfo(_Strict):
@@ -64,6 +73,10 @@ class Timing(_Strict):
     comm_s: float
     comm_share: float
     comm_payload_bytes_per_step: float
+    read_s_per_sample: float | None = None
+    decode_s_per_sample: float | None = None
+    read_bytes: int | None = None
+    bad_samples: int | None = None
 
 
 class Epoch(_Strict):

@@ -25,7 +25,7 @@ def evaluate(model: nn.Module, loader, device: torch.device, precision: str) -> 
     """Mean loss and accuracy over a whole loader, in eval mode."""
     total_loss, correct, seen, batches = 0.0, 0, 0, 0
     with eval_mode(model):
-        for x, y in loader:
+        for x, y, *_ in loader:
             x, y = x.to(device), y.to(device)
             with autocast(device, precision):
                 logits = model(x)
@@ -44,7 +44,7 @@ def predict(model: nn.Module, loader, device: torch.device, precision: str):
     labels: what an ensemble averages. Shapes (N, C) and (N,), or (N, T, V) and (N, T)."""
     probabilities, labels = [], []
     with eval_mode(model):
-        for x, y in loader:
+        for x, y, *_ in loader:
             with autocast(device, precision):
                 logits = model(x.to(device))
             probabilities.append(torch.softmax(logits.float(), dim=-1).cpu())

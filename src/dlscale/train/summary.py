@@ -27,6 +27,17 @@ def worker_summary(
         "median_step_s": timing.median_step_s,
         "peak_memory_bytes": peak_memory(device)[0],
         **{k: v for k, v in split.items() if k.endswith(("_s", "_share")) and v is not None},
+        # Data read from disk by this trainer (its loader workers included): each sample of an
+        # epoch is read by exactly one trainer, so these add up to the epoch across trainers.
+        **(
+            {
+                "samples_read": timing.io_samples,
+                "read_bytes": timing.read_bytes,
+                "bad_samples": timing.bad_samples,
+            }
+            if timing.io_samples
+            else {}
+        ),
     }
 
 

@@ -50,7 +50,7 @@ def run(
     plan = plan_stages(spec, model, data, split)
     # Each stage process traces the model again; tracing it here first turns a model torch.export
     # cannot take into one line before any process starts.
-    split_model(model, data.train.tensors[0][: microbatch_size(spec)], plan.boundaries)
+    split_model(model, data.example(microbatch_size(spec))[0], plan.boundaries)
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     return launch(
         spec, run_dir, resume_from, reporter, launcher, stage_process,

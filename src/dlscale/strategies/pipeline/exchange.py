@@ -59,7 +59,7 @@ class PipelineExchange(Exchange):
 
     def prepare(self, model: nn.Module, data, device: torch.device) -> nn.Module:
         self.data = data
-        example = data.train.tensors[0][: microbatch_size(self.spec)]
+        example = data.example(microbatch_size(self.spec))[0]
         boundaries = self.payload["boundaries"]
         # torch.export bakes a module's mode into the graph (dropout's p, BatchNorm's batch
         # statistics), so evaluation runs a second trace of the stage, made in eval mode, whose

@@ -39,7 +39,7 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
     `split` is the spec's, or the boundaries a checkpoint recorded."""
     strategy: PipelineStrategy = spec.strategy
     micro = microbatch_size(spec)
-    sample = data.train.tensors[0][0]
+    sample = data.example(1)[0][0]
     try:
         trace = trace_step(
             lambda: build_model(spec.model.name, spec.model.kwargs, data.model_defaults()),

@@ -1,0 +1,88 @@
+"""Images decoded with Pillow into what a model takes: (C, H, W) uint8 of one mode and one size.
+
+Every image of a data set must come out the same shape, or batches cannot be stacked. The first
+image sets the layout (its mode mapped to grey `L` or `RGB`, its size) unless the spec says
+otherwise; `image_size` resizes every image, and without it an image of another size is an
+error naming the file and both sizes.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from dlscale.data.lazy import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif", ".ppm")
+# Single-band modes (and grey with alpha) train as one channel; everything else, palette
+# images included, as three.
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")
+
+
+@dataclass(frozen=True)
+class ImageLayout:
+    """What every decoded image is converted to."""
+
+    mode: str  # "L" (1 channel) or "RGB" (3 channels)
+    height: int
+    width: int
+    resize: bool  # the spec gave image_size: resize; else a different size is an error
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (1 if self.mode == "L" else 3, self.height, self.width)
+
+
+def layout_of(first: Image.Image, image_size: list[int] | None, mode: str | None) -> ImageLayout:
+    """The layout the first image (and the spec's `image_size` [H, W] and `mode`) sets."""
+    mode = mode or ("L" if first.mode in GREY_MODES else "RGB")
+    if image_size is not None:
+        return ImageLayout(mode, image_size[0], image_size[1], resize=True)
+    return ImageLayout(mode, first.height, first.width, resize=False)
+
+
+def open_image(source: bytes | str | Path) -> Image.Image:
+    """An image decoded whole (Pillow opens lazily; `load` makes a truncated file fail here)."""
+    try:
+        image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+        image.load()
+    except (UnidentifiedImageError, OSError, ValueError) as error:
+        detail = "not an image file" if isinstance(error, UnidentifiedImageError) else error
+        raise ValueError(
+            f"Pillow cannot decode it ({detail}; expected {', '.join(IMAGE_SUFFIXES)})"
+        ) from None
+    return image
+
+
+def array_image(array: np.ndarray) -> Image.Image:
+    """An image stored as an array: (H, W), (H, W, C) or (C, H, W) with C in 1, 3, 4."""
+    if array.ndim == 3 and array.shape[0] in (1, 3) and array.shape[-1] not in (1, 3, 4):
+        array = array.transpose(1, 2, 0)  # (C, H, W) → (H, W, C), as Pillow takes it
+    if array.ndim == 3 and array.shape[-1] == 1:
+        array = array[..., 0]
+    if array.ndim not in (2, 3) or (array.ndim == 3 and array.shape[-1] not in (3, 4)):
+        raise ValueError(f"image array has shape {array.shape}; expected (H, W) or (H, W, C)")
+    if array.dtype != np.uint8:
+        if np.issubdtype(array.dtype, np.floating) and array.size and array.max() <= 1.0:
+            array = array * 255.0  # floats in [0, 1]: pixels
+        array = np.clip(array, 0, 255).astype(np.uint8)
+    return Image.fromarray(array)
+
+
+def to_chw(image: Image.Image, layout: ImageLayout, where: str) -> np.ndarray:
+    """The image in the layout: (C, H, W) uint8. A size that differs without resizing: DataError."""
+    if image.mode != layout.mode:
+        image = image.convert(layout.mode)
+    if (image.height, image.width) != (layout.height, layout.width):
+        if not layout.resize:
+            raise DataError(
+                f"{where}: image is {image.height}×{image.width} (H×W) but the first image is "
+                f"{layout.height}×{layout.width}; set data.image_size: [H, W] to resize all"
+            )
+        image = image.resize((layout.width, layout.height), Image.Resampling.BILINEAR)
+    pixels = np.array(image, dtype=np.uint8)  # a writable copy: torch shares its memory
+    return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)  # (C, H, W)

@@ -1,0 +1,86 @@
+"""Which files a data set on disk is made of, and its spec pointed at their staged copy.
+
+`data.stage: DIR` and `dlscale data stage SRC DST` share this: a shard pattern is its shards
+plus the dataset.json beside them; a folder (a Hugging Face dataset, a tree of images, a folder
+of shards) is every file under it. Files keep their layout below the data set's root folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dlscale.data.shards import expand_pattern
+from dlscale.data.stage import PART_SUFFIX, STAGING_FILES, stage
+from dlscale.errors import UserError
+from dlscale.spec import HfData, ImagesData, StoredData, WebDatasetData
+
+
+def stage_spec(spec: StoredData) -> tuple[StoredData, dict]:
+    """Stage the files `spec` reads into `spec.stage`; the spec reading the copies instead,
+    and the staging record for the run."""
+    assert spec.stage is not None
+    dst = spec.stage
+    if isinstance(spec, WebDatasetData):
+        patterns = [p for p in (spec.urls, spec.val_urls) if p is not None]
+        files = [f for pattern in patterns for f in pattern_files(pattern)]
+        root = _common_root([f.parent for f in files])
+        update = {name: _moved(getattr(spec, name), root, dst) for name in ("urls", "val_urls")}
+    elif isinstance(spec, HfData | ImagesData):
+        folders = [p for p in (spec.path, getattr(spec, "val_path", None)) if p is not None]
+        root = _common_root(folders)
+        files = [f for folder in folders for f in tree_files(folder, skip=dst)]
+        update = {"path": Path(_moved(str(spec.path), root, dst))}
+        if isinstance(spec, ImagesData) and spec.val_path is not None:
+            update["val_path"] = Path(_moved(str(spec.val_path), root, dst))
+    else:  # the spec's union admits only the kinds above as StoredData
+        raise AssertionError(f"no staging layout for {type(spec).__name__}")
+    record = stage(sorted(set(files)), root, dst)
+    return spec.model_copy(update=update), record
+
+
+def source_files(source: str | Path) -> tuple[list[Path], Path]:
+    """`dlscale data stage SRC`: the files of a shard pattern or a folder, and their root."""
+    text = str(source)
+    if Path(text).is_dir():
+        folder = Path(text).resolve()
+        return tree_files(folder), folder
+    if Path(text).is_file() or any(mark in text for mark in "{}*?["):
+        files = pattern_files(str(Path(text).absolute()))
+        return files, _common_root([f.parent for f in files])
+    raise UserError(
+        f"{source}: not found: give a shard pattern (shards/train-{{000000..000009}}.tar), a "
+        "folder of shards with dataset.json, a Hugging Face dataset folder or a folder of images"
+    )
+
+
+def pattern_files(pattern: str) -> list[Path]:
+    """A shard pattern's files (each must exist), plus the dataset.json beside them."""
+    files = [Path(name) for name in dict.fromkeys(expand_pattern(pattern))]
+    listings = {f.parent / "dataset.json" for f in files}
+    return files + sorted(p for p in listings if p.is_file())
+
+
+def tree_files(folder: Path, skip: Path | None = None) -> list[Path]:
+    """Every file under `folder` (not staging's own files, nor a stage folder inside it)."""
+    found = []
+    for path in sorted(Path(folder).rglob("*")):
+        if not path.is_file() or path.name in STAGING_FILES or path.name.endswith(PART_SUFFIX):
+            continue
+        if skip is not None and path.resolve().is_relative_to(Path(skip).resolve()):
+            continue
+        found.append(path)
+    if not found:
+        raise UserError(f"{folder}: no files to stage in this folder")
+    return found
+
+
+def _common_root(folders: list[Path]) -> Path:
+    return Path(os.path.commonpath([str(Path(f).absolute()) for f in folders]))
+
+
+def _moved(path: str | None, root: Path, dst: Path) -> str | None:
+    """`path` (a file, folder or brace pattern under `root`) as it lies once staged in `dst`."""
+    if path is None:
+        return None
+    return str(Path(dst) / os.path.relpath(str(Path(path).absolute()), root))

@@ -1,0 +1,350 @@
+"""`dlscale data convert` and staging: shards that round-trip, bounded memory, verified copies."""
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dlscale import api
+from dlscale.cli.main import app
+from dlscale.data import build_data
+from dlscale.data.generate import synthetic_image_chunks
+from dlscale.data.stage import LEDGER, stage
+from dlscale.data.staged import stage_spec
+from dlscale.errors import UserError
+from dlscale.spec import DigitsData, HfData, ImagesData, WebDatasetData, load_spec
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def read_shard(path: Path) -> list[dict[str, bytes]]:
+    """A shard's samples as {field: bytes}, grouped by key in member order."""
+    samples: dict[str, dict[str, bytes]] = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            key, field = member.name.split(".", 1)
+            samples.setdefault(key, {})[field] = tar.extractfile(member).read()
+    return list(samples.values())
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """600 synthetic 3×8×8 images in shards of 20 KB (a dozen or more of them)."""
+    out = tmp_path_factory.mktemp("convert") / "shards"
+    result = cli("data", "convert", "synthetic", out, "--samples", 600, "--shape", "3,8,8",
+                 "--classes", 4, "--seed", 7, "--shard-size", "20KB")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "wrote" in result.stdout and "480 training + 120 validation" in result.stdout
+    return out
+
+
+# ------------------------------------------------------------------------------ convert
+
+
+def test_convert_lists_every_shard_with_its_samples_bytes_and_sha256(shards: Path):
+    listing = json.loads((shards / "dataset.json").read_text())
+    assert listing["format"] == "webdataset" and listing["input_shape"] == [3, 8, 8]
+    assert listing["num_classes"] == 4 and listing["task"] == "classification"
+    entries = listing["shards"]
+    assert len(entries) >= 3
+    assert sorted(p.name for p in shards.glob("*.tar")) == sorted(e["file"] for e in entries)
+    for split, count in (("train", 480), ("val", 120)):
+        assert sum(e["samples"] for e in entries if e["split"] == split) == count
+    for entry in entries:
+        path = shards / entry["file"]
+        assert entry["bytes"] == path.stat().st_size and entry["sha256"] == sha256(path)
+        assert len(read_shard(path)) == entry["samples"]
+
+
+def test_synthetic_shards_hold_the_seeded_samples_and_are_learnable(shards: Path):
+    (_, x, y), *_ = synthetic_image_chunks(600, [3, 8, 8], 4, seed=7)  # one chunk: all 600
+    samples = [s for f in sorted(shards.glob("train-*.tar")) for s in read_shard(f)]
+    samples += [s for f in sorted(shards.glob("val-*.tar")) for s in read_shard(f)]
+    stored = np.stack([np.load(io.BytesIO(s["input.npy"])) for s in samples])
+    labels = np.array([int(s["cls"]) for s in samples])
+    assert stored.dtype == np.uint8 and np.array_equal(stored, x) and np.array_equal(labels, y)
+    # Learnable: the nearest training class mean labels most validation images correctly.
+    flat = stored.reshape(600, -1).astype(np.float32)
+    means = np.stack([flat[:480][labels[:480] == k].mean(0) for k in range(4)])
+    guess = ((flat[480:, None, :] - means[None]) ** 2).sum(-1).argmin(1)
+    assert (guess == labels[480:]).mean() > 0.9
+
+
+def test_convert_digits_round_trips_the_readers_samples(tmp_path: Path):
+    result = api.convert_data("digits", tmp_path / "d", shard_size="40KB", seed=3)
+    assert result["shards"] >= 3 and result["samples"] == {"train": 1437, "val": 360}
+    reference = build_data(DigitsData(name="digits"), 3)
+    x, y = reference.train.tensors
+    first = read_shard(tmp_path / "d" / "train-000000.tar")
+    stored = torch.from_numpy(np.stack([np.load(io.BytesIO(s["input.npy"])) for s in first]))
+    assert stored.dtype == torch.uint8 and stored.shape[1:] == (1, 8, 8)
+    # Stored as uint8: within half a level of 255 of the reader's floats, in the reader's order.
+    assert torch.allclose(stored.float() / 255, x[: len(first)], atol=0.5 / 255 + 1e-6)
+    assert [int(s["cls"]) for s in first] == y[: len(first)].tolist()
+
+
+def test_convert_hf_loads_with_datasets_and_the_hf_reader(tmp_path: Path):
+    import datasets
+
+    out = tmp_path / "hf"
+    result = api.convert_data("synthetic", out, format="hf", shard_size="20KB", samples=300,
+                              shape=[3, 8, 8], classes=4, seed=1)  # fmt: skip
+    assert result["format"] == "hf" and result["shards"] >= 3
+    loaded = datasets.load_from_disk(str(out))
+    assert len(loaded["train"]) == 240 and len(loaded["validation"]) == 60
+    (_, x, y), *_ = synthetic_image_chunks(300, [3, 8, 8], 4, seed=1)
+    row = loaded["train"].with_format("numpy")[5]
+    assert np.array_equal(row["input"], x[5]) and int(row["label"]) == y[5]
+    # A DatasetDict's "validation" split validates unless val_split names another.
+    default = HfData(name="hf", path=out, input_column="input")
+    for spec in (default, default.model_copy(update={"val_split": "validation"})):
+        bundle = build_data(spec, 0)
+        assert (len(bundle.train), len(bundle.val)) == (240, 60)
+        assert bundle.input_shape == (3, 8, 8)
+
+
+def test_convert_reads_a_job_specs_data_section(tmp_path: Path):
+    tokens = np.random.default_rng(0).integers(0, 50, size=(40, 9))
+    np.savez(tmp_path / "text.npz", x=tokens[:, :-1], y=tokens[:, 1:])  # next-token labels
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: t\nmodel: {name: gpt}\ndata: {name: npz, path: text.npz, "
+                    "val_fraction: 0.25}\nbatch_size: 4\nepochs: 1\n")  # fmt: skip
+    result = cli("data", "convert", spec, tmp_path / "out", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["samples"] == {"train": 30, "val": 10}
+    listing = json.loads((tmp_path / "out" / "dataset.json").read_text())
+    assert listing["task"] == "language_modeling" and listing["vocab_size"] == 50
+    bundle = build_data(load_spec(spec).data, 0)
+    x, y = bundle.train.tensors
+    sample = read_shard(tmp_path / "out" / "train-000000.tar")[0]
+    assert np.array_equal(np.load(io.BytesIO(sample["input.npy"])), x[0].numpy())
+    assert np.array_equal(np.load(io.BytesIO(sample["target.npy"])), y[0].numpy())
+    refused = cli("data", "convert", spec, tmp_path / "o2", "--seed", 1)
+    assert refused.exit_code == 2 and "--seed: not for a spec" in refused.output
+
+
+CONVERT_AND_PEAK = """
+import resource, sys
+from pathlib import Path
+from dlscale.api import convert_data
+for samples in (800, 8000):
+    convert_data("synthetic", Path(sys.argv[1]) / str(samples), shard_size="4MB",
+                 samples=samples, shape=[3, 64, 64])
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def test_converting_ten_times_more_samples_does_not_grow_peak_memory(tmp_path: Path):
+    """~115 MB of synthetic images (100× the default set) after ~11 MB, in one process: its
+    peak resident memory must not follow the data's size."""
+    done = subprocess.run([sys.executable, "-c", CONVERT_AND_PEAK, str(tmp_path)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    small_peak, large_peak = (int(line) for line in done.stdout.split()[-2:])
+    sizes = [sum(p.stat().st_size for p in (tmp_path / n).glob("*.tar")) for n in ("800", "8000")]
+    growth = sizes[1] - sizes[0]
+    assert growth > 90e6
+    assert large_peak - small_peak < growth / 8, (small_peak, large_peak, sizes)
+
+
+def test_convert_refuses_a_folder_that_holds_data_and_bad_options(shards: Path, tmp_path: Path):
+    before = sha256(shards / "dataset.json")
+    result = cli("data", "convert", "digits", shards)
+    assert result.exit_code == 2 and "is not empty" in result.output
+    assert sha256(shards / "dataset.json") == before
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    bad = [
+        (["digits", blocker / "out"], f"cannot write the data set into {blocker / 'out'}"),
+        (["digits", tmp_path / "a", "--shard-size", "12XB"], "--shard-size"),
+        (["digits", tmp_path / "b", "--shard-size", "0"], "--shard-size"),
+        (["digits", tmp_path / "c", "--samples", "10"], "--samples: apply to synthetic only"),
+        (["synthetic", tmp_path / "d", "--shape", "64", "--image-format", "png"], "not images"),
+        (["mnist", tmp_path / "e"], "not a source"),
+        (["digits", tmp_path / "f", "--format", "zip"], "--format"),
+    ]
+    for args, expected in bad:
+        result = cli("data", "convert", *args)
+        assert result.exit_code == 2, (args, result.output)
+        assert expected in result.output and len(result.output.strip().splitlines()) == 1
+        assert "Traceback" not in result.output
+
+
+def test_an_interrupted_convert_leaves_shards_but_no_dataset_json(tmp_path: Path):
+    def interrupt(done: int, total: int) -> None:
+        if done >= total // 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        api.convert_data("synthetic", tmp_path / "o", shard_size="20KB", samples=4000,
+                         shape=[8], on_progress=interrupt)  # fmt: skip
+    assert (
+        list((tmp_path / "o").glob("train-*.tar"))
+        and not (tmp_path / "o" / "dataset.json").exists()
+    )
+
+
+# ------------------------------------------------------------------------------ staging
+
+
+def test_stage_copies_once_and_then_reuses_the_ledger(shards: Path, tmp_path: Path):
+    first = api.stage_data(shards, tmp_path / "local")
+    names = sorted(p.name for p in shards.iterdir())
+    assert first["files"] == len(names) and first["copied_files"] == len(names)
+    assert first["copied_bytes"] == first["bytes"] and first["verified"] == "sha256"
+    for name in names:
+        assert (tmp_path / "local" / name).read_bytes() == (shards / name).read_bytes()
+    again = api.stage_data(shards, tmp_path / "local")
+    assert again["copied_files"] == 0 and again["copied_bytes"] == 0
+    assert again["staged_s"] == first["staged_s"]  # the copy's own time, as recorded
+    ledger = json.loads((tmp_path / "local" / LEDGER).read_text())["files"]
+    assert sorted(ledger) == names
+
+
+def test_a_half_written_part_is_continued(shards: Path, tmp_path: Path):
+    source = shards / "train-000000.tar"
+    dst = tmp_path / "local"
+    dst.mkdir()
+    half = source.stat().st_size // 2
+    (dst / "train-000000.tar.part").write_bytes(source.read_bytes()[:half])
+    record = stage([source], shards, dst)
+    assert record["copied_files"] == 1 and record["copied_bytes"] == source.stat().st_size - half
+    assert (dst / "train-000000.tar").read_bytes() == source.read_bytes()
+    assert not (dst / "train-000000.tar.part").exists()
+
+
+def test_two_stagers_at_once_copy_each_file_once(shards: Path, tmp_path: Path):
+    with ThreadPoolExecutor(2) as pool:  # each opens the lock file itself: flock excludes
+        records = list(pool.map(lambda _: api.stage_data(shards, tmp_path / "l"), range(2)))
+    assert sum(r["copied_files"] for r in records) == records[0]["files"]
+    assert records[0]["staged_s"] == records[1]["staged_s"]
+
+
+def test_a_staged_copy_changed_later_is_reported_and_removed(shards: Path, tmp_path: Path):
+    dst = tmp_path / "local"
+    api.stage_data(shards, dst)
+    copy = dst / "train-000001.tar"
+    data = bytearray(copy.read_bytes())
+    data[700] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    stat = copy.stat()  # a later change: its time moves on (a write in the same tick may not)
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    with pytest.raises(UserError, match=r"train-000001.tar: the staged copy changed") as caught:
+        api.stage_data(shards, dst)
+    assert "\n" not in str(caught.value) and not copy.exists()
+    assert api.stage_data(shards, dst)["copied_files"] == 1  # staged anew, verified
+    assert copy.read_bytes() == (shards / "train-000001.tar").read_bytes()
+
+
+def test_a_source_that_differs_from_dataset_json_is_not_staged(shards: Path, tmp_path: Path):
+    source_dir = tmp_path / "src"
+    source_dir.mkdir()
+    for path in shards.iterdir():
+        (source_dir / path.name).write_bytes(path.read_bytes())
+    data = bytearray((source_dir / "val-000000.tar").read_bytes())
+    data[1000] ^= 0x01  # dataset.json still lists the old sha256
+    (source_dir / "val-000000.tar").write_bytes(bytes(data))
+    result = cli("data", "stage", source_dir, tmp_path / "local")
+    assert result.exit_code == 2 and "val-000000.tar" in result.output
+    assert "dataset.json lists" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not list((tmp_path / "local").glob("val-000000.tar*"))
+
+
+def test_a_resumed_part_is_checked_against_the_source_without_dataset_json(tmp_path: Path):
+    source = tmp_path / "src" / "a.bin"
+    source.parent.mkdir()
+    source.write_bytes(bytes(range(256)) * 100)
+    dst = tmp_path / "local"
+    dst.mkdir()
+    (dst / "a.bin.part").write_bytes(b"\x00" * 1000)  # not the source's first bytes
+    with pytest.raises(UserError, match=r"differs from .* the source has"):
+        stage([source], source.parent, dst)
+    assert not (dst / "a.bin.part").exists() and not (dst / "a.bin").exists()
+
+
+def test_data_stage_spec_reads_the_staged_copy(shards: Path, tmp_path: Path):
+    spec = WebDatasetData(
+        name="webdataset",
+        urls=str(shards / "train-{000000..000002}.tar"),
+        val_urls=str(shards / "val-000000.tar"),
+        stage=tmp_path / "local",
+    )
+    bundle = build_data(spec, 0)
+    assert bundle.staging["copied_files"] == 5  # 4 shards and dataset.json
+    assert all(f.startswith(str(tmp_path / "local")) for f in bundle.train.files())
+    listing = json.loads((shards / "dataset.json").read_text())["shards"]
+    samples = {e["file"]: e["samples"] for e in listing}
+    assert len(bundle.train) == sum(samples[f"train-00000{i}.tar"] for i in range(3))
+    assert build_data(spec, 0).staging["copied_files"] == 0
+
+
+def test_data_stage_cli_reports_and_fails_in_one_line(shards: Path, tmp_path: Path):
+    result = cli("data", "stage", str(shards / "train-{000000..000001}.tar"), tmp_path / "l")
+    assert result.exit_code == 0, result.output
+    assert "staged 3 file(s)" in result.stdout and "verified by sha256" in result.stdout
+    as_json = json.loads(cli("data", "stage", shards, tmp_path / "l", "--json").stdout)
+    assert as_json["copied_files"] == as_json["files"] - 3
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    for args, expected in (
+        ([tmp_path / "nowhere", tmp_path / "l2"], "not found"),
+        ([str(shards / "train-{000000..000999}.tar"), tmp_path / "l3"], "shard not found"),
+        ([shards, blocker / "sub"], f"cannot stage into {blocker / 'sub'}"),
+    ):
+        result = cli("data", "stage", *args)
+        assert result.exit_code == 2 and expected in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_training_with_data_stage_records_the_staging_in_run_json(shards: Path, tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        "name: staged\nmodel: {name: mlp}\nbatch_size: 16\nsteps: 3\n"
+        f"data: {{name: webdataset, urls: '{shards}/train-{{000000..000003}}.tar', "
+        f"val_urls: '{shards}/val-000000.tar', stage: {tmp_path / 'local'}}}\n"
+    )
+    record = api.train(spec, out_dir=tmp_path / "run")
+    staging = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["staging"]
+    assert staging == record["data"]["staging"] and staging["files"] == 6
+    assert staging["dir"] == str(tmp_path / "local") and staging["verified"] == "sha256"
+    assert staging["staged_s"] > 0 and (tmp_path / "local" / "train-000003.tar").is_file()
+
+
+def test_an_image_spec_with_a_validation_folder_is_staged_in_its_layout(tmp_path: Path):
+    from PIL import Image
+
+    for part in ("train", "val"):
+        for label in ("cat", "dog"):
+            folder = tmp_path / "photos" / part / label
+            folder.mkdir(parents=True)
+            for i in range(2):
+                Image.new("L", (4, 4), 60 * i).save(folder / f"{i}.png")
+    spec = ImagesData(name="images", path=tmp_path / "photos" / "train",
+                      val_path=tmp_path / "photos" / "val", stage=tmp_path / "local")  # fmt: skip
+    staged, record = stage_spec(spec)
+    assert (staged.path, staged.val_path) == (
+        tmp_path / "local" / "train",
+        tmp_path / "local" / "val",
+    )
+    assert record["files"] == record["copied_files"] == 8
+    assert (staged.val_path / "dog" / "1.png").read_bytes() == (
+        tmp_path / "photos" / "val" / "dog" / "1.png"
+    ).read_bytes()
