@@ -61,16 +61,19 @@ def children(pid: int) -> list[int]:
 
 
 def worker_pids(pid: int) -> list[int]:
-    """The launcher's spawned workers (not multiprocessing's resource tracker)."""
+    """The launcher's live workers, in start order: spawned children, or (the default start
+    method, launch/start.py) the children of its fork server; never the resource tracker."""
     pids = []
     for child in children(pid):
         try:
             cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"spawn_main" in cmdline and b"resource_tracker" not in cmdline:
+        if b"forkserver" in cmdline:
+            pids += [worker for worker in children(child) if alive(worker)]
+        elif b"spawn_main" in cmdline and b"resource_tracker" not in cmdline and alive(child):
             pids.append(child)
-    return pids
+    return sorted(pids)
 
 
 def alive(pid: int) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import multiprocessing as mp
 import os
 import queue
 import signal
@@ -37,6 +36,8 @@ from dlscale.launch.base import (
     per_rank,
 )
 from dlscale.launch.heartbeat import Silence, start_beating
+from dlscale.launch.start import adopt, environment, parent_alive, wait_for_parent_exit
+from dlscale.launch.start import context as start_context
 
 LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
@@ -77,20 +78,23 @@ def die_with_parent(parent_pid: int) -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent_pid:
+    # Forked from the fork server, the kernel's parent is that server, which exits with the
+    # launcher (and then PR_SET_PDEATHSIG ends this process); the watch asks about the launcher.
+    if not parent_alive(parent_pid):
         os._exit(1)
 
     def watch() -> None:
-        while True:
-            if os.getppid() != parent_pid:
-                os._exit(1)
-            time.sleep(0.5)
+        wait_for_parent_exit(parent_pid)  # returns the moment the launcher is gone
+        os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="dlscale-parent-watch").start()
 
 
-def _entry(fn, payload, context: WorkerContext, results, parent_pid: int, threads: int) -> None:
-    """What each spawned process runs: set up, call `fn`, report its result or its error."""
+def _entry(
+    fn, payload, context: WorkerContext, results, parent_pid: int, threads: int, env: dict
+) -> None:
+    """What each worker process runs: set up, call `fn`, report its result or its error."""
+    adopt(env)
     die_with_parent(parent_pid)
     start_beating(context)
     import torch  # after the parent check: importing torch takes a second or two
@@ -141,7 +145,8 @@ def _pin_to_cores(local_rank: int, workers: int, threads: int) -> None:
 
 
 class LocalLauncher:
-    """Processes on this machine, spawned (not forked: torch's threads do not survive fork)."""
+    """Processes on this machine, forked from a server that imported torch once (never from a
+    process that ran torch ops: its threads do not survive fork); see launch/start.py."""
 
     name = "local"
 
@@ -171,7 +176,7 @@ class LocalLauncher:
         heartbeat_warn_s: float = HEARTBEAT_WARN_S,
     ) -> list[Any]:
         port = check_port(port) if port is not None else free_port()
-        ctx = mp.get_context("spawn")
+        ctx = start_context()
         results, events = ctx.Queue(), ctx.Queue()
         threads = threads_per_worker(num_workers)
         gpus = _gpu_indices(per_rank(resources, num_workers))
@@ -180,12 +185,12 @@ class LocalLauncher:
             context = WorkerContext(
                 rank, num_workers, rank, LOOPBACK, port, events, socket.gethostname(), gpus[rank]
             )
-            process = ctx.Process(
-                target=_entry,
-                args=(fn, payload, context, results, os.getpid(), threads),
-                name=f"dlscale-worker-{rank}",
-            )
             with thread_env(threads):
+                process = ctx.Process(
+                    target=_entry,
+                    args=(fn, payload, context, results, os.getpid(), threads, environment()),
+                    name=f"dlscale-worker-{rank}",
+                )
                 process.start()
             processes.append(process)
         try:

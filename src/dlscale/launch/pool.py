@@ -4,7 +4,6 @@ its own share of the cores (and its own GPUs), each reporting on a pipe of its o
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import signal
@@ -22,6 +21,8 @@ from dlscale.launch.local import (
     stop_processes,
     thread_env,
 )
+from dlscale.launch.start import adopt, environment
+from dlscale.launch.start import context as start_context
 
 
 class _PipeEvents:
@@ -35,8 +36,11 @@ class _PipeEvents:
         self.conn.send(("event", item))
 
 
-def _task_entry(fn, payload, key: str, conn, parent_pid: int, threads: int, cores, gpu) -> None:
+def _task_entry(
+    fn, payload, key: str, conn, parent_pid: int, threads: int, cores, gpu, env: dict
+) -> None:
     """What a pool task's process runs: its cores and threads, `fn`, the result on its pipe."""
+    adopt(env)
     die_with_parent(parent_pid)
     # Ctrl-C at a terminal reaches the whole process group: the pool's owner alone decides
     # what stops (it terminates the tasks), so a task never reports the interrupt as its failure.
@@ -80,7 +84,7 @@ class LocalPool:
         self.gpus_per_task = math.ceil(resources.gpus)
         self.free = list(range(slots))
         self.tasks: dict[str, tuple[Any, Any, int]] = {}  # key -> (process, conn, slot)
-        self.ctx = mp.get_context("spawn")
+        self.ctx = start_context()
 
     @property
     def running(self) -> list[str]:
@@ -91,13 +95,13 @@ class LocalPool:
             raise RuntimeError(f"pool of {self.slots} is full; task {key} cannot start")
         slot = self.free.pop(0)
         receive, send = self.ctx.Pipe(duplex=False)
-        process = self.ctx.Process(
-            target=_task_entry,
-            args=(fn, payload, key, send, os.getpid(), self.threads, self.shares[slot],
-                  self._gpus(slot)),
-            name=f"dlscale-task-{key}",
-        )  # fmt: skip
         with thread_env(self.threads):
+            process = self.ctx.Process(
+                target=_task_entry,
+                args=(fn, payload, key, send, os.getpid(), self.threads, self.shares[slot],
+                      self._gpus(slot), environment()),
+                name=f"dlscale-task-{key}",
+            )  # fmt: skip
             process.start()
         send.close()  # the child holds the writing end; EOF here means it is gone
         self.tasks[key] = (process, receive, slot)

@@ -1,0 +1,72 @@
+"""How local worker processes start: forked from a server that has already imported torch.
+
+A spawned worker imports torch, scikit-learn and dlscale before its first step: about 3 s of one
+core each on the 2-core development machine, paid by every worker of every run. Python's
+`forkserver` start method pays it once: a server process imports them, and each worker is a
+fork of it. A fork of a process that never ran a torch op is safe (no thread pools exist yet),
+and the server itself never runs one.
+
+Forked from the server, a worker inherits the server's environment and has the server as its
+parent, not the launcher; `adopt()` gives it the launcher's environment as it was at start (as a
+spawned process would have it) and `parent_alive()` watches the launcher itself.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import time
+
+# What every worker needs before its first step; a module that fails to import is skipped.
+PRELOAD = [
+    "torch",
+    "sklearn.model_selection",
+    "sklearn.datasets",
+    "dlscale.train.loop",
+    "dlscale.strategies.worker",
+]
+_configured = False
+
+
+def context():
+    """The multiprocessing context local workers and pool tasks start from."""
+    global _configured
+    if os.environ.get("DLSCALE_START", "forkserver") == "spawn":  # the slower, plainer way
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    if not _configured:
+        ctx.set_forkserver_preload(PRELOAD)
+        _configured = True
+    return ctx
+
+
+def environment() -> dict[str, str]:
+    """The launcher's environment now: what a spawned worker would start with."""
+    return dict(os.environ)
+
+
+def adopt(environment: dict[str, str]) -> None:
+    """In the worker: take the launcher's environment instead of the fork server's."""
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+def parent_alive(parent_pid: int) -> bool:
+    """Whether the launcher that started this worker still runs (it is not the OS parent when
+    the worker was forked from the server)."""
+    parent = mp.parent_process()
+    if parent is not None and parent.pid == parent_pid:
+        return parent.is_alive()
+    return os.getppid() == parent_pid
+
+
+def wait_for_parent_exit(parent_pid: int) -> None:
+    """Block until the launcher is gone: at once, on its end of the pipe closing, when it
+    started this process; otherwise by asking the kernel twice a second."""
+    parent = mp.parent_process()
+    if parent is not None and parent.pid == parent_pid:
+        multiprocessing.connection.wait([parent.sentinel])
+        return
+    while os.getppid() == parent_pid:
+        time.sleep(0.5)
