@@ -124,8 +124,12 @@ def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path)
     reads its own part of every epoch (the driver sends a spec, never data), and the weights
     are those of the same run as local processes."""
     api.convert_data("digits", tmp_path / "shards", shard_size="64KB")
-    data = {"name": "webdataset", "urls": str(tmp_path / "shards" / "train-*.tar"),
-            "val_urls": str(tmp_path / "shards" / "val-*.tar"), "shuffle_buffer": 200}
+    data = {
+        "name": "webdataset",
+        "urls": str(tmp_path / "shards" / "train-*.tar"),
+        "val_urls": str(tmp_path / "shards" / "val-*.tar"),
+        "shuffle_buffer": 200,
+    }
     spec = parse_spec({**SPEC, "name": "ray-shards", "model": {"name": "mlp"}, "data": data,
                        "optimizer": {"name": "sgd", "lr": 0.05}})  # fmt: skip
     local = api.train(spec, out_dir=tmp_path / "local")
