@@ -42,14 +42,20 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_default=True)
 
 
-def resolve_path(value: Any, info: ValidationInfo) -> Path | None:
-    """Paths in a spec are relative to the spec file's folder; the file must exist."""
-    if value is None:
-        return None
+def spec_relative(value: Any, info: ValidationInfo) -> Path:
+    """A path as the spec gives it: `~` expanded, relative to the spec file's folder."""
     path = Path(str(value)).expanduser()
     base = (info.context or {}).get("base_dir")
     if not path.is_absolute() and base is not None:
         path = Path(base) / path
+    return path
+
+
+def resolve_path(value: Any, info: ValidationInfo) -> Path | None:
+    """Paths in a spec are relative to the spec file's folder; the file must exist."""
+    if value is None:
+        return None
+    path = spec_relative(value, info)
     if not path.is_file():
         raise ValueError(f"file not found: {path}")
     return path.resolve()

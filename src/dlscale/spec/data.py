@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from dlscale.spec.base import Fraction, Seed, Strict, resolve_path
+from dlscale.spec.base import Fraction, Seed, Strict, resolve_path, spec_relative
 
 
 class FoldSpec(Strict):
@@ -114,10 +114,7 @@ def resolve_dir(value: Any, info: ValidationInfo) -> Path | None:
     """A folder in a spec, relative to the spec file's folder; it must exist."""
     if value is None:
         return None
-    path = Path(str(value)).expanduser()
-    base = (info.context or {}).get("base_dir")
-    if not path.is_absolute() and base is not None:
-        path = Path(base) / path
+    path = spec_relative(value, info)
     if not path.is_dir():
         raise ValueError(f"folder not found: {path}")
     return path.resolve()
@@ -133,11 +130,7 @@ def resolve_pattern(value: Any, info: ValidationInfo) -> str | None:
         raise ValueError("empty shard pattern")
     if "://" in text:
         raise ValueError(f"{text}: only local or mounted paths are read (no URLs)")
-    path = Path(text).expanduser()
-    base = (info.context or {}).get("base_dir")
-    if not path.is_absolute() and base is not None:
-        path = Path(base) / path
-    return str(path)
+    return str(spec_relative(text, info))
 
 
 ImageSize = Annotated[list[Annotated[int, Field(ge=1, le=4096)]], Field(min_length=2, max_length=2)]
@@ -154,13 +147,7 @@ class StoredData(DataSection):
     @field_validator("stage", mode="before")
     @classmethod
     def _stage_dir(cls, value: Any, info: ValidationInfo) -> Path | None:
-        if value is None:
-            return None
-        path = Path(str(value)).expanduser()
-        base = (info.context or {}).get("base_dir")
-        if not path.is_absolute() and base is not None:
-            path = Path(base) / path
-        return path.resolve()
+        return None if value is None else spec_relative(value, info).resolve()
 
 
 class HfData(StoredData):
