@@ -118,7 +118,10 @@ def train(
             f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
         )
     from dlscale.launch import make_launcher
+    from dlscale.launch.start import warm_up
 
+    if cluster == "local" and spec.strategy.name != "single":
+        warm_up()  # the workers' fork server imports torch while the checks below run
     check_run(spec, cluster, reporter)  # memory, cores, load: before any folder or process
 
     def start(run_dir: Path, resume_from: Path | None) -> dict:

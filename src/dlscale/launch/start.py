@@ -70,3 +70,13 @@ def wait_for_parent_exit(parent_pid: int) -> None:
         return
     while os.getppid() == parent_pid:
         time.sleep(0.5)
+
+
+def warm_up() -> None:
+    """Start the fork server now, if workers will fork from it: it imports torch and the rest
+    in its own process while this one goes on (the checks before a launch take seconds)."""
+    ctx = context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
