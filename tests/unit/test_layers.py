@@ -10,13 +10,15 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 
 # package -> the dlscale modules it may import (besides itself). Every package of the source
 # tree is listed (a test below checks it), so a new one must state its place.
-BASE = {"dlscale.errors", "dlscale.units", "dlscale.__version__"}
+# home: where per-user state lives ($DLSCALE_HOME), for every layer (data caches, hardware).
+BASE = {"dlscale.errors", "dlscale.units", "dlscale.home", "dlscale.__version__"}
 TRAIN = BASE | {"dlscale.spec", "dlscale.models", "dlscale.data", "dlscale.train"}
 ALLOWED = {
     "errors": set(),
+    "home": set(),
     "units": set(),
     "models": {"dlscale.errors"},
-    "data": {"dlscale.errors", "dlscale.spec"},
+    "data": {"dlscale.errors", "dlscale.home", "dlscale.spec"},
     "spec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)
     "hardware": BASE | {"dlscale.train.files"},
     "train": TRAIN,

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from braceexpand import braceexpand
 
+from dlscale.data import shard_cache
 from dlscale.data.lazy import DataError
 from dlscale.data.tar_index import BLOCK_BYTES, sample_starts, split_name
 from dlscale.errors import one_line
@@ -64,9 +65,27 @@ class ShardIndex:
 
 
 def scan_shard(path: str, listed: dict | None = None) -> ShardIndex:
-    """Index one shard from its headers. A truncated or corrupt tar is one line naming it;
+    """Index one shard: from the shard index cache (`shard_cache`) when it holds the shard as
+    it is now, else from its headers. A truncated or corrupt tar is one line naming it;
     `listed` (its dataset.json entry, when there is one) must agree on size and sample count."""
-    size = os.path.getsize(path)
+    stat = os.stat(path)
+    starts = shard_cache.load(path, stat)
+    if starts is None:
+        starts = _read_headers(path, stat.st_size)
+        if _same_file(os.stat(path), stat):  # not an index of a shard rewritten meanwhile
+            shard_cache.save(path, stat, starts)
+    index = ShardIndex(path, starts)
+    if listed is not None:
+        _check_listed(index, stat.st_size, listed)
+    return index
+
+
+def _same_file(now: os.stat_result, before: os.stat_result) -> bool:
+    return (now.st_size, now.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+
+
+def _read_headers(path: str, size: int) -> np.ndarray:
+    """A shard's `ShardIndex.starts`, read from its tar headers."""
     try:
         starts, end = sample_starts(path)
         with open(path, "rb") as file:  # tarfile stops quietly at a header cut short
@@ -83,10 +102,7 @@ def scan_shard(path: str, listed: dict | None = None) -> ShardIndex:
     if size % BLOCK_BYTES or rest.strip(b"\0"):
         raise DataError(f"{path}: truncated or corrupt tar: no valid header at byte {end} "
                         f"of {size} (copy the shard again)")  # fmt: skip
-    index = ShardIndex(path, np.array([*starts, end], dtype=np.int64))
-    if listed is not None:
-        _check_listed(index, size, listed)
-    return index
+    return np.array([*starts, end], dtype=np.int64)
 
 
 def _check_listed(index: ShardIndex, size: int, listed: dict) -> None:

@@ -9,7 +9,6 @@ then the `extra_files` a caller passes (the CLI's `--hardware-file`), in the ord
 from __future__ import annotations
 
 import json
-import os
 import re
 import tomllib
 from decimal import Decimal
@@ -19,6 +18,7 @@ from typing import Any
 
 from dlscale.errors import UserError
 from dlscale.hardware.spec import PRECISIONS, Hardware
+from dlscale.home import dlscale_home  # moved to dlscale.home; still importable from here
 from dlscale.train.files import write_atomic
 
 KINDS = ("cpu", "gpu", "tpu")
@@ -61,12 +61,6 @@ KEYS = (
 )
 _NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def dlscale_home() -> Path:
-    """Where dlscale keeps per-user state: $DLSCALE_HOME, else ~/.dlscale."""
-    home = os.environ.get("DLSCALE_HOME", "").strip()
-    return Path(home).expanduser() if home else Path.home() / ".dlscale"
 
 
 def local_entry_path() -> Path:
