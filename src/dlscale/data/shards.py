@@ -4,6 +4,7 @@ A shard is an uncompressed tar whose members are named `{key}.{field}`: the key 
 name up to the first dot of its base name (WebDataset's convention), and a sample is a run of
 consecutive members with one key. Indexing a shard reads only its tar headers, seeking over
 the data, and keeps one int64 offset per sample; reading a sample is then one seek and one read.
+The index is read from headers once per shard version and then from `shard_cache`.
 """
 
 from __future__ import annotations
