@@ -37,9 +37,16 @@ ALLOWED = {
     | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep"},
     # A front door calls the verbs and nothing else.
     "cli": BASE | {"dlscale.api"},
+    # The service's scheduler is pure bookkeeping over tenants, slots and specs.
+    "service": BASE | {"dlscale.spec"},
 }
 # What each layer must not import at all (the train step stays free of the cluster engine).
-NEVER = {"models": ("ray", "torch.distributed"), "train": ("ray",), "spec": ("torch",)}
+NEVER = {
+    "models": ("ray", "torch.distributed"),
+    "train": ("ray",),
+    "spec": ("torch",),
+    "service": ("torch", "ray"),
+}
 
 
 def imports_of(path: Path) -> set[str]:

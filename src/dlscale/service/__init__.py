@@ -1,0 +1,1 @@
+"""The shared service (`dlscale serve`): tenants, their quotas and the fair-share scheduler."""
