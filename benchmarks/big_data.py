@@ -85,10 +85,10 @@ def main() -> None:
         print(f"train loader.workers {workers}: {data['train_samples']:,} samples, "
               f"{final['train_samples_per_s']:,.0f} samples/s, data wait "
               f"{100 * timing['steady_data_wait_share']:.0f}% of a step, read "
-              f"{1e6 * data['read_s_per_sample']:.0f} µs + decode "
-              f"{1e6 * data['decode_s_per_sample']:.0f} µs a sample, peak RSS "
+              f"{1e6 * timing['read_s_per_sample']:.0f} µs + decode "
+              f"{1e6 * timing['decode_s_per_sample']:.0f} µs a sample, peak RSS "
               f"{final['peak_memory_bytes'] / 2**20:.0f} MiB (main process), "
-              f"read {data['read_bytes'] / gib:.2f} GiB; val accuracy "
+              f"read {timing['read_bytes'] / gib:.2f} GiB; val accuracy "
               f"{final['val_accuracy']:.3f}")  # fmt: skip
     print("bench io:", json.dumps(io.get("verdict", io), indent=None)[:600])
     print(uptime())

@@ -56,7 +56,7 @@ def test_peak_memory_does_not_grow_with_the_size_of_the_data(tmp_path: Path):
         "big": train_in_a_process(tmp_path / "big", tmp_path, "big"),
     }
     peak = {name: r["workers"][0]["peak_memory_bytes"] for name, r in records.items()}
-    read = {name: r["data"]["read_bytes"] for name, r in records.items()}
+    read = {name: r["timing"]["read_bytes"] for name, r in records.items()}
     print(f"peak RSS small {peak['small'] / 2**20:.0f} MiB, big {peak['big'] / 2**20:.0f} MiB; "
           f"read {read['small'] / 1e9:.2f} / {read['big'] / 1e9:.2f} GB")  # fmt: skip
     # Every training sample of the epoch was read (the partial last batch excepted) ...

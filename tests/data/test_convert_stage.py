@@ -287,13 +287,13 @@ def test_data_stage_spec_reads_the_staged_copy(shards: Path, tmp_path: Path):
         val_urls=str(shards / "val-000000.tar"),
         stage=tmp_path / "local",
     )
-    bundle = build_data(spec, 0)
+    bundle = build_data(spec, 0, stage=True)
     assert bundle.staging["copied_files"] == 5  # 4 shards and dataset.json
     assert all(f.startswith(str(tmp_path / "local")) for f in bundle.train.files())
     listing = json.loads((shards / "dataset.json").read_text())["shards"]
     samples = {e["file"]: e["samples"] for e in listing}
     assert len(bundle.train) == sum(samples[f"train-00000{i}.tar"] for i in range(3))
-    assert build_data(spec, 0).staging["copied_files"] == 0
+    assert build_data(spec, 0, stage=True).staging["copied_files"] == 0
 
 
 def test_data_stage_cli_reports_and_fails_in_one_line(shards: Path, tmp_path: Path):
@@ -321,6 +321,8 @@ def test_training_with_data_stage_records_the_staging_in_run_json(shards: Path, 
         f"data: {{name: webdataset, urls: '{shards}/train-{{000000..000003}}.tar', "
         f"val_urls: '{shards}/val-000000.tar', stage: {tmp_path / 'local'}}}\n"
     )
+    api.validate(spec)  # trying a spec (its checks included) reads the data where it is
+    assert not (tmp_path / "local").exists()
     record = api.train(spec, out_dir=tmp_path / "run")
     staging = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["staging"]
     assert staging == record["data"]["staging"] and staging["files"] == 6

@@ -71,4 +71,4 @@ def test_a_run_that_decodes_large_images_for_a_tiny_model_is_told_decoding_bound
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     warnings = [w for w in record["warnings"] if w.startswith("data loading takes")]
     assert warnings and "decoding bounds it" in warnings[0], record["warnings"]
-    assert record["data"]["decode_s_per_sample"] > record["data"]["read_s_per_sample"]
+    assert record["timing"]["decode_s_per_sample"] > record["timing"]["read_s_per_sample"]

@@ -15,7 +15,7 @@ from dlscale.launch import local
 from dlscale.models import build_model
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION, split_advice
 from dlscale.profiler.memory import ModelState, model_state
-from dlscale.spec import PipelineStrategy, PsStrategy, SingleStrategy, Spec
+from dlscale.spec import LoaderSpec, PipelineStrategy, PsStrategy, SingleStrategy, Spec
 from dlscale.train.device import resolve_device
 from dlscale.train.step import build_optimizer
 from dlscale.units import binary_bytes as _b
@@ -119,7 +119,7 @@ def check_memory(spec: Spec, is_local: bool) -> None:
     state = model_state_of(spec, data) or ModelState(0, 0, 0)
     if device.type == "cuda" and is_local:
         check_gpu(spec, state, device)
-    host = host_need(spec, state, data_bytes(data, spec.batch_size), is_local, device)
+    host = host_need(spec, state, data_bytes(data, spec.batch_size, spec.loader), is_local, device)
     available = available_memory_bytes(torch.device("cpu"))
     if host.total_bytes > available:
         raise host_error(spec, host, available)
@@ -135,12 +135,16 @@ def model_state_of(spec: Spec, data: DataBundle) -> ModelState | None:
         return None
 
 
-def data_bytes(data: DataBundle, batch_size: int) -> int:
+def data_bytes(data: DataBundle, batch_size: int, loader: LoaderSpec) -> int:
     """Data each process holds: all of it when in memory; when read from disk, the batches the
     loader has in flight (the shuffle buffer of a stream among them)."""
     if data.in_memory:
         return data.resident_bytes
-    buffered = getattr(data.train, "shuffle_buffer", 0) + 4 * batch_size
+    # Each loader worker reads its own batches through its own shuffle buffer, and keeps
+    # `prefetch` batches ready; the trainer holds the batch it trains on.
+    readers = max(1, loader.workers)
+    in_flight = readers * (loader.prefetch or 2) + 1
+    buffered = readers * getattr(data.train, "shuffle_buffer", 0) + in_flight * batch_size
     return buffered * data.sample_bytes
 
 

@@ -42,7 +42,7 @@ READERS: dict[type, Callable[[Any, int], DataBundle]] = {
 }
 
 
-def build_data(spec: DataSpec, seed: int) -> DataBundle:
+def build_data(spec: DataSpec, seed: int, stage: bool = False) -> DataBundle:
     """Read or generate the data set a spec describes; bad files raise a one-line UserError.
 
     `seed` is the spec's; the data section's own `seed`, when given, takes its place. With a
@@ -53,7 +53,9 @@ def build_data(spec: DataSpec, seed: int) -> DataBundle:
     assert reader is not None, f"no data reader registered for {type(spec).__name__}"
     seed = spec.seed if spec.seed is not None else seed
     staging = None
-    if isinstance(spec, StoredData) and spec.stage is not None:
+    # Only the processes that train copy the data to local disk (`stage`): checks, validate and
+    # profile read it where it is.
+    if stage and isinstance(spec, StoredData) and spec.stage is not None:
         spec, staging = stage_spec(spec)  # copied to local disk first; read from there
     bundle = reader(spec, seed)
     if staging is not None:

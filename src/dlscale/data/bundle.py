@@ -28,7 +28,8 @@ class DataBundle:
     num_classes: int  # classes, or the vocabulary size for language modelling
     task: Task = "classification"
     vocab_size: int | None = None  # token inputs only
-    _input_shape: tuple[int, ...] | None = None
+    _input_shape: tuple[int, ...] | None = None  # given by a reader that knows it, or derived
+    _sample_bytes: int | None = None  # derived from the first sample, once
     staging: dict | None = None  # what copying the files to local disk took, when staged
 
     @property
@@ -49,14 +50,11 @@ class DataBundle:
 
     @property
     def sample_bytes(self) -> int:
-        """Bytes one training sample (input and label) takes in memory."""
-        x, y = self.example(1)
-        return x[0].numel() * x.element_size() + y[0].numel() * y.element_size()
-
-    @property
-    def dataset_bytes(self) -> int:
-        """Bytes the whole data set (training and validation) takes once decoded."""
-        return (len(self.train) + len(self.val)) * self.sample_bytes
+        """Bytes one training sample (input and label) takes in memory (read from disk once)."""
+        if self._sample_bytes is None:
+            x, y = self.example(1)
+            self._sample_bytes = x[0].numel() * x.element_size() + y[0].numel() * y.element_size()
+        return self._sample_bytes
 
     @property
     def resident_bytes(self) -> int:

@@ -105,9 +105,9 @@ class LazyDataset(Dataset):
                 raw, size = self.read(index)
                 t1 = time.perf_counter()
                 x, y = self.decode(raw, index)
-            except DataError:
-                raise
             except Exception as error:  # a sample that does not read or decode
+                if isinstance(error, DataError) and not self.skip_bad:
+                    raise  # already names the file and what was expected
                 if not self.skip_bad:
                     raise DataError(
                         f"{self.where(index)}: cannot read sample {index}: "

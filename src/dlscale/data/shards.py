@@ -22,8 +22,8 @@ from braceexpand import braceexpand
 
 from dlscale.data import shard_cache
 from dlscale.data.lazy import DataError
-from dlscale.data.tar_index import BLOCK_BYTES, sample_starts, split_name
-from dlscale.errors import one_line
+from dlscale.data.tar_index import BLOCK_BYTES, sample_members, sample_starts, split_name
+from dlscale.errors import one_line, os_reason
 
 EXPECTED = "an uncompressed tar of samples named {key}.{field} (a WebDataset shard)"
 
@@ -99,7 +99,7 @@ def _read_headers(path: str, size: int) -> np.ndarray:
         detail = one_line(error)
         raise DataError(f"{path}: not a readable tar ({detail}); expected {EXPECTED}") from None
     except OSError as error:
-        raise DataError(f"{path}: cannot read: {error.strerror or one_line(error)}") from None
+        raise DataError(f"{path}: cannot read: {os_reason(error)}") from None
     if size % BLOCK_BYTES or rest.strip(b"\0"):
         raise DataError(f"{path}: truncated or corrupt tar: no valid header at byte {end} "
                         f"of {size} (copy the shard again)")  # fmt: skip
@@ -140,13 +140,17 @@ def listed_shards(manifest: dict | None) -> dict[str, dict]:
 
 def sample_fields(chunk: bytes) -> tuple[str, dict[str, bytes]]:
     """(key, {field: bytes}) of one sample's bytes as read from its shard."""
+    members = sample_members(chunk)  # the plain headers, ~10x faster than tarfile
+    if members is None:
+        with tarfile.open(fileobj=io.BytesIO(chunk), mode="r:") as tar:
+            members = [(m.name, chunk[m.offset_data : m.offset_data + m.size])
+                       for m in tar if m.isfile()]  # fmt: skip
     fields: dict[str, bytes] = {}
     key = ""
-    with tarfile.open(fileobj=io.BytesIO(chunk), mode="r:") as tar:
-        for member in tar:
-            name_key, field = split_name(member.name)
-            if name_key is None or not member.isfile():
-                continue
-            key = key or name_key
-            fields[field] = chunk[member.offset_data : member.offset_data + member.size]
+    for name, data in members:
+        name_key, field = split_name(name)
+        if name_key is None:
+            continue
+        key = key or name_key
+        fields[field] = data
     return key, fields

@@ -82,27 +82,21 @@ def copy_verified(src: Path, dst: Path, expected: str | None) -> tuple[dict, int
         offset = 0
     started = time.perf_counter()
     copy_hash = _hash_prefix(part, offset)
-    # Without a listed hash the copy is checked against the source itself; a resumed copy's
-    # first bytes then have to be read from the source again (read, not written).
-    source_hash = _hash_prefix(src, offset) if expected is None else None
+    if expected is None and offset:
+        # Without a listed hash, a resumed copy's first bytes are checked against the source's
+        # (read again, not written); the bytes copied now are hashed once, as they are written.
+        _check_digest(src, part, copy_hash.hexdigest(), _hash_prefix(src, offset).hexdigest(),
+                      "the source has")  # fmt: skip
     with open(src, "rb") as reader, open(part, "ab" if offset else "wb") as writer:
         reader.seek(offset)
         while chunk := reader.read(COPY_CHUNK_BYTES):
             writer.write(chunk)
             copy_hash.update(chunk)
-            if source_hash is not None:
-                source_hash.update(chunk)
         writer.flush()
         os.fsync(writer.fileno())
     digest = copy_hash.hexdigest()
-    want = expected if expected is not None else source_hash.hexdigest()
-    if digest != want:
-        part.unlink()
-        against = "dataset.json lists" if expected is not None else "the source has"
-        raise UserError(
-            f"{src}: the staged copy's sha256 {digest[:12]}… differs from the {want[:12]}… "
-            f"{against}; the copy was removed (is the file corrupt, or changed since?)"
-        )
+    if expected is not None:
+        _check_digest(src, part, digest, expected, "dataset.json lists")
     os.replace(part, dst)
     copied = dst.stat()
     entry = {
@@ -113,6 +107,16 @@ def copy_verified(src: Path, dst: Path, expected: str | None) -> tuple[dict, int
         "seconds": time.perf_counter() - started,
     }
     return entry, source.st_size - offset
+
+
+def _check_digest(src: Path, part: Path, digest: str, want: str, against: str) -> None:
+    """One line, and the copy removed, when the copy's sha256 is not the one it should be."""
+    if digest != want:
+        part.unlink()
+        raise UserError(
+            f"{src}: the staged copy's sha256 {digest[:12]}… differs from the {want[:12]}… "
+            f"{against}; the copy was removed (is the file corrupt, or changed since?)"
+        )
 
 
 def expected_hashes(files: list[Path]) -> dict[Path, str]:

@@ -57,9 +57,3 @@ class StreamDataset:
     def files(self) -> list[str]:
         """Every file this data set reads (for staging and for messages)."""
         raise NotImplementedError
-
-    @property
-    def sample_bytes(self) -> int:
-        """Bytes one decoded sample takes in memory (input and label)."""
-        x, y = self.example(1)
-        return x[0].numel() * x.element_size() + y[0].numel() * y.element_size()

@@ -7,6 +7,7 @@ their position in the epoch's sequence (the shards in the epoch's order, each in
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -43,6 +44,7 @@ def num_batches(count: int, batch_size: int, drop_last: bool) -> int:
     return count // batch_size if drop_last else math.ceil(count / batch_size)
 
 
+@functools.lru_cache(maxsize=8)  # an epoch's batches and every checkpoint ask for the same one
 def emission_order(count: int, buffer_size: int, seed: int, epoch: int, rank: int) -> np.ndarray:
     """Positions 0..count-1 in the order a shuffle buffer of `buffer_size` samples emits them.
 
@@ -54,7 +56,7 @@ def emission_order(count: int, buffer_size: int, seed: int, epoch: int, rank: in
     """
     buffer_size = min(buffer_size, count)
     if buffer_size <= 1:
-        return np.arange(count, dtype=np.int64)
+        return _frozen(np.arange(count, dtype=np.int64))
     rng = np.random.default_rng([seed, _BUFFER, epoch, rank])
     picks = rng.integers(0, buffer_size, size=count - buffer_size).tolist()
     buffer = list(range(buffer_size))
@@ -63,6 +65,12 @@ def emission_order(count: int, buffer_size: int, seed: int, epoch: int, rank: in
         order[t] = buffer[slot]
         buffer[slot] = buffer_size + t
     order[count - buffer_size :] = rng.permutation(np.array(buffer, dtype=np.int64))
+    return _frozen(order)
+
+
+def _frozen(order: np.ndarray) -> np.ndarray:
+    """Read-only: the cached order is shared by every caller."""
+    order.flags.writeable = False
     return order
 
 

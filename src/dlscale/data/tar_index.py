@@ -9,6 +9,7 @@ anything odd, so that the error names what is wrong — goes to tarfile.
 
 from __future__ import annotations
 
+import io
 import tarfile
 from collections.abc import Iterator
 
@@ -54,42 +55,83 @@ def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         yield member
 
 
-def _fast_starts(file) -> tuple[list[int], int] | None:
-    """The index from plain headers; None at the first header it does not fully understand."""
-    starts: list[int] = []
-    last_key = None
+class _Unknown(Exception):
+    """A header the fast reader does not fully understand: tarfile takes over."""
+
+
+def _walk(file, until_eof: bool = False) -> Iterator[tuple[int, str | None, bool, int, int]]:
+    """(where a member's headers begin, its name, is it a directory, data offset, data size)
+    of each file or folder member, then (end offset, None, False, 0, 0) at a clean end: the
+    end-of-archive block, or with `until_eof` the end of the bytes (one sample's members).
+    Raises _Unknown at anything it does not fully understand."""
     offset = 0
     first = None  # where the current member's headers began (an extension header comes first)
     long_name = None
     while True:
         file.seek(offset)
         block = file.read(BLOCK_BYTES)
+        if until_eof and not block and first is None:
+            yield offset, None, False, 0, 0
+            return
         if not block.strip(b"\0"):
             # The end-of-archive zero block (or the file's end): a clean end only on a whole
             # block after at least one member; tarfile judges everything else.
-            return (starts, offset) if len(block) == BLOCK_BYTES and offset else None
+            if len(block) == BLOCK_BYTES and offset:
+                yield offset, None, False, 0, 0
+                return
+            raise _Unknown
         size = _header_size(block)
         if size is None:
-            return None
+            raise _Unknown
         data_end = offset + BLOCK_BYTES + -(-size // BLOCK_BYTES) * BLOCK_BYTES
         kind = block[156:157]
         if kind in (_PAX, _GNU_LONG_NAME):
             long_name = _extended_name(kind, file.read(size))
             if long_name is False:
-                return None
+                raise _Unknown
             first = offset if first is None else first
         elif kind == _GLOBAL_PAX:
             pass  # archive-wide defaults; they name no member
         elif (kind and kind in _FILE) or kind == _DIRECTORY:
             name = long_name or _ustar_name(block)
-            key, _ = split_name(name)
-            if kind != _DIRECTORY and key is not None and key != last_key:
-                starts.append(offset if first is None else first)
-                last_key = key
+            yield (offset if first is None else first), name, kind == _DIRECTORY, \
+                offset + BLOCK_BYTES, size  # fmt: skip
             first, long_name = None, None
         else:
-            return None  # links, devices, sparse files: tarfile knows them
+            raise _Unknown  # links, devices, sparse files: tarfile knows them
         offset = data_end
+
+
+def _fast_starts(file) -> tuple[list[int], int] | None:
+    """The index from plain headers; None at the first header it does not fully understand."""
+    starts: list[int] = []
+    last_key = None
+    try:
+        for start, name, is_dir, _, _ in _walk(file):
+            if name is None:
+                return starts, start
+            key, _ = split_name(name)
+            if not is_dir and key is not None and key != last_key:
+                starts.append(start)
+                last_key = key
+    except _Unknown:
+        return None
+    return None
+
+
+def sample_members(chunk: bytes) -> list[tuple[str, bytes]] | None:
+    """(name, data) of each file in one sample's bytes, read from the plain headers; None
+    where tarfile must judge them (the same headers the index reads fast)."""
+    members = []
+    try:
+        for _, name, is_dir, data_offset, size in _walk(io.BytesIO(chunk), until_eof=True):
+            if name is None:
+                return members
+            if not is_dir:
+                members.append((name, chunk[data_offset : data_offset + size]))
+    except _Unknown:
+        return None
+    return None
 
 
 def _header_size(block: bytes) -> int | None:

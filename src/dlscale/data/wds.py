@@ -31,7 +31,7 @@ from dlscale.data.shards import (
 )
 from dlscale.data.stream import StreamDataset
 from dlscale.data.wds_sample import SampleDecoder
-from dlscale.errors import one_line
+from dlscale.errors import one_line, os_reason
 from dlscale.spec import WebDatasetData
 
 SKIP_HINT = " (data.skip_bad: true skips and counts such samples)"
@@ -182,7 +182,7 @@ class WebDatasetStream(StreamDataset):
         try:
             return open(path, "rb")  # closed by _read as it moves on
         except OSError as error:
-            detail = error.strerror or one_line(error)
+            detail = os_reason(error)
             raise DataError(f"{path}: cannot read shard: {detail}") from None
 
     def _decode_batch(self, samples: list[_Raw], read_s: float, skip_bad: bool):

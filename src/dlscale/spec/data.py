@@ -213,4 +213,3 @@ DataSpec = Annotated[
     Field(discriminator="name"),
 ]
 DATA_KINDS = ("digits", "synthetic", "idx", "cifar10", "npz", "hf", "webdataset", "images")
-STREAMED_KINDS = (HfData, WebDatasetData, ImagesData)

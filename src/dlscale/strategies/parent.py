@@ -98,7 +98,7 @@ def initial_model(spec: Spec, data_world: int | None = None):
     """The model every process starts from (same seed: same initial weights), and the data;
     with `data_world`, a batch too large for the data is one line here, before any process."""
     torch.manual_seed(spec.seed)
-    data = build_data(spec.data, spec.seed)
+    data = build_data(spec.data, spec.seed, stage=True)
     if data_world is not None:
         Plan.of(spec, data.num_train, data_world)
     return build_model(spec.model.name, spec.model.kwargs, data.model_defaults()), data

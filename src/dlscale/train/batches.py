@@ -35,37 +35,21 @@ class InProcessBatches:
         return len(self.sampler)
 
 
-class StreamSampler:
-    """What the loop asks of a sampler, for a stream that yields its own batches."""
+class StreamSampler(GlobalBatchSampler):
+    """The index sampler's epoch bookkeeping (steps per epoch, the epoch and batch to start
+    at) for a stream, which picks and reads its own samples: `batches()` instead of indices."""
 
     def __init__(self, source: StreamDataset, batch_size: int, rank: int = 0, world: int = 1):
+        super().__init__(len(source), batch_size, seed=0, rank=rank, world_size=world)
         self.source = source
-        self.batch_size = batch_size
-        self.rank = rank
-        self.world_size = world
-        self.epoch = 0
-        self.start_batch = 0
-
-    @property
-    def batches_per_epoch(self) -> int:
-        return self.source.batches_per_epoch(self.batch_size, self.world_size)
-
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        self.epoch = epoch
-        self.start_batch = start_batch
 
     def batches(self, part: tuple[int, int] = (0, 1)) -> Iterator:
         return self.source.batches(
             self.epoch, self.start_batch, self.batch_size, self.rank, self.world_size, part
         )
 
-    def position(self) -> dict:
-        return self.source.position(
-            self.epoch, self.start_batch, self.batch_size, self.rank, self.world_size
-        )
-
-    def __len__(self) -> int:
-        return self.batches_per_epoch - self.start_batch
+    def __iter__(self):
+        raise TypeError("a stream yields its own batches: iterate StreamBatches")
 
 
 class _StreamPart(IterableDataset):

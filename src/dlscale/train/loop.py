@@ -52,7 +52,7 @@ class Trainer:
         self.device = device or resolve_device(spec.device)
         check_precision(spec.precision, self.device)
         torch.manual_seed(spec.seed)
-        self.data = build_data(spec.data, spec.seed)
+        self.data = build_data(spec.data, spec.seed, stage=True)
         whole = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
         check_model_fits_data(whole, self.data, spec.model.name)
         self.parameters = (count_parameters(whole), count_parameters(whole, trainable_only=True))
@@ -323,8 +323,7 @@ class Trainer:
                   "input_shape": list(data.input_shape), "num_classes": data.num_classes,
                   "task": data.task, "source": spec.data.name,
                   "read_from_disk": not data.in_memory, "streamed": data.streamed,
-                  **({"staging": data.staging} if data.staging else {}),
-                  **self.history.timing.io_summary()},
+                  **({"staging": data.staging} if data.staging else {})},
             plan=dict(self.plan.__dict__), timing=self.history.timing.summary(),
             epochs=self.history.epochs, steps=self.history.steps.records,
             warnings=self.warnings,

@@ -76,7 +76,8 @@ class TimingTotals:
 
     def add_io(self, io) -> None:
         """One batch's io stats: (read_s, decode_s, bad_samples, read_bytes, samples)."""
-        read_s, decode_s, bad, read_bytes, samples = (float(v) for v in io)
+        # One conversion of the batch's small tensor, not five element reads.
+        read_s, decode_s, bad, read_bytes, samples = io.tolist() if hasattr(io, "tolist") else io
         self.read_s += read_s
         self.decode_s += decode_s
         self.bad_samples += int(bad)

@@ -18,11 +18,7 @@ def preflight(spec: Spec) -> DataBundle:
     A factory or forward that needs real tensors (it reads a value, loads weights) cannot run
     on the meta device; that is no fault of the spec, so it is left for `train` to try.
     """
-    # The data where it is: trying a spec must not copy a data set to local disk.
-    source = spec.data
-    if getattr(source, "stage", None) is not None:
-        source = source.model_copy(update={"stage": None})
-    data = build_data(source, spec.seed)
+    data = build_data(spec.data, spec.seed)  # where it is: trying a spec copies nothing
     name = spec.model.name
     try:
         with torch.device("meta"):

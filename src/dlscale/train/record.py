@@ -35,11 +35,6 @@ class DataInfo(_Strict):
     read_from_disk: bool  # read while training (hf, webdataset, images), not held in memory
     streamed: bool  # read front to back through a shuffle buffer (webdataset)
     staging: dict[str, Any] | None = None  # copying the files to local disk first (data.stage)
-    # Read from disk: per-sample reading and decoding seconds (summed over loader workers).
-    read_s_per_sample: float | None = None
-    decode_s_per_sample: float | None = None
-    read_bytes: int | None = None
-    bad_samples: int | None = None  # skipped with data.skip_bad
 
 
 class PlanInfo(_Strict):
@@ -73,6 +68,7 @@ class Timing(_Strict):
     comm_s: float
     comm_share: float
     comm_payload_bytes_per_step: float
+    # Read from disk: per-sample reading and decoding seconds (summed over loader workers).
     read_s_per_sample: float | None = None
     decode_s_per_sample: float | None = None
     read_bytes: int | None = None
