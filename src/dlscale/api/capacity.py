@@ -3,12 +3,11 @@ refused in one line before anything is built or started, or a warning when it wi
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
-from dlscale.bench.memory import available_memory_bytes
+from dlscale.bench.memory import available_memory_bytes, load_averages
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
 from dlscale.launch import local
@@ -221,10 +220,8 @@ def default_threads(processes: int) -> int:
 
 def load_average_1m() -> float:
     """Runnable processes, averaged over the last minute (0 where the system does not say)."""
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return 0.0
+    averages = load_averages()
+    return averages[0] if averages else 0.0
 
 
 def slow_start_warnings(processes: int, threads: int, cores: int, load_1m: float) -> list[str]:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from dlscale.bench.memory import load_averages
 from dlscale.data.lazy import IO_FIELDS
 from dlscale.errors import UserError
 from dlscale.spec import Spec
@@ -313,5 +314,5 @@ def run_io_bench(
         "loader_workers": spec.loader.workers,
         "cores": cores,
         **verdict,
-        "load_average_1m_5m_15m": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "load_average_1m_5m_15m": load_averages(),
     }

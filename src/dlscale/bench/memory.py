@@ -40,3 +40,12 @@ def over_share(need_bytes: int, free_bytes: int, where: str = "") -> str | None:
         f"needs ~{binary_bytes(need_bytes)}, over {MEMORY_SHARE:.0%} of the "
         f"{binary_bytes(free_bytes)} free{place}"
     )
+
+
+def load_averages() -> list[float] | None:
+    """Runnable processes averaged over 1, 5 and 15 minutes (None where the system does not
+    say): recorded with measurements, since a busy machine slows every figure."""
+    try:
+        return list(os.getloadavg())
+    except (OSError, AttributeError):
+        return None

@@ -139,6 +139,25 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
+class _HashingFile:
+    """A shard file that hashes what is written to it, so its sha256 needs no second read."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self.name = self.file.name
+        self.sha256 = hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.file.write(data)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def close(self) -> None:
+        self.file.close()
+
+
 class RollingShards:
     """Tar shards of one split: the next file starts once the current one reaches `max_bytes`.
 
@@ -156,7 +175,7 @@ class RollingShards:
     def write(self, fields: dict[str, bytes]) -> None:
         if self.tar is None:
             name = SHARD_NAME.format(split=self.split, index=len(self.records))
-            self.file = open(self.out / name, "wb")  # noqa: SIM115 (closed in _finish)
+            self.file = _HashingFile(self.out / name)
             self.tar = TarWriter(self.file, encoder=False, mtime=MEMBER_MTIME)
         self.tar.write({"__key__": f"{self.keys:09d}", **fields})
         self.keys += 1
@@ -173,8 +192,7 @@ class RollingShards:
         self.tar.close()
         self.file.close()
         path = Path(self.file.name)
-        with open(path, "rb") as handle:
-            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        digest = self.file.sha256.hexdigest()
         self.records.append({"file": path.name, "split": self.split, "samples": self.samples,
                              "bytes": path.stat().st_size, "sha256": digest})  # fmt: skip
         self.file = self.tar = None

@@ -188,22 +188,20 @@ def starving_advice(
         return None
     share = round(100 * totals.data_wait_fraction)
     head = f"data loading takes {share}% of each step, so the {device_type} waits for data"
-    fixes = []
-    cause = starving_cause(totals, loader_workers)
+    fixes = [f"raise loader.workers (now {loader_workers})"]
+    busiest, cause = starving_cause(totals, loader_workers) or (None, None)
     if cause:
         head += f": {cause}"
-    if loader_workers == 0 or cause is None or "workers" in cause:
-        fixes.append(f"raise loader.workers (now {loader_workers})")
     if device_type == "cuda" and not pin_memory:
         fixes.append("set loader.pin_memory: true")
-    if cause and cause.startswith("reading"):
+    if busiest == "reading":
         fixes.append("stage the files on local disk (data.stage: DIR)")
     return head + "; " + " and ".join(fixes)
 
 
-def starving_cause(totals: TimingTotals, loader_workers: int) -> str | None:
-    """Decode, read or too few workers, from what the batches measured (None for data in
-    memory, where nothing is read or decoded while training)."""
+def starving_cause(totals: TimingTotals, loader_workers: int) -> tuple[str, str] | None:
+    """("reading" or "decoding", what bounds the loader: that, or too few workers), from what
+    the batches measured; None for data in memory, where nothing is read or decoded."""
     if not totals.io_samples or not totals.steps:
         return None
     per_sample_compute = (totals.compute_s + totals.h2d_s) / max(1, totals.samples)
@@ -214,11 +212,11 @@ def starving_cause(totals: TimingTotals, loader_workers: int) -> str | None:
     parallel = max(1, loader_workers)
     needed = math.ceil((read + decode) / max(per_sample_compute, 1e-9))
     if needed > parallel:
-        return (
+        return busiest, (
             f"{busiest} bounds it ({per}, {1e3 * per_sample_compute:.2f} ms of compute): "
             f"about {needed} loader workers would keep up, {loader_workers} run"
         )
-    return f"{busiest} takes {per}; the loader waits more than it works (too few workers?)"
+    return busiest, f"{busiest} takes {per}; the loader waits more than it works (too few workers?)"
 
 
 @dataclass
