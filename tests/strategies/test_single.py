@@ -74,8 +74,8 @@ class SlowDataset(TensorDataset):
 def test_a_starving_loop_warns_once_with_the_fix(tmp_path: Path, reporter, monkeypatch):
     real_build = loop.build_data
 
-    def slow_build(data_spec, seed):
-        bundle = real_build(data_spec, seed)
+    def slow_build(data_spec, seed, stage=False):
+        bundle = real_build(data_spec, seed, stage=stage)
         bundle.train = SlowDataset(*bundle.train.tensors)
         return bundle
 
