@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The stamp is remade whenever the dependency files change, so `make` re-installs only then.
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test lint format clean bench gpu-check
+.PHONY: setup system-deps demo test lint format clean bench gpu-check
 
 setup: $(STAMP)
 
@@ -16,6 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt torch==2.13.0
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
 	@touch $(STAMP)
+
+# Debian packages the service tests need (PostgreSQL, Chromium): installs them as root, else says how.
+system-deps:
+	bash scripts/system-deps.sh
 
 demo: setup
 	$(BIN)/dlscale train examples/lenet-digits.yaml
@@ -28,7 +32,7 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: lint
+test: system-deps lint
 	$(BIN)/python -m pytest -q
 
 bench: setup

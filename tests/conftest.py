@@ -91,3 +91,28 @@ def _calm_machine(monkeypatch):
     from dlscale.api import capacity
 
     monkeypatch.setattr(capacity, "load_average_1m", lambda: 0.0)
+
+
+# ------------------------------------------------- one training run that several tests inspect
+
+
+@pytest.fixture(scope="session")
+def ps_async_digits(tmp_path_factory) -> tuple[str, dict]:
+    """`dlscale train examples/ps-async-digits.yaml`, once a session (3 workers, 20 epochs): its
+    printed output and run record. The example's own test checks it; a fault test compares a run
+    that lost a worker with it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dlscale.api import capacity
+    from dlscale.cli.main import app
+
+    out = tmp_path_factory.mktemp("ps-async-digits")
+    with pytest.MonkeyPatch.context() as patch:  # as _calm_machine does for each test
+        patch.setattr(capacity, "load_average_1m", lambda: 0.0)
+        result = CliRunner().invoke(
+            app, ["train", str(EXAMPLES / "ps-async-digits.yaml"), "--out", str(out)]
+        )
+    assert result.exit_code == 0, result.output
+    return result.output, json.loads((out / "run.json").read_text())

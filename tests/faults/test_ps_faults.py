@@ -34,11 +34,9 @@ def train(spec: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
-def test_async_training_finishes_without_a_killed_worker(tmp_path: Path):
+def test_async_training_finishes_without_a_killed_worker(tmp_path: Path, ps_async_digits):
     spec = EXAMPLES / "ps-async-digits.yaml"  # LeNet on digits, 3 workers, 20 epochs
-    clean = train(spec, tmp_path / "clean")
-    assert clean.returncode == 0, clean.stderr
-    reference = json.loads((tmp_path / "clean" / "run.json").read_text())["final"]
+    reference = ps_async_digits[1]["final"]  # the same spec trained without a fault
     shared_before = set(Path("/dev/shm").glob("dlscale-*"))
 
     job = subprocess.Popen(
