@@ -21,6 +21,7 @@ from dlscale.api.bench import (
 )
 from dlscale.api.capacity import check_one_process, check_run, check_trials, local_problems
 from dlscale.api.data import convert_data, stage_data
+from dlscale.api.jobs import data_digest, data_fingerprint, environment, weights_digest
 from dlscale.api.profiling import (
     profile,
     profile_json,
@@ -53,6 +54,9 @@ __all__ = [
     "check_out_dir",
     "compare",
     "convert_data",
+    "data_digest",
+    "data_fingerprint",
+    "environment",
     "estimate",
     "hardware",
     "models",
@@ -71,6 +75,7 @@ __all__ = [
     "sweep",
     "train",
     "validate",
+    "weights_digest",
     "write_outputs",
 ]
 
