@@ -13,7 +13,8 @@ import pytest
 from dlscale.train.checkpoint import list_checkpoints
 from tests.conftest import alive, worker_pids
 
-# A short collective timeout keeps the test to seconds; the silence warning comes well before.
+# A short collective timeout keeps the test to seconds; the silence warning (after 3 s without a
+# heartbeat, beats being 1 s apart) comes well before.
 SPEC = """
 name: ddp-stopped
 model: {name: mlp, kwargs: {hidden: [32]}}
@@ -23,7 +24,7 @@ steps: 100000
 optimizer: {name: sgd, lr: 0.05}
 device: cpu
 checkpoint: {every_steps: 20, keep_last: 1}
-strategy: {name: ddp, workers: 2, timeout_s: 12}
+strategy: {name: ddp, workers: 2, timeout_s: 8, heartbeat_warn_s: 3}
 """
 DLSCALE = str(Path(sys.executable).parent / "dlscale")
 

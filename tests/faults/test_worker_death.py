@@ -17,7 +17,7 @@ name: ddp-fault
 model: {name: lenet}
 data: {name: synthetic, shape: [1, 28, 28], num_samples: 4000}
 batch_size: 16
-steps: 400
+steps: 200
 optimizer: {name: sgd, lr: 0.05}
 device: cpu
 checkpoint: {every_steps: 20, keep_last: 2}
@@ -54,7 +54,7 @@ def test_killed_worker_stops_the_job_then_resume_finishes(tmp_path: Path):
     assert "Traceback" not in stderr
     assert not any(alive(pid) for pid in workers), "a worker outlived the job"
     stopped_at = list_checkpoints(run_dir)[-1][0]
-    assert stopped_at < 400
+    assert stopped_at < 200
 
     resumed = subprocess.run(
         [DLSCALE, "train", str(spec), "--out", str(run_dir), "--resume"],
@@ -62,4 +62,4 @@ def test_killed_worker_stops_the_job_then_resume_finishes(tmp_path: Path):
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming at step {stopped_at}" in " ".join(resumed.stdout.split())
-    assert list_checkpoints(run_dir)[-1][0] == 400
+    assert list_checkpoints(run_dir)[-1][0] == 200

@@ -35,10 +35,11 @@ ALLOWED = {
     "api": TRAIN
     | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"}
     | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep"},
-    # A front door calls the verbs and nothing else.
-    "cli": BASE | {"dlscale.api"},
-    # The service's scheduler is pure bookkeeping over tenants, slots and specs.
-    "service": BASE | {"dlscale.spec"},
+    # A front door calls the verbs and nothing else; `dlscale serve` runs the service in-process.
+    "cli": BASE | {"dlscale.api", "dlscale.service"},
+    # The service is a front door like the CLI: its routes and job processes call the verbs
+    # (its scheduler stays pure bookkeeping over tenants, slots and specs).
+    "service": BASE | {"dlscale.spec", "dlscale.api"},
 }
 # What each layer must not import at all (the train step stays free of the cluster engine).
 NEVER = {

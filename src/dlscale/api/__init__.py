@@ -137,6 +137,11 @@ def train(
     return train_in_folder(spec.name, out_dir, resume, reporter, start)
 
 
+def exit_quickly() -> None:
+    """This process (the `dlscale` command) ends without Python's last garbage collection."""
+    import dlscale.launch.quick_exit  # noqa: F401  (its import arranges it)
+
+
 def models() -> list[dict]:
     """The zoo: name, summary, parameter count at its listing arguments (counted on meta)."""
     rows = []

@@ -18,6 +18,8 @@ from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.profile import estimate as estimate_command
 from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
+from dlscale.cli.remote import app as remote_app
+from dlscale.cli.serve import app as serve_app
 from dlscale.cli.sweep import sweep as sweep_command
 
 app = typer.Typer(
@@ -31,6 +33,8 @@ app = typer.Typer(
 app.add_typer(hardware_app, name="hardware")
 app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
+app.add_typer(serve_app, name="serve")
+app.add_typer(remote_app, name="remote")
 console = Console(highlight=False)
 
 
@@ -235,6 +239,7 @@ app.command(name="sweep")(sweep_command)
 
 
 def main() -> None:
+    api.exit_quickly()  # about 1 s sooner back at the prompt, once torch was imported
     app()
 
 

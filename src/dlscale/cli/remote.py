@@ -1,0 +1,239 @@
+"""`dlscale remote ...`: submit jobs to a dlscale server and follow them (status, logs,
+cancel, rerun, artifacts), signed in with $DLSCALE_TOKEN."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path, PurePosixPath
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from dlscale.cli.errors import user_errors
+from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.remote_client import DEFAULT_SERVER, Remote, token_from_environment
+from dlscale.errors import UserError
+from dlscale.units import binary_bytes
+
+app = typer.Typer(
+    name="remote",
+    cls=FlagHelpGroup,
+    help="Use a dlscale server: submit jobs, follow their logs, fetch their artifacts "
+    "(token in $DLSCALE_TOKEN).",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console(highlight=False, soft_wrap=True)
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def server_option():
+    return typer.Option(
+        DEFAULT_SERVER, "--server", envvar="DLSCALE_SERVER", help="The server's URL."
+    )
+
+
+@contextmanager
+def connect(server: str) -> Iterator[Remote]:
+    remote = Remote(server, token_from_environment())
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+def _job_path(job: str, *rest: str) -> str:
+    # A job id is opaque hex; anything else would change the path it is pasted into.
+    if not job or not job.isalnum():
+        raise UserError(f"job {job} not found", 1)
+    return "/".join((f"/api/jobs/{job}", *rest)) if rest else f"/api/jobs/{job}"
+
+
+def _open(path: Path, what: str):
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise UserError(f"{what} {path}: file not found") from None
+    except IsADirectoryError:
+        raise UserError(f"{what} {path}: is a folder (send folders as --archive ZIP)") from None
+    except OSError as exc:
+        raise UserError(f"{what} {path}: {exc.strerror}") from None
+
+
+@app.command()
+@user_errors
+def submit(
+    spec: Path = typer.Argument(..., help="Job spec (YAML); data files it names as inputs/NAME."),
+    kind: str = typer.Option("train", "--kind", help="train | sweep | profile."),
+    tenant: str | None = typer.Option(
+        None, "--tenant", help="Whose quota (needed when you may submit to several)."
+    ),
+    parallel: int | None = typer.Option(None, "--parallel", help="sweep: trials at a time."),
+    files: list[Path] = typer.Option(
+        [], "--file", help="A data file, uploaded as inputs/NAME (repeat for several)."
+    ),
+    archive: Path | None = typer.Option(
+        None, "--archive", help="A zip of data, unpacked into inputs/."
+    ),
+    server: str = server_option(),
+) -> None:
+    """Queue a spec on the server; the new job's id is printed alone on the last line."""
+    fields = {"kind": kind}
+    if tenant is not None:
+        fields["tenant"] = tenant
+    if parallel is not None:
+        fields["parallel"] = str(parallel)
+    with connect(server) as remote, ExitStack() as opened:
+        uploads = [("spec", (spec.name, opened.enter_context(_open(spec, "spec"))))]
+        for path in files:
+            uploads.append(("files", (path.name, opened.enter_context(_open(path, "--file")))))
+        if archive is not None:
+            handle = opened.enter_context(_open(archive, "--archive"))
+            uploads.append(("archive", (archive.name, handle)))
+        job = remote.json("POST", "/api/jobs", files=uploads, data=fields)
+    console.print(
+        f"queued {kind} job (seed {job['seed']}, {job['cpu_slots']} CPU slot(s), "
+        f"{job['gpu_slots']} GPU slot(s)); follow it with: dlscale remote logs -f {job['id']}"
+    )
+    print(job["id"])
+
+
+def _summary(job: dict) -> list[str]:
+    lines = [f"job {job['id']} ({job['kind']}, tenant {job['tenant']}): {job['state']}"]
+    if job["state"] == "queued" and job.get("reason"):
+        lines.append(f"waiting: {job['reason']}")
+    if job.get("cancel_requested") and job["state"] not in ENDED:
+        lines.append("cancel requested: it stops at its next step")
+    if job.get("message"):
+        lines.append(f"message: {job['message']}")
+    result = job.get("result") or {}
+    metrics = result.get("metrics") or {}
+    shown = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    if shown:
+        lines.append("final: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())))
+    if result.get("weights_sha256"):
+        lines.append(f"weights sha256: {result['weights_sha256']}")
+    if job.get("rerun_of"):
+        lines.append(f"rerun of job {job['rerun_of']}")
+    return lines
+
+
+@app.command()
+@user_errors
+def status(
+    job: str = typer.Argument(..., help="Job id."),
+    as_json: bool = typer.Option(False, "--json", help="Print the whole job as JSON."),
+    server: str = server_option(),
+) -> None:
+    """A job's state, and why it waits or how it ended."""
+    with connect(server) as remote:
+        found = remote.json("GET", _job_path(job), job)
+    if as_json:
+        print(json.dumps(found, indent=2))
+        return
+    for line in _summary(found):
+        console.print(escape(line))
+
+
+@app.command()
+@user_errors
+def logs(
+    job: str = typer.Argument(..., help="Job id."),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep printing until the job ends (resumes if cut off)."
+    ),
+    server: str = server_option(),
+) -> None:
+    """Print a job's log; with -f, follow it live until the job ends."""
+    with connect(server) as remote:
+        try:
+            for event in remote.events(_job_path(job, "logs"), job, follow):
+                if event.kind == "log":
+                    print(event.data, flush=True)
+                elif event.kind == "end" and follow:
+                    console.print(f"[dim]job {escape(job)} {escape(event.data)}[/]")
+        except KeyboardInterrupt:
+            # Ctrl-C ends the watching, not the job (the CLI's usual hint is about --resume).
+            hint = f"stopped following; job {job} goes on (dlscale remote cancel {job} stops it)"
+            Console(stderr=True, highlight=False).print(f"[yellow]{escape(hint)}[/]")
+            raise typer.Exit(130) from None
+
+
+@app.command()
+@user_errors
+def cancel(
+    job: str = typer.Argument(..., help="Job id."),
+    server: str = server_option(),
+) -> None:
+    """Cancel a job: a queued one at once, a running one at its next step (checkpoint kept)."""
+    with connect(server) as remote:
+        answer = remote.json("POST", _job_path(job, "cancel"), job)
+    if answer["state"] == "cancelled" and answer["changed"]:
+        console.print(f"job {job} cancelled")
+    elif answer["cancel_requested"] and answer["state"] not in ENDED:
+        console.print(f"job {job} is {answer['state']}: cancel requested, it stops shortly")
+    else:
+        console.print(f"job {job} had already ended: {answer['state']}")
+
+
+@app.command()
+@user_errors
+def rerun(
+    job: str = typer.Argument(..., help="Job id."),
+    server: str = server_option(),
+) -> None:
+    """Run a job again with the same spec, seed and inputs; prints the new id last."""
+    with connect(server) as remote:
+        answer = remote.json("POST", _job_path(job, "rerun"), job)
+    console.print(f"queued a rerun of job {job} (seed {answer['seed']})")
+    print(answer["id"])
+
+
+@app.command()
+@user_errors
+def artifacts(
+    job: str = typer.Argument(..., help="Job id."),
+    download: str | None = typer.Option(None, "--download", help="Artifact id to fetch."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Where to write it (a file, or a folder; default its name here)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
+    server: str = server_option(),
+) -> None:
+    """List a finished job's files (id, size, sha256), or --download one, checked by sha256."""
+    with connect(server) as remote:
+        rows = remote.json("GET", _job_path(job, "artifacts"), job)
+        if download is None:
+            _print_artifacts(job, rows, as_json)
+            return
+        row = next((r for r in rows if r["id"] == download), None)
+        if row is None:
+            raise UserError(
+                f"job {job} has no artifact {download} (list them without --download)", 1
+            )
+        target = out if out is not None else Path(PurePosixPath(row["name"]).name)
+        if target.is_dir():
+            target = target / PurePosixPath(row["name"]).name
+        path = _job_path(job, "artifacts", download)
+        remote.download(path, job, target, row["sha256"], force)
+    console.print(f"wrote {target} ({binary_bytes(row['size'])}, sha256 {row['sha256']} checked)")
+
+
+def _print_artifacts(job: str, rows: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        console.print(f"job {job} has no artifacts (yet: they are listed when it ends)")
+        return
+    # Plain columns, sha256 whole: read by people and by awk alike.
+    width = max(len(row["id"]) for row in rows)
+    print(f"{'id':<{width}}  {'size':>10}  {'sha256':<64}  name")
+    for row in rows:
+        size = binary_bytes(row["size"])
+        print(f"{row['id']:<{width}}  {size:>10}  {row['sha256']:<64}  {row['name']}")

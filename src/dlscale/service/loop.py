@@ -1,0 +1,216 @@
+"""The service's heartbeat: every tick, see how each started job is doing, charge usage, and
+start the queued jobs the scheduler picks, writing why each other one waits.
+
+The database is the truth and only this server writes it; a job's process writes files in its
+folder. A tick that finds a job's process gone reads its result; a restarted server does the
+same for jobs started before the crash (the jobs run in sessions of their own and survive it).
+A job is marked `starting` and committed BEFORE its process is spawned: a crash in between
+leaves a `starting` job with no process, which is started again after a grace period; the job
+process refuses to run a job that was already claimed, so no job ever runs twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from dlscale.service import store
+from dlscale.service.config import ServiceConfig
+from dlscale.service.db.models import Job, Tenant
+from dlscale.service.executor import Executor
+from dlscale.service.fairshare import charge
+from dlscale.service.jobs import Machine, Request, Running
+from dlscale.service.jobs import Tenant as TenantQuota
+from dlscale.service.layout import folder_bytes, job_dir, list_artifacts
+from dlscale.service.scheduler import plan
+
+CANCEL_RESEND_S = 5.0
+ENDED = ("succeeded", "failed", "cancelled")
+
+
+def quota_of(tenant: Tenant) -> TenantQuota:
+    return TenantQuota(
+        tenant.name,
+        tenant.weight,
+        tenant.max_concurrent_jobs,
+        tenant.cpu_slots,
+        tenant.gpu_slots,
+    )
+
+
+class JobLoop:
+    def __init__(self, config: ServiceConfig, maker, executor: Executor):
+        self.config = config
+        self.maker = maker
+        self.executor = executor
+        self.machine = Machine(config.cpu_slots, config.gpu_slots)
+        self._signalled: dict[str, float] = {}  # job id -> when a cancel signal was last sent
+        self._spawned: dict[str, float] = {}  # job id -> when this server last spawned it
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # one tick at a time (the thread, or a test calling tick)
+        self.errors = 0
+
+    # ------------------------------------------------------------------ the thread
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dlscale-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as exc:  # a bad tick must not stop the scheduler; say why, go on
+                self.errors += 1
+                print(f"dlscale serve: scheduler tick failed: {type(exc).__name__}: {exc}")
+            self._stop.wait(self.config.tick_s)
+
+    # ------------------------------------------------------------------ one tick
+
+    def tick(self, now: float | None = None) -> list[str]:
+        """Reconcile, charge, plan; returns the ids of the jobs started in this tick."""
+        with self._lock:
+            now = time.time() if now is None else now
+            respawn = self._reconcile(now)
+            with self.maker.begin() as db:
+                self._charge(db, now)
+                started = self._plan(db, now)
+            # Committed as 'starting' first: a crash from here on leaves a job to respawn.
+            for job_id in respawn + started:
+                self._spawn(job_id, now)
+            self.executor.reap()
+            return started
+
+    def _spawn(self, job_id: str, now: float) -> None:
+        self._spawned[job_id] = now
+        try:
+            self.executor.start(job_dir(self.config.data_dir, job_id))
+        except OSError as exc:
+            with self.maker.begin() as db:
+                job = db.get(Job, job_id)
+                if job is not None and job.state == "starting":
+                    store.transition(db, job, "failed", f"could not start its process: {exc}")
+
+    def _reconcile(self, now: float) -> list[str]:
+        """Look at each started job's process (outside any transaction: probing, hashing the
+        artifacts and sizing the folder take time, and SQLite has one write lock), then record
+        what changed in one short transaction."""
+        with self.maker.begin() as db:
+            active = [
+                (job.id, job.state, bool(job.cancel_requested)) for job in store.active_jobs(db)
+            ]
+        seen = {}
+        for job_id, _state, cancel_requested in active:
+            folder = job_dir(self.config.data_dir, job_id)
+            probe = self.executor.probe(folder)
+            if probe.claimed and not probe.alive and probe.result is None:
+                probe = self.executor.probe(folder)  # it may have written its result just now
+            resend = now - self._signalled.get(job_id, 0.0) >= CANCEL_RESEND_S
+            if probe.alive and cancel_requested and resend:
+                self.executor.cancel(folder)
+                self._signalled[job_id] = now
+            ended = None
+            if not probe.alive and probe.result is not None:
+                ended = (probe.result, folder_bytes(folder), list_artifacts(folder))
+            elif not probe.alive and probe.claimed:
+                lost = {"state": "failed", "message": self.executor.lost_message(folder)}
+                ended = (lost, folder_bytes(folder), list_artifacts(folder))
+            seen[job_id] = (probe, ended)
+        respawn = []
+        with self.maker.begin() as db:
+            for job in store.active_jobs(db):
+                if job.id not in seen:
+                    continue  # started after the snapshot: the next tick looks at it
+                probe, ended = seen[job.id]
+                if ended is not None:
+                    self._finish(db, job, *ended)
+                elif probe.alive or probe.claimed:
+                    if job.state == "starting":
+                        store.transition(db, job, "running", "its process is running")
+                elif job.cancel_requested:
+                    store.transition(db, job, "cancelled", "cancelled before its process started")
+                else:  # 'starting', and no process ever claimed it
+                    since = self._spawned.get(job.id)
+                    if since is None or now - since >= self.config.start_grace_s:
+                        respawn.append(job.id)
+        return respawn
+
+    def _finish(self, db, job: Job, result: dict, size: int, artifacts: list) -> None:
+        state = result.get("state")
+        if state not in ENDED:
+            state, result = "failed", {**result, "message": f"unknown result state {state!r}"}
+        repro = json.loads(job.repro_json or "{}")
+        repro.update(
+            data_sha256=result.get("data_sha256"),
+            weights_sha256=result.get("weights_sha256"),
+            environment=result.get("environment"),
+        )
+        message = result.get("message") or state
+        if job.rerun_of and state == "succeeded":
+            original = db.get(Job, job.rerun_of)
+            theirs = json.loads(original.repro_json or "{}") if original else {}
+            mine = result.get("weights_sha256")
+            if theirs.get("weights_sha256") and mine:
+                same = theirs["weights_sha256"] == mine
+                repro["reproduces"] = {"job": job.rerun_of, "identical": same}
+                message = (
+                    f"weights bit-identical to job {job.rerun_of}"
+                    if same
+                    else f"weights differ from job {job.rerun_of}"
+                )
+        job.result_json = json.dumps(result)
+        job.repro_json = json.dumps(repro)
+        job.bytes = size
+        store.set_artifacts(db, job, artifacts)
+        store.transition(db, job, state, message)
+        self._signalled.pop(job.id, None)
+        self._spawned.pop(job.id, None)
+
+    def _charge(self, db, now: float) -> None:
+        active = store.active_jobs(db)
+        for tenant in store.tenants(db):
+            elapsed = max(0.0, now - (tenant.usage_at or now))
+            running = [
+                Running(job.id, tenant.name, job.cpu_slots, job.gpu_slots, job.started_at or now)
+                for job in active
+                if job.tenant_id == tenant.id
+            ]
+            usage = charge(
+                {tenant.name: tenant.usage or 0.0}, running, elapsed, self.config.half_life_s
+            )
+            tenant.usage = usage.get(tenant.name, 0.0)
+            tenant.usage_at = now
+
+    def _plan(self, db, now: float) -> list[str]:
+        tenants = {t.id: t for t in store.tenants(db)}
+        queued = store.queued_jobs(db)
+        if not queued:
+            return []
+        requests = [
+            Request(
+                job.id, tenants[job.tenant_id].name, job.cpu_slots, job.gpu_slots, float(job.seq)
+            )
+            for job in queued
+        ]
+        running = [
+            Running(job.id, tenants[job.tenant_id].name, job.cpu_slots, job.gpu_slots)
+            for job in store.active_jobs(db)
+        ]
+        quotas = {t.name: quota_of(t) for t in tenants.values()}
+        usage = {t.name: t.usage or 0.0 for t in tenants.values()}
+        decision = plan(requests, running, quotas, self.machine, usage, self.config.half_life_s)
+        by_id = {job.id: job for job in queued}
+        for job_id in decision.start:
+            job = by_id[job_id]
+            job.reason = ""
+            store.transition(db, job, "starting", "slots granted; starting its process")
+        for job_id, reason in decision.waiting.items():
+            by_id[job_id].reason = reason
+        return list(decision.start)

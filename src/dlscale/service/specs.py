@@ -1,0 +1,179 @@
+"""A spec sent to the service: read safely, kept inside its job folder, sized in slots.
+
+A client's spec is untrusted text. Before the spec code sees it, this module refuses what would
+make the server do work or reach files it should not: text that is not UTF-8, a document too
+large, nested too deeply or expanding through YAML aliases into millions of nodes (a "billion
+laughs" bomb), absolute or `..` paths (a tenant's spec reads only the files uploaded with it),
+data staging (a path on the server), and `package.module:factory` references (importing a
+module the client names is running code the client chooses; the service trains zoo models).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+
+from dlscale.errors import UserError
+
+MAX_SPEC_BYTES = 64 * 1024
+MAX_DEPTH = 32
+MAX_NODES = 20_000  # after expanding aliases; a real spec has a few hundred
+KINDS = ("train", "sweep", "profile")
+# A `module:attribute` reference anywhere in the document (a model factory, a custom input maker).
+_CODE_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """The spec as it will run: its text (seed added when the client gave none) and its facts."""
+
+    original: str  # exactly as submitted: the reproduction record keeps these bytes
+    text: str  # what the job runs: `original`, plus `seed:` when it had none
+    seed: int
+    seed_drawn: bool
+    raw: dict
+
+
+def decode(data: bytes) -> str:
+    """The spec's bytes as text, or one line saying why not."""
+    if len(data) > MAX_SPEC_BYTES:
+        raise UserError(f"spec: {len(data)} bytes; the service takes specs up to {MAX_SPEC_BYTES}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"spec: not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})"
+        ) from None
+
+
+def _measure(node: yaml.Node) -> tuple[int, int]:
+    """(nodes after expanding aliases, depth) of a composed YAML document; aliases share node
+    objects, so memoising by identity keeps this linear in the document's size."""
+    sizes: dict[int, tuple[int, int]] = {}
+
+    def visit(n: yaml.Node, level: int) -> tuple[int, int]:
+        if level > MAX_DEPTH:
+            raise UserError(f"spec: nested deeper than {MAX_DEPTH} levels")
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if isinstance(n, yaml.MappingNode):
+            parts = [visit(x, level + 1) for pair in n.value for x in pair]
+        elif isinstance(n, yaml.SequenceNode):
+            parts = [visit(x, level + 1) for x in n.value]
+        else:
+            parts = []
+        count = 1 + sum(p[0] for p in parts)
+        if count > MAX_NODES:
+            raise UserError(
+                f"spec: expands to more than {MAX_NODES} YAML nodes (aliases repeated into a bomb?)"
+            )
+        sizes[id(n)] = (count, 1 + max((p[1] for p in parts), default=0))
+        return sizes[id(n)]
+
+    return visit(node, 0)
+
+
+def parse(text: str) -> dict:
+    """The spec's YAML as a mapping, once its size, depth and alias expansion are bounded."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise UserError(f"spec: {problem}{where}") from None
+    if node is None or not isinstance(node, yaml.MappingNode):
+        raise UserError("spec: expected a YAML mapping (name:, model:, data:, ...)")
+    _measure(node)
+    from dlscale.spec.strict_yaml import load_yaml
+
+    try:
+        raw = load_yaml(text)  # the spec loader's own YAML (duplicate keys refused)
+    except yaml.YAMLError as exc:
+        raise UserError(f"spec: {' '.join(str(exc).split())}") from None
+    check_untrusted(raw)
+    return raw
+
+
+def check_untrusted(raw: Any, where: str = "") -> None:
+    """Refuse paths that leave the job folder, server-side staging, and code references."""
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            here = f"{where}.{key}" if where else str(key)
+            if key == "stage" and value is not None:
+                raise UserError(f"spec: {here}: staging copies to a path on the server; not here")
+            check_untrusted(value, here)
+    elif isinstance(raw, list):
+        for index, value in enumerate(raw):
+            check_untrusted(value, f"{where}[{index}]")
+    elif isinstance(raw, str):
+        if _CODE_REFERENCE.match(raw):
+            raise UserError(
+                f"spec: {where}: '{raw}' names code to import; the service trains the zoo's "
+                "models only (dlscale models lists them)"
+            )
+        if raw.startswith(("/", "~", "\\")) or "\x00" in raw or "://" in raw:
+            raise UserError(
+                f"spec: {where}: '{raw}' is not a path inside the job; the service reads only "
+                "files uploaded with the spec, named relative to it (inputs/NAME)"
+            )
+        if ".." in PurePosixPath(raw.replace("\\", "/")).parts:
+            raise UserError(f"spec: {where}: '{raw}' leaves the job's folder ('..')")
+
+
+def with_seed(data: bytes) -> Submitted:
+    """The submitted spec, with a seed drawn and appended when it names none (the seed is part
+    of the reproduction record, so a rerun trains the same numbers)."""
+    text = decode(data)
+    raw = parse(text)
+    if "seed" in raw:
+        return Submitted(text, text, int(raw["seed"]), False, raw)
+    seed = secrets.randbelow(2**31)
+    if text.lstrip().startswith("{"):  # flow style: no line can be appended; re-dump it
+        runs = yaml.safe_dump({**raw, "seed": seed}, sort_keys=False)
+    else:
+        runs = (
+            text + ("" if text.endswith("\n") else "\n") + f"seed: {seed}  # drawn by the service\n"
+        )
+    return Submitted(text, runs, seed, True, {**raw, "seed": seed})
+
+
+def check_inside(spec: Any, job_dir: Path) -> None:
+    """After validation: every path the spec resolved lies inside the job's folder (a symlink
+    uploaded or planted cannot point the job at another tenant's files)."""
+    root = job_dir.resolve()
+
+    def visit(value: Any, where: str) -> None:
+        if isinstance(value, Path):
+            resolved = value.resolve()
+            if resolved != root and root not in resolved.parents:
+                raise UserError(f"spec: {where}: {value.name} is outside the job's folder")
+        elif hasattr(type(value), "model_fields"):
+            for name in type(value).model_fields:
+                visit(getattr(value, name), f"{where}.{name}" if where else name)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                visit(item, f"{where}.{key}")
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                visit(item, f"{where}[{index}]")
+
+    visit(spec, "")
+
+
+def slots(spec: Any, kind: str, parallel: int | None, machine_gpus: int) -> tuple[int, int]:
+    """(cpu, gpu) slots a job holds while it runs: one per process it starts (a sweep: per
+    process × trials at a time), and a GPU per trainer when it runs on CUDA."""
+    if kind == "profile":
+        return 1, 0
+    processes = spec.strategy.processes
+    device = str(spec.device)
+    on_gpu = device.startswith("cuda") or (device == "auto" and machine_gpus > 0)
+    gpus = spec.strategy.trainers if on_gpu else 0
+    times = max(1, parallel or 1) if kind == "sweep" else 1
+    return processes * times, gpus * times

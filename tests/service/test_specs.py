@@ -1,0 +1,123 @@
+"""A client's spec, read safely (size, depth, alias bombs, paths, code references), seeded, and
+sized in slots; and the failed-authentication limiter's window."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import yaml
+
+from dlscale.errors import UserError
+from dlscale.service import specs
+from dlscale.service.limits import FailureLimiter
+from dlscale.spec import load_spec
+
+BASE = "name: t\nmodel: {name: mlp}\ndata: {name: digits}\nbatch_size: 8\n"
+
+
+def test_a_spec_without_a_seed_gets_one_drawn_and_appended_keeping_its_bytes():
+    submitted = specs.with_seed(BASE.encode())
+    assert submitted.seed_drawn and submitted.original == BASE
+    assert submitted.text.startswith(BASE)
+    assert yaml.safe_load(submitted.text)["seed"] == submitted.seed
+    seeded = specs.with_seed((BASE + "seed: 9\n").encode())
+    assert not seeded.seed_drawn and seeded.seed == 9 and seeded.text == BASE + "seed: 9\n"
+    flow = specs.with_seed(b"{name: t, model: {name: mlp}, data: {name: digits}}")
+    assert yaml.safe_load(flow.text)["seed"] == flow.seed
+
+
+def test_two_drawn_seeds_differ():
+    assert len({specs.with_seed(BASE.encode()).seed for _ in range(5)}) > 1
+
+
+def test_an_alias_bomb_is_refused_without_expanding_it():
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 12):  # 10**12 nodes if expanded
+        lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i > 1 else "*a"] * 10) + "]")
+    with pytest.raises(UserError, match="YAML nodes"):
+        specs.parse("\n".join(lines))
+
+
+def test_merge_keys_and_a_few_aliases_are_fine():
+    raw = specs.parse(BASE + "base: &b {lr: 0.1}\noptimizer: {<<: *b, name: sgd}\n")
+    assert raw["optimizer"] == {"lr": 0.1, "name": "sgd"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("/etc/passwd", "not a path inside"),
+        ("~/data.npz", "not a path inside"),
+        ("inputs/../../x", "leaves the job"),
+        ("file:///etc/passwd", "not a path inside"),
+        ("os:system", "names code to import"),
+        ("my.models:build", "names code to import"),
+    ],
+)
+def test_paths_and_code_references_are_refused(value, message):
+    with pytest.raises(UserError, match=message):
+        specs.parse(BASE + f"extra: {{where: '{value}'}}\n")
+
+
+def test_ordinary_values_pass():
+    specs.parse(BASE + "device: 'cuda:0'\nnote: 'lr 0.1: fast'\nfile: inputs/a.npz\n")
+
+
+def test_staging_is_refused():
+    with pytest.raises(UserError, match="staging"):
+        specs.parse(BASE.replace("{name: digits}", "{name: digits, stage: inputs}"))
+
+
+def test_size_and_encoding():
+    with pytest.raises(UserError, match="bytes"):
+        specs.decode(b"x" * (specs.MAX_SPEC_BYTES + 1))
+    with pytest.raises(UserError, match=r"not UTF-8.*byte 2"):
+        specs.decode(b"ab\xffcd")
+
+
+def test_resolved_paths_must_stay_in_the_job_folder(tmp_path):
+    job = tmp_path / "job"
+    (job / "inputs").mkdir(parents=True)
+    outside = tmp_path / "other.npz"
+    outside.write_bytes(b"x")
+    (job / "inputs" / "link.npz").symlink_to(outside)
+    spec = Path(job / "spec.yaml")
+    spec.write_text(BASE)
+    specs.check_inside(load_spec(spec), job)  # digits: no paths at all
+
+    class Holder:
+        model_fields: ClassVar[dict] = {"path": None}
+
+        def __init__(self, path):
+            self.path = path
+
+    specs.check_inside(Holder(job / "inputs" / "a.npz"), job)
+    with pytest.raises(UserError, match="outside the job"):
+        specs.check_inside(Holder(job / "inputs" / "link.npz"), job)
+
+
+def test_slots_count_processes_trials_and_gpus(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(BASE + "device: cpu\nstrategy: {name: ddp, workers: 3}\n")
+    spec = load_spec(path)
+    assert specs.slots(spec, "train", None, 0) == (3, 0)
+    assert specs.slots(spec, "sweep", 2, 0) == (6, 0)
+    assert specs.slots(spec, "profile", None, 0) == (1, 0)
+    path.write_text(BASE + "device: cuda\nstrategy: {name: ddp, workers: 2}\n")
+    assert specs.slots(load_spec(path), "train", None, 0) == (2, 2)
+
+
+def test_failed_attempts_are_limited_within_a_window():
+    now = [0.0]
+    limiter = FailureLimiter(limit=3, window_s=60, clock=lambda: now[0])
+    for _ in range(3):
+        assert limiter.retry_after_s("1.2.3.4") is None
+        limiter.fail("1.2.3.4")
+    assert limiter.retry_after_s("1.2.3.4") == 61
+    assert limiter.retry_after_s("5.6.7.8") is None  # per address
+    now[0] = 30.0
+    assert limiter.retry_after_s("1.2.3.4") == 31
+    now[0] = 60.5
+    assert limiter.retry_after_s("1.2.3.4") is None
