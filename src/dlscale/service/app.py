@@ -84,16 +84,11 @@ def create_app(config: ServiceConfig, run_scheduler: bool = True) -> FastAPI:
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg")
         return JSONResponse({"detail": message or "invalid request"}, status_code=422)
 
-    from dlscale.service.routes import account, jobs, outputs, queue
+    from dlscale.service.routes import account, jobs, outputs, pages, queue
 
     for module in (account, jobs, outputs, queue):
         app.include_router(module.router)
-    try:
-        from dlscale.service.routes import pages
-    except ImportError:  # the dashboard's module is optional while it is being built
-        pages = None
-    if pages is not None:
-        pages.install(app)
+    pages.install(app)
     return app
 
 
