@@ -351,3 +351,16 @@ def test_cancel_of_a_queued_job_is_immediate_and_a_running_one_is_signalled(web)
     assert job["state"] == "cancelled"
     assert [e["state"] for e in job["events"]][-1] == "cancelled"
     assert queued not in web.fake.started
+
+
+def test_a_job_whose_process_never_claims_it_is_tried_three_times_then_failed(web):
+    alice = web.user("alice", "lab")
+    tries = []
+    web.fake.start = lambda folder: tries.append(Path(folder).name) or 1  # claims nothing
+    web.state.config.start_grace_s = 0.0
+    job_id = web.submit(alice).json()["id"]
+    for _ in range(6):
+        web.state.loop.tick()
+    job = web.client.get(f"/api/jobs/{job_id}", headers=alice).json()
+    assert job["state"] == "failed" and "never started" in job["message"]
+    assert tries == [job_id] * 3

@@ -26,6 +26,7 @@ from dlscale.service.layout import folder_bytes, job_dir, list_artifacts
 from dlscale.service.scheduler import plan
 
 CANCEL_RESEND_S = 5.0
+START_TRIES = 3  # processes spawned for a job that never claims it before it is failed
 ENDED = ("succeeded", "failed", "cancelled")
 
 
@@ -47,6 +48,7 @@ class JobLoop:
         self.machine = Machine(config.cpu_slots, config.gpu_slots)
         self._signalled: dict[str, float] = {}  # job id -> when a cancel signal was last sent
         self._spawned: dict[str, float] = {}  # job id -> when this server last spawned it
+        self._tries: dict[str, int] = {}  # job id -> processes this server spawned for it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one tick at a time (the thread, or a test calling tick)
@@ -90,6 +92,7 @@ class JobLoop:
 
     def _spawn(self, job_id: str, now: float) -> None:
         self._spawned[job_id] = now
+        self._tries[job_id] = self._tries.get(job_id, 0) + 1
         try:
             self.executor.start(job_dir(self.config.data_dir, job_id))
         except OSError as exc:
@@ -138,7 +141,12 @@ class JobLoop:
                     store.transition(db, job, "cancelled", "cancelled before its process started")
                 else:  # 'starting', and no process ever claimed it
                     since = self._spawned.get(job.id)
-                    if since is None or now - since >= self.config.start_grace_s:
+                    tries = self._tries.get(job.id, 0)
+                    if tries >= START_TRIES:  # e.g. a broken environment: say so, stop trying
+                        folder = job_dir(self.config.data_dir, job.id)
+                        message = self.executor.lost_message(folder)
+                        store.transition(db, job, "failed", f"its process never started: {message}")
+                    elif since is None or now - since >= self.config.start_grace_s:
                         respawn.append(job.id)
         return respawn
 
@@ -172,6 +180,7 @@ class JobLoop:
         store.transition(db, job, state, message)
         self._signalled.pop(job.id, None)
         self._spawned.pop(job.id, None)
+        self._tries.pop(job.id, None)
 
     def _charge(self, db, now: float) -> None:
         active = store.active_jobs(db)
