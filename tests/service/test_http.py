@@ -103,6 +103,7 @@ def test_every_route_but_health_and_login_answers_401_without_credentials(web):
 
 
 def test_bad_tokens_and_logins_are_limited_and_audited(web):
+    alice = web.user("alice", "lab")
     for _ in range(5):
         assert (
             web.client.get("/api/me", headers={"Authorization": "Bearer dls_nope"}).status_code
@@ -110,10 +111,15 @@ def test_bad_tokens_and_logins_are_limited_and_audited(web):
         )
     limited = web.client.get("/api/me", headers={"Authorization": "Bearer dls_nope"})
     assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    # A valid token from the same address still passes: one user's bad tokens lock no one out.
+    assert web.client.get("/api/me", headers=alice).status_code == 200
+    for _ in range(5):
+        assert web.client.post("/api/login", json={"name": "a", "password": "b"}).status_code == 401
     assert web.client.post("/api/login", json={"name": "a", "password": "b"}).status_code == 429
+    assert web.client.post("/api/login", json={"name": "x", "password": "b"}).status_code == 401
     with web.state.maker.begin() as db:
         denied = db.execute(text("select count(*) from audit where outcome = 'denied'")).scalar()
-    assert denied == 5
+    assert denied == 11  # the refused (429) attempts are not audited again
 
 
 def test_the_database_holds_no_token_password_or_session_in_clear(web):
@@ -243,6 +249,8 @@ def _zip(members: dict[str, bytes]) -> bytes:
         (TINY.replace("name: mlp,", "name: 'subprocess:getoutput',"), "names code to import"),
         ("- just\n- a list\n", "expected a YAML mapping"),
         ("name: [unclosed\n", "spec:"),
+        (TINY.replace("seed: 3", "seed: abc"), "seed: expected a whole number"),
+        (TINY.replace("seed: 3", "seed: [1]"), "seed: expected a whole number"),
     ],
 )
 def test_hostile_specs_are_refused_with_one_line_and_the_server_stays_healthy(web, spec, expected):
@@ -364,3 +372,51 @@ def test_a_job_whose_process_never_claims_it_is_tried_three_times_then_failed(we
     job = web.client.get(f"/api/jobs/{job_id}", headers=alice).json()
     assert job["state"] == "failed" and "never started" in job["message"]
     assert tries == [job_id] * 3
+
+
+def test_a_seed_of_null_is_drawn_and_odd_archives_and_offsets_are_4xx_not_500(web):
+    alice = web.user("alice", "lab")
+    drawn = web.submit(alice, TINY.replace("seed: 3", "seed: null"))
+    assert drawn.status_code == 201 and isinstance(drawn.json()["seed"], int)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as zipped:
+        zipped.writestr("data.npz", bytes(range(256)) * 64)
+    damaged = bytearray(buffer.getvalue())
+    damaged[40:60] = b"\xff" * 20  # inside the deflated data: it no longer inflates
+    answer = web.client.post(
+        "/api/jobs",
+        headers=alice,
+        files=[
+            ("spec", ("spec.yaml", TINY.encode())),
+            ("archive", ("data.zip", bytes(damaged))),
+        ],
+    )
+    assert answer.status_code == 422 and "archive" in answer.json()["detail"]
+    job_id = drawn.json()["id"]
+    web.state.loop.tick()
+    web.state.loop.tick()
+    for after in ("99999999999999999999999", str(2**63 - 1), "-5", "x"):
+        stream = web.client.get(
+            f"/api/jobs/{job_id}/logs",
+            headers=alice,
+            params={"follow": "false", "after": after} if after != "x" else {"follow": "false"},
+        )
+        assert stream.status_code == 200 and "event: end" in stream.text, after
+    huge = web.client.get(
+        f"/api/jobs/{job_id}/logs",
+        params={"follow": "false"},
+        headers={**alice, "Last-Event-ID": "9" * 30},
+    )
+    assert huge.status_code == 200 and "event: end" in huge.text
+
+
+def test_a_job_cancelled_before_its_process_claims_it_can_never_run(web):
+    alice = web.user("alice", "lab")
+    web.fake.start = lambda folder: 1  # a process still starting: it has claimed nothing yet
+    job_id = web.submit(alice).json()["id"]
+    web.state.loop.tick()
+    assert web.client.post(f"/api/jobs/{job_id}/cancel", headers=alice).json()["cancel_requested"]
+    web.state.loop.tick()
+    assert web.client.get(f"/api/jobs/{job_id}", headers=alice).json()["state"] == "cancelled"
+    # The server took the job's claim: a process arriving late finds it taken and exits.
+    assert (web.data_dir / "jobs" / job_id / "claimed").exists()

@@ -45,9 +45,15 @@ def _unauthorized(detail: str = "authentication required") -> HTTPException:
     return HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def check_not_limited(request: Request) -> None:
-    """429 while this address has too many recent failed logins or bad tokens."""
-    wait = service(request).limiter.retry_after_s(client_address(request))
+def _key(request: Request, name: str | None) -> str:
+    """What failures are counted against: the address, and for logins the name tried (users
+    sharing an address are not locked out of their own accounts by another's typos)."""
+    return f"{client_address(request)}|{name or ''}"
+
+
+def check_not_limited(request: Request, name: str | None = None) -> None:
+    """429 while this address (and login name) has too many recent failures."""
+    wait = service(request).limiter.retry_after_s(_key(request, name))
     if wait is not None:
         raise HTTPException(
             429,
@@ -59,7 +65,7 @@ def check_not_limited(request: Request) -> None:
 def record_failure(request: Request, action: str, actor: str | None, detail: str) -> None:
     state = service(request)
     address = client_address(request)
-    state.limiter.fail(address)
+    state.limiter.fail(_key(request, actor))
     with state.maker.begin() as db:
         store.audit(db, action, "denied", actor=actor, ip=address, detail=detail)
 
@@ -68,13 +74,16 @@ def principal(request: Request) -> Principal:
     state = service(request)
     header = request.headers.get("authorization")
     if header is not None:
-        check_not_limited(request)
+        # A valid token always passes (tokens are 256-bit: a limit protects the server's log,
+        # not the token); only a failing address is told to wait, so users sharing an address
+        # (loopback, a proxy) are not locked out by one of them.
         scheme, _, text = header.partition(" ")
         found = None
         if scheme.lower() == "bearer" and text.strip():
             with state.maker.begin() as db:
                 found = store.authenticate_token(db, state.secret, text.strip())
         if found is None:
+            check_not_limited(request)
             record_failure(request, "token", None, "bad, expired or revoked token")
             raise _unauthorized("invalid token")
         user, token = found

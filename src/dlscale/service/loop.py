@@ -12,17 +12,19 @@ process refuses to run a job that was already claimed, so no job ever runs twice
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
 from dlscale.service import store
 from dlscale.service.config import ServiceConfig
+from dlscale.service.db import serialize
 from dlscale.service.db.models import Job, Tenant
 from dlscale.service.executor import Executor
 from dlscale.service.fairshare import charge
 from dlscale.service.jobs import Machine, Request, Running
 from dlscale.service.jobs import Tenant as TenantQuota
-from dlscale.service.layout import folder_bytes, job_dir, list_artifacts
+from dlscale.service.layout import CLAIMED, folder_bytes, job_dir, list_artifacts
 from dlscale.service.scheduler import plan
 
 CANCEL_RESEND_S = 5.0
@@ -82,6 +84,7 @@ class JobLoop:
             now = time.time() if now is None else now
             respawn = self._reconcile(now)
             with self.maker.begin() as db:
+                serialize(db.connection())
                 self._charge(db, now)
                 started = self._plan(db, now)
             # Committed as 'starting' first: a crash from here on leaves a job to respawn.
@@ -128,6 +131,7 @@ class JobLoop:
             seen[job_id] = (probe, ended)
         respawn = []
         with self.maker.begin() as db:
+            serialize(db.connection())  # PostgreSQL: a cancel cannot interleave (SQLite: IMMEDIATE)
             for job in store.active_jobs(db):
                 if job.id not in seen:
                     continue  # started after the snapshot: the next tick looks at it
@@ -138,17 +142,32 @@ class JobLoop:
                     if job.state == "starting":
                         store.transition(db, job, "running", "its process is running")
                 elif job.cancel_requested:
-                    store.transition(db, job, "cancelled", "cancelled before its process started")
-                else:  # 'starting', and no process ever claimed it
+                    if self._claim_unstarted(job.id):  # else its process claimed it just now
+                        store.transition(db, job, "cancelled", "cancelled before it started")
+                else:  # 'starting', and no process has claimed it (yet)
                     since = self._spawned.get(job.id)
-                    tries = self._tries.get(job.id, 0)
-                    if tries >= START_TRIES:  # e.g. a broken environment: say so, stop trying
+                    if since is not None and now - since < self.config.start_grace_s:
+                        continue  # give the process time to start
+                    if self._tries.get(job.id, 0) < START_TRIES:
+                        respawn.append(job.id)
+                    elif self._claim_unstarted(job.id):  # e.g. a broken environment
                         folder = job_dir(self.config.data_dir, job.id)
                         message = self.executor.lost_message(folder)
                         store.transition(db, job, "failed", f"its process never started: {message}")
-                    elif since is None or now - since >= self.config.start_grace_s:
-                        respawn.append(job.id)
         return respawn
+
+    def _claim_unstarted(self, job_id: str) -> bool:
+        """Take the job's `claimed` marker for the server (O_EXCL, as the job process takes it):
+        True when no process had claimed the job, which now none ever will, so it can be
+        cancelled or failed without a late process training it unseen."""
+        try:
+            os.close(os.open(job_dir(self.config.data_dir, job_id) / CLAIMED,
+                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # fmt: skip
+        except FileExistsError:
+            return False
+        except OSError:
+            return True  # the folder is gone: nothing can run it
+        return True
 
     def _finish(self, db, job: Job, result: dict, size: int, artifacts: list) -> None:
         state = result.get("state")

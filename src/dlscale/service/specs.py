@@ -131,10 +131,13 @@ def with_seed(data: bytes) -> Submitted:
     of the reproduction record, so a rerun trains the same numbers)."""
     text = decode(data)
     raw = parse(text)
-    if "seed" in raw:
-        return Submitted(text, text, int(raw["seed"]), False, raw)
+    seed = raw.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise UserError(f"spec: seed: expected a whole number, got {seed!r}")
+    if seed is not None:
+        return Submitted(text, text, seed, False, raw)
     seed = secrets.randbelow(2**31)
-    if text.lstrip().startswith("{"):  # flow style: no line can be appended; re-dump it
+    if text.lstrip().startswith("{") or "seed" in raw:  # flow style or `seed: null`: re-dump
         runs = yaml.safe_dump({**raw, "seed": seed}, sort_keys=False)
     else:
         runs = (

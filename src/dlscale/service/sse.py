@@ -24,7 +24,7 @@ def start_offset(last_event_id: str | None, after: int | None) -> int:
             offset = int(value)
         except (TypeError, ValueError):
             continue
-        if offset >= 0:
+        if 0 <= offset < 2**53:  # a file offset; anything larger cannot be one (seek would fail)
             return offset
     return 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import stat
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from dlscale.errors import UserError
@@ -64,5 +65,7 @@ def unpack_zip(archive: Path, into: Path, max_bytes: int) -> list[str]:
             return names
     except zipfile.BadZipFile as exc:
         raise UserError(f"archive: not a zip file ({exc})") from None
+    except (RuntimeError, NotImplementedError, EOFError, zlib.error) as exc:  # encrypted, ...
+        raise UserError(f"archive: cannot be unpacked ({type(exc).__name__}: {exc})") from None
     except FileExistsError as exc:
         raise UserError(f"archive: '{Path(exc.filename).name}' is given twice") from None

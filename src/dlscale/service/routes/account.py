@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 from dlscale import __version__
 from dlscale.service import store
 from dlscale.service.auth import verify_password
+from dlscale.service.db.models import User
 from dlscale.service.deps import (
     CSRF_COOKIE,
     SESSION_COOKIE,
@@ -37,7 +38,7 @@ def health() -> dict:
 def login(body: Login, request: Request, response: Response) -> dict:
     """Password login for the dashboard: a session cookie (HttpOnly, SameSite=Strict) and a
     CSRF value the pages send back in the X-CSRF-Token header on every change."""
-    check_not_limited(request)
+    check_not_limited(request, body.name[:100].replace("\x00", "?"))
     state = service(request)
     user = None
     if "\x00" not in body.name + body.password:  # no such name; and PostgreSQL refuses NUL
@@ -45,7 +46,7 @@ def login(body: Login, request: Request, response: Response) -> dict:
             found, hashed = store.password_of(db, body.name)
         if verify_password(hashed, body.password) and found is not None:
             with state.maker.begin() as db:
-                user = db.merge(found)
+                user = db.get(User, found.id)  # fresh, never a detached copy written back
                 ttl_s = state.config.session_ttl_s
                 session_id, csrf = store.open_session(db, state.secret, user, ttl_s)
                 store.audit(db, "login", "ok", actor=user.name, ip=client_address(request))

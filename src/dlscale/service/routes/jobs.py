@@ -15,6 +15,8 @@ from dlscale import __version__, api
 from dlscale.errors import UserError
 from dlscale.service import specs, store
 from dlscale.service.auth import ROLES
+from dlscale.service.db import serialize
+from dlscale.service.db.models import Job
 from dlscale.service.deps import Principal, job_access, principal, service, writer
 from dlscale.service.jobs import Request as SlotRequest
 from dlscale.service.layout import job_dir, open_plain, write_job
@@ -225,7 +227,7 @@ def list_jobs(request: Request, tenant: str | None = None, who: Principal = Depe
 def read_job(job_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
     job, role = job_access(request, job_id, who)
     with service(request).maker.begin() as db:
-        return job_view(db, db.merge(job, load=True), role)
+        return job_view(db, db.get(Job, job.id), role)  # fresh: nothing stale written back
 
 
 @router.post("/api/jobs/{job_id}/cancel")
@@ -235,7 +237,8 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(writer)) -> d
     job, _ = job_access(request, job_id, who, "editor")
     state = service(request)
     with state.maker.begin() as db:
-        row = db.merge(job, load=True)
+        serialize(db.connection())  # one writer of job states at a time (PostgreSQL)
+        row = db.get(Job, job.id)  # fresh: a detached copy would write stale columns back
         changed = store.request_cancel(db, row)
         store.audit(db, "cancel", "ok", actor=who.user.name, target=job_id)
         result = {
@@ -271,6 +274,9 @@ def rerun(job_id: str, request: Request, who: Principal = Depends(writer)) -> di
         },
         "rerun_of": job.id,
     }
-    with open_plain(job_dir(state.config.data_dir, job.id) / "job.json") as handle:
-        parallel = json.load(handle).get("parallel")
+    try:
+        with open_plain(job_dir(state.config.data_dir, job.id) / "job.json") as handle:
+            parallel = json.load(handle).get("parallel")
+    except (FileNotFoundError, ValueError, AttributeError):
+        raise HTTPException(409, "the original job's folder is gone or damaged") from None
     return _create(request, who, tenant, job.kind, job.spec_text, job.seed, repro, parallel, fill)

@@ -15,6 +15,7 @@ from fastapi.templating import Jinja2Templates
 
 from dlscale.service import specs, store
 from dlscale.service.auth import ROLES
+from dlscale.service.db.models import Job
 from dlscale.service.deps import Principal, admin, job_access, principal, service
 from dlscale.service.headers import SecurityHeaders
 from dlscale.service.layout import job_dir
@@ -146,7 +147,7 @@ def job_page(job_id: str, request: Request) -> HTMLResponse:
         job, role = job_access(request, job_id, who)
         state = service(request)
         with state.maker.begin() as db:
-            row = db.merge(job, load=True)
+            row = db.get(Job, job.id)  # fresh: never a detached copy written back
             view = job_routes.job_view(db, row, role)
             files = [
                 {"id": a.id, "name": a.name, "size": a.size, "sha256": a.sha256}
