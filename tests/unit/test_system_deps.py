@@ -14,10 +14,15 @@ BASH = shutil.which("bash")
 
 def run_script(*args, env=None, user=None) -> subprocess.CompletedProcess:
     command = [BASH, str(SCRIPT), *args]
+    script_text = None
     if user is not None:
+        # Fed on stdin: the checkout may sit in a folder that user cannot read (a mktemp clone).
         command = [shutil.which("setpriv"), f"--reuid={user}", f"--regid={user}", "--clear-groups"]
-        command += [BASH, str(SCRIPT), *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=False)
+        command += [BASH, "-s", "--", *args]
+        script_text = SCRIPT.read_text()
+    return subprocess.run(
+        command, env=env, input=script_text, capture_output=True, text=True, timeout=60, check=False
+    )
 
 
 def lacking_both(tmp_path) -> dict:
