@@ -36,7 +36,10 @@ def check_whole(text: str, result) -> None:
     assert len(rows) == len(layers)  # one line a layer: nothing wrapped onto a second line
     for line, layer in zip(rows, layers, strict=True):
         assert layer["name"] in line
-        for figure in (f"{layer['params']:,}", si(layer["forward_flops"])):
+        figures = [f"{layer['params']:,}", si(layer["forward_flops"])]
+        if " MACs ┃" in text:  # left out first of the three at a narrow terminal
+            figures.append(si(layer["forward_macs"]))
+        for figure in figures:
             assert f" {figure} │" in line, (figure, line)
 
 
@@ -63,3 +66,14 @@ def test_piped_the_tables_are_whole(resnet):
     for column in [*LAYER_COLUMNS, *HARDWARE_COLUMNS]:
         assert f" {column.header} ┃" in header, column.header
     assert "not shown" not in text
+
+
+def test_the_macs_column_counts_the_lectures_way():
+    """LeNet's conv1 at batch 1, by hand: 6 × 24 × 24 outputs × (1 × 5 × 5) inputs = 86,400
+    MACs, half its FLOPs; the 3,456 bias adds (one per output) are in neither count."""
+    layers = {row["name"]: row for row in to_json(api.profile("lenet", batch_size=1))["layers"]}
+    conv1 = layers["conv1"]
+    assert conv1["forward_macs"] == 6 * 24 * 24 * 25 and conv1["forward_flops"] == 2 * 86_400
+    assert layers["fc1"]["forward_macs"] == 256 * 120
+    text = CliRunner().invoke(app, ["profile", "lenet", "--batch", "1"]).stdout
+    assert " MACs ┃" in text and " 86.4 k │  173 k │" in text

@@ -175,8 +175,8 @@ def host_error(spec: Spec, host: HostNeed, available: int) -> UserError:
     if host.state_bytes > available and host.state_kind != "weights":
         return UserError(
             f"model '{spec.model.name}' on this machine ({_b(available)} of memory available): "
-            f"{split_advice(host.state_bytes, available)}; a local pipeline's stages share this "
-            "machine's memory, so place them on several (--cluster ray)"
+            f"{split_advice(host.state_bytes, available, spec.precision)}; a local pipeline's "
+            "stages share this machine's memory, so place them on several (--cluster ray)"
         )
     parts = [
         f"{host.replicas} × {_b(host.state_bytes)} of {host.state_kind}",
@@ -208,7 +208,7 @@ def check_gpu(spec: Spec, state: ModelState, device: torch.device) -> None:
     if state.total_bytes / stages > usable:
         raise UserError(
             f"model '{spec.model.name}' on {properties.name}: "
-            f"{split_advice(state.total_bytes, usable)}"
+            f"{split_advice(state.total_bytes, usable, spec.precision)}"
         )
 
 

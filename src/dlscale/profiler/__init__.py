@@ -60,7 +60,6 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
     start = time.perf_counter()
     trace = trace_workload(workload)
     memory = training_memory(trace)
-    layer_types = list(trace.module_types.values())
     reports = []
     for device in hardware:
         prediction = predict(trace, device, workload.dataset_size)
@@ -72,9 +71,10 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
                     memory,
                     prediction,
                     device,
-                    layer_types,
+                    trace.module_types,
                     workload.dataset_bytes,
                     workload.data_from_disk,
+                    workload.precision,
                 ),
             )
         )

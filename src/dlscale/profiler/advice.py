@@ -32,10 +32,13 @@ def verdict(
     memory: TrainingMemory,
     prediction: Prediction,
     hardware: Hardware,
-    layer_types: list[str],
+    module_types: dict[str, str],
     dataset_bytes: int | None = None,
     data_from_disk: bool = False,
+    precision: str = "fp32",
 ) -> Verdict:
+    """`module_types`: module name -> class name (StepTrace.module_types); `precision`: the
+    training precision asked for, never advised back."""
     usable = int(hardware.memory_bytes * USABLE_MEMORY_FRACTION)
     room = usable - memory.static_bytes
     max_batch = max(0, math.floor(room / memory.per_sample_bytes)) if room > 0 else 0
@@ -47,19 +50,23 @@ def verdict(
         max_batch=max_batch,
     )
     data = dataset_bytes, data_from_disk
-    result.advice = _advice(memory, prediction, hardware, layer_types, data, result)
+    result.advice = _advice(memory, prediction, hardware, module_types, data, result, precision)
     return result
 
 
-def split_advice(static_bytes: int, usable_bytes: int) -> str:
+def split_advice(static_bytes: int, usable_bytes: int, precision: str = "fp32") -> str:
     """When weights, gradients and optimizer state alone exceed a device: split or shrink."""
     devices = math.ceil(static_bytes / usable_bytes)
+    # Mixed precision keeps fp32 master weights, gradients and state: bf16 shrinks this only
+    # where the request is not already bf16/fp16 (then it halves the activations, not this).
+    shrink = "fewer parameters, an optimizer with less state" + (
+        ", bf16" if precision == "fp32" else ""
+    )
     return (
         "the model does not fit: weights, gradients and optimizer state alone need "
         f"{_b(static_bytes)} of {_b(usable_bytes)} usable; split it across ≥ {devices} "
         f"devices (strategy: {{name: pipeline, stages: {max(devices, 2)}}}, with "
-        "max_memory_per_worker set to the device's memory) or shrink it (fewer parameters, "
-        "an optimizer with less state, bf16)"
+        f"max_memory_per_worker set to the device's memory) or shrink it ({shrink})"
     )
 
 
@@ -95,16 +102,17 @@ def stream_advice(
     )
 
 
-def _advice(memory, prediction, hardware, layer_types, data, result) -> list[str]:
+def _advice(memory, prediction, hardware, module_types, data, result, precision) -> list[str]:
     notes = []
     dataset_bytes, data_from_disk = data
     usable = result.usable_bytes
     if memory.static_bytes > usable:
-        notes.append(split_advice(memory.static_bytes, usable))
+        notes.append(split_advice(memory.static_bytes, usable, precision))
     elif not result.fits:
+        bf16 = "bf16 activations, " if precision == "fp32" else ""
         notes.append(
             f"batch {memory.batch_size} does not fit ({_b(memory.total_bytes)} needed, "
-            f"{_b(usable)} usable): use batch ≤ {result.max_batch:,}, bf16 activations, or "
+            f"{_b(usable)} usable): use batch ≤ {result.max_batch:,}, {bf16}or "
             "split the model across devices (strategy: {name: pipeline, stages: 2})"
         )
     else:
@@ -116,15 +124,33 @@ def _advice(memory, prediction, hardware, layer_types, data, result) -> list[str
         notes.append(disk_rate_advice(memory, prediction))
     elif dataset_bytes is not None and dataset_bytes > usable - memory.total_bytes:
         notes.append(stream_advice(dataset_bytes, memory, prediction, hardware))
-    if RECURRENT_LAYERS & set(layer_types) or prediction.time_share("memory") > MEMORY_BOUND_SHARE:
-        notes.append(
-            "most of the time is memory-bound (small matrix products, as in RNN/LSTM layers): "
-            f"memory bandwidth ({hardware.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s here) "
-            "matters more than peak FLOP/s"
-        )
+    memory_note = _memory_bound_note(prediction, hardware, module_types)
+    if memory_note:
+        notes.append(memory_note)
     if prediction.time_share("overhead") > OVERHEAD_BOUND_SHARE:
         notes.append(
             "per-op launch overhead dominates: the layers are too small for this device; a "
             "larger batch (or a compiled model) keeps it busy"
         )
     return notes
+
+
+def _memory_bound_note(prediction, hardware, module_types: dict[str, str]) -> str | None:
+    """Bandwidth over FLOP/s, when most of the time is memory-bound or the recurrent layers
+    are (their per-time-step products are small); the recurrent ones named only when they are."""
+    recurrent = [
+        layer.name
+        for layer in prediction.layers
+        if layer.bound == "memory" and module_types.get(layer.name) in RECURRENT_LAYERS
+    ]
+    mostly = prediction.time_share("memory") > MEMORY_BOUND_SHARE
+    if not (mostly or recurrent):
+        return None
+    bandwidth = f"memory bandwidth ({hardware.memory_bandwidth_bytes_per_s / 1e9:,.0f} GB/s here)"
+    if recurrent:
+        named = ", ".join(recurrent[:3]) + (" ..." if len(recurrent) > 3 else "")
+        why = f"the recurrent layers ({named}) are memory-bound: small matrix products per step"
+        lead = f"most of the time is memory-bound and {why}" if mostly else why
+    else:
+        lead = "most of the time is memory-bound"
+    return f"{lead}; {bandwidth} matters more than peak FLOP/s"

@@ -18,6 +18,9 @@ CONVENTIONS = {
     "flops": "FLOPs = 2 × MACs for conv, linear, matmul and attention (torch.utils.flop_counter "
     "formulas, as FlopCounterMode counts them); attention runs as the CPU runs it: one fused "
     "kernel where torch would pick it, whose backward recomputes the scores (5 products)",
+    "macs": "MACs = multiply-accumulates of those products (FLOPs / 2), per batch; a bias add "
+    "fused into a conv or linear op is counted in neither, one add per output element (the "
+    "'connections' LeCun et al. 1998 count per layer are MACs + outputs)",
     "other_flops": "elementwise ops, reductions, norms, pooling and losses: 1 FLOP per element "
     "of the op's largest tensor; counted separately",
     "bytes": "every aten op reads its tensor inputs and writes its outputs; views move nothing",
@@ -176,13 +179,16 @@ def render(result: ProfileResult, console: Console) -> None:
         _print_hardware_table(data["hardware"], console)
         for hw in data["hardware"]:
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
-    console.print(f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['other_flops']}.[/]")
+    console.print(
+        f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
+    )
 
 
 # What a person reads first stays longest when the terminal is narrow (lower `keep`).
 LAYER_COLUMNS = [
     Column("layer", 0, "left"), Column("type", 6, "left"), Column("output", 5, "left"),
-    Column("params", 1), Column("FLOPs", 2), Column("other", 7), Column("bwd FLOPs", 3),
+    Column("params", 1), Column("MACs", 5), Column("FLOPs", 2), Column("other", 7),
+    Column("bwd FLOPs", 3),
     Column("in", 11), Column("out", 10), Column("weights", 9), Column("FLOP/B", 8),
     Column("saved", 4),
 ]  # fmt: skip
@@ -195,7 +201,8 @@ def _print_layer_table(result: ProfileResult, console: Console) -> None:
         name = "  " * depth + row["name"] + (" (own ops)" if row["kind"] == "own" else "")
         shape = "×".join(map(str, row["output_shape"])) if row["output_shape"] else ""
         rows.append([
-            name, row["type"], shape, f"{row['params']:,}", si(row["forward_flops"]),
+            name, row["type"], shape, f"{row['params']:,}", si(row["forward_macs"]),
+            si(row["forward_flops"]),
             si(row["forward_other_flops"]), si(row["backward_flops"]), binary(row["input_bytes"]),
             binary(row["output_bytes"]), binary(row["weight_bytes"]), f"{row['intensity']:.1f}",
             binary(row["saved_bytes"]),

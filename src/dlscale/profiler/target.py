@@ -77,7 +77,8 @@ def resolve(
             precision=precision or "fp32",
             optimizer=OptimizerSpec(name=optimizer or DEFAULT_OPTIMIZER),
             dataset_size=dataset_size,
-            dataset_bytes=None,
+            # A zoo model's data is its example samples: the size a --dataset-size of them takes.
+            dataset_bytes=dataset_size * sample.nbytes if dataset_size else None,
         )
     )
 

@@ -1,0 +1,92 @@
+"""Advice consistent with the request: what was asked is never advised back, a note about a kind
+of layer appears only when those layers behave that way, and a zoo model's data size counts."""
+
+import torch
+from torch import nn
+
+from dlscale.hardware.spec import Hardware
+from dlscale.profiler import profile
+from dlscale.profiler.advice import verdict
+from dlscale.profiler.memory import training_memory
+from dlscale.profiler.roofline import predict
+from dlscale.profiler.target import resolve
+from dlscale.profiler.trace import trace_step
+
+
+def device(**changes) -> Hardware:
+    values = {
+        "name": "test-gpu",
+        "display_name": "Test GPU",
+        "kind": "gpu",
+        "vendor": "test",
+        "peak_flops": {"fp32": 10e12, "bf16": 40e12},
+        "memory_bytes": 16 * 2**30,
+        "memory_bandwidth_bytes_per_s": 500e9,
+        "host_link_bytes_per_s": 10e9,
+    }
+    return Hardware(**{**values, **changes})
+
+
+def traced(build, sample, batch, precision="fp32"):
+    def adam(params):
+        return torch.optim.Adam(params)
+
+    return trace_step(build, sample, batch, precision, adam, "adam")
+
+
+def test_a_bf16_request_is_not_advised_to_switch_to_bf16():
+    step = traced(lambda: nn.Linear(1000, 1000), torch.zeros(1000), 4096, "bf16")
+    memory = training_memory(step)
+    small = device(memory_bytes=40 * 2**20)  # the static state (16 MB) fits, the batch does not
+    notes = verdict(memory, predict(step, small), small, {"": "Linear"}, precision="bf16").advice
+    assert "does not fit" in notes[0] and "bf16" not in notes[0]
+    fp32_step = traced(lambda: nn.Linear(1000, 1000), torch.zeros(1000), 4096)
+    fp32_memory = training_memory(fp32_step)
+    fp32 = verdict(fp32_memory, predict(fp32_step, small), small, {"": "Linear"}).advice
+    assert "bf16" in fp32[0]  # an fp32 request may still be told about it
+    tiny = device(memory_bytes=8 * 2**20)  # not even the static state fits
+    split = verdict(memory, predict(step, tiny), tiny, {"": "Linear"}, precision="bf16").advice
+    assert "split it across" in split[0] and "bf16" not in split[0]
+
+
+class Recurrent(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, 10)
+
+    def forward(self, x):  # (B, T, H)
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+def test_the_recurrent_note_appears_only_when_the_recurrent_layers_are_memory_bound():
+    fast_memory = device(memory_bandwidth_bytes_per_s=1e15)  # nothing can be memory-bound
+    step = traced(lambda: Recurrent(256), torch.zeros(8, 256), 64)
+    prediction = predict(step, fast_memory)
+    assert prediction.time_share("memory") == 0.0
+    notes = verdict(training_memory(step), prediction, fast_memory, step.module_types).advice
+    assert not any("memory-bound" in note for note in notes)  # an LSTM alone says nothing
+
+    slow_memory = device(memory_bandwidth_bytes_per_s=1e8, peak_flops={"fp32": 1e15})
+    prediction = predict(step, slow_memory)
+    assert "lstm" in prediction.bound_layers("memory")
+    notes = verdict(training_memory(step), prediction, slow_memory, step.module_types).advice
+    (note,) = [note for note in notes if "memory-bound" in note]
+    assert "lstm" in note  # the note names the recurrent layers that are
+
+    linear = traced(lambda: nn.Sequential(nn.Linear(64, 64), nn.ReLU()), torch.zeros(64), 8)
+    prediction = predict(linear, slow_memory)
+    notes = verdict(training_memory(linear), prediction, slow_memory, linear.module_types).advice
+    (note,) = [note for note in notes if "memory-bound" in note]
+    assert "LSTM" not in note and "RNN" not in note  # no recurrent layer to blame
+
+
+def test_a_zoo_model_with_a_dataset_size_is_told_to_stream_data_that_does_not_fit():
+    workload = resolve("mlp", dataset_size=1_000_000)
+    assert workload.dataset_bytes == 1_000_000 * 784 * 4  # the zoo's 784 fp32 features each
+    result = profile(workload, [device(memory_bytes=2 * 2**30)])
+    (note,) = [n for n in result.reports[0].verdict.advice if "does not fit beside" in n]
+    assert "stream it from disk" in note
+    small = profile(resolve("mlp", dataset_size=1000), [device()])
+    assert not any("stream" in n for n in small.reports[0].verdict.advice)
