@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlscale.errors import UserError
+
 DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
 
 
@@ -33,15 +35,48 @@ def profile(
     tokens: bool = False,
     model_kwargs: dict | None = None,
     dataset_size: int | None = None,
+    devices: list[int] | None = None,
+    interconnect: str | None = None,
+    nodes: int = 1,
+    network: str | None = None,
+    strategies: list[str] | None = None,
+    epochs: int | None = None,
+    deadline: str | None = None,
 ):
-    """Trace one training step of `target` on the meta device and predict it on `hardware`."""
+    """Trace one training step of `target` on the meta device and predict it on `hardware`;
+    with `devices` (counts), also on that many of each device, strategy by strategy."""
     from dlscale import profiler
+    from dlscale.profiler.scaling import STRATEGIES
+    from dlscale.profiler.scaling_report import parse_duration, scaling_reports
     from dlscale.profiler.target import resolve
 
+    if not devices and (interconnect or network or deadline or strategies or nodes != 1):
+        raise UserError("--interconnect, --nodes, --network, --strategies and --deadline need "
+                        "--devices, e.g. --devices 1,2,4,8")  # fmt: skip
+    if epochs is not None and epochs <= 0:
+        raise UserError(f"--epochs must be a positive number (got {epochs})")
+    deadline_s = parse_duration(deadline) if deadline is not None else None
     workload = resolve(
         target, batch_size, input_shape, precision, optimizer, tokens, model_kwargs, dataset_size
     )
-    return profiler.profile(workload, profile_hardware(hardware, hardware_files))
+    result = profiler.profile(workload, profile_hardware(hardware, hardware_files))
+    if devices:
+        spec_epochs = getattr(workload, "epochs", None)
+        epochs_from = "--epochs" if epochs else "spec" if spec_epochs else "default"
+        result.scaling = scaling_reports(
+            result.trace,
+            [report.hardware for report in result.reports],
+            devices,
+            interconnect=interconnect,
+            nodes=nodes,
+            network=network,
+            strategies=tuple(strategies or STRATEGIES),
+            dataset_size=workload.dataset_size,
+            epochs=epochs or spec_epochs or 1,
+            epochs_from=epochs_from,
+            deadline_s=deadline_s,
+        )
+    return result
 
 
 def profile_report(result, console) -> None:

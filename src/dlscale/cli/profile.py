@@ -47,6 +47,23 @@ def profile(
     dataset_size: int | None = typer.Option(
         None, "--dataset-size", help="Training samples per epoch, for epoch time."
     ),
+    devices: str | None = typer.Option(
+        None, "--devices", help="Predict on this many of each device: 1,2,4,8."
+    ),
+    interconnect: str | None = typer.Option(
+        None, "--interconnect", help="nvlink | pcie | a link (dlscale hardware links)."
+    ),
+    nodes: int = typer.Option(1, "--nodes", help="Machines the devices are spread over."),
+    network: str | None = typer.Option(
+        None, "--network", help="The link between nodes, e.g. ib-hdr, eth-100g."
+    ),
+    strategies: str | None = typer.Option(
+        None, "--strategies", help="ddp,pipeline,ps,hybrid (default: all)."
+    ),
+    epochs: int | None = typer.Option(None, "--epochs", help="Epochs of the whole run."),
+    deadline: str | None = typer.Option(
+        None, "--deadline", help="Pick the cheapest device count finishing within: 2h, 30m."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),
 ) -> None:
@@ -76,6 +93,13 @@ def profile(
         tokens=tokens,
         model_kwargs=model_kwargs,
         dataset_size=dataset_size,
+        devices=parse_int_list(devices, "--devices") if devices else None,
+        interconnect=interconnect,
+        nodes=nodes,
+        network=network,
+        strategies=parse_names(strategies),
+        epochs=epochs,
+        deadline=deadline,
     )
     if as_json:
         print(json.dumps(api.profile_json(result), indent=2))

@@ -26,8 +26,14 @@ GIB = 2**30
 SHIPPED_LABEL = "dlscale/hardware/catalogue.toml"
 
 # TOML key -> Hardware field, for the keys copied as they are.
-_PLAIN_TEXT = {"display_name": "display_name", "vendor": "vendor", "notes": "notes"}
-_PLAIN_NUMBERS = ("tdp_w", "compute_efficiency", "memory_efficiency")
+_PLAIN_TEXT = {
+    "display_name": "display_name",
+    "vendor": "vendor",
+    "notes": "notes",
+    "price_source": "price_source",
+    "price_date": "price_date",
+}
+_PLAIN_NUMBERS = ("tdp_w", "compute_efficiency", "memory_efficiency", "price_per_hour")
 # TOML key in human units -> (Hardware field, power of ten from the file's unit to SI).
 _SCALED = {
     "memory_bandwidth_gbs": ("memory_bandwidth_bytes_per_s", 9),
@@ -52,6 +58,9 @@ KEYS = (
     "interconnect",
     "interconnect_gbs",
     "tdp_w",
+    "price_per_hour",
+    "price_source",
+    "price_date",
     "compute_efficiency",
     "memory_efficiency",
     "op_overhead_us",
@@ -176,6 +185,8 @@ def parse_entry(entry: dict[str, Any], where: str) -> Hardware:
     fields["memory_bytes"] = int((_number(entry, "memory_gib", where) * GIB).to_integral_value())
     fields["peak_flops"] = _peaks(entry["peak_tflops"], where)
     fields.update(_links(entry, where))
+    if "price_per_hour" in entry and not {"price_source", "price_date"} <= set(entry):
+        raise UserError(f"{where}: a price_per_hour needs its price_source and price_date")
     fields["sources"] = tuple(_sources(entry.get("sources", []), where))
     fields["measured"] = (
         _plain_values(_table(entry, "measured", where)) if "measured" in entry else {}
@@ -288,6 +299,9 @@ def entry_to_toml(hardware: Hardware) -> str:
         "host_link": hardware.host_link,
         "interconnect": hardware.interconnect,
         "tdp_w": hardware.tdp_w,
+        "price_per_hour": hardware.price_per_hour,
+        "price_source": hardware.price_source,
+        "price_date": hardware.price_date,
         "compute_efficiency": hardware.compute_efficiency,
         "memory_efficiency": hardware.memory_efficiency,
         "sources": list(hardware.sources),

@@ -37,6 +37,9 @@ class Hardware:
     interconnect: str | None = None  # "NVLink 3 (12 links)"
     interconnect_bytes_per_s: float | None = None  # total per device, both directions
     tdp_w: float | None = None
+    price_per_hour: float | None = None  # USD per device-hour, cloud on-demand where offered
+    price_source: str | None = None  # where the price was read
+    price_date: str | None = None  # when: "2026-11"
     compute_efficiency: float | None = None
     memory_efficiency: float | None = None
     op_overhead_s: float | None = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.spec import Hardware
@@ -30,6 +30,7 @@ class ProfileResult:
     memory: TrainingMemory
     reports: list[HardwareReport]
     profile_s: float
+    scaling: list = field(default_factory=list)  # ScalingReport per device, with --devices
 
 
 def trace_workload(workload: Workload) -> StepTrace:

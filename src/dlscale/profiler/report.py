@@ -8,6 +8,8 @@ from rich.text import Text
 
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
+from dlscale.profiler.scaling_report import render as render_scaling
+from dlscale.profiler.scaling_report import to_json as scaling_json
 from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
 from dlscale.units import binary_bytes as binary
 from dlscale.units import duration as seconds
@@ -157,6 +159,7 @@ def to_json(result: ProfileResult) -> dict:
         "containers": containers(result),
         "uncounted_ops": trace.uncounted_ops,
         "hardware": [_hardware_json(report) for report in result.reports],
+        "scaling": [scaling_json(report) for report in result.scaling],
         "profile_s": result.profile_s,
     }
 
@@ -179,6 +182,8 @@ def render(result: ProfileResult, console: Console) -> None:
         _print_hardware_table(data["hardware"], console)
         for hw in data["hardware"]:
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
+    if result.scaling:
+        render_scaling(result.scaling, console)
     console.print(
         f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
     )

@@ -1,0 +1,225 @@
+"""Many devices, per device kind: the predicted points with their cost and energy, the deadline
+pick, as JSON and as tables."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from rich.console import Console
+
+from dlscale.errors import UserError
+from dlscale.hardware.links import Link, device_link, load_links
+from dlscale.hardware.spec import Hardware
+from dlscale.profiler.columns import Column, print_fitted
+from dlscale.profiler.scaling import STRATEGIES, ScalePoint, predict_scaling
+from dlscale.profiler.trace import StepTrace
+from dlscale.units import duration
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'90s', '30m', '2h', '1.5d' -> seconds."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
+    if not found or float(found.group(1)) <= 0:
+        raise UserError(
+            f"--deadline must be a duration such as 90s, 30m, 2h or 1.5d (got '{text}')"
+        )
+    return float(found.group(1)) * _UNITS[found.group(2)]
+
+
+@dataclass
+class Costed:
+    """A point with what an epoch and the whole run take, cost and use."""
+
+    point: ScalePoint
+    epoch_s: float | None
+    run_s: float | None
+    cost_epoch: float | None  # USD
+    cost_run: float | None
+    energy_epoch_kwh: float | None  # at TDP: an upper bound
+    energy_run_kwh: float | None
+
+
+@dataclass
+class ScalingReport:
+    hardware: Hardware
+    link: Link
+    rows: list[Costed]
+    epochs: int
+    epochs_from: str  # "spec", "--epochs" or "default"
+    deadline_s: float | None = None
+    pick: Costed | None = None
+    other_links: dict[str, list[ScalePoint]] = field(default_factory=dict)  # for the plot
+
+
+def costed(point: ScalePoint, hardware: Hardware, dataset_size: int | None, epochs: int):
+    if not dataset_size:
+        return Costed(point, None, None, None, None, None, None)
+    steps = max(1, dataset_size // point.global_batch)
+    epoch_s = steps * point.step_s
+    hours = point.devices * epoch_s / 3600  # device-hours
+    price, tdp = hardware.price_per_hour, hardware.tdp_w
+    cost = hours * price if price is not None else None
+    energy = hours * tdp / 1000 if tdp is not None else None
+    return Costed(
+        point,
+        epoch_s,
+        epoch_s * epochs,
+        cost,
+        cost * epochs if cost is not None else None,
+        energy,
+        energy * epochs if energy is not None else None,
+    )
+
+
+def deadline_pick(rows: list[Costed], deadline_s: float) -> Costed | None:
+    """The cheapest point whose whole run meets the deadline (by price, else device-hours)."""
+    meeting = [r for r in rows if r.point.fits and r.run_s is not None and r.run_s <= deadline_s]
+    if not meeting:
+        return None
+
+    def cost(row: Costed) -> tuple:
+        device_hours = row.point.devices * row.run_s
+        return (row.cost_run if row.cost_run is not None else device_hours, row.point.devices)
+
+    return min(meeting, key=cost)
+
+
+def scaling_reports(
+    trace: StepTrace,
+    hardware: list[Hardware],
+    devices: list[int],
+    *,
+    interconnect: str | None = None,
+    nodes: int = 1,
+    network: str | None = None,
+    strategies: tuple[str, ...] = STRATEGIES,
+    dataset_size: int | None = None,
+    epochs: int = 1,
+    epochs_from: str = "default",
+    deadline_s: float | None = None,
+) -> list[ScalingReport]:
+    if not devices or min(devices) < 1:
+        raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
+    if nodes < 1 or any(count % nodes for count in devices):
+        raise UserError(f"--nodes {nodes} must divide every device count in --devices {devices}")
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise UserError(
+            f"--strategies: unknown '{unknown[0]}'; choose from {', '.join(STRATEGIES)}"
+        )
+    if deadline_s is not None and not dataset_size:
+        raise UserError("--deadline needs the epoch's size: give --dataset-size (or a spec)")
+    links = load_links()
+    network_link = None
+    if nodes > 1:
+        if network is None:
+            raise UserError("--nodes above 1 needs --network, e.g. ib-hdr or eth-100g")
+        network_link = device_link(hardware[0], network, links)
+    reports = []
+    for device in hardware:
+        link = device_link(device, interconnect, links)
+        points = predict_scaling(trace, device, devices, link, strategies=strategies,
+                                 nodes=nodes, network=network_link)  # fmt: skip
+        rows = [costed(p, device, dataset_size, epochs) for p in points]
+        report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
+        if deadline_s is not None:
+            report.pick = deadline_pick(rows, deadline_s)
+        for choice in ("nvlink", "pcie"):
+            try:
+                other = device_link(device, choice, links)
+            except UserError:
+                continue
+            if other.name != link.name:
+                report.other_links[other.name] = predict_scaling(
+                    trace, device, devices, other, strategies=("ddp",), nodes=nodes,
+                    network=network_link,
+                )  # fmt: skip
+        reports.append(report)
+    return reports
+
+
+def to_json(report: ScalingReport) -> dict:
+    def row(r: Costed) -> dict:
+        return {**asdict(r.point), **{k: v for k, v in asdict(r).items() if k != "point"}}
+
+    return {
+        "hardware": report.hardware.name,
+        "link": {
+            "name": report.link.name,
+            "display_name": report.link.display_name,
+            "bytes_per_s": report.link.bytes_per_s,
+            "latency_s": report.link.latency_s,
+            "efficiency": report.link.efficiency,
+        },
+        "price_per_hour": report.hardware.price_per_hour,
+        "price_source": report.hardware.price_source,
+        "price_date": report.hardware.price_date,
+        "tdp_w": report.hardware.tdp_w,
+        "epochs": report.epochs,
+        "epochs_from": report.epochs_from,
+        "points": [row(r) for r in report.rows],
+        "deadline_s": report.deadline_s,
+        "pick": row(report.pick) if report.pick else None,
+    }
+
+
+def _money(value: float | None) -> str:
+    return "-" if value is None else f"${value:,.2f}"
+
+
+def _energy(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.2f} kWh"
+
+
+SCALING_COLUMNS = [
+    Column("devices", 0), Column("strategy", 0, "left"), Column("step", 3),
+    Column("samples/s", 1), Column("efficiency", 2), Column("comm exposed", 5),
+    Column("bound", 4, "left"), Column("fits", 6), Column("epoch", 8),
+    Column("cost / epoch", 9), Column("energy / epoch", 11), Column("whole run", 7),
+    Column("cost / run", 10),
+]  # fmt: skip
+
+
+def render(reports: list[ScalingReport], console: Console) -> None:
+    for report in reports:
+        hw, link = report.hardware, report.link
+        title = (
+            f"{hw.name} × N over {link.display_name} ({link.bytes_per_s / 1e9:,.1f} GB/s each "
+            f"way × {link.efficiency:.2f}, {link.latency_s * 1e6:.0f} µs)"
+        )
+        rows = []
+        for r in report.rows:
+            p = r.point
+            mark = " ◀" if report.pick is r else ""
+            rows.append([
+                f"{p.devices}{mark}", p.strategy, duration(p.step_s), f"{p.samples_per_s:,.0f}",
+                f"{p.efficiency:.0%}", duration(p.comm_s), p.bound,
+                "yes" if p.fits else "[red]no[/]", duration(r.epoch_s), _money(r.cost_epoch),
+                _energy(r.energy_epoch_kwh), duration(r.run_s), _money(r.cost_run),
+            ])  # fmt: skip
+        price = (
+            f"${hw.price_per_hour}/device-hour ({hw.price_source}, {hw.price_date})"
+            if hw.price_per_hour is not None
+            else "no price in the catalogue (set price_per_hour in your own entry)"
+        )
+        notes = {
+            "devices": "weak scaling: each device keeps the batch (a pipeline splits it)",
+            "cost / epoch": price,
+            "energy / epoch": f"energy at TDP {hw.tdp_w or '?'} W (an upper bound)",
+            "whole run": f"whole run = {report.epochs} epoch(s) ({report.epochs_from})",
+        }
+        print_fitted(console, title, SCALING_COLUMNS, rows, notes)
+        if report.deadline_s is not None:
+            if report.pick is None:
+                console.print(f"{hw.name}: no device count meets the deadline of "
+                              f"{duration(report.deadline_s)}")  # fmt: skip
+            else:
+                p = report.pick.point
+                console.print(
+                    f"{hw.name}: cheapest to meet {duration(report.deadline_s)}: {p.devices} × "
+                    f"{p.strategy}, whole run {duration(report.pick.run_s)}, "
+                    f"{_money(report.pick.cost_run)}"
+                )
