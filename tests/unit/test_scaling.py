@@ -1,0 +1,189 @@
+"""Predictions on many devices against hand-computed values, and the links and prices behind."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from dlscale.cli.main import app
+from dlscale.errors import UserError
+from dlscale.hardware.catalogue import load_catalogue
+from dlscale.hardware.links import Link, device_link, load_links
+from dlscale.hardware.spec import Hardware
+from dlscale.profiler.roofline import predict
+from dlscale.profiler.scaling import (
+    BUCKET_BYTES,
+    gradient_buckets,
+    overlapped_allreduce,
+    predict_scaling,
+    ring_allreduce_s,
+)
+from dlscale.profiler.scaling_report import Costed, deadline_pick, parse_duration
+from dlscale.profiler.trace import trace_step
+
+
+def gpu(**changes) -> Hardware:
+    values = {
+        "name": "test-gpu",
+        "display_name": "Test GPU",
+        "kind": "gpu",
+        "vendor": "test",
+        "peak_flops": {"fp32": 10e12},
+        "memory_bytes": 16 * 2**30,
+        "memory_bandwidth_bytes_per_s": 500e9,
+        "host_link": "PCIe 3.0 x16",
+        "host_link_bytes_per_s": 15.75e9,
+    }
+    return Hardware(**{**values, **changes})
+
+
+LINK = Link("test", "test link", "pcie", bytes_per_s=10e9, latency_s=5e-6, efficiency=1.0)
+
+
+def mlp_trace(batch=64, width=512, depth=4):
+    def build():
+        layers = []
+        for _ in range(depth):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        return nn.Sequential(*layers, nn.Linear(width, 10))
+
+    return trace_step(build, torch.zeros(width), batch, "fp32", torch.optim.SGD, "sgd")
+
+
+def test_ring_allreduce_by_hand():
+    # 4 ranks, 100 MB: 2·3/4 of the bytes (150 MB) at 10 GB/s = 15 ms, plus 6 hops of 5 µs.
+    assert ring_allreduce_s(100e6, 4, LINK) == pytest.approx(0.015 + 6 * 5e-6)
+    assert ring_allreduce_s(100e6, 1, LINK) == 0.0
+    half = Link("h", "h", "pcie", 10e9, 5e-6, efficiency=0.5)
+    assert ring_allreduce_s(100e6, 4, half) == pytest.approx(0.030 + 6 * 5e-6)
+
+
+def test_buckets_fill_in_reverse_and_overlap_hides_all_but_the_tail():
+    trace = mlp_trace(width=2048, depth=4)  # 4 × 16.8 MB of weight gradients
+    prediction = predict(trace, gpu())
+    buckets = gradient_buckets(trace, prediction)
+    assert sum(nbytes for nbytes, _ in buckets) == trace.trainable_params * 4
+    assert all(nbytes >= BUCKET_BYTES for nbytes, _ in buckets[:-1])
+    ready = [t for _, t in buckets]
+    assert ready == sorted(ready) and ready[-1] == pytest.approx(prediction.backward_s)
+    # Buckets ready at 1 s and 2 s of a 2 s backward, each 0.5 s to reduce: only the last shows.
+    exposed, total = overlapped_allreduce([(1, 1.0), (1, 2.0)], 2.0, lambda _: 0.5)
+    assert (exposed, total) == (0.5, 1.0)
+    # A slow link queues them: the second starts when the first ends (1 + 3 + 3 = 7 s).
+    exposed, total = overlapped_allreduce([(1, 1.0), (1, 2.0)], 2.0, lambda _: 3.0)
+    assert (exposed, total) == (5.0, 6.0)
+
+
+def test_ddp_one_device_is_the_single_step_and_more_devices_never_beat_linear():
+    trace = mlp_trace()
+    device = gpu()
+    points = predict_scaling(trace, device, [1, 2, 4, 8], LINK, strategies=("ddp",))
+    one = points[0]
+    assert one.step_s == pytest.approx(predict(trace, device).step_s) and one.comm_s == 0
+    assert one.efficiency == pytest.approx(1.0)
+    efficiencies = [p.efficiency for p in points]
+    assert efficiencies == sorted(efficiencies, reverse=True) and max(efficiencies) <= 1 + 1e-9
+    assert all(p.step_s >= p.compute_s for p in points)
+    assert [p.global_batch for p in points] == [64, 128, 256, 512]
+    slow = Link("slow", "slow", "ethernet", 1e6, 1e-3, 1.0)
+    (bound,) = predict_scaling(trace, device, [8], slow, strategies=("ddp",))
+    assert bound.bound == "link" and bound.efficiency < 0.1
+    measured = predict_scaling(trace, device, [1], LINK, strategies=("ddp",), single_step_s=1.0)
+    assert measured[0].step_s == pytest.approx(1.0)  # a measured step replaces the roofline's
+
+
+def test_pipeline_bubble_and_ps_servers():
+    trace = mlp_trace(depth=6)
+    (pipe,) = predict_scaling(trace, gpu(), [4], LINK, strategies=("pipeline",))
+    stages, micro = pipe.detail["stages"], pipe.detail["microbatches"]
+    assert (stages, micro) == (4, 16)
+    assert pipe.detail["bubble"] == pytest.approx(3 / 19)  # (S − 1) / (M + S − 1)
+    assert pipe.global_batch == 64  # a pipeline splits one batch
+    assert not predict_scaling(trace, gpu(), [1], LINK, strategies=("pipeline",))
+    one, many = (
+        predict_scaling(trace, gpu(), [8], LINK, strategies=("ps",), ps_servers=servers)[0]
+        for servers in (1, 8)
+    )
+    assert one.detail["server_s"] == pytest.approx(8 * many.detail["server_s"])
+    grads = trace.trainable_params * 4
+    assert one.detail["worker_s"] == pytest.approx(grads / 10e9)
+    slow = Link("slow", "slow", "ethernet", 1e7, 0.0, 1.0)
+    (bound,) = predict_scaling(trace, gpu(), [8], slow, strategies=("ps",))
+    assert bound.bound == "server"
+    (hybrid,) = predict_scaling(trace, gpu(), [8], LINK, strategies=("hybrid",))
+    assert hybrid.detail["replicas"] == 4 and hybrid.global_batch == 4 * 64
+
+
+def test_links_devices_and_prices_carry_sources():
+    links = load_links()
+    assert {"pcie3-x16", "pcie4-x16", "nvlink1", "nvlink4", "ib-hdr", "eth-100g"} <= set(links)
+    assert all(link.sources for link in links.values())
+    catalogue = load_catalogue()
+    p100 = catalogue["p100-sxm2-16gb"]
+    assert device_link(p100, None, links).name == "nvlink1"  # its own interconnect by default
+    assert device_link(p100, "pcie", links).name == "pcie3-x16"
+    assert device_link(catalogue["l4"], None, links).name == "pcie4-x16"  # no NVLink: PCIe
+    mi50 = device_link(catalogue["mi50"], None, links)  # built from its own entry
+    assert mi50.bytes_per_s == pytest.approx(100e9)
+    with pytest.raises(UserError, match="'l4' has no NVLink"):
+        device_link(catalogue["l4"], "nvlink", links)
+    with pytest.raises(UserError, match="unknown link 'warp'; known: nvlink, pcie"):
+        device_link(p100, "warp", links)
+    priced = [hw for hw in catalogue.values() if hw.price_per_hour is not None]
+    assert len(priced) >= 10
+    assert all(hw.price_source.startswith("https://") and hw.price_date for hw in priced)
+
+
+def test_a_user_entry_overrides_a_price(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path))
+    (tmp_path / "hardware").mkdir()
+    text = (load_catalogue()["l4"].name, 0.71)
+    (tmp_path / "hardware" / "mine.toml").write_text(
+        '[[device]]\nname = "l4"\ndisplay_name = "L4 (ours)"\nkind = "gpu"\nvendor = "NVIDIA"\n'
+        "memory_gib = 24\nmemory_bandwidth_gbs = 300\nprice_per_hour = 0.71\n"
+        'price_source = "our invoice"\nprice_date = "2026-11"\n[device.peak_tflops]\nfp32 = 30\n'
+    )
+    assert load_catalogue()[text[0]].price_per_hour == text[1]
+
+
+def test_deadline_picks_the_cheapest_run_that_meets_it():
+    def row(devices, run_s, cost, fits=True):
+        point = predict_scaling(mlp_trace(), gpu(), [1], LINK, strategies=("ddp",))[0]
+        from dataclasses import replace
+
+        return Costed(replace(point, devices=devices, fits=fits), 1, run_s, 1, cost, 1, 1)
+
+    rows = [row(1, 10_000, 5.0), row(2, 5_000, 6.0), row(4, 2_600, 7.0), row(8, 1_000, 4.0, False)]
+    assert deadline_pick(rows, 6_000).point.devices == 2  # 1 device is too slow
+    assert deadline_pick(rows, 3_000).point.devices == 4  # 8 would be cheaper but do not fit
+    assert deadline_pick(rows, 500) is None
+    assert parse_duration("1.5h") == 5400 and parse_duration("90s") == 90
+    with pytest.raises(UserError, match="--deadline must be a duration"):
+        parse_duration("soon")
+
+
+def test_profile_devices_cli_json_and_one_line_errors():
+    runner = CliRunner()
+    args = ["profile", "alexnet", "--batch", "32", "--hardware", "p100-sxm2-16gb"]
+    out = runner.invoke(app, [*args, "--devices", "1,4", "--interconnect", "pcie", "--json",
+                              "--dataset-size", "12800", "--epochs", "2"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    (report,) = json.loads(out.stdout)["scaling"]
+    assert report["link"]["name"] == "pcie3-x16" and report["epochs"] == 2
+    ddp4 = next(p for p in report["points"] if p["strategy"] == "ddp" and p["devices"] == 4)
+    assert ddp4["run_s"] == pytest.approx(2 * ddp4["epoch_s"])
+    assert ddp4["cost_epoch"] == pytest.approx(4 * 1.46 * ddp4["epoch_s"] / 3600)
+    assert ddp4["energy_epoch_kwh"] == pytest.approx(4 * 300 * ddp4["epoch_s"] / 3.6e6)
+    for bad, message in [
+        (["--devices", "0,2"], "--devices: 0 is below the minimum of 1"),
+        (["--devices", "2", "--interconnect", "warp"], "unknown link 'warp'"),
+        (["--devices", "2", "--deadline", "soon"], "--deadline must be a duration"),
+        (["--interconnect", "pcie"], "need --devices"),
+        (["--devices", "2", "--deadline", "2h"], "--deadline needs the epoch's size"),
+        (["--devices", "3", "--nodes", "2", "--network", "ib-hdr"], "--nodes 2 must divide"),
+    ]:
+        result = runner.invoke(app, [*args, *bad])
+        assert result.exit_code == 2, (bad, result.output)
+        assert message in result.output and "Traceback" not in result.output
