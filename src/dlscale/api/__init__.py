@@ -59,6 +59,7 @@ __all__ = [
     "environment",
     "estimate",
     "hardware",
+    "links",
     "models",
     "new_run_dir",
     "output_dir",
@@ -174,6 +175,13 @@ def hardware(
     if names is None:
         return list(catalogue.values())
     return [lookup(catalogue, name) for name in names]
+
+
+def links() -> list:
+    """Every catalogued link between devices (shipped, then $DLSCALE_HOME/links.toml)."""
+    from dlscale.hardware.links import load_links
+
+    return list(load_links().values())
 
 
 def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):

@@ -95,6 +95,33 @@ def show(
     console.print(table)
 
 
+@app.command("links")
+@user_errors
+def list_links(as_json: bool = AS_JSON) -> None:
+    """The links between devices that `dlscale profile --devices` predicts over."""
+    found = api.links()
+    if as_json:
+        print(json.dumps([dataclasses.asdict(link) for link in found], indent=2))
+        return
+    table = Table(title="links between devices (per device, one direction)")
+    for column in ("name", "link", "kind", "GB/s", "latency", "efficiency"):
+        table.add_column(column, justify="right" if column in ("GB/s", "efficiency") else "left")
+    for link in found:
+        table.add_row(link.name, link.display_name, link.kind, _number(link.bytes_per_s / 1e9),
+                      f"{link.latency_s * 1e6:g} µs", f"{link.efficiency:.2f}")  # fmt: skip
+    console.print(table)
+    console.print(
+        "efficiency: the share of the link a large all-reduce reaches. Sources and derivations: "
+        "src/dlscale/hardware/links.toml; your own in $DLSCALE_HOME/links.toml."
+    )
+
+
+def _price(device: api.Hardware) -> str:
+    if device.price_per_hour is None:
+        return "— (no cloud offer catalogued; set price_per_hour in your own entry)"
+    return f"${device.price_per_hour:g}/hour ({device.price_source}, {device.price_date})"
+
+
 def record(device: api.Hardware) -> dict:
     """A device as a JSON-ready dict in SI units (the Hardware fields)."""
     return dataclasses.asdict(device) | {"sources": list(device.sources)}
@@ -114,6 +141,7 @@ def _rows(device: api.Hardware) -> list[tuple[str, str]]:
         ("host link", _link(device.host_link, device.host_link_bytes_per_s, "one direction")),
         ("interconnect", _link(device.interconnect, device.interconnect_bytes_per_s, "total")),
         ("TDP", f"{_number(device.tdp_w)} W" if device.tdp_w else "—"),
+        ("price", _price(device)),
         (
             "compute efficiency",
             _default_marked(device.efficiency_compute, device.compute_efficiency),
