@@ -193,4 +193,4 @@ def test_hardware_links_lists_the_catalogue():
     result = CliRunner().invoke(app, ["hardware", "links"])
     assert result.exit_code == 0 and "nvlink1" in result.stdout and "ib-ndr" in result.stdout
     shown = CliRunner().invoke(app, ["hardware", "show", "p100-sxm2-16gb"]).stdout
-    assert "$1.46/hour (https://cloud.google.com" in shown and "2019-04)" in shown
+    assert "$1.46/hour" in shown and "2019-04)" in shown
