@@ -42,6 +42,7 @@ def profile(
     strategies: list[str] | None = None,
     epochs: int | None = None,
     deadline: str | None = None,
+    inputs: str | None = None,
 ):
     """Trace one training step of `target` on the meta device and predict it on `hardware`;
     with `devices` (counts), also on that many of each device, strategy by strategy."""
@@ -57,7 +58,15 @@ def profile(
         raise UserError(f"--epochs must be a positive number (got {epochs})")
     deadline_s = parse_duration(deadline) if deadline is not None else None
     workload = resolve(
-        target, batch_size, input_shape, precision, optimizer, tokens, model_kwargs, dataset_size
+        target,
+        batch_size,
+        input_shape,
+        precision,
+        optimizer,
+        tokens,
+        model_kwargs,
+        dataset_size,
+        inputs,
     )
     result = profiler.profile(workload, profile_hardware(hardware, hardware_files))
     if devices:

@@ -28,6 +28,12 @@ def profile(
         None, "--input-shape", help="One sample's shape, e.g. 1,28,28 (default: the zoo's)."
     ),
     tokens: bool = typer.Option(False, "--tokens", help="Samples are int64 token ids."),
+    inputs: str | None = typer.Option(
+        None,
+        "--inputs",
+        help="package.module:function(batch) returning the forward's inputs: a tensor, "
+        "args, kwargs or (args, kwargs).",
+    ),
     kwargs: str | None = typer.Option(
         None, "--kwargs", help="Model kwargs as JSON: '{\"hidden\": [64]}'"
     ),
@@ -100,6 +106,7 @@ def profile(
         strategies=parse_names(strategies),
         epochs=epochs,
         deadline=deadline,
+        inputs=inputs,
     )
     if as_json:
         print(json.dumps(api.profile_json(result), indent=2))

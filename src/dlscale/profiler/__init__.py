@@ -10,9 +10,10 @@ from dlscale.hardware.spec import Hardware
 from dlscale.models.registry import user_code_failure
 from dlscale.profiler.advice import Verdict, verdict
 from dlscale.profiler.memory import TrainingMemory, training_memory
+from dlscale.profiler.recorder import OpFailure
 from dlscale.profiler.roofline import Prediction, predict
 from dlscale.profiler.target import Workload
-from dlscale.profiler.trace import StepTrace, trace_step
+from dlscale.profiler.trace import ModuleFailure, StepTrace, trace_step
 from dlscale.train.step import build_optimizer
 
 
@@ -34,27 +35,71 @@ class ProfileResult:
 
 
 def trace_workload(workload: Workload) -> StepTrace:
-    """Trace one step; a model that cannot take the sample's shape is one clear line."""
+    """Trace one step; a model that cannot be traced is one clear line naming the op and the
+    module that failed, or why its data-dependent control flow cannot be traced."""
     try:
-        return trace_step(
-            workload.build,
-            workload.sample,
-            workload.batch_size,
-            workload.precision,
-            lambda params: build_optimizer(params, workload.optimizer),
-            workload.optimizer.name,
-        )
+        try:
+            return _trace(workload, fake=False)
+        except OpFailure as failure:
+            if not failure.data_dependent:
+                raise
+            # Libraries that check values skip the check for fake tensors (torch.compile's)
+            return _trace(workload, fake=True)
     except UserError:  # the factory's own failure, already one line
         raise
-    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
-        shape = tuple(workload.sample.shape)
+    except OpFailure as failure:
+        raise UserError(_op_failure(workload, failure)) from None
+    except ModuleFailure as failure:
+        if isinstance(failure.error, RuntimeError | ValueError | IndexError | TypeError):
+            raise UserError(
+                f"{_what(workload)}: in '{failure.module}' ({failure.module_type}): "
+                f"{type(failure.error).__name__}: {one_line(failure.error)}"
+            ) from None
         raise UserError(
-            f"model '{workload.model_name}' cannot take samples of shape {shape}: {one_line(exc)}"
+            f"model '{workload.model_name}' failed on the meta device in '{failure.module}' "
+            f"({failure.module_type}): {user_code_failure(failure.error)}"
         ) from None
+    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+        raise UserError(f"{_what(workload)}: {one_line(exc)}") from None
     except (Exception, SystemExit) as exc:  # a defect in the user's code: name it, and where
         raise UserError(
             f"model '{workload.model_name}' failed on the meta device: {user_code_failure(exc)}"
         ) from None
+
+
+def _trace(workload: Workload, fake: bool) -> StepTrace:
+    return trace_step(
+        workload.build,
+        workload.sample,
+        workload.batch_size,
+        workload.precision,
+        lambda params: build_optimizer(params, workload.optimizer),
+        workload.optimizer.name,
+        inputs=workload.inputs,
+        inputs_label=workload.inputs_label,
+        fake=fake,
+    )
+
+
+def _what(workload: Workload) -> str:
+    if workload.inputs is not None:
+        return f"model '{workload.model_name}' cannot take the inputs of {workload.inputs_label}"
+    shape = tuple(workload.sample.shape)
+    return f"model '{workload.model_name}' cannot take samples of shape {shape}"
+
+
+def _op_failure(workload: Workload, failure: OpFailure) -> str:
+    where = f"in '{failure.module}' ({failure.module_type})" + (
+        ", backward" if failure.phase == "backward" else ""
+    )
+    if failure.data_dependent:
+        return (
+            f"model '{workload.model_name}' cannot be traced: {where}, aten.{failure.op} needs "
+            "the values of the data (a Python branch on a tensor, .item(), .tolist() or "
+            "nonzero), and the profiler runs on shapes alone, never computing values; make "
+            "the branch depend on shapes, or time real steps with 'dlscale estimate SPEC'"
+        )
+    return f"{_what(workload)}: aten.{failure.op} failed {where}: {one_line(failure.error)}"
 
 
 def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:

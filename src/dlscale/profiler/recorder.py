@@ -183,6 +183,29 @@ class PhaseCost:
         self.bytes_by_op.update(other.bytes_by_op)
 
 
+# Ops whose result depends on the values of tensors, which a trace never computes: a Python
+# branch on a tensor (`if x.sum() > 0`) and `.item()`/`.tolist()` read a scalar; nonzero and its
+# kin make a shape out of values.
+DATA_DEPENDENT = {
+    "_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "nonzero_static",
+    "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
+    "repeat_interleave", "bincount", "histc",
+}  # fmt: skip
+
+
+class OpFailure(RuntimeError):
+    """An aten op failed while tracing: which op, in which module, in which phase."""
+
+    def __init__(self, op: str, module: str, phase: str, error: BaseException):
+        super().__init__(f"aten.{op} in '{module}' ({phase}): {error}")
+        self.op, self.module, self.phase, self.error = op, module, phase, error
+        self.module_type = "?"  # filled in by the tracer, which knows the modules
+
+    @property
+    def data_dependent(self) -> bool:
+        return self.op in DATA_DEPENDENT
+
+
 class Recorder(TorchDispatchMode):
     """Attributes every aten op's FLOPs and bytes to the module (and phase) running it."""
 
@@ -223,7 +246,13 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except OpFailure:
+            raise
+        except Exception as exc:  # named here: which op, in which module, forward or backward
+            module, phase = self.current()
+            raise OpFailure(func.overloadpacket.__name__, module, phase, exc) from exc
         name = func.overloadpacket.__name__
         if func.is_view or name in _FREE:
             return out

@@ -6,6 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,6 +34,9 @@ class Workload:
     dataset_size: int | None  # training samples per epoch, when known
     dataset_bytes: int | None
     data_from_disk: bool = False  # read while training (hf, webdataset, images), not held
+    epochs: int | None = None  # the spec's epochs (its steps, in whole epochs), for run figures
+    inputs: Callable[[int], Any] | None = None  # example inputs at a batch size (--inputs)
+    inputs_label: str = ""
 
 
 def resolve(
@@ -44,6 +48,7 @@ def resolve(
     tokens: bool = False,
     model_kwargs: dict | None = None,
     dataset_size: int | None = None,
+    inputs: str | None = None,
 ) -> Workload:
     """Options given explicitly override what a spec file says."""
     if batch_size is not None and batch_size <= 0:
@@ -54,9 +59,10 @@ def resolve(
         raise UserError(f"--input-shape must be positive sizes, e.g. 1,28,28 (got {input_shape})")
     path = Path(target)
     if path.suffix in (".yaml", ".yml") or path.is_file():
-        return _checked(
-            _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size)
-        )
+        workload = _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size)
+        return _checked(_with_inputs(workload, inputs))
+    if inputs is not None and input_shape is None and target not in ZOO:
+        input_shape = [1]  # the forward's inputs come from --inputs; no sample shape is needed
     if input_shape is None:
         if target not in ZOO:
             check_model(target, model_kwargs)  # unknown names get the zoo listing
@@ -67,7 +73,7 @@ def resolve(
     defaults = _defaults_for(input_shape, tokens)
     kwargs = dict(model_kwargs or {})
     check_model(target, kwargs)
-    return _checked(
+    workload = _checked(
         Workload(
             label=target,
             model_name=target,
@@ -81,6 +87,16 @@ def resolve(
             dataset_bytes=dataset_size * sample.nbytes if dataset_size else None,
         )
     )
+    return _with_inputs(workload, inputs)
+
+
+def _with_inputs(workload: Workload, inputs: str | None) -> Workload:
+    """The forward's example inputs from `package.module:function` (--inputs or the spec's)."""
+    if inputs is not None:
+        from dlscale.profiler.inputs import load_inputs
+
+        workload.inputs, workload.inputs_label = load_inputs(inputs), inputs
+    return workload
 
 
 def _checked(workload: Workload) -> Workload:
@@ -111,7 +127,9 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
     x = data.example(1)[0]
     defaults = data.model_defaults()
     name, kwargs = spec.model.name, dict(spec.model.kwargs)
-    return Workload(
+    steps_per_epoch = max(1, data.num_train // spec.batch_size)
+    epochs = spec.epochs or (-(-spec.steps // steps_per_epoch) if spec.steps else None)
+    workload = Workload(
         label=str(path),
         model_name=name,
         build=lambda: build_model(name, kwargs, defaults),
@@ -122,4 +140,8 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         dataset_size=dataset_size or data.num_train,
         dataset_bytes=data.num_train * data.sample_bytes,
         data_from_disk=not data.in_memory,
+        epochs=epochs,
     )
+    if spec.model.inputs is not None:
+        _with_inputs(workload, spec.model.inputs)
+    return workload

@@ -25,17 +25,22 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_leaves
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._pytree import tree_leaves, tree_map
 
 from dlscale.profiler.attention import FusedAttention
+from dlscale.profiler.inputs import example_inputs, logits_of
 from dlscale.profiler.recorder import (
     LOSS,
     MODEL,
     OPTIMIZER,
+    OpFailure,
     PhaseCost,
     Recorder,
     nbytes,
@@ -184,6 +189,9 @@ def trace_step(
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
     optimizer_name: str,
     input_requires_grad: bool = False,
+    inputs: Callable[[int], Any] | None = None,
+    inputs_label: str = "",
+    fake: bool = False,
 ) -> StepTrace:
     """Run forward, loss, backward and one optimizer step of `build()` on the meta device.
 
@@ -194,34 +202,64 @@ def trace_step(
     state are kept in fp32, as mixed-precision training keeps them.
     """
     dtype = DTYPES[precision]
-    with torch.device("meta"):
-        model = build()
-        x = sample.to("meta").expand(batch_size, *sample.shape).contiguous()
-    if dtype != torch.float32:
-        model.to(dtype)
-        if x.is_floating_point():
-            x = x.to(dtype)
-    x.requires_grad_(input_requires_grad)
-    model.train()
-    recorder = Recorder()
-    watcher = _ModuleWatcher(model, recorder)
-    saved = _SavedTensors(model, recorder)
-    try:
-        with recorder, FusedAttention():
-            with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
-                logits = model(x)
-                if not isinstance(logits, torch.Tensor) or logits.ndim < 2:
-                    got = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits)
-                    raise ValueError(f"it returned {got}, not logits (batch, ..., classes)")
-                recorder.scope = LOSS
-                targets = torch.empty(logits.shape[:-1], dtype=torch.long, device="meta")
-                loss = torch.nn.functional.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
-                )
-            recorder.claim(loss, LOSS)
-            loss.backward()
-    finally:
-        watcher.remove()
+    # Fake tensors (what torch.compile traces with) when asked: libraries such as transformers
+    # skip their value checks (`.item()` on an attention mask) for them, not for meta tensors.
+    # They too hold no storage: nothing real is allocated either way.
+    space = FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()
+    device = "cpu" if fake else "meta"
+    with space:
+        with torch.device(device):
+            model = build()
+            if inputs is None:
+                x = sample.to(device).expand(batch_size, *sample.shape).contiguous()
+                args, kwargs = (x,), {}
+        if inputs is not None:
+            args, kwargs = example_inputs(inputs, batch_size, inputs_label, device)
+        if dtype != torch.float32:
+            model.to(dtype)
+
+            def cast(value):
+                is_float = isinstance(value, torch.Tensor) and value.is_floating_point()
+                return value.to(dtype) if is_float else value
+
+            args, kwargs = tree_map(cast, args), tree_map(cast, kwargs)
+        given = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        if input_requires_grad:
+            for tensor in given:
+                if tensor.is_floating_point():
+                    tensor.requires_grad_(True)
+        model.train()
+        recorder = Recorder()
+        watcher = _ModuleWatcher(model, recorder)
+        saved = _SavedTensors(model, recorder)
+        try:
+            with recorder, FusedAttention():
+                with torch.autograd.graph.saved_tensors_hooks(saved.pack, saved.unpack):
+                    logits = logits_of(model(*args, **kwargs))
+                    if not isinstance(logits, torch.Tensor) or logits.ndim < 2:
+                        got = (
+                            tuple(logits.shape)
+                            if isinstance(logits, torch.Tensor)
+                            else type(logits)
+                        )
+                        raise ValueError(f"it returned {got}, not logits (batch, ..., classes)")
+                    recorder.scope = LOSS
+                    targets = torch.empty(logits.shape[:-1], dtype=torch.long, device=device)
+                    loss = torch.nn.functional.cross_entropy(
+                        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1)
+                    )
+                recorder.claim(loss, LOSS)
+                loss.backward()
+        except OpFailure as failure:
+            failure.module_type = _type_of(watcher, failure.module)
+            raise
+        except (Exception, SystemExit) as exc:  # in Python code: the innermost module running
+            if not recorder.stack:
+                raise
+            module = recorder.stack[-1]
+            raise ModuleFailure(module, _type_of(watcher, module), exc) from exc
+        finally:
+            watcher.remove()
     # torch's per-tensor loop runs all of one tensor's kernels before the next tensor's: one
     # optimizer per parameter gives each tensor's ops (the optimizers torch ships for this loop,
     # SGD, Adam, AdamW and Adagrad, do the same ops on a tensor alone as among the others).
@@ -245,8 +283,8 @@ def trace_step(
         optimizer_foreach=foreach_cost,
         uncounted_ops=dict(recorder.uncounted),
         batch_size=batch_size,
-        input_shape=list(sample.shape),
-        batch_bytes=nbytes(x) + targets.numel() * 8,
+        input_shape=list(given[0].shape[1:]) if inputs is not None else list(sample.shape),
+        batch_bytes=sum(nbytes(t) for t in given) + targets.numel() * 8,
         params=params,
         trainable_params=sum(p.numel() for p in model.parameters() if p.requires_grad),
         saved_activation_bytes=saved.total_bytes,
@@ -254,6 +292,19 @@ def trace_step(
         precision=precision,
         optimizer_name=optimizer_name,
     )
+
+
+class ModuleFailure(RuntimeError):
+    """The model's own Python code failed while `module` ran."""
+
+    def __init__(self, module: str, module_type: str, error: BaseException):
+        super().__init__(f"in '{module}' ({module_type}): {error}")
+        self.module, self.module_type, self.error = module, module_type, error
+
+
+def _type_of(watcher: _ModuleWatcher, module: str) -> str:
+    layer = watcher.layers.get(module)
+    return layer.type if layer is not None else "?"
 
 
 class _SavedTensors:

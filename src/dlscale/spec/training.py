@@ -14,6 +14,9 @@ class ModelSpec(Strict):
 
     name: str = Field(min_length=1)
     kwargs: dict[str, Any] = Field(default_factory=dict)
+    # `dlscale profile` only: `package.module:function` returning the forward's example inputs
+    # at a batch size (a tensor, args, kwargs or (args, kwargs)), for models that take several.
+    inputs: str | None = Field(default=None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 class OptimizerSpec(Strict):

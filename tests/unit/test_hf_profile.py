@@ -1,0 +1,152 @@
+"""Models from transformers, as users write them: built from configs with random weights (no
+download), traced with nothing allocated, counted against a real CPU forward."""
+
+import os
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+from typer.testing import CliRunner
+
+from dlscale.cli.main import app
+from dlscale.errors import UserError
+from dlscale.profiler import trace_workload
+from dlscale.profiler.target import resolve
+from tests.unit.test_profiler import CPU_ATTENTION  # the CPU's fused attention kernel's formula
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")  # in the dev extras: always installed
+
+MODELS = """
+import torch
+import transformers as t
+
+def gpt2():
+    return t.GPT2LMHeadModel(t.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=500,
+                                          n_positions=64, bos_token_id=0, eos_token_id=0))
+
+def llama():
+    return t.LlamaForCausalLM(t.LlamaConfig(
+        num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=500, max_position_embeddings=64))
+
+def bert():
+    return t.BertForMaskedLM(t.BertConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+        vocab_size=500, max_position_embeddings=64))
+
+def vit():
+    return t.ViTForImageClassification(t.ViTConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=2, intermediate_size=128,
+        image_size=32, patch_size=8, num_labels=10))
+
+def t5():
+    return t.T5ForConditionalGeneration(t.T5Config(
+        num_layers=2, num_decoder_layers=2, d_model=64, d_ff=128, num_heads=2, d_kv=32,
+        vocab_size=500, decoder_start_token_id=0))
+
+def tokens(batch):
+    return torch.zeros(batch, 16, dtype=torch.long)
+
+def bert_inputs(batch):
+    ids = torch.zeros(batch, 16, dtype=torch.long)
+    return {"input_ids": ids, "attention_mask": torch.ones(batch, 16, dtype=torch.long),
+            "token_type_ids": torch.zeros(batch, 16, dtype=torch.long)}
+
+def t5_inputs(batch):
+    ids = torch.zeros(batch, 16, dtype=torch.long)
+    return {"input_ids": ids, "decoder_input_ids": ids}
+
+def images(batch):
+    return torch.zeros(batch, 3, 32, 32)
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # a branch on the data's values
+            return self.fc(x)
+        return self.fc(-x)
+
+def branchy():
+    return Branchy()
+
+def words(batch):
+    return "a batch of text"
+"""
+
+
+@pytest.fixture
+def hf_models(tmp_path, monkeypatch):
+    (tmp_path / "hfnets.py").write_text(MODELS)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import importlib
+
+    import hfnets
+
+    return importlib.reload(hfnets)
+
+
+CASES = [("gpt2", "tokens"), ("llama", "tokens"), ("bert", "bert_inputs"),
+         ("vit", "images"), ("t5", "t5_inputs")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "inputs"), CASES)
+def test_transformers_models_trace_and_count_as_a_real_forward(hf_models, model, inputs):
+    batch = 2
+    workload = resolve(f"hfnets:{model}", batch_size=batch, inputs=f"hfnets:{inputs}")
+    trace = trace_workload(workload)
+    torch.manual_seed(0)
+    real = getattr(hf_models, model)()
+    assert trace.params == sum(p.numel() for p in real.parameters())  # tied weights once
+    real.train()
+    example = getattr(hf_models, inputs)(batch)
+    args, kwargs = ((), example) if isinstance(example, dict) else ((example,), {})
+    with FlopCounterMode(display=False, custom_mapping=CPU_ATTENTION) as counter:
+        real(*args, **kwargs)
+    forward = sum(layer.forward.matmul_flops for layer in trace.layers)
+    assert forward == counter.get_total_flops()
+    assert trace.saved_activation_bytes > 0 and trace.optimizer_state_bytes == 2 * 4 * trace.params
+
+
+def test_gpt2_from_the_cli_with_tokens_and_json(hf_models):
+    result = CliRunner().invoke(
+        app,
+        [
+            "profile",
+            "hfnets:gpt2",
+            "--input-shape",
+            "16",
+            "--tokens",
+            "--json",
+            "--hardware",
+            "a100-40gb",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert '"model": "hfnets:gpt2"' in result.stdout
+
+
+def test_failures_name_the_op_and_module_and_data_dependent_flow_is_explained(hf_models):
+    with pytest.raises(UserError) as failure:
+        trace_workload(resolve("hfnets:vit", inputs="hfnets:tokens"))
+    message = str(failure.value)
+    assert "cannot take the inputs of hfnets:tokens" in message
+    assert "in 'vit.embeddings' (ViTEmbeddings): ValueError: not enough values" in message
+    with pytest.raises(UserError) as failure:
+        trace_workload(resolve("hfnets:branchy", input_shape=[8]))
+    message = str(failure.value)
+    expected = "model 'hfnets:branchy' cannot be traced: in '(model)' (Branchy), aten."
+    assert message.startswith(expected)
+    assert "needs the values of the data" in message and "\n" not in message
+    result = CliRunner().invoke(app, ["profile", "hfnets:branchy", "--input-shape", "8"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    with pytest.raises(UserError, match="--inputs hfnets:words returned a str; return a tensor"):
+        trace_workload(resolve("hfnets:gpt2", inputs="hfnets:words"))
+    with pytest.raises(UserError, match=r"--inputs hfnets:gpt2 failed: TypeError: gpt2\(\)"):
+        trace_workload(resolve("hfnets:gpt2", inputs="hfnets:gpt2"))
+    with pytest.raises(UserError, match=r"--inputs must look like package\.module:function"):
+        resolve("hfnets:gpt2", inputs="tokens")
