@@ -82,11 +82,28 @@ def test_single_strategy_refuses_a_cluster(tmp_path: Path):
 
 @pytest.mark.slow
 def test_scale_runs_each_worker_count_and_plots(tmp_path: Path):
+    """With this machine measured (a stand-in `local` entry: a desktop CPU's figures, 1
+    calibration thread, a gloo link of 1 GB/s and 0.5 ms), each row has its prediction."""
+    from dataclasses import replace
+
+    from dlscale.hardware.catalogue import get_hardware, save_local
+
+    link = {"bytes_per_s": 1e9, "latency_s": 5e-4, "fit_max_error": 0.1}
+    save_local(replace(get_hardware("i7-7700k"), name="local",
+                       measured={"threads": 1, "link": link}))  # fmt: skip
     args = ["scale", str(EXAMPLES / "mlp-digits.yaml"), "--workers", "1,2", "--steps", "10"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
+    assert "predicted" in result.output and "local-gloo" in " ".join(result.output.split())
     data = json.loads((tmp_path / "scale.json").read_text())
     rows = data["rows"]
+    assert data["predicted_on"] == "local" and data["link"] == "local-gloo"
+    one, two = rows
+    assert one["predicted_efficiency"] == pytest.approx(1.0)
+    assert 0 < two["predicted_efficiency"] < 1  # the all-reduce costs something
+    for row in rows:
+        ratio = row["predicted_samples_per_s"] / row["samples_per_s"]
+        assert row["predicted_over_measured"] == pytest.approx(ratio)
     assert [row["workers"] for row in rows] == [1, 2]
     assert [row["global_batch_size"] for row in rows] == [64, 128]
     assert rows[0]["efficiency"] == 1.0

@@ -194,3 +194,14 @@ def test_hardware_links_lists_the_catalogue():
     assert result.exit_code == 0 and "nvlink1" in result.stdout and "ib-ndr" in result.stdout
     shown = CliRunner().invoke(app, ["hardware", "show", "p100-sxm2-16gb"]).stdout
     assert "$1.46/hour" in shown and "2019-04)" in shown
+
+
+def test_the_local_link_fit_recovers_latency_and_bandwidth():
+    from dlscale.bench.link import fit_link
+
+    latency, bandwidth = 2e-4, 3e9  # two ranks: 2 hops of latency, each rank sends the bytes
+    times = {size: 2 * latency + size / bandwidth for size in (4096, 2**20, 2**25)}
+    fitted = fit_link(times)
+    assert fitted["latency_s"] == pytest.approx(latency)
+    assert fitted["bytes_per_s"] == pytest.approx(bandwidth)
+    assert fitted["fit_max_error"] == pytest.approx(0, abs=1e-9)

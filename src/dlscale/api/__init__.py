@@ -226,7 +226,27 @@ def scale(
             rows.append(scale_row(count, record, str(run_dir)))
             if on_run is not None:
                 on_run(rows[-1])
-    return scale_result(spec, str(spec_path), rows, steps, cluster, threads)
+    result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
+    return _with_scale_prediction(result, spec_path, workers, threads, cluster)
+
+
+def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
+    """Predicted beside measured, when this machine was measured and the runs were local."""
+    from dlscale.bench.scale import add_predictions, predicted_rows
+    from dlscale.hardware.catalogue import get_hardware, local_entry_path
+    from dlscale.hardware.links import measured_link
+
+    if cluster != "local" or not local_entry_path().is_file():
+        return add_predictions(result, None, None)
+    local = get_hardware("local")
+    measured = local.measured.get("link")
+    if not measured:  # an entry saved before the link probe: measure it now (a few seconds)
+        from dlscale.bench.link import measure_link
+
+        measured = measure_link(quick=True)
+    link = measured_link(measured)
+    predicted = predicted_rows(str(spec_path), workers, threads, local, link)
+    return add_predictions(result, predicted, link.name)
 
 
 def parse_strategies(text: str) -> list[str]:

@@ -255,8 +255,17 @@ def run_machine_bench(
         },
         # The optimizer's update inside a training step, by one tensor's working set.
         "optimizer_efficiency": optimizer["optimizer_efficiency"],
+        # Between two processes of this machine (gloo): what `dlscale scale` all-reduces over.
+        "link": _link_probe(quick),
         "elapsed_s": time.perf_counter() - t_start,
     }
+
+
+def _link_probe(quick: bool) -> dict:
+    from dlscale.bench.link import measure_link
+
+    link = measure_link(quick)
+    return {key: link[key] for key in ("bytes_per_s", "latency_s", "fit_max_error")}
 
 
 def machine_hardware(result: dict) -> Hardware:
@@ -310,5 +319,6 @@ def measured_tables(result: dict) -> dict:
         "op_efficiency": result["op_efficiency"],
         "optimizer_efficiency": result.get("optimizer_efficiency"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],
+        "link": result.get("link"),
     }
     return {key: value for key, value in tables.items() if value is not None}

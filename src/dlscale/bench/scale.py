@@ -99,3 +99,49 @@ def scale_result(
         "note": scale_note(rows),
         "rows": rows,
     }
+
+
+def predicted_rows(spec_path: str, workers: list[int], threads: int, local, link) -> list[dict]:
+    """The roofline on `local` and the scaling model over the measured local link, for the
+    same runs: samples/s and efficiency per worker count.
+
+    `local` was calibrated with its measured thread count T; a worker here has `threads` t of
+    them, so its compute is taken as T/t times slower (on a machine of T cores, each worker's
+    threads are its own cores, and they do not share them with the others)."""
+    from dlscale.profiler import trace_workload
+    from dlscale.profiler.roofline import predict
+    from dlscale.profiler.scaling import predict_scaling
+    from dlscale.profiler.target import resolve
+
+    trace = trace_workload(resolve(spec_path))
+    calibrated = int(local.measured.get("threads") or threads)
+    step_s = predict(trace, local).step_s * calibrated / threads
+    points = predict_scaling(
+        trace, local, sorted(set(workers)), link, strategies=("ddp",), single_step_s=step_s
+    )
+    return [
+        {
+            "workers": p.devices,
+            "samples_per_s": p.samples_per_s,
+            "efficiency": p.efficiency,
+            "step_s": p.step_s,
+            "comm_s": p.comm_s,
+        }
+        for p in points
+    ]
+
+
+def add_predictions(result: dict, predicted: list[dict] | None, link_name: str | None) -> dict:
+    """Predicted beside measured in each row, and their ratio (1.0: exact)."""
+    result["predicted_on"] = "local" if predicted else None
+    result["link"] = link_name
+    by_workers = {row["workers"]: row for row in predicted or []}
+    for row in result["rows"]:
+        guess = by_workers.get(row["workers"])
+        row["predicted_samples_per_s"] = guess["samples_per_s"] if guess else None
+        row["predicted_efficiency"] = guess["efficiency"] if guess else None
+        measured = row["samples_per_s"]
+        row["predicted_over_measured"] = (
+            guess["samples_per_s"] / measured if guess and measured else None
+        )
+    return result

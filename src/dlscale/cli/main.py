@@ -154,15 +154,25 @@ def scale(
         spec, parse_int_list(workers, "--workers"), folder, steps, cluster, address, show
     )
     table = Table(title=f"{result['model']}: data-parallel scaling ({cluster})")
-    for column in ("workers", "global batch", "samples/s", "per worker", "efficiency", "allreduce"):
+    columns = ("workers", "global batch", "samples/s", "per worker", "efficiency", "allreduce",
+               "predicted samples/s", "predicted efficiency", "predicted / measured")  # fmt: skip
+    for column in columns:
         table.add_column(column, justify="right")
     for row in result["rows"]:
+        guess = row["predicted_samples_per_s"]
         table.add_row(
             str(row["workers"]), str(row["global_batch_size"]), f"{row['samples_per_s']:,.0f}",
             f"{row['per_worker_samples_per_s']:,.0f}", f"{100 * row['efficiency']:.0f}%",
             f"{100 * row['allreduce_share']:.0f}% of step",
+            f"{guess:,.0f}" if guess else "-",
+            f"{100 * row['predicted_efficiency']:.0f}%" if guess else "-",
+            f"{row['predicted_over_measured']:.2f}" if guess else "-",
         )  # fmt: skip
     notes = [f"each worker {result['threads_per_worker']} thread(s) in every run", result["note"]]
+    if result["predicted_on"]:
+        notes.append(f"predicted: the roofline on 'local' and ddp over {result['link']}")
+    elif cluster == "local":
+        notes.append("no prediction: run 'dlscale bench machine' first")
     table.caption = "; ".join(note for note in notes if note)
     console.print(table)
     json_path, png_path = api.write_outputs("scale", result, folder)

@@ -1,0 +1,77 @@
+"""The link between this machine's processes: gloo all-reduces timed between two local
+processes, fitted to latency + bytes / bandwidth, as the scaling model prices a link."""
+
+from __future__ import annotations
+
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZES_BYTES = (4 * 2**10, 256 * 2**10, 4 * 2**20, 32 * 2**20)
+QUICK_SIZES_BYTES = (4 * 2**10, 4 * 2**20)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _worker(rank: int, port: int, sizes: tuple[int, ...], repeats: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    try:
+        for size in sizes:
+            tensor = torch.ones(size // 4)
+            dist.all_reduce(tensor)  # warm-up: connections, buffers
+            times = []
+            for _ in range(repeats):
+                dist.barrier()
+                start = time.perf_counter()
+                dist.all_reduce(tensor)
+                times.append(time.perf_counter() - start)
+            if rank == 0:
+                results[size] = statistics.median(times)
+    finally:
+        dist.destroy_process_group()
+
+
+def time_allreduce(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
+    """Median seconds of a 2-process gloo all-reduce of each size (bytes)."""
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_worker, args=(_free_port(), sizes, repeats, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def fit_link(times: dict[int, float], ranks: int = 2) -> dict:
+    """Latency and bandwidth of a ring all-reduce, t = 2(N−1)·latency + 2(N−1)/N · bytes / bw,
+    by least squares over the timed sizes; the relative error of the fit at each size."""
+    steps = 2 * (ranks - 1)
+    xs = [steps / ranks * size for size in times]  # bytes each rank sends
+    ys = list(times.values())
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
+    slope = max(slope, 1e-15)
+    intercept = max(0.0, mean_y - slope * mean_x)
+    fitted = [intercept + slope * x for x in xs]
+    errors = [abs(f - y) / y for f, y in zip(fitted, ys, strict=True)]
+    return {
+        "bytes_per_s": 1 / slope,
+        "latency_s": intercept / steps,
+        "fit_max_error": max(errors),
+        "timed": {str(size): seconds for size, seconds in times.items()},
+    }
+
+
+def measure_link(quick: bool = False) -> dict:
+    """`dlscale bench machine`'s link probe: what the `local-gloo` link is made of."""
+    sizes = QUICK_SIZES_BYTES if quick else SIZES_BYTES
+    return fit_link(time_allreduce(sizes, repeats=5 if quick else 20))
