@@ -164,11 +164,14 @@ def test_deadline_picks_the_cheapest_run_that_meets_it():
         parse_duration("soon")
 
 
-def test_profile_devices_cli_json_and_one_line_errors():
+def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
     runner = CliRunner()
     args = ["profile", "alexnet", "--batch", "32", "--hardware", "p100-sxm2-16gb"]
     out = runner.invoke(app, [*args, "--devices", "1,4", "--interconnect", "pcie", "--json",
-                              "--dataset-size", "12800", "--epochs", "2"])  # fmt: skip
+                              "--dataset-size", "12800", "--epochs", "2",
+                              "--plot", str(tmp_path)])  # fmt: skip
+    for name in ("compute.png", "scaling.png"):  # the lecture's per-layer and scaling charts
+        assert (tmp_path / name).stat().st_size > 10_000
     assert out.exit_code == 0, out.output
     (report,) = json.loads(out.stdout)["scaling"]
     assert report["link"]["name"] == "pcie3-x16" and report["epochs"] == 2

@@ -34,11 +34,65 @@ def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
     written = [
         _working_set(result, folder / "working_set.png"),
         _memory_pie(result, folder / "memory.png"),
+        _compute(result, folder / "compute.png"),
     ]
     if result.reports:
         written.append(_roofline(result, folder / "roofline.png"))
         written.append(_step_time(result, folder / "step_time.png"))
+    if result.scaling:
+        written.append(_scaling(result, folder / "scaling.png"))
     return written
+
+
+def _compute(result: ProfileResult, path: Path) -> Path:
+    """The lecture's per-layer view: forward FLOPs and training (forward + backward) FLOPs of
+    each layer, products and elementwise work together, on a log scale."""
+    rows = [r for r in result.trace.layers if layer_kind(r) != "pseudo"]
+    rows = [r for r in rows if r.forward.flops + r.backward.flops]  # views compute nothing
+    names = [r.name for r in rows]
+    forward = [r.forward.flops for r in rows]
+    training = [r.forward.flops + r.backward.flops for r in rows]
+    figure, axes = plt.subplots(figsize=(max(6, 0.3 * len(rows) + 2), 4.5))
+    positions = list(range(len(rows)))
+    axes.bar([p - 0.2 for p in positions], forward, width=0.4, label="forward")
+    axes.bar([p + 0.2 for p in positions], training, width=0.4, label="training step")
+    axes.set_yscale("log")
+    axes.set_ylabel("FLOPs per batch (log scale)")
+    axes.set_xticks(positions, names, rotation=90, fontsize=7)
+    axes.set_title(
+        f"{result.workload.model_name}: compute per layer, batch {result.trace.batch_size}"
+    )
+    axes.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def _scaling(result: ProfileResult, path: Path) -> Path:
+    """Predicted step time and efficiency against the device count: every strategy over the
+    chosen link, and ddp over the device's other links (NVLink against PCIe)."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for report in result.scaling:
+        lines: dict[str, list] = {}
+        for row in report.rows:
+            label = f"{report.hardware.name} {row.point.strategy} ({report.link.name})"
+            lines.setdefault(label, []).append(row.point)
+        for link_name, points in report.other_links.items():
+            lines[f"{report.hardware.name} ddp ({link_name})"] = points
+        for label, points in lines.items():
+            counts = [p.devices for p in points]
+            dashed = "--" if "ddp" not in label else "-"
+            left.plot(counts, [p.step_s * 1e3 for p in points], dashed, marker="o", label=label)
+            right.plot(counts, [100 * p.efficiency for p in points], dashed, marker="o")
+    left.set_xscale("log", base=2)
+    right.set_xscale("log", base=2)
+    left.set_xlabel("devices")
+    right.set_xlabel("devices")
+    left.set_ylabel("predicted step time (ms)")
+    right.set_ylabel("scaling efficiency (%)")
+    right.set_ylim(0, 105)
+    left.set_title(f"{result.workload.model_name}, batch {result.trace.batch_size} per device")
+    right.set_title("throughput / (devices × one device's)")
+    left.legend(fontsize=7)
+    return _save(figure, path)
 
 
 def _save(figure, path: Path) -> Path:

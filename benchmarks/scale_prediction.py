@@ -1,0 +1,123 @@
+"""The scaling model against measurement on this machine: `dlscale scale` (ddp over gloo with 1
+and 2 workers) and a `ps` run (async, 2 workers, 1 server), predicted beside measured.
+
+The prediction is what `dlscale profile --devices` computes: the roofline on the `local` entry
+(measured first, by `dlscale bench machine --quick` into a scratch DLSCALE_HOME) for one
+worker's step, at the threads each worker gets, plus the scaling model's communication over the
+`local-gloo` link that the same bench measured (two local processes, gloo all-reduces fitted to
+latency + bytes / bandwidth). Goal: every predicted / measured ratio within ±30%.
+
+    .venv/bin/python benchmarks/scale_prediction.py [--rounds 3] [--steps 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC = REPO / "examples" / "mlp-digits.yaml"
+GOAL = 0.30
+
+
+def ps_spec(steps: int):
+    from dlscale.spec import load_spec
+
+    spec = load_spec(SPEC)
+    # gloo: the link the model prices (on one host `auto` would pick shared memory)
+    strategy = {"name": "ps", "mode": "async", "workers": 2, "servers": 1, "data_plane": "gloo"}
+    data = spec.model_dump(mode="json") | {"strategy": strategy, "steps": steps, "epochs": None}
+    from dlscale.spec import parse_spec
+
+    return parse_spec(data)
+
+
+def predict_ps(threads: int) -> float:
+    from dlscale.hardware.catalogue import get_hardware
+    from dlscale.hardware.links import measured_link
+    from dlscale.profiler import trace_workload
+    from dlscale.profiler.roofline import predict
+    from dlscale.profiler.scaling import predict_scaling
+    from dlscale.profiler.target import resolve
+
+    local = get_hardware("local")
+    trace = trace_workload(resolve(str(SPEC)))
+    step_s = predict(trace, local).step_s * int(local.measured["threads"]) / threads
+    link = measured_link(local.measured["link"])
+    (point,) = predict_scaling(trace, local, [2], link, strategies=("ps",), single_step_s=step_s)
+    return point.samples_per_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    args = parser.parse_args()
+    home = tempfile.mkdtemp(prefix="dlscale-bench-home-")
+    os.environ["DLSCALE_HOME"] = home
+    from dlscale import api
+
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print(f"calibrating this machine into {home} (dlscale bench machine --quick) ...")
+    api.save_local_hardware(api.bench_machine(quick=True))
+    ratios: dict[str, list[float]] = {"ddp 1": [], "ddp 2": [], "ps 2": []}
+    measured: dict[str, list[float]] = {key: [] for key in ratios}
+    predicted: dict[str, float] = {}
+    comm_measured: list[float] = []
+    for round_index in range(args.rounds):
+        with tempfile.TemporaryDirectory() as out:
+            result = api.scale(SPEC, [1, 2], Path(out) / "scale", steps=args.steps)
+            threads = result["threads_per_worker"]
+            for row in result["rows"]:
+                key = f"ddp {row['workers']}"
+                if row["workers"] == 2:  # where the error comes from: the all-reduce in a step
+                    step_s = row["global_batch_size"] / row["samples_per_s"]
+                    comm_measured.append(row["allreduce_share"] * step_s)
+                ratios[key].append(row["predicted_over_measured"])
+                measured[key].append(row["samples_per_s"])
+                predicted[key] = row["predicted_samples_per_s"]
+            record = api.train(ps_spec(args.steps), Path(out) / "ps")
+            ps_measured = record["final"]["train_samples_per_s"]
+            predicted["ps 2"] = predict_ps(threads)
+            measured["ps 2"].append(ps_measured)
+            ratios["ps 2"].append(predicted["ps 2"] / ps_measured)
+        print(f"round {round_index + 1}: " + ", ".join(
+            f"{key} {values[-1]:.2f}" for key, values in ratios.items()))  # fmt: skip
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+    print()
+    print("| run | measured samples/s (median) | predicted samples/s | predicted / measured "
+          "(median, rounds) | within ±30% |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    met = True
+    for key, values in ratios.items():
+        median = statistics.median(values)
+        ok = abs(median - 1) <= GOAL
+        met &= ok
+        rounds = " ".join(f"{v:.2f}" for v in values)
+        print(f"| {key} | {statistics.median(measured[key]):,.0f} | {predicted[key]:,.0f} | "
+              f"{median:.2f} ({rounds}) | {'yes' if ok else 'no'} |")  # fmt: skip
+    from dlscale.hardware.catalogue import get_hardware
+    from dlscale.hardware.links import measured_link
+    from dlscale.profiler.scaling import ring_allreduce_s
+    from dlscale.profiler.target import resolve
+
+    link = measured_link(get_hardware("local").measured["link"])
+    workload = resolve(str(SPEC))
+    from dlscale.profiler import trace_workload
+
+    grads = trace_workload(workload).trainable_params * 4
+    allreduce_ms = ring_allreduce_s(grads, 2, link) * 1e3
+    print(
+        f"\nddp 2's all-reduce of {grads:,} bytes: predicted {allreduce_ms:.2f} ms over "
+        f"local-gloo ({link.bytes_per_s / 1e9:.2f} GB/s, {link.latency_s * 1e6:.0f} µs a hop), "
+        f"measured in the training steps {statistics.median(comm_measured) * 1e3:.2f} ms"
+    )
+    print(f"goal (every median ratio within ±{GOAL:.0%}): {'met' if met else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
