@@ -17,6 +17,7 @@ from dlscale.api.bench import (
     check_out_dir,
     output_dir,
     save_local_hardware,
+    worse_than_saved,
     write_outputs,
 )
 from dlscale.api.capacity import check_one_process, check_run, check_trials, local_problems
@@ -77,6 +78,7 @@ __all__ = [
     "train",
     "validate",
     "weights_digest",
+    "worse_than_saved",
     "write_outputs",
 ]
 

@@ -32,6 +32,22 @@ def bench_machine(quick: bool = False, device: str = "auto") -> dict:
     return run_machine_bench(quick=quick, device=device)
 
 
+def worse_than_saved(result: dict) -> str | None:
+    """Why this measurement is worse than the saved `local` entry (None: not worse, or none
+    saved): a worse one never replaces a better one without --force."""
+    from dlscale.bench.machine import measured_tables
+    from dlscale.bench.plausible import worse
+    from dlscale.hardware.catalogue import get_hardware, local_entry_path
+
+    if not local_entry_path().is_file():
+        return None
+    try:
+        saved = get_hardware("local").measured
+    except Exception:  # an unreadable saved entry is no reason to keep it
+        return None
+    return worse(measured_tables(result), saved)
+
+
 def save_local_hardware(result: dict) -> Path:
     """A machine measurement saved as the hardware entry `local`; where it was written."""
     from dlscale.bench.machine import machine_hardware

@@ -15,8 +15,10 @@ from datetime import UTC, datetime
 
 import torch
 
+from dlscale.bench import plausible
 from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
 from dlscale.bench.memory import available_memory_bytes
+from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
 from dlscale.profiler.calibrate import (
@@ -24,6 +26,8 @@ from dlscale.profiler.calibrate import (
     conv_rates,
     op_efficiencies,
     optimizer_efficiencies,
+    spread_log,
+    start_spread_log,
     training_op_overhead_s,
 )
 from dlscale.train.env import cpu_model
@@ -213,6 +217,8 @@ def run_machine_bench(
     `sizes`, `bandwidth_bytes` and `min_run_time_s` override the defaults (tests shrink them).
     """
     t_start = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    start_spread_log()
     dev = bench_device(device)
     on_gpu = dev.type == "cuda"
     if sizes is None:
@@ -228,7 +234,7 @@ def run_machine_bench(
     best_bandwidth = max(bandwidth["copy_bytes_per_s"], bandwidth["triad_bytes_per_s"])
     training_overhead_s = training_op_overhead_s(dev, run_time_s)
     optimizer = optimizer_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s)
-    return {
+    result = {
         "schema": SCHEMA,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": str(dev),
@@ -259,6 +265,12 @@ def run_machine_bench(
         "link": _link_probe(quick),
         "elapsed_s": time.perf_counter() - t_start,
     }
+    # How far to trust it: each probe's spread, what was rejected, how busy the machine was.
+    result["spread"] = summarize_spread(spread_log())
+    result["load"] = {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
+                      "cores": os.cpu_count() or 1}  # fmt: skip
+    result["warnings"] = plausible.check(result)
+    return result
 
 
 def _link_probe(quick: bool) -> dict:
@@ -320,5 +332,9 @@ def measured_tables(result: dict) -> dict:
         "optimizer_efficiency": result.get("optimizer_efficiency"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],
         "link": result.get("link"),
+        "spread": result.get("spread"),
+        "rejected": result.get("rejected") or None,
+        "suspect": result.get("suspect") or None,
+        "load": result.get("load"),
     }
     return {key: value for key, value in tables.items() if value is not None}

@@ -52,6 +52,9 @@ def machine(
     no_save: bool = typer.Option(
         False, "--no-save", help="Do not save the result as the 'local' hardware entry."
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Save even over a saved 'local' entry of better quality."
+    ),
     device: str = typer.Option(
         "auto", "--device", help="auto (cuda if visible, else cpu) | cpu | cuda."
     ),
@@ -65,8 +68,22 @@ def machine(
     console.print(matmul_sweep_table(result))
     console.print(machine_table(result))
     print_written(*api.write_outputs("machine", result, out))
+    for warning in result.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")
+    spread = result["spread"]
+    console.print(
+        f"{spread['probes']} probes timed in rounds: median spread {spread['median']:.0%}, worst "
+        f"{spread['worst']:.0%}; load average {result['load']['loadavg_1m_before']:.1f} on "
+        f"{result['load']['cores']} cores when it started"
+    )
+    reason = None if force or no_save else api.worse_than_saved(result)
     if no_save:
         console.print("not saved as hardware 'local' (--no-save)")
+    elif reason:
+        console.print(
+            f"[yellow]not saved:[/] this measurement is worse than the saved 'local' entry "
+            f"({reason}); the saved one is kept ('--force' saves this one anyway)"
+        )
     else:
         console.print(f"saved as hardware 'local': {api.save_local_hardware(result)}")
 

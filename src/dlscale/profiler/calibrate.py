@@ -29,18 +29,53 @@ def settle_allocator() -> None:
     torch.empty((32 << 20) - 4096, dtype=torch.uint8)  # allocated and freed at once
 
 
+# Each probe is timed in rounds until the last three agree (their max / min − 1 within
+# STABLE_SPREAD) or MAX_ROUNDS have run; the median round counts. A busy machine shows as spread.
+ROUNDS, MAX_ROUNDS, STABLE_SPREAD = 3, 7, 0.10
+_spreads: list[float] = []  # relative spread of every probe timed since start_spread_log()
+
+
+def start_spread_log() -> None:
+    _spreads.clear()
+
+
+def spread_log() -> list[float]:
+    return list(_spreads)
+
+
+def relative_spread(values: list[float]) -> float:
+    """max / min − 1 of a probe's rounds: 0 when they agree."""
+    return max(values) / max(min(values), 1e-12) - 1
+
+
+def stable_median(measure, rounds: int = ROUNDS, most: int = MAX_ROUNDS) -> float:
+    """`measure()` repeated until its last `rounds` results agree within STABLE_SPREAD (or
+    `most` results); their median, with their spread logged."""
+    results = [measure() for _ in range(rounds)]
+    while relative_spread(results[-rounds:]) > STABLE_SPREAD and len(results) < most:
+        results.append(measure())
+    last = sorted(results[-rounds:])
+    _spreads.append(relative_spread(last))
+    return last[len(last) // 2]
+
+
 def seconds_per_call(fn, device: torch.device, min_time_s: float, warmup: int = 3) -> float:
-    """Mean seconds of `fn()` over at least `min_time_s` (and 5 calls), after `warmup` calls."""
+    """Seconds of `fn()`, the stable median of rounds of at least `min_time_s` / ROUNDS (and 3
+    calls) each, after `warmup` calls."""
     settle_allocator()
     for _ in range(warmup):
         fn()
     synchronize(device)
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < min_time_s or calls < 5:
-        fn()
-        calls += 1
-    synchronize(device)
-    return (time.perf_counter() - start) / calls
+
+    def one_round() -> float:
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < min_time_s / ROUNDS or calls < 3:
+            fn()
+            calls += 1
+        synchronize(device)
+        return (time.perf_counter() - start) / calls
+
+    return stable_median(one_round)
 
 
 def _tiny_model() -> nn.Module:

@@ -8,6 +8,7 @@ from rich.text import Text
 
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
+from dlscale.profiler.roofline import prediction_spread
 from dlscale.profiler.scaling_report import render as render_scaling
 from dlscale.profiler.scaling_report import to_json as scaling_json
 from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
@@ -123,9 +124,23 @@ def _hardware_json(report) -> dict:
         "optimizer_s": pred.optimizer_s,
         "h2d_s": pred.h2d_s,
         "step_s": pred.step_s,
+        # The calibration's median probe spread (measured entries): the step's relative
+        # uncertainty, shown as ±.
+        "step_spread": prediction_spread(hw),
         "samples_per_s": pred.samples_per_s,
         "steps_per_epoch": pred.steps_per_epoch,
         "epoch_s": pred.epoch_s,
+        "price_per_hour": hw.price_per_hour,
+        "cost_per_epoch": (
+            pred.epoch_s / 3600 * hw.price_per_hour
+            if pred.epoch_s is not None and hw.price_per_hour is not None
+            else None
+        ),
+        "energy_per_epoch_kwh": (
+            pred.epoch_s / 3600 * hw.tdp_w / 1000
+            if pred.epoch_s is not None and hw.tdp_w is not None
+            else None
+        ),
         "compute_bound_layers": pred.bound_layers("compute"),
         "memory_bound_layers": pred.bound_layers("memory"),
         "overhead_bound_layers": pred.bound_layers("overhead"),
@@ -240,8 +255,14 @@ def _totals_table(total: dict) -> Table:
 HARDWARE_COLUMNS = [
     Column("device", 0, "left"), Column("fits", 1), Column("memory need / usable", 5),
     Column("max batch", 6), Column("step", 2), Column("samples/s", 3), Column("epoch", 4),
-    Column("bound (c / m / o)", 7),
+    Column("cost / epoch", 8), Column("bound (c / m / o)", 7),
 ]  # fmt: skip
+
+
+def _step(hw: dict) -> str:
+    """The predicted step, with its uncertainty where the device was calibrated here."""
+    spread = hw["step_spread"]
+    return seconds(hw["step_s"]) + (f" ±{spread:.0%}" if spread else "")
 
 
 def _print_hardware_table(hardware: list[dict], console: Console) -> None:
@@ -251,8 +272,10 @@ def _print_hardware_table(hardware: list[dict], console: Console) -> None:
         rows.append([
             hw["name"], "yes" if hw["fits"] else "[red]no[/]",
             f"{binary(hw['required_bytes'])} / {binary(hw['usable_bytes'])}",
-            f"{hw['max_batch']:,}", seconds(hw["step_s"]), f"{hw['samples_per_s']:,.0f}",
-            seconds(hw["epoch_s"]), " / ".join(map(str, counts)),
+            f"{hw['max_batch']:,}", _step(hw), f"{hw['samples_per_s']:,.0f}",
+            seconds(hw["epoch_s"]),
+            f"${hw['cost_per_epoch']:,.2f}" if hw["cost_per_epoch"] is not None else "-",
+            " / ".join(map(str, counts)),
         ])  # fmt: skip
     bound = {"bound (c / m / o)": "bound (c / m / o): layers bound by compute, memory "
              "bandwidth, per-op overhead"}  # fmt: skip

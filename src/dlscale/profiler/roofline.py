@@ -171,3 +171,10 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         steps_per_epoch=steps,
         epoch_s=steps * step_s if steps is not None else None,
     )
+
+
+def prediction_spread(hardware: Hardware) -> float | None:
+    """The relative uncertainty of a prediction on `hardware`: the median spread of the probes
+    its calibration timed (a measured entry only; catalogue figures carry none)."""
+    spread = hardware.measured.get("spread") if isinstance(hardware.measured, dict) else None
+    return float(spread["median"]) if spread and "median" in spread else None
