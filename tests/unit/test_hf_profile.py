@@ -150,3 +150,23 @@ def test_failures_name_the_op_and_module_and_data_dependent_flow_is_explained(hf
         trace_workload(resolve("hfnets:gpt2", inputs="hfnets:gpt2"))
     with pytest.raises(UserError, match=r"--inputs must look like package\.module:function"):
         resolve("hfnets:gpt2", inputs="tokens")
+
+
+def test_a_spec_names_the_inputs_and_its_epochs_reach_the_run_figures(hf_models, tmp_path):
+    spec = tmp_path / "bert.yaml"
+    spec.write_text(
+        "name: bert-synthetic\n"
+        "model: {name: 'hfnets:bert', inputs: 'hfnets:bert_inputs'}\n"
+        "data: {name: synthetic, kind: tokens, task: language_modeling, seq_len: 16,\n"
+        "       vocab_size: 500, num_samples: 640}\n"
+        "batch_size: 8\nsteps: 150\n"
+    )
+    workload = resolve(str(spec))
+    assert workload.inputs_label == "hfnets:bert_inputs"
+    assert workload.epochs == 3  # 150 steps of 8 over ~576 training samples: 72 a epoch
+    trace = trace_workload(workload)
+    assert trace.batch_size == 8 and trace.input_shape == [16]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(spec.read_text().replace("hfnets:bert_inputs", "not a reference"))
+    result = CliRunner().invoke(app, ["profile", str(bad)])
+    assert result.exit_code == 2 and "model.inputs" in result.output
