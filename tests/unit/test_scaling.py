@@ -22,21 +22,13 @@ from dlscale.profiler.scaling import (
 )
 from dlscale.profiler.scaling_report import Costed, deadline_pick, parse_duration
 from dlscale.profiler.trace import trace_step
+from tests.unit.test_advice import device
 
 
 def gpu(**changes) -> Hardware:
-    values = {
-        "name": "test-gpu",
-        "display_name": "Test GPU",
-        "kind": "gpu",
-        "vendor": "test",
-        "peak_flops": {"fp32": 10e12},
-        "memory_bytes": 16 * 2**30,
-        "memory_bandwidth_bytes_per_s": 500e9,
-        "host_link": "PCIe 3.0 x16",
-        "host_link_bytes_per_s": 15.75e9,
-    }
-    return Hardware(**{**values, **changes})
+    """A test GPU (test_advice's) on a PCIe 3.0 host link."""
+    return device(**{"peak_flops": {"fp32": 10e12}, "host_link": "PCIe 3.0 x16",
+                     "host_link_bytes_per_s": 15.75e9, **changes})  # fmt: skip
 
 
 LINK = Link("test", "test link", "pcie", bytes_per_s=10e9, latency_s=5e-6, efficiency=1.0)
