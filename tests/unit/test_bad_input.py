@@ -138,7 +138,9 @@ def test_profile_names_a_user_model_that_fails(user_module):
         "cannot take samples of shape (64,): it returned (), not logits (batch, ..., classes)"
     )
     message = refused(api.profile, f"{user_module}:lookup", None, [64])
-    assert message.endswith("failed on the meta device: KeyError: 'logits' (badnets.py, line 30)")
+    assert message.endswith(
+        "failed on the meta device in '(model)' (Lookup): KeyError: 'logits' (badnets.py, line 30)"
+    )
     message = refused(api.profile, f"{user_module}:raises", None, [64])
     assert "by its factory: RuntimeError: my factory broke (badnets.py, line 6)" in message
 

@@ -57,6 +57,7 @@ __all__ = [
     "convert_data",
     "data_digest",
     "data_fingerprint",
+    "device_links",
     "environment",
     "estimate",
     "hardware",
@@ -179,11 +180,28 @@ def hardware(
     return [lookup(catalogue, name) for name in names]
 
 
-def links() -> list:
-    """Every catalogued link between devices (shipped, then $DLSCALE_HOME/links.toml)."""
+def links(extra_files: list[Path] | None = None) -> list:
+    """Every catalogued link between devices: shipped, then the [[link]] tables of the user's
+    hardware files ($DLSCALE_HOME/hardware/*.toml), then `extra_files`."""
     from dlscale.hardware.links import load_links
 
-    return list(load_links().values())
+    return list(load_links(extra_files).values())
+
+
+def device_links(
+    names: list[str] | None = None, extra_files: list[Path] | None = None
+) -> list[tuple[Hardware, str | None]]:
+    """Each device (all, or the named ones) with the name of the link its copies talk over by
+    default (its interconnect, else its PCIe host link), or None where its entry has neither."""
+    from dlscale.hardware.links import device_link, load_links
+
+    found = load_links(extra_files)
+    rows = []
+    for device in hardware(names, extra_files):
+        linked = device.interconnect_link or device.interconnect or device.host_link
+        linked = linked or device.measured.get("link")
+        rows.append((device, device_link(device, None, found).name if linked else None))
+    return rows
 
 
 def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):

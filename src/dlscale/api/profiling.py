@@ -84,6 +84,7 @@ def profile(
             epochs=epochs or spec_epochs or 1,
             epochs_from=epochs_from,
             deadline_s=deadline_s,
+            link_files=hardware_files,
         )
     return result
 

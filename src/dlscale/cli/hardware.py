@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dlscale import api
@@ -37,9 +38,9 @@ def list_devices(
     hardware_files: list[Path] | None = HARDWARE_FILES,
 ) -> None:
     """List every known device: shipped ones, ~/.dlscale/hardware/*.toml, and --hardware-file."""
-    devices = api.hardware(extra_files=hardware_files)
+    rows = api.device_links(extra_files=hardware_files)
     if as_json:
-        print(json.dumps([record(device) for device in devices], indent=2))
+        print(json.dumps([record(device) | {"link": link} for device, link in rows], indent=2))
         return
     # Narrow terminals get the figures; names and links need room (`show` has them all).
     wide = console.width >= 140
@@ -50,10 +51,10 @@ def list_devices(
         table.add_column("device")
     for column in ("fp32\nTFLOP/s", "bf16/fp16\nTFLOP/s", "memory\nGiB", "bandwidth\nGB/s"):
         table.add_column(column, justify="right", no_wrap=True)
-    if wide:
-        table.add_column("host link")
+    table.add_column("link")
     table.add_column("TDP\nW", justify="right")
-    for device in devices:
+    table.add_column("$ per\nhour", justify="right")
+    for device, link in rows:
         figures = [
             _number(device.peak_flops["fp32"] / 1e12),
             _half_precision(device),
@@ -61,15 +62,15 @@ def list_devices(
             _number(device.memory_bandwidth_bytes_per_s / 1e9),
         ]
         tdp = _number(device.tdp_w) if device.tdp_w else "—"
-        if wide:
-            row = [device.display_name, *figures, device.host_link or "—", tdp]
-        else:
-            row = [*figures, tdp]
-        table.add_row(device.name, device.kind, *row)
+        price = f"{device.price_per_hour:.2f}" if device.price_per_hour is not None else "—"
+        head = [device.display_name] if wide else []
+        table.add_row(device.name, device.kind, *head, *figures, link or "—", tdp, price)
     console.print(table)
     console.print(
         "Peaks are dense (no 2:4 sparsity); a device without bf16/fp16 units trains mixed "
-        "precision at its fp32 rate. 'dlscale hardware show NAME' gives every figure's source."
+        "precision at its fp32 rate. link: what its copies talk over by default (see "
+        "'dlscale hardware links'). $ per hour: a cloud's on-demand price per device, where one "
+        "rents it. 'dlscale hardware show NAME' gives every figure's source and date."
     )
 
 
@@ -83,36 +84,43 @@ def show(
     hardware_files: list[Path] | None = HARDWARE_FILES,
 ) -> None:
     """Every figure of one device, with the sources it comes from and how it was derived."""
-    (device,) = api.hardware([name], extra_files=hardware_files)
+    ((device, link),) = api.device_links([name], extra_files=hardware_files)
     if as_json:
-        print(json.dumps(record(device), indent=2))
+        print(json.dumps(record(device) | {"link": link}, indent=2))
         return
     table = Table(title=f"{device.display_name} ({device.name})", show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value", overflow="fold")
-    for field, value in _rows(device):
+    for field, value in _rows(device, link):
         table.add_row(field, value)
     console.print(table)
 
 
 @app.command("links")
 @user_errors
-def list_links(as_json: bool = AS_JSON) -> None:
+def list_links(as_json: bool = AS_JSON, hardware_files: list[Path] | None = HARDWARE_FILES) -> None:
     """The links between devices that `dlscale profile --devices` predicts over."""
-    found = api.links()
+    found = api.links(extra_files=hardware_files)
     if as_json:
         print(json.dumps([dataclasses.asdict(link) for link in found], indent=2))
         return
+    wide = console.width >= 110  # the long names need room; `--json` has everything
     table = Table(title="links between devices (per device, one direction)")
-    for column in ("name", "link", "kind", "GB/s", "latency", "efficiency"):
+    columns = ("name", *(("link",) if wide else ()), "kind", "GB/s", "latency", "efficiency")
+    for column in columns:
         table.add_column(column, justify="right" if column in ("GB/s", "efficiency") else "left")
     for link in found:
-        table.add_row(link.name, link.display_name, link.kind, _number(link.bytes_per_s / 1e9),
+        head = [link.name, *([link.display_name] if wide else [])]
+        table.add_row(*head, link.kind, _number(link.bytes_per_s / 1e9),
                       f"{link.latency_s * 1e6:g} µs", f"{link.efficiency:.2f}")  # fmt: skip
     console.print(table)
     console.print(
-        "efficiency: the share of the link a large all-reduce reaches. Sources and derivations: "
-        "src/dlscale/hardware/links.toml; your own in $DLSCALE_HOME/links.toml."
+        escape(
+            "GB/s: per device, one direction. efficiency: the share of it a large all-reduce "
+            "reaches (NCCL bus bandwidth / link rate). Sources and derivations: --json, or "
+            "src/dlscale/hardware/links.toml; your own: [[link]] tables in "
+            "$DLSCALE_HOME/hardware/*.toml or a --hardware-file."
+        )
     )
 
 
@@ -127,7 +135,7 @@ def record(device: api.Hardware) -> dict:
     return dataclasses.asdict(device) | {"sources": list(device.sources)}
 
 
-def _rows(device: api.Hardware) -> list[tuple[str, str]]:
+def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
     rows = [("kind", device.kind), ("vendor", device.vendor)]
     for precision in api.PRECISIONS:
         if precision in device.peak_flops:
@@ -140,6 +148,7 @@ def _rows(device: api.Hardware) -> list[tuple[str, str]]:
         ("memory bandwidth", f"{_number(device.memory_bandwidth_bytes_per_s / 1e9)} GB/s"),
         ("host link", _link(device.host_link, device.host_link_bytes_per_s, "one direction")),
         ("interconnect", _link(device.interconnect, device.interconnect_bytes_per_s, "total")),
+        ("default link", f"{link} (dlscale hardware links)" if link else "— (name one)"),
         ("TDP", f"{_number(device.tdp_w)} W" if device.tdp_w else "—"),
         ("price", _price(device)),
         (

@@ -32,6 +32,7 @@ _PLAIN_TEXT = {
     "notes": "notes",
     "price_source": "price_source",
     "price_date": "price_date",
+    "interconnect_link": "interconnect_link",
 }
 _PLAIN_NUMBERS = ("tdp_w", "compute_efficiency", "memory_efficiency", "price_per_hour")
 # TOML key in human units -> (Hardware field, power of ten from the file's unit to SI).
@@ -57,6 +58,7 @@ KEYS = (
     "host_link_gbs",
     "interconnect",
     "interconnect_gbs",
+    "interconnect_link",
     "tdp_w",
     "price_per_hour",
     "price_source",
@@ -143,9 +145,12 @@ def parse_catalogue(text: str, label: str) -> list[Hardware]:
         document = tomllib.loads(text, parse_float=Decimal)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{label}: not valid TOML: {exc}") from None
-    extra = sorted(set(document) - {"device"})
+    # [[link]] tables may sit beside the devices; dlscale.hardware.links reads them.
+    extra = sorted(set(document) - {"device", "link"})
     if extra:
-        raise UserError(f"{label}: unknown top-level key '{extra[0]}' (expected [[device]] tables)")
+        raise UserError(
+            f"{label}: unknown top-level key '{extra[0]}' (expected [[device]] or [[link]] tables)"
+        )
     entries = document.get("device", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UserError(f"{label}: 'device' must be an array of tables, written [[device]]")
@@ -298,6 +303,7 @@ def entry_to_toml(hardware: Hardware) -> str:
         "memory_gib": _Raw(repr(hardware.memory_bytes / GIB)),
         "host_link": hardware.host_link,
         "interconnect": hardware.interconnect,
+        "interconnect_link": hardware.interconnect_link,
         "tdp_w": hardware.tdp_w,
         "price_per_hour": hardware.price_per_hour,
         "price_source": hardware.price_source,

@@ -1,7 +1,15 @@
-"""Links between devices (PCIe, NVLink, InfiniBand, Ethernet): the catalogue and a device's own."""
+"""Links between devices (PCIe, NVLink, Infinity Fabric, ICI, InfiniBand, Ethernet): the catalogue
+of links, and which one a device's copies talk over.
+
+Links are read in this order, a later one with the same name replacing an earlier one: the
+shipped `links.toml`, then the [[link]] tables in the user's hardware files
+(`$DLSCALE_HOME/hardware/*.toml`, beside or instead of [[device]] tables), then the `extra_files`
+a caller passes (the CLI's `--hardware-file`). One place holds a user's device and its link.
+"""
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -10,26 +18,32 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UserError
+from dlscale.hardware.catalogue import user_files
 from dlscale.hardware.spec import Hardware
-from dlscale.home import dlscale_home
 
 KINDS = ("pcie", "nvlink", "infinity-fabric", "ici", "infiniband", "ethernet", "loopback")
-# A device whose interconnect has no catalogue entry (Infinity Fabric, TPU ICI) gets a link built
-# from its own entry: these per-kind defaults fill what the entry does not say.
-DEFAULT_LATENCY_S = {"infinity-fabric": 3e-6, "ici": 3e-6, "nvlink": 3e-6}
+SHIPPED_LABEL = "dlscale/hardware/links.toml"
+KEYS = ("name", "display_name", "kind", "gbs", "latency_us", "efficiency", "sources", "notes")
+REQUIRED_KEYS = ("name", "kind", "gbs", "latency_us")
+# A device whose interconnect names no catalogued link (a user's entry without
+# `interconnect_link`) gets one built from its own figures, with these stated defaults.
+DEFAULT_LATENCY_S = 3e-6
 DEFAULT_EFFICIENCY = 0.8
+_NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
+# The words --interconnect takes besides a link's name.
+CHOICES = ("nvlink", "pcie")
 
 
 @dataclass(frozen=True)
 class Link:
     """One link as a collective sees it: per device, one direction."""
 
-    name: str
+    name: str  # the key users type: "pcie3-x16", "nvlink4", "ib-hdr", "eth-100g"
     display_name: str
-    kind: str
-    bytes_per_s: float  # per device, one direction
-    latency_s: float  # per message: one hop of a collective
-    efficiency: float  # share of bytes_per_s a large all-reduce reaches
+    kind: str  # one of KINDS
+    bytes_per_s: float  # per device, ONE direction (what one ring step can send)
+    latency_s: float  # per message: one hop of a collective, software included
+    efficiency: float  # share of bytes_per_s a large all-reduce reaches (busbw / link rate)
     sources: tuple[str, ...] = ()
     notes: str = ""
 
@@ -38,126 +52,174 @@ class Link:
         return self.bytes_per_s * self.efficiency
 
 
-def user_links_path() -> Path:
-    """Your own links (not in hardware/, whose every *.toml is a device catalogue file)."""
-    return dlscale_home() / "links.toml"
-
-
 def load_links(extra_files: list[Path] | None = None) -> dict[str, Link]:
-    """Every known link by name: shipped, then $DLSCALE_HOME/hardware/links.toml, then extras."""
-    texts = [
-        ("the shipped links", (resources.files("dlscale.hardware") / "links.toml").read_text())
-    ]
-    for path in [user_links_path(), *(Path(p) for p in extra_files or [])]:
-        if path.is_file():
-            texts.append((str(path), path.read_text(encoding="utf-8")))
+    """Every known link by name: shipped, then user hardware files, then `extra_files`."""
+    shipped = resources.files("dlscale.hardware") / "links.toml"
+    texts = [(SHIPPED_LABEL, shipped.read_text(encoding="utf-8"))]
+    for path in [*user_files(), *(Path(p) for p in extra_files or [])]:
+        if not path.is_file():
+            raise UserError(f"{path}: hardware file not found")
+        texts.append((str(path), path.read_text(encoding="utf-8")))
     links: dict[str, Link] = {}
     for label, text in texts:
-        try:
-            tables = tomllib.loads(text).get("link", [])
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"{label}: not valid TOML: {exc}") from None
-        for index, table in enumerate(tables):
-            link = parse_link(table, f"{label}, link {index + 1}")
+        for link in parse_links(text, label):
             links[link.name] = link
     return links
 
 
-def parse_link(table: dict[str, Any], where: str) -> Link:
+def parse_links(text: str, label: str) -> list[Link]:
+    """The [[link]] tables of one file's text (its [[device]] tables are the catalogue's)."""
     try:
-        name = str(table["name"]).strip().lower()
-        kind = str(table["kind"])
-        gbs, latency_us = float(table["gbs"]), float(table["latency_us"])
-        efficiency = float(table.get("efficiency", DEFAULT_EFFICIENCY))
-    except KeyError as exc:
-        raise UserError(f"{where}: missing key {exc}") from None
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"{where}: {exc}") from None
+        tables = tomllib.loads(text).get("link", [])
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{label}: not valid TOML: {exc}") from None
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise UserError(f"{label}: 'link' must be an array of tables, written [[link]]")
+    links = [parse_link(t, f"{label}: link '{t.get('name', f'#{i}')}'") for i, t in
+             enumerate(tables, start=1)]  # fmt: skip
+    names = [link.name for link in links]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UserError(f"{label}: link '{twice[0]}' appears twice in this file")
+    return links
+
+
+def parse_link(table: dict[str, Any], where: str) -> Link:
+    """One [[link]] table -> Link in SI units; UserError prefixed by `where` if bad."""
+    unknown = [key for key in table if key not in KEYS]
+    if unknown:
+        raise UserError(f"{where}: unknown key '{unknown[0]}' (known: {', '.join(KEYS)})")
+    missing = [key for key in REQUIRED_KEYS if key not in table]
+    if missing:
+        raise UserError(f"{where}: missing required key '{missing[0]}'")
+    name, kind = table["name"], table["kind"]
+    if not isinstance(name, str) or not _NAME.fullmatch(name) or name in CHOICES:
+        raise UserError(
+            f"{where}: name must be lowercase letters, digits and '.', '_', '-', '+' "
+            f"(and not {' or '.join(CHOICES)})"
+        )
     if kind not in KINDS:
-        raise UserError(f"{where}: kind must be one of {', '.join(KINDS)} (got '{kind}')")
-    if gbs <= 0 or latency_us < 0 or not 0 < efficiency <= 1:
-        raise UserError(f"{where}: gbs > 0, latency_us ≥ 0 and 0 < efficiency ≤ 1 are needed")
+        raise UserError(f"{where}: kind '{kind}' is not one of {', '.join(KINDS)}")
+    gbs = _number(table, "gbs", where)
+    latency_us = _number(table, "latency_us", where)
+    efficiency = _number(table, "efficiency", where) if "efficiency" in table else None
+    if gbs <= 0 or latency_us < 0 or (efficiency is not None and not 0 < efficiency <= 1):
+        raise UserError(f"{where}: needs gbs > 0, latency_us ≥ 0 and 0 < efficiency ≤ 1")
+    sources = table.get("sources", [])
+    if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
+        raise UserError(f"{where}: sources must be a list of URLs (strings)")
+    texts = {key: table.get(key, default) for key, default in
+             (("display_name", name), ("notes", ""))}  # fmt: skip
+    if not all(isinstance(value, str) for value in texts.values()):
+        raise UserError(f"{where}: display_name and notes must be strings")
     return Link(
         name=name,
-        display_name=str(table.get("display_name", name)),
+        display_name=texts["display_name"],
         kind=kind,
         bytes_per_s=gbs * 1e9,
-        latency_s=latency_us * 1e-6,
-        efficiency=efficiency,
-        sources=tuple(str(s) for s in table.get("sources", [])),
-        notes=str(table.get("notes", "")),
+        latency_s=latency_us / 1e6,
+        efficiency=DEFAULT_EFFICIENCY if efficiency is None else efficiency,
+        sources=tuple(sources),
+        notes=texts["notes"],
     )
 
 
+def _number(table: dict[str, Any], key: str, where: str) -> float:
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise UserError(f"{where}: {key} must be a finite number, not {value!r}")
+    return float(value)
+
+
 def lookup_link(links: dict[str, Link], name: str) -> Link:
+    """One link by name, case-insensitively; UserError naming every choice if unknown."""
     key = name.strip().lower()
     if key in links:
         return links[key]
     raise UserError(
-        f"unknown link '{name}'; known: nvlink, pcie (the device's own), {', '.join(links)}"
+        f"unknown link '{name}'; known: {', '.join(CHOICES)} (the device's own), {', '.join(links)}"
     )
 
 
 def pcie_link_name(host_link: str | None) -> str | None:
-    """'PCIe 4.0 x16' -> 'pcie4-x16'."""
-    found = re.match(r"PCIe (\d)\.0 x(\d+)", host_link or "")
+    """'PCIe 4.0 x16' -> 'pcie4-x16'; None for anything else."""
+    found = re.fullmatch(r"\s*PCIe (\d)\.0 x(\d+)\s*", host_link or "")
     return f"pcie{found.group(1)}-x{found.group(2)}" if found else None
 
 
-def _interconnect_name(interconnect: str) -> str | None:
-    """'NVLink 3 (12 links)' -> 'nvlink3'; 'NVLink 3 bridge (4 links)' -> 'nvlink3-bridge'."""
-    found = re.match(r"NVLink (\d)( bridge)?", interconnect)
-    if not found:
-        return None
-    return f"nvlink{found.group(1)}" + ("-bridge" if found.group(2) else "")
-
-
 def own_interconnect(hardware: Hardware, links: dict[str, Link]) -> Link | None:
-    """The device's peer link: its catalogue entry where there is one, else one built from the
-    device's own figures (total both ways, halved to one direction)."""
+    """The device's peer link (NVLink, Infinity Fabric, ICI): the catalogue link its entry's
+    `interconnect_link` names, else one built from the entry's own figures (its total both
+    ways, halved to one direction), else None."""
+    if hardware.interconnect_link is not None:
+        if hardware.interconnect_link not in links:
+            raise UserError(
+                f"'{hardware.name}': interconnect_link '{hardware.interconnect_link}' is not a "
+                f"known link; known: {', '.join(links)}"
+            )
+        return links[hardware.interconnect_link]
     if not hardware.interconnect or not hardware.interconnect_bytes_per_s:
         return None
-    name = _interconnect_name(hardware.interconnect)
-    if name in links:
-        return links[name]
-    kind = "ici" if "ICI" in hardware.interconnect else "infinity-fabric"
-    if "NVLink" in hardware.interconnect:
-        kind = "nvlink"
+    text = hardware.interconnect
+    kind = "nvlink" if "NVLink" in text else "ici" if "ICI" in text else "infinity-fabric"
     return Link(
         name=f"{hardware.name}-interconnect",
-        display_name=hardware.interconnect,
+        display_name=text,
         kind=kind,
         bytes_per_s=hardware.interconnect_bytes_per_s / 2,
-        latency_s=DEFAULT_LATENCY_S.get(kind, 3e-6),
+        latency_s=DEFAULT_LATENCY_S,
         efficiency=DEFAULT_EFFICIENCY,
         sources=hardware.sources,
-        notes="from the device's catalogue entry: its interconnect total, halved to one way",
+        notes="built from the device's entry: its interconnect total, halved to one direction; "
+        "latency and efficiency are the stated defaults",
+    )
+
+
+def host_pcie(hardware: Hardware, links: dict[str, Link]) -> Link | None:
+    """The PCIe link of the device's `host_link` ('PCIe 3.0 x16' -> pcie3-x16); a host link the
+    catalogue lacks is built from the entry's own one-direction rate."""
+    name = pcie_link_name(hardware.host_link)
+    if name in links:
+        return links[name]
+    if not hardware.host_link or not hardware.host_link_bytes_per_s:
+        return None
+    typical = links.get("pcie4-x16")
+    return Link(
+        name=name or f"{hardware.name}-host-link",
+        display_name=hardware.host_link,
+        kind="pcie",
+        bytes_per_s=hardware.host_link_bytes_per_s,
+        latency_s=typical.latency_s if typical else DEFAULT_LATENCY_S,
+        efficiency=typical.efficiency if typical else DEFAULT_EFFICIENCY,
+        sources=hardware.sources,
+        notes="built from the device's entry: its host-link rate, one direction",
     )
 
 
 def device_link(hardware: Hardware, choice: str | None, links: dict[str, Link]) -> Link:
-    """The link devices of `hardware` talk over: `choice` None is the device's own interconnect
-    (NVLink, Infinity Fabric, ICI), else its PCIe host link; 'nvlink' and 'pcie' name those two;
-    anything else is a catalogue link."""
-    own = own_interconnect(hardware, links)
-    pcie_name = pcie_link_name(hardware.host_link)
-    pcie = links.get(pcie_name) if pcie_name else None
-    measured = hardware.measured.get("link") if isinstance(hardware.measured, dict) else None
+    """The link copies of `hardware` talk over. `choice` None: a measured link (`local`), else
+    the device's own interconnect, else its PCIe host link; 'nvlink' and 'pcie' name those two;
+    anything else is a catalogue link by name."""
     if choice is None:
+        measured = hardware.measured.get("link") if isinstance(hardware.measured, dict) else None
         if measured:  # `local`: the link measured between this machine's processes
             return measured_link(measured)
-        if own or pcie:
-            return own or pcie
-        raise UserError(
-            f"'{hardware.name}' has no interconnect or PCIe link in its entry: name one with "
-            f"--interconnect (e.g. eth-25g, ib-hdr; known: {', '.join(links)})"
-        )
+        found = own_interconnect(hardware, links) or host_pcie(hardware, links)
+        if found is None:
+            raise UserError(
+                f"'{hardware.name}' has no interconnect or host link in its entry: name one "
+                f"with --interconnect (known: {', '.join(links)})"
+            )
+        return found
     key = choice.strip().lower()
     if key == "nvlink":
+        own = own_interconnect(hardware, links)
         if own is None or own.kind != "nvlink":
-            raise UserError(f"'{hardware.name}' has no NVLink; try --interconnect pcie")
+            other = f" (its interconnect is {own.name})" if own else ""
+            raise UserError(f"'{hardware.name}' has no NVLink{other}; try --interconnect pcie")
         return own
     if key == "pcie":
+        pcie = host_pcie(hardware, links)
         if pcie is None:
             raise UserError(f"'{hardware.name}' has no PCIe host link in its entry")
         return pcie

@@ -36,6 +36,7 @@ class Hardware:
     host_link_bytes_per_s: float | None = None  # one direction
     interconnect: str | None = None  # "NVLink 3 (12 links)"
     interconnect_bytes_per_s: float | None = None  # total per device, both directions
+    interconnect_link: str | None = None  # its Link's name in links.toml: "nvlink3"
     tdp_w: float | None = None
     price_per_hour: float | None = None  # USD per device-hour, cloud on-demand where offered
     price_source: str | None = None  # where the price was read

@@ -100,6 +100,7 @@ def scaling_reports(
     epochs: int = 1,
     epochs_from: str = "default",
     deadline_s: float | None = None,
+    link_files: list | None = None,
 ) -> list[ScalingReport]:
     if not devices or min(devices) < 1:
         raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
@@ -112,7 +113,7 @@ def scaling_reports(
         )
     if deadline_s is not None and not dataset_size:
         raise UserError("--deadline needs the epoch's size: give --dataset-size (or a spec)")
-    links = load_links()
+    links = load_links(link_files)  # the user's hardware files may hold [[link]] tables
     network_link = None
     if nodes > 1:
         if network is None:
