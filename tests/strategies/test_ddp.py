@@ -81,13 +81,14 @@ def test_single_strategy_refuses_a_cluster(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_scale_runs_each_worker_count_and_plots(tmp_path: Path):
+def test_scale_runs_each_worker_count_and_plots(tmp_path: Path, monkeypatch):
     """With this machine measured (a stand-in `local` entry: a desktop CPU's figures, 1
     calibration thread, a gloo link of 1 GB/s and 0.5 ms), each row has its prediction."""
     from dataclasses import replace
 
     from dlscale.hardware.catalogue import get_hardware, save_local
 
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))  # the entry stays this test's
     link = {"bytes_per_s": 1e9, "latency_s": 5e-4, "fit_max_error": 0.1}
     save_local(replace(get_hardware("i7-7700k"), name="local",
                        measured={"threads": 1, "link": link}))  # fmt: skip

@@ -10,10 +10,10 @@ from dlscale.hardware.spec import Hardware
 from dlscale.models.registry import user_code_failure
 from dlscale.profiler.advice import Verdict, verdict
 from dlscale.profiler.memory import TrainingMemory, training_memory
-from dlscale.profiler.recorder import OpFailure
+from dlscale.profiler.recorder import ModuleFailure, OpFailure
 from dlscale.profiler.roofline import Prediction, predict
 from dlscale.profiler.target import Workload
-from dlscale.profiler.trace import ModuleFailure, StepTrace, trace_step
+from dlscale.profiler.trace import StepTrace, trace_step
 from dlscale.train.step import build_optimizer
 
 

@@ -206,6 +206,14 @@ class OpFailure(RuntimeError):
         return self.op in DATA_DEPENDENT
 
 
+class ModuleFailure(RuntimeError):
+    """The model's own Python code failed while `module` ran."""
+
+    def __init__(self, module: str, module_type: str, error: BaseException):
+        super().__init__(f"in '{module}' ({module_type}): {error}")
+        self.module, self.module_type, self.error = module, module_type, error
+
+
 class Recorder(TorchDispatchMode):
     """Attributes every aten op's FLOPs and bytes to the module (and phase) running it."""
 

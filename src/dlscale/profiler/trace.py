@@ -40,6 +40,7 @@ from dlscale.profiler.recorder import (
     LOSS,
     MODEL,
     OPTIMIZER,
+    ModuleFailure,
     OpFailure,
     PhaseCost,
     Recorder,
@@ -292,14 +293,6 @@ def trace_step(
         precision=precision,
         optimizer_name=optimizer_name,
     )
-
-
-class ModuleFailure(RuntimeError):
-    """The model's own Python code failed while `module` ran."""
-
-    def __init__(self, module: str, module_type: str, error: BaseException):
-        super().__init__(f"in '{module}' ({module_type}): {error}")
-        self.module, self.module_type, self.error = module, module_type, error
 
 
 def _type_of(watcher: _ModuleWatcher, module: str) -> str:

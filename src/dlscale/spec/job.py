@@ -121,6 +121,12 @@ class Spec(Strict):
         # resume on a machine with other cores. The heartbeat warning only says when a worker is
         # silent. Left out, they keep every earlier hash too.
         # Where data is staged is a copy's location, not the data: it may move between resumes.
-        ignored = {"threads": True, "strategy": {"heartbeat_warn_s"}, "data": {"stage"}}
+        # A model's example inputs are for `dlscale profile` only: training never reads them.
+        ignored = {
+            "threads": True,
+            "strategy": {"heartbeat_warn_s"},
+            "data": {"stage"},
+            "model": {"inputs"},
+        }
         canonical = json.dumps(self.model_dump(mode="json", exclude=ignored), sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
