@@ -37,19 +37,15 @@ def ps_spec(steps: int):
 
 
 def predict_ps(threads: int) -> float:
+    """The ps run's samples/s, as `dlscale scale` predicts its ddp rows."""
+    from dlscale.bench.scale import predicted_rows
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
-    from dlscale.profiler import trace_workload
-    from dlscale.profiler.roofline import predict
-    from dlscale.profiler.scaling import predict_scaling
-    from dlscale.profiler.target import resolve
 
     local = get_hardware("local")
-    trace = trace_workload(resolve(str(SPEC)))
-    step_s = predict(trace, local).step_s * int(local.measured["threads"]) / threads
     link = measured_link(local.measured["link"])
-    (point,) = predict_scaling(trace, local, [2], link, strategies=("ps",), single_step_s=step_s)
-    return point.samples_per_s
+    (row,) = predicted_rows(str(SPEC), [2], threads, local, link, strategy="ps")
+    return row["samples_per_s"]
 
 
 def main() -> None:

@@ -21,6 +21,18 @@ def parse_bytes(value: object) -> object:
     return value
 
 
+SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "30d", "12h", "90m" or "3600s" (a whole or decimal number > 0, then a unit);
+    ValueError otherwise, for the caller to name its option."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", str(text))
+    if not found or float(found.group(1)) <= 0:
+        raise ValueError(f"'{text}': expected a number > 0 and a unit s, m, h or d (e.g. 30m, 2h)")
+    return float(found.group(1)) * SECONDS_PER[found.group(2)]
+
+
 def binary_bytes(count: float) -> str:
     """3 * 2**20 -> '3 MiB'."""
     for factor, prefix in (

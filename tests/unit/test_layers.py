@@ -25,7 +25,8 @@ ALLOWED = {
     # Launchers start and supervise processes; they know nothing of training.
     "launch": BASE,
     "profiler": TRAIN | {"dlscale.hardware", "dlscale.profiler"},
-    "bench": TRAIN | {"dlscale.hardware", "dlscale.profiler", "dlscale.bench"},
+    # A bench that times processes (the gloo link between two) starts them as a launcher does.
+    "bench": TRAIN | {"dlscale.hardware", "dlscale.profiler", "dlscale.bench", "dlscale.launch"},
     # A strategy is an exchange for the one loop, placed by a launcher; a pipeline plans its
     # split with the profiler on the hardware model.
     "strategies": TRAIN | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"},

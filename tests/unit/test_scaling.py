@@ -165,6 +165,9 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
     for name in ("compute.png", "scaling.png"):  # the lecture's per-layer and scaling charts
         assert (tmp_path / name).stat().st_size > 10_000
     assert out.exit_code == 0, out.output
+    (single,) = json.loads(out.stdout)["hardware"]  # one device: the same price, one epoch
+    assert single["cost_per_epoch"] == pytest.approx(1.46 * single["epoch_s"] / 3600)
+    assert single["energy_per_epoch_kwh"] == pytest.approx(300 * single["epoch_s"] / 3.6e6)
     (report,) = json.loads(out.stdout)["scaling"]
     assert report["link"]["name"] == "pcie3-x16" and report["epochs"] == 2
     ddp4 = next(p for p in report["points"] if p["strategy"] == "ddp" and p["devices"] == 4)

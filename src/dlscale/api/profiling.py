@@ -70,7 +70,7 @@ def profile(
     )
     result = profiler.profile(workload, profile_hardware(hardware, hardware_files))
     if devices:
-        spec_epochs = getattr(workload, "epochs", None)
+        spec_epochs = workload.epochs
         epochs_from = "--epochs" if epochs else "spec" if spec_epochs else "default"
         result.scaling = scaling_reports(
             result.trace,

@@ -4,7 +4,6 @@ processes, fitted to latency + bytes / bandwidth, as the scaling model prices a 
 from __future__ import annotations
 
 import os
-import socket
 import statistics
 import time
 
@@ -12,14 +11,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from dlscale.launch.local import free_port
+
 SIZES_BYTES = (4 * 2**10, 256 * 2**10, 4 * 2**20, 32 * 2**20)
 QUICK_SIZES_BYTES = (4 * 2**10, 4 * 2**20)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _worker(rank: int, port: int, sizes: tuple[int, ...], repeats: int, results) -> None:
@@ -49,7 +44,7 @@ def time_allreduce(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
     """Median seconds of a 2-process gloo all-reduce of each size (bytes)."""
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_worker, args=(_free_port(), sizes, repeats, results), nprocs=2, join=True)
+        mp.spawn(_worker, args=(free_port(), sizes, repeats, results), nprocs=2, join=True)
         return dict(results)
 
 

@@ -101,7 +101,9 @@ def scale_result(
     }
 
 
-def predicted_rows(spec_path: str, workers: list[int], threads: int, local, link) -> list[dict]:
+def predicted_rows(
+    spec_path: str, workers: list[int], threads: int, local, link, strategy: str = "ddp"
+) -> list[dict]:
     """The roofline on `local` and the scaling model over the measured local link, for the
     same runs: samples/s and efficiency per worker count.
 
@@ -117,7 +119,7 @@ def predicted_rows(spec_path: str, workers: list[int], threads: int, local, link
     calibrated = int(local.measured.get("threads") or threads)
     step_s = predict(trace, local).step_s * calibrated / threads
     points = predict_scaling(
-        trace, local, sorted(set(workers)), link, strategies=("ddp",), single_step_s=step_s
+        trace, local, sorted(set(workers)), link, strategies=(strategy,), single_step_s=step_s
     )
     return [
         {

@@ -56,9 +56,12 @@ ZOO: dict[str, ZooEntry] = {
 }
 
 
-def resolve_factory(name: str) -> Callable[..., Any]:
-    """The factory for a zoo name or a "package.module:factory" reference."""
-    if name in ZOO:
+def resolve_factory(
+    name: str, what: str = "model", returns: str = "an nn.Module"
+) -> Callable[..., Any]:
+    """The factory for a zoo name or a "package.module:factory" reference; `what` names it in
+    errors (a model, or --inputs) and `returns` says what the callable should return."""
+    if name in ZOO and what == "model":
         return ZOO[name].factory
     if ":" not in name:
         zoo = ", ".join(ZOO)
@@ -67,7 +70,7 @@ def resolve_factory(name: str) -> Callable[..., Any]:
         )
     module_name, _, attr = name.partition(":")
     if not module_name or not attr:
-        raise UserError(f"model '{name}' must look like package.module:factory")
+        raise UserError(f"{what} '{name}' must look like package.module:factory")
     # A user's model file usually sits next to their spec, in the directory they run from;
     # the console-script entry point does not put that directory on sys.path by itself.
     cwd = os.getcwd()
@@ -82,11 +85,11 @@ def resolve_factory(name: str) -> Callable[..., Any]:
             f"importing module '{module_name}' failed: {user_code_failure(error)}"
         ) from error
     if not hasattr(module, attr):
-        raise UserError(f"module '{module_name}' has no attribute '{attr}' (from model '{name}')")
+        raise UserError(f"module '{module_name}' has no attribute '{attr}' (from {what} '{name}')")
     factory = getattr(module, attr)
     if not callable(factory):
         kind = type(factory).__name__
-        raise UserError(f"model '{name}' is a {kind}, not a callable that returns an nn.Module")
+        raise UserError(f"{what} '{name}' is a {kind}, not a callable that returns {returns}")
     return factory
 
 

@@ -26,10 +26,7 @@ def load_inputs(reference: str) -> Callable[[int], Any]:
 
     if ":" not in reference:
         raise UserError(f"--inputs must look like package.module:function (got '{reference}')")
-    try:
-        return resolve_factory(reference)
-    except UserError as error:
-        raise UserError(str(error).replace("returns an nn.Module", "returns inputs")) from None
+    return resolve_factory(reference, what="--inputs", returns="inputs")
 
 
 def example_inputs(

@@ -262,7 +262,9 @@ class Recorder(TorchDispatchMode):
             module, phase = self.current()
             raise OpFailure(func.overloadpacket.__name__, module, phase, exc) from exc
         name = func.overloadpacket.__name__
-        if func.is_view or name in _FREE:
+        # prim.device and kin: a fake tensor's metadata queries, dispatched like ops (a meta
+        # tensor answers them without a dispatch); they move and compute nothing
+        if func.is_view or name in _FREE or func.namespace == "prim":
             return out
         cost = PhaseCost(ops=1)
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]

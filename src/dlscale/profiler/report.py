@@ -9,6 +9,7 @@ from rich.text import Text
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.roofline import prediction_spread
+from dlscale.profiler.scaling_report import cost_and_energy
 from dlscale.profiler.scaling_report import render as render_scaling
 from dlscale.profiler.scaling_report import to_json as scaling_json
 from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
@@ -109,6 +110,7 @@ def totals(result: ProfileResult) -> dict:
 
 def _hardware_json(report) -> dict:
     hw, pred, verdict = report.hardware, report.prediction, report.verdict
+    epoch_cost = cost_and_energy(hw, pred.epoch_s)
     return {
         "name": hw.name,
         "display_name": hw.display_name,
@@ -131,16 +133,8 @@ def _hardware_json(report) -> dict:
         "steps_per_epoch": pred.steps_per_epoch,
         "epoch_s": pred.epoch_s,
         "price_per_hour": hw.price_per_hour,
-        "cost_per_epoch": (
-            pred.epoch_s / 3600 * hw.price_per_hour
-            if pred.epoch_s is not None and hw.price_per_hour is not None
-            else None
-        ),
-        "energy_per_epoch_kwh": (
-            pred.epoch_s / 3600 * hw.tdp_w / 1000
-            if pred.epoch_s is not None and hw.tdp_w is not None
-            else None
-        ),
+        "cost_per_epoch": epoch_cost[0],
+        "energy_per_epoch_kwh": epoch_cost[1],
         "compute_bound_layers": pred.bound_layers("compute"),
         "memory_bound_layers": pred.bound_layers("memory"),
         "overhead_bound_layers": pred.bound_layers("overhead"),

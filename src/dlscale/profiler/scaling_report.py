@@ -3,11 +3,11 @@ pick, as JSON and as tables."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 from rich.console import Console
 
+from dlscale import units
 from dlscale.errors import UserError
 from dlscale.hardware.links import Link, device_link, load_links
 from dlscale.hardware.spec import Hardware
@@ -16,17 +16,15 @@ from dlscale.profiler.scaling import STRATEGIES, ScalePoint, predict_scaling
 from dlscale.profiler.trace import StepTrace
 from dlscale.units import duration
 
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-
 
 def parse_duration(text: str) -> float:
-    """'90s', '30m', '2h', '1.5d' -> seconds."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", text or "")
-    if not found or float(found.group(1)) <= 0:
+    """--deadline's '90s', '30m', '2h', '1.5d' -> seconds."""
+    try:
+        return units.parse_duration(text)
+    except ValueError:
         raise UserError(
             f"--deadline must be a duration such as 90s, 30m, 2h or 1.5d (got '{text}')"
-        )
-    return float(found.group(1)) * _UNITS[found.group(2)]
+        ) from None
 
 
 @dataclass
@@ -54,15 +52,25 @@ class ScalingReport:
     other_links: dict[str, list[ScalePoint]] = field(default_factory=dict)  # for the plot
 
 
+def cost_and_energy(hardware: Hardware, seconds: float | None, devices: int = 1):
+    """(USD, kWh) of `devices` of `hardware` for `seconds`: the price per device-hour, and TDP
+    (an upper bound on the power drawn); None where the entry lacks either, or no time."""
+    if seconds is None:
+        return None, None
+    hours = devices * seconds / 3600  # device-hours
+    price, tdp = hardware.price_per_hour, hardware.tdp_w
+    return (
+        hours * price if price is not None else None,
+        hours * tdp / 1000 if tdp is not None else None,
+    )
+
+
 def costed(point: ScalePoint, hardware: Hardware, dataset_size: int | None, epochs: int):
     if not dataset_size:
         return Costed(point, None, None, None, None, None, None)
     steps = max(1, dataset_size // point.global_batch)
     epoch_s = steps * point.step_s
-    hours = point.devices * epoch_s / 3600  # device-hours
-    price, tdp = hardware.price_per_hour, hardware.tdp_w
-    cost = hours * price if price is not None else None
-    energy = hours * tdp / 1000 if tdp is not None else None
+    cost, energy = cost_and_energy(hardware, epoch_s, point.devices)
     return Costed(
         point,
         epoch_s,

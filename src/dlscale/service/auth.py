@@ -21,6 +21,7 @@ from pathlib import Path
 from argon2 import PasswordHasher
 from argon2.exceptions import Argon2Error, InvalidHashError
 
+from dlscale import units
 from dlscale.errors import UserError, os_reason
 
 SECRET_BYTES = 32
@@ -32,7 +33,6 @@ TOKEN_PATTERN = re.compile(r"dls_([0-9a-f]{8})_([A-Za-z0-9]{43})")
 # No '_' or '-' in the secret part: the text splits on '_' unambiguously, and a double click
 # selects the whole token.
 _ALPHANUMERIC = string.ascii_letters + string.digits
-SECONDS_PER = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 _hasher = PasswordHasher()
 
@@ -126,9 +126,7 @@ def role_at_least(role: str | None, needed: str) -> bool:
 
 def parse_duration(text: str) -> float:
     """Seconds in "30d", "12h", "90m" or "3600s" (a whole or decimal number, then a unit)."""
-    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd])\s*", str(text))
-    if not found or float(found.group(1)) <= 0:
-        raise UserError(
-            f"duration '{text}': expected a number > 0 and a unit s, m, h or d (e.g. 30d, 12h)"
-        )
-    return float(found.group(1)) * SECONDS_PER[found.group(2)]
+    try:
+        return units.parse_duration(text)
+    except ValueError as exc:
+        raise UserError(f"duration {exc}") from None
