@@ -144,7 +144,7 @@ def test_gpt_module_names() -> None:
     block = model.blocks[0]
     for path in ("tok_emb", "pos_emb", "ln_f", "lm_head"):
         assert hasattr(model, path)
-    assert block.attn.qkv.out_features == 3 * 128
+    assert block.attn.q.out_features == block.attn.k.out_features == 128
     assert isinstance(block.mlp.act, nn.GELU) and block.mlp.fc.out_features == 4 * 128
     assert isinstance(block.ln1, nn.LayerNorm) and isinstance(block.ln2, nn.LayerNorm)
 

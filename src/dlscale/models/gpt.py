@@ -10,26 +10,34 @@ from torch import Tensor, nn
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where each position sees only itself and earlier positions."""
+    """Multi-head self-attention where each position sees only itself and earlier positions.
+
+    Queries, keys and values are three projections, not one fused matrix, and the head count is
+    read off their width: split by output features across devices (tensor parallel), each
+    device then holds whole heads, and the same code runs on its share of them.
+    """
 
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()
         self.n_head = n_head
         self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model)  # one matmul for queries, keys and values
+        self.head_size = d_model // n_head
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
         self.proj = nn.Linear(d_model, d_model)
         self.resid_drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        head_size = C // self.n_head
-        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, T, C)
-        q = q.view(B, T, self.n_head, head_size).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, head_size).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, head_size).transpose(1, 2)  # (B, nh, T, hs)
+        B, T, _ = x.shape
+        hs = self.head_size
+        # nh: every head, or this device's share of them under tensor parallel.
+        q = self.q(x).view(B, T, -1, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = self.k(x).view(B, T, -1, hs).transpose(1, 2)  # (B, nh, T, hs)
+        v = self.v(x).view(B, T, -1, hs).transpose(1, 2)  # (B, nh, T, hs)
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C): heads side by side
+        y = y.transpose(1, 2).reshape(B, T, -1)  # (B, T, nh·hs): heads side by side
         return self.resid_drop(self.proj(y))
 
 

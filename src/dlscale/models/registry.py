@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from dlscale.errors import UserError, one_line
-from dlscale.models.alexnet import alexnet
+from dlscale.models.alexnet import alexnet, alexnet_2gpu
 from dlscale.models.gpt import gpt
 from dlscale.models.lenet import lenet
 from dlscale.models.lstm import lstm
@@ -46,6 +46,14 @@ ZOO: dict[str, ZooEntry] = {
         ZooEntry("lenet", lenet, "LeNet-5 CNN for 28×28 digits", {}, "image", (1, 28, 28)),
         ZooEntry("mlp", mlp, "MLP on flattened input, hidden 512-256", {}, "features", (784,)),
         ZooEntry("alexnet", alexnet, "AlexNet (torchvision layout)", {}, "image", _IMAGENET),
+        ZooEntry(
+            "alexnet_2gpu",
+            alexnet_2gpu,
+            "AlexNet as published: two columns, one per GPU",
+            {},
+            "image",
+            _IMAGENET,
+        ),
         ZooEntry("vgg11", vgg11, "VGG-11 (configuration A)", {}, "image", _IMAGENET),
         ZooEntry("vgg16", vgg16, "VGG-16 (configuration D)", {}, "image", _IMAGENET),
         ZooEntry("resnet18", resnet18, "ResNet-18, basic blocks", {}, "image", _IMAGENET),

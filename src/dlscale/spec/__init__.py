@@ -30,6 +30,7 @@ from dlscale.spec.strategy import (
     SingleStrategy,
     StragglerSpec,
     StrategySpec,
+    TensorStrategy,
 )
 from dlscale.spec.sweep import Distribution, EarlyStoppingSpec, SearchSpec, SweepSpec
 from dlscale.spec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
@@ -63,6 +64,7 @@ __all__ = [
     "StrategySpec",
     "SweepSpec",
     "SyntheticData",
+    "TensorStrategy",
     "WebDatasetData",
     "describe_validation_error",
     "load_raw",

@@ -156,7 +156,38 @@ class HybridStrategy(PipelineStrategy):
         return self.data_parallel
 
 
+# How one Linear or Conv2d is split (profiler/tensor_plan.py says what each moves).
+TensorStyle = Literal[
+    "colwise", "colwise_gather", "rowwise", "grouped", "grouped_gather", "replicate"
+]
+
+
+class TensorStrategy(Strict):
+    """Tensor parallel: single layers split across `degree` devices (torch's DeviceMesh,
+    ColwiseParallel and RowwiseParallel), `data_parallel` replicas of that group (a 2-D mesh:
+    degree × data_parallel processes), each replica on its share of every global batch.
+    `plan`: `auto` pairs Linear layers column-then-row (Megatron) and splits convolutions by
+    output channels, or {module: style} names the split layers (the rest are replicated)."""
+
+    name: Literal["tensor"]
+    degree: PositiveInt = 2
+    data_parallel: PositiveInt = 1
+    plan: Literal["auto"] | dict[str, TensorStyle] = "auto"
+    backend: Literal["auto", "gloo", "nccl"] = "auto"  # auto: NCCL on GPUs, gloo on CPUs
+    port: Annotated[int, Field(ge=1024, le=65535)] | None = None
+    timeout_s: PositiveFloat = 120.0
+    heartbeat_warn_s: HeartbeatWarnS = 5.0
+
+    @property
+    def processes(self) -> int:
+        return self.degree * self.data_parallel
+
+    @property
+    def trainers(self) -> int:
+        return self.processes
+
+
 StrategySpec = Annotated[
-    SingleStrategy | DdpStrategy | PsStrategy | PipelineStrategy | HybridStrategy,
+    SingleStrategy | DdpStrategy | PsStrategy | PipelineStrategy | HybridStrategy | TensorStrategy,
     Field(discriminator="name"),
 ]

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable
 
-from dlscale.strategies import ddp, pipeline, ps, single
+from dlscale.strategies import ddp, pipeline, ps, single, tensor
 
 # name -> run(spec, run_dir, resume_from, reporter, launcher) -> the run record (run.json)
 STRATEGIES: dict[str, Callable[..., dict]] = {
@@ -11,6 +11,7 @@ STRATEGIES: dict[str, Callable[..., dict]] = {
     "ps": ps.run,
     "pipeline": pipeline.run,
     "hybrid": pipeline.run,
+    "tensor": tensor.run,
 }
 
 __all__ = ["STRATEGIES"]

@@ -56,6 +56,12 @@ class Exchange:
     def is_main(self) -> bool:
         return self.rank == self.main_rank
 
+    @property
+    def seed_rank(self) -> int:
+        """Which random stream (dropout) this trainer draws: its own, unless trainers that
+        compute the same activations must draw the same (a tensor-parallel group)."""
+        return self.rank
+
     # ---- setting up
 
     def prepare(self, model: nn.Module, data: DataBundle, device: torch.device) -> nn.Module:
@@ -126,6 +132,18 @@ class Exchange:
     def load_model(self, module: nn.Module, state: dict) -> None:
         """Take this trainer's part of a whole-model state dict."""
         module.load_state_dict(state)
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer):
+        """What a checkpoint keeps of the optimizer (every trainer's, when each holds a part)."""
+        state = optimizer.state_dict()
+        return self.gather(state) if self.optimizer_sharded else state
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, saved) -> None:
+        """Take this trainer's part of what `optimizer_state` saved."""
+        if self.optimizer_sharded and saved is not None:
+            saved = saved[self.rank] if self.rank < len(saved) else None
+        if saved is not None:
+            optimizer.load_state_dict(saved)
 
     def extra_state(self) -> dict:
         """What the strategy needs in a checkpoint to resume (a pipeline's split)."""

@@ -66,7 +66,7 @@ class Trainer:
         self.exchange.connect(self.module, self.optimizer)
         self.model = self.exchange.model or self.module  # what the step calls
         if self.exchange.trainers > 1:
-            torch.manual_seed(spec.seed + 1 + self.exchange.rank)  # dropout differs per trainer
+            torch.manual_seed(spec.seed + 1 + self.exchange.seed_rank)  # dropout per trainer
         self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision,
                                  self.exchange)  # fmt: skip
         world = self.exchange.data_world
@@ -103,11 +103,7 @@ class Trainer:
         ckpt.check_spec(state, path, self.spec.spec_hash())
         rank = self.exchange.rank
         self.exchange.load_model(self.module, state["model"])
-        optimizer = state["optimizer"]  # per trainer, when the exchange shards it
-        if self.exchange.optimizer_sharded and optimizer is not None:
-            optimizer = optimizer[rank] if rank < len(optimizer) else None
-        if optimizer is not None:
-            self.optimizer.load_state_dict(optimizer)
+        self.exchange.load_optimizer(self.optimizer, state["optimizer"])
         if self.step_fn.scaler is not None and state.get("scaler"):
             self.step_fn.scaler.load_state_dict(state["scaler"])
         step = self.exchange.resume_step(int(state["step"]))
@@ -123,15 +119,13 @@ class Trainer:
         if rank < len(rngs) and step == int(state["step"]):
             ckpt.restore_rng(rngs[rank], self.device)
         else:  # no stream saved for this trainer at this step (a ps worker): a fresh one
-            torch.manual_seed(self.spec.seed + 1 + rank + 1_000_003 * step)
+            torch.manual_seed(self.spec.seed + 1 + self.exchange.seed_rank + 1_000_003 * step)
 
     def save_checkpoint(self) -> Path | None:
         """Every trainer calls it (the exchange may gather their parts); the main one writes."""
         exchange = self.exchange
         model = exchange.full_state(self.module.state_dict())
-        optimizer = self.optimizer.state_dict()
-        if exchange.optimizer_sharded:
-            optimizer = exchange.gather(optimizer)
+        optimizer = exchange.optimizer_state(self.optimizer)
         rngs = exchange.gather(ckpt.rng_state(self.device))
         if not self.is_main:
             return None

@@ -2,7 +2,7 @@
 
 `RunRecord` is the schema: the same keys in `final`, `timing`, `epochs`, `steps` and `workers`
 whatever the strategy, and a strategy's own section beside them (`distributed` for ddp, `ps`,
-`pipeline`). The loop builds it from plain figures; `RunRecord.model_validate` checks any
+`pipeline`, `tensor`). The loop builds it from plain figures; `RunRecord.model_validate` checks any
 run.json against it.
 """
 
@@ -149,11 +149,14 @@ class RunRecord(_Strict):
     distributed: dict[str, Any] | None = None  # ddp
     ps: dict[str, Any] | None = None
     pipeline: dict[str, Any] | None = None  # pipeline and hybrid
+    tensor: dict[str, Any] | None = None  # tensor parallel
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def to_json(self) -> dict:
-        absent = {key for key in ("distributed", "ps", "pipeline") if getattr(self, key) is None}
+        absent = {
+            key for key in ("distributed", "ps", "pipeline", "tensor") if getattr(self, key) is None
+        }
         record = self.model_dump(mode="json", by_alias=True, exclude=absent | {"workers"})
         # A worker that died has only its rank and status.
         record["workers"] = [w.model_dump(mode="json", exclude_unset=True) for w in self.workers]

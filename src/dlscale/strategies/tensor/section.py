@@ -1,0 +1,46 @@
+"""run.json's `tensor` section: the plan, and what a step moved, measured beside predicted."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from dlscale.profiler.memory import FP32_BYTES
+
+
+def activation_bytes(precision: str) -> int:
+    """Bytes per activation element that crosses devices: fp32, or 2 under bf16/fp16 autocast."""
+    return FP32_BYTES if precision == "fp32" else 2
+
+
+def tensor_section(exchange, summaries: list[dict | None]) -> dict:
+    spec, plan = exchange.spec, exchange.plan
+    own = summaries[exchange.rank] or {}
+    steps = max(1, exchange.steps_run)
+    measured = {kind: {"count": entry["count"] / steps,
+                       "payload_bytes": entry["payload_bytes"] / steps}
+                for kind, entry in exchange.meter.counts.items()}  # fmt: skip
+    predicted = plan.comm_per_step(spec.batch_size, activation_bytes(spec.precision))
+    step_s = own.get("step_s") or 0.0
+    comm_s = exchange.meter.seconds / steps
+    sync_s = exchange.sync_s / steps
+    return {
+        "degree": exchange.degree,
+        "data_parallel": exchange.replicas,
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "per_replica_batch_size": spec.batch_size,
+        "global_batch_size": spec.batch_size * exchange.replicas,
+        "plan_source": plan.source,
+        "plan": plan.styles,
+        "params": plan.params,
+        "params_per_device": plan.params_per_device,
+        "plan_check_relative_difference": exchange.plan_error,
+        "collectives_per_step": measured,
+        "predicted_collectives_per_step": predicted,
+        "comm_payload_bytes_per_step": sum(e["payload_bytes"] for e in measured.values()),
+        "predicted_comm_payload_bytes_per_step": sum(e["payload_bytes"]
+                                                     for e in predicted.values()),
+        "comm_s_per_step": comm_s,
+        "comm_share": comm_s / step_s if step_s else 0.0,
+        "replica_sync_s_per_step": sync_s,
+        "replica_sync_bytes_per_step": exchange.sync_bytes / steps,
+    }  # fmt: skip

@@ -1,0 +1,173 @@
+"""Tensor parallel: the plan (auto, the model's, the spec's), equality with one process for an
+MLP, the GPT (heads split) and CNNs, 2-D with data parallel, the record's collectives."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from dlscale import api
+from dlscale.errors import UserError
+from dlscale.models import build_model, count_parameters
+from dlscale.profiler.tensor_flow import record_flow
+from dlscale.profiler.tensor_plan import make_plan
+from dlscale.spec import parse_spec
+from tests.strategies.test_pipeline import GPT, LENET, final_weights
+
+MLP = {
+    "name": "tp-mlp",
+    "model": {"name": "mlp", "kwargs": {"hidden": [64, 32]}},
+    "data": {"name": "digits"},
+    "optimizer": {"name": "adam", "lr": 0.003},
+    "device": "cpu",
+    "seed": 3,
+}
+
+
+def assert_same_weights(reference: Path, other: Path) -> None:
+    """Relative difference ≤ 1e-5, over the model and per tensor. A tensor whose true value is
+    zero stays at rounding noise in both runs (a key bias: softmax ignores a shift shared by
+    every key, so its gradient is 0 up to rounding; 2e-12 here), so 1e-9 is added per tensor."""
+    expected, got = final_weights(reference), final_weights(other)
+    assert expected.keys() == got.keys()
+    for name, value in expected.items():
+        difference = (got[name] - value).norm()
+        assert difference <= 1e-5 * value.norm() + 1e-9, (name, float(difference))
+    whole = torch.cat([v.flatten() for v in expected.values()])
+    delta = torch.cat([(got[k] - v).flatten() for k, v in expected.items()])
+    assert delta.norm() / whole.norm() <= 1e-5
+
+
+def plan_of(name: str, kwargs: dict, example: torch.Tensor, degree: int = 2, asked="auto"):
+    model = build_model(name, kwargs)
+    flow = record_flow(model, example)
+    return make_plan(flow, degree, asked, count_parameters(model),
+                     getattr(model, "tp_plan", None))  # fmt: skip
+
+
+def train(tmp_path: Path, base: dict, name: str, strategy: dict, batch: int, steps: int) -> Path:
+    spec = parse_spec({**base, "batch_size": batch, "steps": steps, "strategy": strategy})
+    api.train(spec, out_dir=tmp_path / name)
+    return tmp_path / name
+
+
+# ------------------------------------------------------------------------------- the plan
+
+
+def test_auto_pairs_linear_layers_column_then_row():
+    plan = plan_of("mlp", {"hidden": [64, 32]}, torch.zeros(1, 784))
+    assert plan.styles == {"1": "colwise", "3": "rowwise"}  # the last layer stays whole
+    # The first layer's input is data: no gradient to sum. One all-reduce in forward.
+    assert plan.comm_per_step(8, 4) == {"all_reduce": {"count": 1, "payload_bytes": 8 * 32 * 4}}
+    whole = 784 * 64 + 64 + 64 * 32 + 32
+    assert plan.params - plan.params_per_device == whole // 2 - 32 // 2  # row bias stays whole
+
+
+def test_auto_splits_attention_by_heads_and_the_mlp_megatron_style():
+    plan = plan_of("gpt", {"n_layer": 1, "d_model": 32, "n_head": 4}, torch.zeros(1, 8).long())
+    assert plan.styles == {
+        "blocks.0.attn.q": "colwise",
+        "blocks.0.attn.k": "colwise",
+        "blocks.0.attn.v": "colwise",
+        "blocks.0.attn.proj": "rowwise",
+        "blocks.0.mlp.fc": "colwise",
+        "blocks.0.mlp.proj": "rowwise",
+    }  # fmt: skip  (lm_head shares the embedding's weight: whole)
+    comm = plan.comm_per_step(2, 4)
+    # Forward: one all-reduce per pair; backward: the input gradient of q, k, v and fc.
+    assert comm["all_reduce"]["count"] == 2 + 4
+    assert comm["all_reduce"]["payload_bytes"] == 6 * 2 * 8 * 32 * 4
+
+
+def test_auto_splits_convolutions_by_output_channels():
+    plan = plan_of("lenet", {}, torch.zeros(1, 1, 28, 28))
+    assert plan.styles == {"conv1": "colwise_gather", "conv2": "colwise_gather",
+                           "fc1": "colwise", "fc2": "rowwise"}  # fmt: skip
+
+
+def test_alexnet_2gpu_has_the_papers_layers_and_its_columns_plan():
+    model = build_model("alexnet_2gpu", {})
+    assert count_parameters(model) == 60_965_224  # the layer shapes of the paper's Figure 2
+    convs = [m for m in model.features if isinstance(m, torch.nn.Conv2d)]
+    assert [c.groups for c in convs] == [1, 2, 1, 2, 2]  # columns meet at the third conv
+    assert [c.out_channels for c in convs] == [96, 256, 384, 384, 256]
+    plan = plan_of("alexnet_2gpu", {"num_classes": 10}, torch.zeros(1, 3, 64, 64))
+    assert plan.source == "model" and plan.styles["features.10"] == "grouped"
+    kinds = {row.name: (row.forward, row.backward) for row in plan.layers}
+    assert kinds["features.10"] == ("", "")  # a column's own layer moves nothing
+    assert kinds["features.4"] == ("all_gather", "")  # both columns' maps to the third conv
+    with pytest.raises(UserError, match="2 groups, which do not divide among 4"):
+        plan_of("alexnet_2gpu", {"num_classes": 12}, torch.zeros(1, 3, 64, 64), degree=4)
+
+
+@pytest.mark.parametrize(
+    ("asked", "message"),
+    [
+        ({"nope": "colwise"}, "names 'nope', which is not a Linear or Conv2d layer"),
+        ({"1": "grouped"}, "'1' is a Linear layer; 'grouped' is for convolutions"),
+        ({"5": "colwise"}, "has 10 output features, which do not split over 4 devices"),
+    ],
+)
+def test_a_plan_that_cannot_split_is_one_line(asked, message):
+    with pytest.raises(UserError, match=message):
+        plan_of("mlp", {"hidden": [64, 32]}, torch.zeros(1, 784), degree=4, asked=asked)
+
+
+# ----------------------------------------------------------------- equality with one process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("base", "batch", "steps"),
+    [(MLP, 16, 6), (GPT, 8, 4), (LENET, 16, 4)],
+    ids=["mlp", "gpt", "cnn"],
+)
+def test_tensor_parallel_equals_one_process(tmp_path: Path, base: dict, batch: int, steps: int):
+    """After k steps, the weights assembled from the shards equal one process's."""
+    single = train(tmp_path, base, "single", {"name": "single"}, batch, steps)
+    split = train(tmp_path, base, "tensor", {"name": "tensor", "degree": 2}, batch, steps)
+    assert_same_weights(single, split)
+    record = json.loads((split / "run.json").read_text())
+    section = record["tensor"]
+    assert section["plan_source"] == "auto" and section["params_per_device"] < section["params"]
+    # Every collective DTensor ran was foreseen by the plan: same kinds, counts and bytes.
+    assert section["collectives_per_step"] == section["predicted_collectives_per_step"]
+
+
+@pytest.mark.slow
+def test_tensor_by_data_parallel_on_a_2d_mesh_equals_one_process_on_the_global_batch(tmp_path):
+    single = train(tmp_path, MLP, "single", {"name": "single"}, 32, 4)
+    grid = train(tmp_path, MLP, "grid", {"name": "tensor", "degree": 2, "data_parallel": 2},
+                 16, 4)  # fmt: skip
+    assert_same_weights(single, grid)
+    section = json.loads((grid / "run.json").read_text())["tensor"]
+    assert section["global_batch_size"] == 32 and section["replica_sync_bytes_per_step"] > 0
+
+
+@pytest.mark.slow
+def test_the_two_column_alexnet_trains_on_two_devices_as_on_one(tmp_path: Path):
+    base = {
+        "name": "alexnet-columns",
+        "model": {"name": "alexnet_2gpu", "kwargs": {"num_classes": 4, "dropout": 0.0}},
+        "data": {"name": "synthetic", "shape": [3, 64, 64], "num_classes": 4,
+                 "num_samples": 64},
+        "optimizer": {"name": "sgd", "lr": 0.01},
+        "device": "cpu",
+        "seed": 2,
+    }  # fmt: skip
+    single = train(tmp_path, base, "single", {"name": "single"}, 4, 2)
+    columns = train(tmp_path, base, "columns", {"name": "tensor", "degree": 2}, 4, 2)
+    assert_same_weights(single, columns)
+    section = json.loads((columns / "run.json").read_text())["tensor"]
+    assert section["plan_source"] == "model"
+    assert section["collectives_per_step"] == section["predicted_collectives_per_step"]
+
+
+@pytest.mark.slow
+def test_a_plan_whose_split_changes_the_forward_is_refused(tmp_path: Path):
+    """Column-split without its row partner: the next layer gets half its input."""
+    spec = parse_spec({**MLP, "batch_size": 8, "steps": 2,
+                       "strategy": {"name": "tensor", "plan": {"1": "colwise"}}})  # fmt: skip
+    with pytest.raises(Exception, match=r"tensor plan .* the split model fails"):
+        api.train(spec, out_dir=tmp_path / "bad")
