@@ -139,6 +139,8 @@ strategy: STRATEGY
         ("{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}", 40),
         # 50 steps an epoch: the resumed run also crosses an epoch end and its validation.
         ("{name: ddp, workers: 2}", 60),
+        # Dropout in the split attention and MLP: each group's one stream comes back too.
+        ("{name: tensor, degree: 2}", 60),
     ],
 )
 def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, strategy, steps):

@@ -224,7 +224,8 @@ def scale(
     address: str | None = None,
     on_run=None,
 ) -> dict:
-    """Train a spec with each data-parallel worker count; throughput and scaling efficiency."""
+    """Train a spec with each data-parallel worker count (each tensor-parallel degree, for a
+    tensor spec); throughput and scaling efficiency."""
     from dlscale.bench.scale import local_cores, scale_result, scale_row, scaled_spec, threads_for
     from dlscale.launch.local import available_cores
 
@@ -265,7 +266,8 @@ def _with_scale_prediction(result: dict, spec_path, workers, threads: int, clust
 
         measured = measure_link(quick=True)
     link = measured_link(measured)
-    predicted = predicted_rows(str(spec_path), workers, threads, local, link)
+    predicted = predicted_rows(str(spec_path), workers, threads, local, link,
+                               result["strategy"])  # fmt: skip
     return add_predictions(result, predicted, link.name)
 
 

@@ -85,8 +85,19 @@ def profile(
             epochs_from=epochs_from,
             deadline_s=deadline_s,
             link_files=hardware_files,
+            tensor_plans=_tensor_plans(workload, result.trace),
         )
     return result
+
+
+def _tensor_plans(workload, trace):
+    """The auto tensor-parallel plan per degree (none for a model given --inputs: its plan
+    is drawn from one tensor input)."""
+    from dlscale.profiler.tensor_plan import plans_for
+
+    if workload.inputs is not None:
+        return None
+    return plans_for(workload.build, workload.sample, trace.params)
 
 
 def profile_report(result, console) -> None:

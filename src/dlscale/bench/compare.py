@@ -4,7 +4,8 @@ Every run keeps the spec's model, data, batch size per worker, optimizer and see
 strategy changes (and the length, with `--epochs`). `ddp` is synchronous data parallel;
 `averaging`, `async` and `downpour` are the parameter-server modes; `pipeline` splits the model
 into `--workers` stages; `hybrid` runs `--workers` / 2 replicas of a 2-stage pipeline (the spec's
-own pipeline settings are kept where it has them); `single` is one process.
+own pipeline settings are kept where it has them); `tensor` splits layers over `--workers`
+devices (its plan and data_parallel kept where the spec has them); `single` is one process.
 
 Time to accuracy: the target is TARGET_FRACTION (0.95) × the best final validation accuracy among
 the runs, and a run's time to it is the `elapsed_s` (seconds since that run's start) of the first
@@ -14,12 +15,19 @@ epoch end whose validation accuracy reached it, or None ("not reached").
 from __future__ import annotations
 
 from dlscale.errors import UserError
-from dlscale.spec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, parse_spec
+from dlscale.spec import (
+    DdpStrategy,
+    PipelineStrategy,
+    PsStrategy,
+    Spec,
+    TensorStrategy,
+    parse_spec,
+)
 
 SCHEMA = "dlscale.bench.compare/1"
 PS_MODES = ("averaging", "async", "downpour")
 MODEL_PARALLEL = ("pipeline", "hybrid")
-STRATEGY_CHOICES = ("single", "ddp", *PS_MODES, *MODEL_PARALLEL)
+STRATEGY_CHOICES = ("single", "ddp", *PS_MODES, *MODEL_PARALLEL, "tensor")
 TARGET_FRACTION = 0.95
 TARGET_RULE = "0.95 × the best final validation accuracy (each run's curve's last point)"
 
@@ -78,6 +86,16 @@ def _strategy(spec: Spec, name: str, workers: int) -> dict:
         return {"name": "single"}
     if name in MODEL_PARALLEL:
         return _model_parallel(spec, name, workers)
+    if name == "tensor":
+        kept = current.model_dump(mode="json", exclude_unset=True)
+        kept = kept if isinstance(current, TensorStrategy) else {}
+        replicas = kept.get("data_parallel", 1)
+        if workers % replicas:
+            raise UserError(
+                f"--workers {workers}: the spec's tensor strategy has "
+                f"{replicas} data-parallel replicas; give a multiple of {replicas}"
+            )
+        return {**kept, "name": "tensor", "degree": workers // replicas}
     kind = DdpStrategy if name == "ddp" else PsStrategy
     kept = current.model_dump(mode="json", exclude_unset=True) if isinstance(current, kind) else {}
     if name == "ddp":

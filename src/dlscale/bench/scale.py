@@ -2,8 +2,9 @@
 
 Every run uses the same launcher and the `ddp` strategy (a 1-worker run included, so process
 start-up and the loop are the same for all); each worker keeps the spec's batch size, so the global
-batch grows with the workers (weak scaling). Scaling efficiency = throughput(N) / (N ×
-throughput(1)), or against the smallest count tried when 1 is not among them.
+batch grows with the workers (weak scaling). A spec whose strategy is `tensor` scales its degree
+instead: the same batch split over more devices (strong scaling). Scaling efficiency =
+throughput(N) / (N × throughput(1)), or against the smallest count tried when 1 is not among them.
 
 Every run gives each worker the same number of threads: the largest run's share of the cores.
 The local launcher would otherwise give a lone worker every core and N workers 1/N of them
@@ -17,14 +18,23 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from dlscale.spec import DdpStrategy, Spec
+from dlscale.spec import DdpStrategy, Spec, TensorStrategy
 
 SCHEMA = "dlscale.bench.scale/1"
 
 
+def scaled_strategy(spec: Spec) -> str:
+    """What `scale` varies: a tensor-parallel spec's degree, else ddp's workers."""
+    return "tensor" if isinstance(spec.strategy, TensorStrategy) else "ddp"
+
+
 def scaled_spec(spec: Spec, workers: int, steps: int | None) -> Spec:
-    strategy = spec.strategy if isinstance(spec.strategy, DdpStrategy) else DdpStrategy(name="ddp")
-    changes = {"strategy": strategy.model_copy(update={"workers": workers})}
+    if scaled_strategy(spec) == "tensor":
+        strategy = spec.strategy.model_copy(update={"degree": workers})
+    else:
+        strategy = spec.strategy if isinstance(spec.strategy, DdpStrategy) else None
+        strategy = (strategy or DdpStrategy(name="ddp")).model_copy(update={"workers": workers})
+    changes = {"strategy": strategy}
     if steps is not None:
         changes.update(steps=steps, epochs=None)
     return spec.model_copy(update=changes)
@@ -73,7 +83,8 @@ def scale_row(workers: int, record: dict, run_dir: str) -> dict:
         "global_batch_size": record["plan"]["global_batch_size"],
         "samples_per_s": final["train_samples_per_s"],
         "per_worker_samples_per_s": final["per_worker_samples_per_s"],
-        "allreduce_share": record.get("distributed", {}).get("allreduce_share", 0.0),
+        "allreduce_share": record.get("distributed", {}).get("allreduce_share")
+        or record.get("tensor", {}).get("comm_share", 0.0),
         "val_accuracy": final["val_accuracy"],
         "run_dir": run_dir,
     }
@@ -91,6 +102,7 @@ def scale_result(
         "schema": SCHEMA,
         "spec": spec_path,
         "model": spec.model.name,
+        "strategy": scaled_strategy(spec),
         "per_worker_batch_size": spec.batch_size,
         "steps": steps,
         "cluster": cluster,
@@ -114,13 +126,27 @@ def predicted_rows(
     from dlscale.profiler.roofline import predict
     from dlscale.profiler.scaling import predict_scaling
     from dlscale.profiler.target import resolve
+    from dlscale.profiler.tensor_plan import plans_for
 
-    trace = trace_workload(resolve(spec_path))
+    workload = resolve(spec_path)
+    trace = trace_workload(workload)
     calibrated = int(local.measured.get("threads") or threads)
     step_s = predict(trace, local).step_s * calibrated / threads
-    points = predict_scaling(
-        trace, local, sorted(set(workers)), link, strategies=(strategy,), single_step_s=step_s
+    plans = (
+        plans_for(workload.build, workload.sample, trace.params) if strategy == "tensor" else None
     )
+    points = predict_scaling(
+        trace,
+        local,
+        sorted(set(workers)),
+        link,
+        strategies=(strategy,),
+        single_step_s=step_s,
+        tensor_plans=plans,
+    )
+    if strategy == "tensor" and 1 in workers:  # one device: the whole model, as measured
+        points = predict_scaling(trace, local, [1], link, strategies=("ddp",),
+                                 single_step_s=step_s) + points  # fmt: skip
     return [
         {
             "workers": p.devices,

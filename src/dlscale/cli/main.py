@@ -153,7 +153,8 @@ def scale(
     result = api.scale(
         spec, parse_int_list(workers, "--workers"), folder, steps, cluster, address, show
     )
-    table = Table(title=f"{result['model']}: data-parallel scaling ({cluster})")
+    kind = "tensor-parallel" if result["strategy"] == "tensor" else "data-parallel"
+    table = Table(title=f"{result['model']}: {kind} scaling ({cluster})")
     columns = ("workers", "global batch", "samples/s", "per worker", "efficiency", "allreduce",
                "predicted samples/s", "predicted efficiency", "predicted / measured")  # fmt: skip
     for column in columns:
@@ -170,7 +171,8 @@ def scale(
         )  # fmt: skip
     notes = [f"each worker {result['threads_per_worker']} thread(s) in every run", result["note"]]
     if result["predicted_on"]:
-        notes.append(f"predicted: the roofline on 'local' and ddp over {result['link']}")
+        notes.append(f"predicted: the roofline on 'local' and {result['strategy']} over "
+                     f"{result['link']}")  # fmt: skip
     elif cluster == "local":
         notes.append("no prediction: run 'dlscale bench machine' first")
     table.caption = "; ".join(note for note in notes if note)

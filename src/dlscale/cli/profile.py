@@ -64,7 +64,7 @@ def profile(
         None, "--network", help="The link between nodes, e.g. ib-hdr, eth-100g."
     ),
     strategies: str | None = typer.Option(
-        None, "--strategies", help="ddp,pipeline,ps,hybrid (default: all)."
+        None, "--strategies", help="ddp,pipeline,ps,hybrid,tensor (default: all)."
     ),
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs of the whole run."),
     deadline: str | None = typer.Option(

@@ -14,6 +14,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from dlscale.cli.tensor_view import plan_table, tensor_rows
 from dlscale.units import binary_bytes, si
 
 
@@ -48,6 +49,8 @@ class RichReporter:
         )
         if "pipeline" in plan:
             self.console.print(split_table(plan["pipeline"]))
+        if "tensor" in plan:
+            self.console.print(plan_table(plan["tensor"]))
         self.progress = Progress(
             TextColumn("[bold blue]epoch {task.fields[epoch]}/{task.fields[epochs]}"),
             BarColumn(),
@@ -157,6 +160,8 @@ def summary_table(record: dict) -> Table:
         ps_rows(table, record)
     if "pipeline" in record:
         pipeline_rows(table, record)
+    if "tensor" in record:
+        tensor_rows(table, record)
     kind = final["peak_memory_kind"].replace("_", " ")
     table.add_row("peak memory", f"{binary_bytes(final['peak_memory_bytes'])} ({kind})")
     table.add_row("run record", f"{record['run_dir']}/run.json")

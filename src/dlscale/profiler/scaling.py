@@ -18,9 +18,15 @@ time the caller measured), and adds what moving tensors between devices costs ov
   (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers.
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
   among its replicas after the schedule.
+- tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
+  backward time divided by N, every other layer whole on every device; each collective the plan
+  implies (ring all-reduce, or all-gather: (N−1)/N × bytes + N−1 hops) runs on the critical
+  path, not behind compute (Megatron-LM, Shoeybi et al. 2019). Weights, gradients and optimizer
+  state shrink to the device's share; so do the split layers' saved activations.
 
 Weak scaling: each device (ddp, ps) or replica (hybrid) keeps the traced batch, as
-`dlscale scale` runs; a pipeline splits one batch. Efficiency = throughput / (N × one device's).
+`dlscale scale` runs; a pipeline and a tensor-parallel group split one batch.
+Efficiency = throughput / (N × one device's).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from dlscale.profiler.roofline import Prediction, predict
 from dlscale.profiler.split import in_flight, partition
 from dlscale.profiler.trace import LOSS, StepTrace
 
-STRATEGIES = ("ddp", "pipeline", "ps", "hybrid")
+STRATEGIES = ("ddp", "pipeline", "ps", "hybrid", "tensor")
 BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
@@ -130,8 +136,10 @@ def predict_scaling(
     network: Link | None = None,
     ps_servers: int = 1,
     single_step_s: float | None = None,
+    tensor_plans=None,
 ) -> list[ScalePoint]:
-    """A point per strategy and device count (hybrid only where stages × replicas fit)."""
+    """A point per strategy and device count (hybrid only where stages × replicas fit; tensor
+    where `tensor_plans`, degree -> TensorPlan or None, has a plan for the count)."""
     prediction = predict(trace, hardware)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
@@ -139,9 +147,13 @@ def predict_scaling(
     points = []
     for count in devices:
         for strategy in strategies:
-            point = _POINT[strategy](
-                trace, hardware, single, count, link, nodes, network, ps_servers
-            )
+            if strategy == "tensor":
+                plan = tensor_plans(count) if tensor_plans is not None and count > 1 else None
+                point = _tensor(trace, hardware, single, plan, link) if plan else None
+            else:
+                point = _POINT[strategy](
+                    trace, hardware, single, count, link, nodes, network, ps_servers
+                )
             if point is None:
                 continue
             efficiency = point["samples_per_s"] / (count * baseline)
@@ -279,3 +291,63 @@ def _hybrid(trace, hardware, single, count, link, nodes, network, _servers):
 
 
 _POINT = {"ddp": _ddp, "pipeline": _pipeline, "ps": _ps, "hybrid": _hybrid}
+
+
+def all_gather_s(nbytes: float, ranks: int, link: Link) -> float:
+    """Ring all-gather of a tensor of `nbytes` in all: N−1 steps, each sending 1/N of it."""
+    if ranks <= 1 or nbytes <= 0:
+        return 0.0
+    return (ranks - 1) / ranks * nbytes / link.effective_bytes_per_s + (ranks - 1) * link.latency_s
+
+
+def _tensor(trace, hardware, single, plan, link):
+    """One batch over a tensor-parallel group of plan.degree devices (one node's link)."""
+    p, count = single.prediction, plan.degree
+    split = split_layers(trace, plan)
+    layer_s = sum(lt.seconds / count if lt.name in split else lt.seconds for lt in p.layers)
+    share = plan.params_per_device / plan.params if plan.params else 1.0
+    compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s)
+    element = FP32_BYTES if trace.precision == "fp32" else 2
+    comm = 0.0
+    for kind, entry in _collectives(plan, trace.batch_size, element):
+        reduce = ring_allreduce_s if kind == "all_reduce" else all_gather_s
+        comm += reduce(entry, count, link)
+    memory = training_memory(trace)
+    saved = {layer.name: layer.saved_bytes for layer in trace.layers}
+    activations = sum(b / count if name in split else b for name, b in saved.items())
+    per_device = memory.static_bytes * share + activations
+    step = compute + comm
+    return {"step_s": step, "samples_per_s": trace.batch_size / step, "compute_s": compute,
+            "comm_s": comm, "bound": "link" if comm > compute else "compute",
+            "global_batch": trace.batch_size, "fits": per_device <= _usable(hardware),
+            "detail": {"degree": count, "split_layers": len(split & set(plan.styles)),
+                       "params_per_device": plan.params_per_device,
+                       "memory_per_device_bytes": per_device,
+                       "collectives": plan.comm_per_step(trace.batch_size, element)}}  # fmt: skip
+
+
+def _collectives(plan, batch: int, element: int):
+    """(kind, payload bytes) of each collective one step runs, in order."""
+    for layer in plan.layers:
+        if layer.forward:
+            yield layer.forward, layer.forward_elements * batch * element
+        if layer.backward:
+            yield layer.backward, layer.backward_elements * batch * element
+
+
+def split_layers(trace: StepTrace, plan) -> set[str]:
+    """The traced layers that work on one device's share: the planned ones, and every layer run
+    while an output is left split (between a column split and its row partner: the attention
+    core on its heads, the activation between an MLP's two layers, a column's pooling)."""
+    styles = plan.styles
+    split: set[str] = set()
+    inside = False
+    for layer in trace.layers:
+        style = styles.get(layer.name)
+        if style is None:
+            if inside:
+                split.add(layer.name)
+            continue
+        split.add(layer.name)
+        inside = style in ("colwise", "grouped")
+    return split

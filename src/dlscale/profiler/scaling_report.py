@@ -109,6 +109,7 @@ def scaling_reports(
     epochs_from: str = "default",
     deadline_s: float | None = None,
     link_files: list | None = None,
+    tensor_plans=None,
 ) -> list[ScalingReport]:
     if not devices or min(devices) < 1:
         raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
@@ -131,7 +132,8 @@ def scaling_reports(
     for device in hardware:
         link = device_link(device, interconnect, links)
         points = predict_scaling(trace, device, devices, link, strategies=strategies,
-                                 nodes=nodes, network=network_link)  # fmt: skip
+                                 nodes=nodes, network=network_link,
+                                 tensor_plans=tensor_plans)  # fmt: skip
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
         if deadline_s is not None:
@@ -215,12 +217,14 @@ def render(reports: list[ScalingReport], console: Console) -> None:
             else "no price in the catalogue (set price_per_hour in your own entry)"
         )
         notes = {
-            "devices": "weak scaling: each device keeps the batch (a pipeline splits it)",
+            "devices": "weak scaling: each device keeps the batch (pipeline and tensor split it)",
             "cost / epoch": price,
             "energy / epoch": f"energy at TDP {hw.tdp_w or '?'} W (an upper bound)",
             "whole run": f"whole run = {report.epochs} epoch(s) ({report.epochs_from})",
         }
         print_fitted(console, title, SCALING_COLUMNS, rows, notes)
+        for line in split_choice(report):
+            console.print(line)
         if report.deadline_s is not None:
             if report.pick is None:
                 console.print(f"{hw.name}: no device count meets the deadline of "
@@ -232,3 +236,34 @@ def render(reports: list[ScalingReport], console: Console) -> None:
                     f"{p.strategy}, whole run {duration(report.pick.run_s)}, "
                     f"{_money(report.pick.cost_run)}"
                 )
+
+
+def split_choice(report: ScalingReport) -> list[str]:
+    """For a model one device cannot hold: at each count, tensor parallel against a pipeline,
+    weighing memory per device, the pipeline's bubble and tensor parallel's collectives."""
+    points = [row.point for row in report.rows]
+    if all(p.fits for p in points if p.devices == 1):
+        return []
+    lines = []
+    for count in sorted({p.devices for p in points if p.devices > 1}):
+        by = {p.strategy: p for p in points if p.devices == count}
+        tensor, pipe = by.get("tensor"), by.get("pipeline")
+        if tensor is None or pipe is None:
+            continue
+        memory_t = tensor.detail["memory_per_device_bytes"]
+        memory_p = pipe.detail["stage_memory_bytes"]
+        if not (tensor.fits or pipe.fits):
+            lines.append(f"{count} devices: neither tensor parallel "
+                         f"({units.binary_bytes(memory_t)} per device) nor a pipeline "
+                         f"({units.binary_bytes(memory_p)} per stage) fits")  # fmt: skip
+            continue
+        faster = tensor if tensor.fits and (not pipe.fits or tensor.step_s < pipe.step_s) else pipe
+        why = (
+            f"tensor {duration(tensor.step_s)}/step ({duration(tensor.comm_s)} of collectives, "
+            f"{units.binary_bytes(memory_t)} per device{'' if tensor.fits else ', does not fit'})"
+            f" vs pipeline {duration(pipe.step_s)}/step (bubble {pipe.detail['bubble']:.0%}, "
+            f"{units.binary_bytes(memory_p)} per stage{'' if pipe.fits else ', does not fit'})"
+        )
+        lines.append(f"{report.hardware.name}: the model does not fit one device; on {count}, "
+                     f"{faster.strategy} parallel is the better split: {why}")  # fmt: skip
+    return lines

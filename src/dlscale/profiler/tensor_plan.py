@@ -206,3 +206,27 @@ def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
         backward, backward_n = "all_reduce", inputs
     return PlannedLayer(layer.name, layer.kind, style, weight + bias, per_device, forward,
                         forward_n, backward, backward_n)  # fmt: skip
+
+
+def plans_for(build, sample, params: int):
+    """degree -> the auto plan (None where it cannot split) for a model the profiler traces:
+    its dataflow recorded once on the meta device, nothing real allocated."""
+    import torch
+
+    from dlscale.profiler.tensor_flow import record_flow
+
+    try:
+        with torch.device("meta"):
+            model = build()
+        flow = record_flow(model, sample.unsqueeze(0).to("meta"))
+    except Exception:  # a model the tagger cannot run: no tensor-parallel prediction
+        return lambda degree: None
+    model_plan = getattr(model, "tp_plan", None)
+
+    def plan(degree: int) -> TensorPlan | None:
+        try:
+            return make_plan(flow, degree, "auto", params, model_plan)
+        except UserError:
+            return None
+
+    return plan

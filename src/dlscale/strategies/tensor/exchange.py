@@ -24,6 +24,7 @@ from dlscale.launch.base import WorkerContext
 from dlscale.profiler.tensor_plan import TensorPlan
 from dlscale.spec import Spec, TensorStrategy
 from dlscale.strategies.tensor.meter import CommMeter
+from dlscale.strategies.tensor.section import activation_bytes, tensor_section
 from dlscale.strategies.tensor.styles import apply_plan
 from dlscale.strategies.worker import backend_for, join
 from dlscale.train.exchange import Exchange
@@ -156,15 +157,15 @@ class TensorExchange(Exchange):
     # ---- the record
 
     def describe(self) -> dict:
-        return {"tensor": {**self.plan.to_dict(), "data_parallel": self.replicas}}
+        return {"tensor": {**self.plan.to_dict(), "data_parallel": self.replicas,
+                           "batch_size": self.spec.batch_size,
+                           "bytes_per_element": activation_bytes(self.spec.precision)}}  # fmt: skip
 
     def worker_extras(self) -> dict:
         return {"role": "shard", "replica": self.replica, "shard": self.shard,
                 "comm_s": self.meter.seconds, "replica_sync_s": self.sync_s}  # fmt: skip
 
     def sections(self, summaries: list[dict | None]) -> dict[str, dict]:
-        from dlscale.strategies.tensor.section import tensor_section
-
         return {"tensor": tensor_section(self, summaries)}
 
 

@@ -20,7 +20,6 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
                        "payload_bytes": entry["payload_bytes"] / steps}
                 for kind, entry in exchange.meter.counts.items()}  # fmt: skip
     predicted = plan.comm_per_step(spec.batch_size, activation_bytes(spec.precision))
-    step_s = own.get("step_s") or 0.0
     comm_s = exchange.meter.seconds / steps
     sync_s = exchange.sync_s / steps
     return {
@@ -40,7 +39,8 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
         "predicted_comm_payload_bytes_per_step": sum(e["payload_bytes"]
                                                      for e in predicted.values()),
         "comm_s_per_step": comm_s,
-        "comm_share": comm_s / step_s if step_s else 0.0,
+        # Of this trainer's step time, the share in collectives and the replicas' averaging.
+        "comm_share": own.get("comm_share", 0.0),
         "replica_sync_s_per_step": sync_s,
         "replica_sync_bytes_per_step": exchange.sync_bytes / steps,
     }  # fmt: skip
