@@ -13,7 +13,7 @@ from dlscale.models import build_model, count_parameters
 from dlscale.profiler.tensor_flow import record_flow
 from dlscale.profiler.tensor_plan import make_plan
 from dlscale.spec import parse_spec
-from tests.strategies.test_pipeline import GPT, LENET, final_weights
+from tests.strategies.test_pipeline import GPT, LENET, assert_same_weights
 
 MLP = {
     "name": "tp-mlp",
@@ -23,20 +23,6 @@ MLP = {
     "device": "cpu",
     "seed": 3,
 }
-
-
-def assert_same_weights(reference: Path, other: Path) -> None:
-    """Relative difference ≤ 1e-5, over the model and per tensor. A tensor whose true value is
-    zero stays at rounding noise in both runs (a key bias: softmax ignores a shift shared by
-    every key, so its gradient is 0 up to rounding; 2e-12 here), so 1e-9 is added per tensor."""
-    expected, got = final_weights(reference), final_weights(other)
-    assert expected.keys() == got.keys()
-    for name, value in expected.items():
-        difference = (got[name] - value).norm()
-        assert difference <= 1e-5 * value.norm() + 1e-9, (name, float(difference))
-    whole = torch.cat([v.flatten() for v in expected.values()])
-    delta = torch.cat([(got[k] - v).flatten() for k, v in expected.items()])
-    assert delta.norm() / whole.norm() <= 1e-5
 
 
 def plan_of(name: str, kwargs: dict, example: torch.Tensor, degree: int = 2, asked="auto"):

@@ -53,6 +53,7 @@ class PipelineExchange(Exchange):
         self.first, self.last = self.index == 0, self.index == self.stages - 1
         self.main_rank = self.stages - 1
         self.forward_s = self.backward_s = self.schedule_s = self.sync_s = 0.0
+        self.sent_bytes = 0
         self.scaler = None
 
     # ---- setting up
@@ -112,7 +113,8 @@ class PipelineExchange(Exchange):
         return self.scaler.scale(loss) if self.scaler is not None else loss  # fp16
 
     def _time_calls(self, stage) -> None:
-        """Count the stage's compute: its forward and backward of each microbatch."""
+        """Count the stage's compute (its forward and backward of each microbatch) and the
+        bytes it sends to its neighbours."""
 
         def timed(call, total: str):
             def run(*args, **kwargs):
@@ -126,6 +128,17 @@ class PipelineExchange(Exchange):
 
         stage.forward_one_chunk = timed(stage.forward_one_chunk, "forward_s")
         stage.backward_one_chunk = timed(stage.backward_one_chunk, "backward_s")
+
+        def counted(get_ops):  # what this stage sends: activations forward, gradients back
+            def run(*args, **kwargs):
+                ops = get_ops(*args, **kwargs)
+                self.sent_bytes += sum(op.tensor.numel() * op.tensor.element_size() for op in ops)
+                return ops
+
+            return run
+
+        stage.get_fwd_send_ops = counted(stage.get_fwd_send_ops)
+        stage.get_bwd_send_ops = counted(stage.get_bwd_send_ops)
 
     # ---- the step
 
@@ -179,7 +192,7 @@ class PipelineExchange(Exchange):
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
 
     def comm_totals(self) -> tuple[float, int]:
-        return self.sync_s, 0
+        return self.sync_s, self.sent_bytes
 
     # ---- evaluation and state
 
@@ -197,9 +210,11 @@ class PipelineExchange(Exchange):
             for start in range(0, len(val_y), batch):
                 x, y = val_x[start : start + batch], val_y[start : start + batch]
                 real = len(y)
-                if real < batch:  # pad with copies of the first rows; they are not scored
-                    x = torch.cat([x, val_x[: batch - real]])
-                padded = torch.cat([y, val_y[: batch - real]])
+                # Pad to the whole batch with copies of the first rows (again and again when
+                # the set is smaller than a batch); they are not scored.
+                fill = torch.arange(batch - real) % len(val_y)
+                x = torch.cat([x, val_x[fill]])
+                padded = torch.cat([y, val_y[fill]])
                 output = self._run_schedule(x.to(device), padded.to(device), [], train=False)
                 if self.last:
                     logits, y = output[:real].float(), y.to(device)
@@ -239,6 +254,7 @@ class PipelineExchange(Exchange):
             "busy_s": busy,
             "schedule_s": self.schedule_s,
             "sync_s": self.sync_s,
+            "sent_bytes": self.sent_bytes,
             "bubble": 1.0 - busy / self.schedule_s if self.schedule_s else 0.0,
         }
 

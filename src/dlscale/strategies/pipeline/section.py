@@ -5,7 +5,7 @@ from __future__ import annotations
 from dlscale.spec import PipelineStrategy
 from dlscale.strategies.pipeline.plan import predicted_bubble
 
-MEASURED = ("forward_s", "backward_s", "busy_s", "schedule_s", "sync_s", "bubble")
+MEASURED = ("forward_s", "backward_s", "busy_s", "schedule_s", "sync_s", "sent_bytes", "bubble")
 
 
 def pipeline_sections(strategy: PipelineStrategy, split: dict, summaries: list) -> dict:
