@@ -127,7 +127,7 @@ def plot(rows: dict[str, dict], path: Path) -> None:
 
     colours = {"data": "#bbbbbb", "compute": "#4c72b0", "bubble": "#dd8452",
                "communication": "#c44e52"}  # fmt: skip
-    fig, ax = plt.subplots(figsize=(8, 3.2))
+    fig, ax = plt.subplots(figsize=(10, 3.2))
     names = list(rows)
     for y, name in enumerate(names):
         step_ms = rows[name]["median_step_s"] * 1e3
@@ -144,7 +144,8 @@ def plot(rows: dict[str, dict], path: Path) -> None:
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("median step (ms), split by where the main trainer spent it")
     ax.set_title(f"gpt 4×256, global batch {GLOBAL_BATCH}, 2 CPU processes (gloo)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(0, ax.get_xlim()[1] * 1.25)  # room for the throughput labels
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -257,8 +257,8 @@ def test_a_validation_set_smaller_than_a_batch_is_evaluated(tmp_path: Path):
     batch of 32, and GPT's stages (traced at a microbatch of 8, the batch baked into their
     reshapes) failed on microbatches of 5."""
     data = {**GPT["data"], "num_samples": 100, "val_fraction": 0.05}  # 5 to validate
-    spec = parse_spec({**GPT, "data": data, "batch_size": 16, "steps": 2,
-                       "strategy": {"name": "pipeline", "stages": 2, "microbatches": 2}})  # fmt: skip
+    strategy = {"name": "pipeline", "stages": 2, "microbatches": 2}
+    spec = parse_spec({**GPT, "data": data, "batch_size": 16, "steps": 2, "strategy": strategy})
     record = api.train(spec, out_dir=tmp_path / "small-val")
     assert record["data"]["val_samples"] == 5
     assert record["final"]["val_accuracy"] is not None
