@@ -36,6 +36,7 @@ def cases(gpus: int) -> list[tuple[str, dict, dict]]:
                                        "microbatches": 2}, {}),
         (f"hybrid {min(2, gpus)}×1", {"name": "hybrid", "stages": 1,
                                       "data_parallel": min(2, gpus), "microbatches": 2}, {}),
+        (f"tensor ×{min(2, gpus)} (NCCL)", {"name": "tensor", "degree": min(2, gpus)}, {}),
     ]  # fmt: skip
     runs = [(f"{label}", strategy, {**extra, "precision": p}) for p in PRECISIONS
             for label, strategy, extra in found]  # fmt: skip
@@ -93,7 +94,8 @@ def main() -> int:
                            samples_per_s=final["train_samples_per_s"],
                            median_step_ms=(final["median_step_s"] or 0) * 1e3,
                            peak_memory_mib=final["peak_memory_bytes"] / 2**20,
-                           backend=record.get("distributed", {}).get("backend"))  # fmt: skip
+                           backend=(record.get("distributed") or record.get("tensor")
+                                    or {}).get("backend"))  # fmt: skip
             except (UserError, RuntimeError) as exc:
                 failed += 1
                 row.update(status=f"FAILED: {str(exc).splitlines()[0][:80]}")

@@ -41,6 +41,7 @@ def strategies() -> dict[str, dict]:
         "pipeline": {"name": "pipeline", "stages": min(2, gpus), "microbatches": 2},
         "hybrid": {"name": "hybrid", "stages": 1, "data_parallel": min(2, gpus),
                    "microbatches": 2},
+        "tensor": {"name": "tensor", "degree": min(2, gpus)},
     }  # fmt: skip
 
 
@@ -56,6 +57,10 @@ def test_every_strategy_trains_on_cuda(tmp_path: Path, kind: str, precision: str
     assert all(w["status"] == "completed" for w in record["workers"])
     if kind == "ddp":
         assert record["distributed"]["backend"] == "nccl"
+    if kind == "tensor":
+        section = record["tensor"]
+        assert section["backend"] == "nccl"
+        assert section["collectives_per_step"] == section["predicted_collectives_per_step"]
 
 
 def test_pinned_memory_and_loader_workers_feed_the_gpu(tmp_path: Path):

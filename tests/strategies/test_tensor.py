@@ -45,7 +45,7 @@ def test_auto_pairs_linear_layers_column_then_row():
     plan = plan_of("mlp", {"hidden": [64, 32]}, torch.zeros(1, 784))
     assert plan.styles == {"1": "colwise", "3": "rowwise"}  # the last layer stays whole
     # The first layer's input is data: no gradient to sum. One all-reduce in forward.
-    assert plan.comm_per_step(8, 4) == {"all_reduce": {"count": 1, "payload_bytes": 8 * 32 * 4}}
+    assert plan.comm_per_step(8) == {"all_reduce": {"count": 1, "payload_bytes": 8 * 32 * 4}}
     whole = 784 * 64 + 64 + 64 * 32 + 32
     assert plan.params - plan.params_per_device == whole // 2 - 32 // 2  # row bias stays whole
 
@@ -60,7 +60,7 @@ def test_auto_splits_attention_by_heads_and_the_mlp_megatron_style():
         "blocks.0.mlp.fc": "colwise",
         "blocks.0.mlp.proj": "rowwise",
     }  # fmt: skip  (lm_head shares the embedding's weight: whole)
-    comm = plan.comm_per_step(2, 4)
+    comm = plan.comm_per_step(2)
     # Forward: one all-reduce per pair; backward: the input gradient of q, k, v and fc.
     assert comm["all_reduce"]["count"] == 2 + 4
     assert comm["all_reduce"]["payload_bytes"] == 6 * 2 * 8 * 32 * 4
@@ -157,3 +157,22 @@ def test_a_plan_whose_split_changes_the_forward_is_refused(tmp_path: Path):
                        "strategy": {"name": "tensor", "plan": {"1": "colwise"}}})  # fmt: skip
     with pytest.raises(Exception, match=r"tensor plan .* the split model fails"):
         api.train(spec, out_dir=tmp_path / "bad")
+
+
+@pytest.mark.slow
+def test_the_example_trains_and_prints_its_plan_first(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from dlscale.cli.main import app
+    from tests.conftest import EXAMPLES
+
+    args = ["train", str(EXAMPLES / "tensor-gpt.yaml"), "--out", str(tmp_path)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "run.json").read_text())
+    # The GPT's ceiling is ~46% (each token of its Markov chain has two likely successors).
+    assert record["final"]["val_accuracy"] >= 0.40, record["final"]
+    words = " ".join(result.output.split())
+    assert "tensor plan (auto): 2 devices" in words and "blocks.1.mlp.proj" in words
+    assert words.index("tensor plan") < words.index("epoch 1")  # shown before training
+    assert "collectives / step │ 12 all-reduce" in words

@@ -97,7 +97,7 @@ def _tensor_plans(workload, trace):
 
     if workload.inputs is not None:
         return None
-    return plans_for(workload.build, workload.sample, trace.params)
+    return plans_for(workload.build, workload.sample, trace.params, workload.precision)
 
 
 def profile_report(result, console) -> None:

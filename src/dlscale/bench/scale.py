@@ -133,7 +133,9 @@ def predicted_rows(
     calibrated = int(local.measured.get("threads") or threads)
     step_s = predict(trace, local).step_s * calibrated / threads
     plans = (
-        plans_for(workload.build, workload.sample, trace.params) if strategy == "tensor" else None
+        plans_for(workload.build, workload.sample, trace.params, workload.precision)
+        if strategy == "tensor"
+        else None
     )
     points = predict_scaling(
         trace,

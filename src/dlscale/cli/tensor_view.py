@@ -7,17 +7,13 @@ from rich.table import Table
 from dlscale.units import binary_bytes
 
 
-def _moves(kind: str, elements: int, batch: int, element_bytes: int) -> str:
-    return (
-        f"{kind.replace('_', '-')} {binary_bytes(elements * batch * element_bytes)}"
-        if kind
-        else "-"
-    )
+def _moves(kind: str, bytes_per_sample: int, batch: int) -> str:
+    return f"{kind.replace('_', '-')} {binary_bytes(bytes_per_sample * batch)}" if kind else "-"
 
 
 def plan_table(plan: dict) -> Table:
     """Each split layer: its style, its weights on one device, what it moves per step."""
-    batch, size = plan["batch_size"], plan["bytes_per_element"]
+    batch = plan["batch_size"]
     replicas = (
         f" × {plan['data_parallel']} data-parallel replicas" if plan["data_parallel"] > 1 else ""
     )
@@ -34,8 +30,8 @@ def plan_table(plan: dict) -> Table:
         table.add_row(
             layer["name"], layer["kind"], layer["style"],
             f"{layer['params_per_device']:,} of {layer['params']:,}",
-            _moves(layer["forward"], layer["forward_elements"], batch, size),
-            _moves(layer["backward"], layer["backward_elements"], batch, size),
+            _moves(layer["forward"], layer["forward_bytes"], batch),
+            _moves(layer["backward"], layer["backward_bytes"], batch),
         )  # fmt: skip
     return table
 

@@ -307,11 +307,10 @@ def _tensor(trace, hardware, single, plan, link):
     layer_s = sum(lt.seconds / count if lt.name in split else lt.seconds for lt in p.layers)
     share = plan.params_per_device / plan.params if plan.params else 1.0
     compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s)
-    element = FP32_BYTES if trace.precision == "fp32" else 2
     comm = 0.0
-    for kind, entry in _collectives(plan, trace.batch_size, element):
+    for kind, payload in plan.collectives(trace.batch_size):
         reduce = ring_allreduce_s if kind == "all_reduce" else all_gather_s
-        comm += reduce(entry, count, link)
+        comm += reduce(payload, count, link)
     memory = training_memory(trace)
     saved = {layer.name: layer.saved_bytes for layer in trace.layers}
     activations = sum(b / count if name in split else b for name, b in saved.items())
@@ -323,16 +322,7 @@ def _tensor(trace, hardware, single, plan, link):
             "detail": {"degree": count, "split_layers": len(split & set(plan.styles)),
                        "params_per_device": plan.params_per_device,
                        "memory_per_device_bytes": per_device,
-                       "collectives": plan.comm_per_step(trace.batch_size, element)}}  # fmt: skip
-
-
-def _collectives(plan, batch: int, element: int):
-    """(kind, payload bytes) of each collective one step runs, in order."""
-    for layer in plan.layers:
-        if layer.forward:
-            yield layer.forward, layer.forward_elements * batch * element
-        if layer.backward:
-            yield layer.backward, layer.backward_elements * batch * element
+                       "collectives": plan.comm_per_step(trace.batch_size)}}  # fmt: skip
 
 
 def split_layers(trace: StepTrace, plan) -> set[str]:

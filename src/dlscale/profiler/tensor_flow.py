@@ -53,6 +53,8 @@ class LayerFlow:
     input_shape: tuple[int, ...] = ()
     output_shape: tuple[int, ...] = ()
     input_needs_grad: bool = False
+    input_itemsize: int = 4  # bytes per element as the step runs (2 for bf16 under autocast)
+    output_itemsize: int = 4
     tied: bool = False  # a parameter shared with another module (GPT's head and embedding)
 
     @property
@@ -129,6 +131,8 @@ class _Tagger(TorchFunctionMode):
         layer.input_shape = tuple(x.shape[1:])
         layer.output_shape = tuple(out.shape[1:])
         layer.input_needs_grad = x.requires_grad
+        layer.input_itemsize = x.element_size()
+        layer.output_itemsize = out.element_size()
         self.seen[layer.name] = layer
 
     def _safe(self, func, name: str) -> bool:
@@ -137,8 +141,10 @@ class _Tagger(TorchFunctionMode):
         return func in allowed
 
 
-def record_flow(model: nn.Module, example: Tensor) -> Flow:
-    """Run `example` (a batch of one or more) through `model` in eval mode and record the flow."""
+def record_flow(model: nn.Module, example: Tensor, precision: str = "fp32") -> Flow:
+    """Run `example` (a batch of one or more) through `model` in eval mode, under the run's
+    autocast for bf16/fp16 (so each tensor has the type it crosses devices in), and record the
+    flow."""
     candidates: dict[int, LayerFlow] = {}
     owners: dict[int, int] = {}
     for name, module in model.named_modules():
@@ -152,8 +158,10 @@ def record_flow(model: nn.Module, example: Tensor) -> Flow:
     tagger = _Tagger(candidates)
     was_training = model.training
     model.eval()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    device = example.device.type if example.device.type != "meta" else "cpu"
     try:
-        with tagger:
+        with torch.autocast(device, dtype=dtype, enabled=dtype is not None), tagger:
             model(example)
     finally:
         model.train(was_training)

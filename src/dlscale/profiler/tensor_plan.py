@@ -41,9 +41,9 @@ class PlannedLayer:
     params: int
     params_per_device: int
     forward: str  # "all_reduce", "all_gather" or ""
-    forward_elements: int  # payload per sample (the whole tensor, not one device's part)
+    forward_bytes: int  # payload per sample (the whole tensor, not one device's part)
     backward: str
-    backward_elements: int
+    backward_bytes: int
 
 
 @dataclass(frozen=True)
@@ -58,16 +58,21 @@ class TensorPlan:
     def styles(self) -> dict[str, str]:
         return {layer.name: layer.style for layer in self.layers}
 
-    def comm_per_step(self, batch: int, bytes_per_element: int) -> dict[str, dict[str, int]]:
+    def collectives(self, batch: int):
+        """(kind, payload bytes) of each collective one step runs, in order."""
+        for layer in self.layers:
+            if layer.forward:
+                yield layer.forward, layer.forward_bytes * batch
+            if layer.backward:
+                yield layer.backward, layer.backward_bytes * batch
+
+    def comm_per_step(self, batch: int) -> dict[str, dict[str, int]]:
         """Collectives one step runs on each device: {kind: {count, payload_bytes}}."""
         totals: dict[str, dict[str, int]] = {}
-        for layer in self.layers:
-            for kind, elements in ((layer.forward, layer.forward_elements),
-                                   (layer.backward, layer.backward_elements)):  # fmt: skip
-                if kind:
-                    entry = totals.setdefault(kind, {"count": 0, "payload_bytes": 0})
-                    entry["count"] += 1
-                    entry["payload_bytes"] += elements * batch * bytes_per_element
+        for kind, payload in self.collectives(batch):
+            entry = totals.setdefault(kind, {"count": 0, "payload_bytes": 0})
+            entry["count"] += 1
+            entry["payload_bytes"] += payload
         return totals
 
     def to_dict(self) -> dict:
@@ -195,7 +200,10 @@ def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
     bias = module.bias.numel() if module.bias is not None else 0
     # A row-split layer adds its bias once, after the sum: every device holds all of it.
     per_device = weight // degree + bias if style == "rowwise" else (weight + bias) // degree
-    inputs, outputs = _elements(layer.input_shape), _elements(layer.output_shape)
+    # Bytes per sample as they cross: the types autocast gives them (the gradient of an input
+    # has the input's type).
+    inputs = _elements(layer.input_shape) * layer.input_itemsize
+    outputs = _elements(layer.output_shape) * layer.output_itemsize
     forward = backward = ""
     forward_n = backward_n = 0
     if style == "rowwise":
@@ -208,7 +216,7 @@ def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
                         forward_n, backward, backward_n)  # fmt: skip
 
 
-def plans_for(build, sample, params: int):
+def plans_for(build, sample, params: int, precision: str = "fp32"):
     """degree -> the auto plan (None where it cannot split) for a model the profiler traces:
     its dataflow recorded once on the meta device, nothing real allocated."""
     import torch
@@ -218,7 +226,7 @@ def plans_for(build, sample, params: int):
     try:
         with torch.device("meta"):
             model = build()
-        flow = record_flow(model, sample.unsqueeze(0).to("meta"))
+        flow = record_flow(model, sample.unsqueeze(0).to("meta"), precision)
     except Exception:  # a model the tagger cannot run: no tensor-parallel prediction
         return lambda degree: None
     model_plan = getattr(model, "tp_plan", None)

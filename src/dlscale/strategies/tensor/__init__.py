@@ -33,7 +33,7 @@ def shard_process(context: WorkerContext, payload: dict) -> dict | None:
 def plan_for(spec: Spec, model, data) -> TensorPlan:
     """The split of `model` for the spec's degree, from one sample's forward."""
     strategy: TensorStrategy = spec.strategy
-    flow = record_flow(model, data.example(1)[0])
+    flow = record_flow(model, data.example(1)[0], spec.precision)
     return make_plan(flow, strategy.degree, strategy.plan, count_parameters(model),
                      getattr(model, "tp_plan", None))  # fmt: skip
 

@@ -24,7 +24,7 @@ from dlscale.launch.base import WorkerContext
 from dlscale.profiler.tensor_plan import TensorPlan
 from dlscale.spec import Spec, TensorStrategy
 from dlscale.strategies.tensor.meter import CommMeter
-from dlscale.strategies.tensor.section import activation_bytes, tensor_section
+from dlscale.strategies.tensor.section import tensor_section
 from dlscale.strategies.tensor.styles import apply_plan
 from dlscale.strategies.worker import backend_for, join
 from dlscale.train.exchange import Exchange
@@ -158,8 +158,7 @@ class TensorExchange(Exchange):
 
     def describe(self) -> dict:
         return {"tensor": {**self.plan.to_dict(), "data_parallel": self.replicas,
-                           "batch_size": self.spec.batch_size,
-                           "bytes_per_element": activation_bytes(self.spec.precision)}}  # fmt: skip
+                           "batch_size": self.spec.batch_size}}  # fmt: skip
 
     def worker_extras(self) -> dict:
         return {"role": "shard", "replica": self.replica, "shard": self.shard,

@@ -4,13 +4,6 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from dlscale.profiler.memory import FP32_BYTES
-
-
-def activation_bytes(precision: str) -> int:
-    """Bytes per activation element that crosses devices: fp32, or 2 under bf16/fp16 autocast."""
-    return FP32_BYTES if precision == "fp32" else 2
-
 
 def tensor_section(exchange, summaries: list[dict | None]) -> dict:
     spec, plan = exchange.spec, exchange.plan
@@ -19,7 +12,7 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
     measured = {kind: {"count": entry["count"] / steps,
                        "payload_bytes": entry["payload_bytes"] / steps}
                 for kind, entry in exchange.meter.counts.items()}  # fmt: skip
-    predicted = plan.comm_per_step(spec.batch_size, activation_bytes(spec.precision))
+    predicted = plan.comm_per_step(spec.batch_size)
     comm_s = exchange.meter.seconds / steps
     sync_s = exchange.sync_s / steps
     return {
