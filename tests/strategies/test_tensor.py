@@ -176,3 +176,35 @@ def test_the_example_trains_and_prints_its_plan_first(tmp_path: Path):
     assert "tensor plan (auto): 2 devices" in words and "blocks.1.mlp.proj" in words
     assert words.index("tensor plan") < words.index("epoch 1")  # shown before training
     assert "collectives / step │ 12 all-reduce" in words
+
+
+def test_fp16_is_refused_with_the_reason():
+    with pytest.raises(UserError, match="strategy tensor trains in fp32 or bf16"):
+        parse_spec({**MLP, "batch_size": 8, "precision": "fp16", "strategy": {"name": "tensor"}})
+
+
+def test_split_and_whole_parameters_update_in_groups_of_their_own(tmp_path: Path):
+    """Found on an H200: a GPU optimizer's foreach kernels refused a mix of DTensor and plain
+    parameters ("got mixed torch.Tensor and DTensor"). foreach=True makes the CPU take that path."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from dlscale.launch.local import free_port
+    from dlscale.strategies.tensor.exchange import TensorExchange
+    from dlscale.strategies.tensor.styles import apply_plan
+
+    plan = plan_of("mlp", {"hidden": [64, 32]}, torch.zeros(1, 784))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)  # fmt: skip
+    try:
+        model = build_model("mlp", {"hidden": [64, 32]})
+        apply_plan(model, init_device_mesh("cpu", (1,)), plan.layers)
+        params = list(model.parameters())
+        model(torch.randn(4, 784)).sum().backward()
+        grouped = TensorExchange.param_groups(None, params)
+        assert [len(group["params"]) for group in grouped] == [4, 2]  # '1' and '3'; '5' whole
+        torch.optim.AdamW(grouped, foreach=True).step()
+        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+            torch.optim.AdamW(params, foreach=True).step()
+    finally:
+        dist.destroy_process_group()

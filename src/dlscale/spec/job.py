@@ -60,6 +60,18 @@ class Spec(Strict):
             self.epochs = 1
         return self
 
+    @model_validator(mode="after")
+    def _tensor_precision(self) -> Spec:
+        # GradScaler unscales every gradient of a device and type in one foreach kernel, which
+        # cannot take a split layer's (DTensor) gradients beside the whole layers' (torch 2.13;
+        # seen on an H200).
+        if self.strategy.name == "tensor" and self.precision == "fp16":
+            raise ValueError(
+                "strategy tensor trains in fp32 or bf16: fp16's loss scaling cannot "
+                "unscale split and whole layers' gradients together; use bf16"
+            )
+        return self
+
     def warnings(self) -> list[str]:
         """Settings the user gave that will have no effect (each deserves a warning)."""
         found = []

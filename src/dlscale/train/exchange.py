@@ -68,6 +68,10 @@ class Exchange:
         """The part of `model` this trainer trains, on `device` (a pipeline keeps its stage)."""
         return model.to(device)
 
+    def param_groups(self, params: list[torch.Tensor]) -> list:
+        """What the optimizer is built over: the trainable parameters, or groups of them."""
+        return params
+
     def connect(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Join the other processes once the module and its optimizer exist (DDP, stages)."""
 

@@ -62,7 +62,7 @@ class Trainer:
         # A pipeline stage of pooling or reshaping layers trains nothing; torch's optimizers
         # refuse an empty list, so it steps one empty tensor that never gets a gradient.
         trainable = trainable or [torch.nn.Parameter(torch.zeros(0, device=self.device))]
-        self.optimizer = build_optimizer(trainable, spec.optimizer)
+        self.optimizer = build_optimizer(self.exchange.param_groups(trainable), spec.optimizer)
         self.exchange.connect(self.module, self.optimizer)
         self.model = self.exchange.model or self.module  # what the step calls
         if self.exchange.trainers > 1:

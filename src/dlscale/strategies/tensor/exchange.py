@@ -86,6 +86,13 @@ class TensorExchange(Exchange):
         self.module = model
         return model
 
+    def param_groups(self, params: list[torch.Tensor]) -> list:
+        """Split layers' parameters (DTensors) and whole ones in groups of their own: on a GPU
+        the optimizer updates a group in one foreach kernel, which takes no mix of the two."""
+        split = [p for p in params if isinstance(p, DTensor)]
+        whole = [p for p in params if not isinstance(p, DTensor)]
+        return [{"params": group} for group in (split, whole) if group]
+
     # ---- the step
 
     def forward_backward(self, step, x: torch.Tensor, y: torch.Tensor):
