@@ -204,7 +204,7 @@ def test_split_and_whole_parameters_update_in_groups_of_their_own(tmp_path: Path
         grouped = TensorExchange.param_groups(None, params)
         assert [len(group["params"]) for group in grouped] == [4, 2]  # '1' and '3'; '5' whole
         torch.optim.AdamW(grouped, foreach=True).step()
-        with pytest.raises(RuntimeError, match="mixed torch.Tensor and DTensor"):
+        with pytest.raises(RuntimeError, match=r"mixed torch\.Tensor and DTensor"):
             torch.optim.AdamW(params, foreach=True).step()
     finally:
         dist.destroy_process_group()
