@@ -208,3 +208,12 @@ def test_split_and_whole_parameters_update_in_groups_of_their_own(tmp_path: Path
             torch.optim.AdamW(params, foreach=True).step()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_model_with_nothing_to_split_is_one_line(tmp_path: Path):
+    spec = parse_spec(
+        {**MLP, "batch_size": 8, "steps": 1, "strategy": {"name": "tensor", "degree": 3}}
+    )
+    with pytest.raises(UserError, match="nothing in model 'mlp' splits over 3 devices"):
+        api.train(spec, out_dir=tmp_path / "none")
+    assert not (tmp_path / "none" / "run.json").exists()

@@ -203,3 +203,37 @@ def test_the_local_link_fit_recovers_latency_and_bandwidth():
     assert fitted["latency_s"] == pytest.approx(latency)
     assert fitted["bytes_per_s"] == pytest.approx(bandwidth)
     assert fitted["fit_max_error"] == pytest.approx(0, abs=1e-9)
+
+
+def test_a_pipeline_never_has_more_microbatches_than_samples():
+    """Found predicting a 13B GPT at batch 4 on 8 devices: 32 microbatches of an eighth of a
+    sample each made the bubble 18% instead of (8 − 1) / (4 + 8 − 1) = 64%."""
+    (pipe,) = predict_scaling(mlp_trace(batch=4, depth=8), gpu(), [8], LINK,
+                              strategies=("pipeline",))  # fmt: skip
+    assert pipe.detail["microbatches"] == 4
+    assert pipe.detail["bubble"] == pytest.approx(7 / 11)
+
+
+def test_tensor_parallel_divides_the_split_layers_and_pays_its_collectives():
+    from dlscale.profiler.tensor_plan import plans_for
+
+    def build():
+        return nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512),
+                             nn.ReLU(), nn.Linear(512, 10))  # fmt: skip
+
+    trace = trace_step(build, torch.zeros(512), 64, "fp32", torch.optim.SGD, "sgd")
+    plans = plans_for(build, torch.zeros(512), trace.params)
+    assert plans(2).styles == {"0": "colwise", "2": "rowwise"}
+    single = predict(trace, gpu())
+    (two,) = predict_scaling(trace, gpu(), [2], LINK, strategies=("tensor",), tensor_plans=plans)
+    # One all-reduce in forward: the row layer's (64, 512) fp32 output; no backward one (the
+    # column layer's input is data).
+    assert two.detail["collectives"] == {"all_reduce": {"count": 1, "payload_bytes": 64 * 512 * 4}}
+    assert two.comm_s == pytest.approx(ring_allreduce_s(64 * 512 * 4, 2, LINK))
+    split = {"0", "1", "2"}  # the pair and the ReLU between them (it works on split features)
+    times = {layer.name: layer.seconds for layer in single.layers}
+    halved = sum(times[name] for name in split) / 2
+    assert two.compute_s < single.step_s - halved * 0.99  # the split layers' time halved
+    assert two.global_batch == 64 and two.detail["params_per_device"] < trace.params
+    # Without a plan for the count (an indivisible layer), no row.
+    assert not predict_scaling(trace, gpu(), [3], LINK, strategies=("tensor",), tensor_plans=plans)

@@ -239,10 +239,15 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
     return compute + comm, compute, comm, worst <= _usable(hardware), detail
 
 
+def microbatches(trace: StepTrace, stages: int) -> int:
+    """4 per stage, but no more than the batch has samples (a microbatch holds one at least)."""
+    return max(1, min(MICROBATCHES_PER_STAGE * stages, trace.batch_size))
+
+
 def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers):
     if count < 2:
         return None
-    step = _pipeline_step(trace, hardware, single, count, link, MICROBATCHES_PER_STAGE * count)
+    step = _pipeline_step(trace, hardware, single, count, link, microbatches(trace, count))
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step
@@ -276,7 +281,7 @@ def _hybrid(trace, hardware, single, count, link, nodes, network, _servers):
     if count < 2 * stages or count % stages:
         return None
     replicas = count // stages
-    step = _pipeline_step(trace, hardware, single, stages, link, MICROBATCHES_PER_STAGE * stages)
+    step = _pipeline_step(trace, hardware, single, stages, link, microbatches(trace, stages))
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step

@@ -233,8 +233,9 @@ def plans_for(build, sample, params: int, precision: str = "fp32"):
 
     def plan(degree: int) -> TensorPlan | None:
         try:
-            return make_plan(flow, degree, "auto", params, model_plan)
+            found = make_plan(flow, degree, "auto", params, model_plan)
         except UserError:
             return None
+        return found if found.layers else None  # nothing splits that many ways
 
     return plan

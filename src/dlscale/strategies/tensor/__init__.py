@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlscale.errors import UserError
 from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.models import count_parameters
 from dlscale.profiler.tensor_flow import record_flow
@@ -52,6 +53,12 @@ def run(
     if resume_from is not None:  # the plan the run began with
         saved = ckpt.load_checkpoint(resume_from).get("exchange", {}).get("tensor_plan")
     plan = TensorPlan.from_dict(saved) if saved else plan_for(spec, model, data)
+    if not plan.layers:
+        raise UserError(
+            f"tensor plan: nothing in model '{spec.model.name}' splits over {strategy.degree} "
+            "devices (no Linear pair or convolution whose features divide by the degree); "
+            "use another degree, name the layers in strategy.plan, or another strategy"
+        )
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     degree = strategy.degree
     return launch(
