@@ -237,3 +237,30 @@ def test_tensor_parallel_divides_the_split_layers_and_pays_its_collectives():
     assert two.global_batch == 64 and two.detail["params_per_device"] < trace.params
     # Without a plan for the count (an indivisible layer), no row.
     assert not predict_scaling(trace, gpu(), [3], LINK, strategies=("tensor",), tensor_plans=plans)
+
+
+def test_for_a_model_too_big_for_one_device_the_faster_split_is_named():
+    """Batch 2 on 4 devices: a pipeline gets 2 microbatches (bubble 3/5); tensor parallel over a
+    fast link splits each wide layer instead, and wins."""
+    from dlscale.profiler.memory import training_memory
+    from dlscale.profiler.scaling_report import ScalingReport, costed, split_choice
+    from dlscale.profiler.tensor_plan import plans_for
+
+    def build():
+        return nn.Sequential(nn.Linear(4096, 8192), nn.ReLU(), nn.Linear(8192, 4096),
+                             nn.ReLU(), nn.Linear(4096, 8192), nn.ReLU(),
+                             nn.Linear(8192, 4096))  # fmt: skip
+
+    trace = trace_step(build, torch.zeros(4096), 2, "fp32", torch.optim.SGD, "sgd")
+    whole = training_memory(trace).total_bytes
+    small = gpu(memory_bytes=int(whole / 2))  # a quarter of the model fits, the whole does not
+    fast = Link("fast", "fast", "nvlink", 300e9, 3e-6, 1.0)
+    plans = plans_for(build, torch.zeros(4096), trace.params)
+    points = predict_scaling(trace, small, [4], fast, strategies=("pipeline", "tensor"),
+                             tensor_plans=plans)  # fmt: skip
+    report = ScalingReport(small, fast, [costed(p, small, None, 1) for p in points], 1, "default")
+    report.fits_one_device = False
+    (line,) = split_choice(report)
+    assert "on 4, tensor parallel is the better split" in line and "bubble 60%" in line
+    report.fits_one_device = True  # a model that fits needs no split: no advice
+    assert split_choice(report) == []

@@ -11,7 +11,9 @@ from dlscale import units
 from dlscale.errors import UserError
 from dlscale.hardware.links import Link, device_link, load_links
 from dlscale.hardware.spec import Hardware
+from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.columns import Column, print_fitted
+from dlscale.profiler.memory import training_memory
 from dlscale.profiler.scaling import STRATEGIES, ScalePoint, predict_scaling
 from dlscale.profiler.trace import StepTrace
 from dlscale.units import duration
@@ -50,6 +52,7 @@ class ScalingReport:
     deadline_s: float | None = None
     pick: Costed | None = None
     other_links: dict[str, list[ScalePoint]] = field(default_factory=dict)  # for the plot
+    fits_one_device: bool = True  # the whole training step in one device's usable memory
 
 
 def cost_and_energy(hardware: Hardware, seconds: float | None, devices: int = 1):
@@ -136,6 +139,8 @@ def scaling_reports(
                                  tensor_plans=tensor_plans)  # fmt: skip
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
+        usable = device.memory_bytes * USABLE_MEMORY_FRACTION
+        report.fits_one_device = training_memory(trace).total_bytes <= usable
         if deadline_s is not None:
             report.pick = deadline_pick(rows, deadline_s)
         for choice in ("nvlink", "pcie"):
@@ -242,7 +247,7 @@ def split_choice(report: ScalingReport) -> list[str]:
     """For a model one device cannot hold: at each count, tensor parallel against a pipeline,
     weighing memory per device, the pipeline's bubble and tensor parallel's collectives."""
     points = [row.point for row in report.rows]
-    if all(p.fits for p in points if p.devices == 1):
+    if report.fits_one_device:
         return []
     lines = []
     for count in sorted({p.devices for p in points if p.devices > 1}):
@@ -253,7 +258,7 @@ def split_choice(report: ScalingReport) -> list[str]:
         memory_t = tensor.detail["memory_per_device_bytes"]
         memory_p = pipe.detail["stage_memory_bytes"]
         if not (tensor.fits or pipe.fits):
-            lines.append(f"{count} devices: neither tensor parallel "
+            lines.append(f"{report.hardware.name}: on {count} devices, neither tensor parallel "
                          f"({units.binary_bytes(memory_t)} per device) nor a pipeline "
                          f"({units.binary_bytes(memory_p)} per stage) fits")  # fmt: skip
             continue
