@@ -72,6 +72,7 @@ FORWARD_CASES = [
     ("mlp", {"input_size": 12, "hidden": 8, "num_classes": 3}, torch.randn(2, 3, 4), (2, 3)),
     ("mlp", {"input_size": 5, "hidden": [], "num_classes": 2}, torch.randn(4, 5), (4, 2)),
     ("alexnet", {"num_classes": 5}, torch.randn(1, 3, 64, 64), (1, 5)),
+    ("alexnet_2gpu", {"num_classes": 5}, torch.randn(1, 3, 64, 64), (1, 5)),
     ("vgg11", {"num_classes": 4}, torch.randn(2, 3, 32, 32), (2, 4)),
     ("vgg16", {"num_classes": 4, "batch_norm": True}, torch.randn(2, 3, 32, 32), (2, 4)),
     (
@@ -246,7 +247,7 @@ def test_unknown_zoo_name_lists_the_zoo() -> None:
     with pytest.raises(UserError) as caught:
         build_model("foo")
     assert str(caught.value) == (
-        "unknown model 'foo'; the zoo has: lenet, mlp, alexnet, vgg11, vgg16, resnet18, "
+        "unknown model 'foo'; the zoo has: lenet, mlp, alexnet, alexnet_2gpu, vgg11, vgg16, resnet18, "
         "resnet50, gpt, lstm (or give package.module:factory)"
     )
 

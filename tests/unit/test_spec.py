@@ -61,7 +61,7 @@ def test_unknown_data_and_strategy_names_list_the_choices():
     assert "unknown data name 'mnist' (choose from: digits, synthetic, idx" in error_of(
         data={"name": "mnist"}
     )
-    choices = "(choose from: single, ddp, ps, pipeline, hybrid)"
+    choices = "(choose from: single, ddp, ps, pipeline, hybrid, tensor)"
     assert f"unknown strategy name 'gossip' {choices}" in error_of(strategy={"name": "gossip"})
 
 

@@ -59,7 +59,10 @@ class TensorPlan:
         return {layer.name: layer.style for layer in self.layers}
 
     def collectives(self, batch: int):
-        """(kind, payload bytes) of each collective one step runs, in order."""
+        """(kind, payload bytes) of each collective one step runs, in order (none on one
+        device: DTensor moves nothing within a mesh of one)."""
+        if self.degree == 1:
+            return
         for layer in self.layers:
             if layer.forward:
                 yield layer.forward, layer.forward_bytes * batch
