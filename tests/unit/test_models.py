@@ -247,8 +247,8 @@ def test_unknown_zoo_name_lists_the_zoo() -> None:
     with pytest.raises(UserError) as caught:
         build_model("foo")
     assert str(caught.value) == (
-        "unknown model 'foo'; the zoo has: lenet, mlp, alexnet, alexnet_2gpu, vgg11, vgg16, resnet18, "
-        "resnet50, gpt, lstm (or give package.module:factory)"
+        "unknown model 'foo'; the zoo has: lenet, mlp, alexnet, alexnet_2gpu, vgg11, vgg16, "
+        "resnet18, resnet50, gpt, lstm (or give package.module:factory)"
     )
 
 
