@@ -16,22 +16,32 @@ class AlexNet(nn.Module):
     survive the three stride-2 max pools.
     """
 
-    def __init__(self, num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5):
+    def __init__(
+        self,
+        num_classes: int = 1000,
+        in_channels: int = 3,
+        dropout: float = 0.5,
+        features: nn.Sequential | None = None,  # the convolutions (default: torchvision's)
+    ):
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(in_channels, 64, kernel_size=11, stride=4, padding=2),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(kernel_size=3, stride=2),
-            nn.Conv2d(64, 192, kernel_size=5, padding=2),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(kernel_size=3, stride=2),
-            nn.Conv2d(192, 384, kernel_size=3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(384, 256, kernel_size=3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(256, 256, kernel_size=3, padding=1),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(kernel_size=3, stride=2),
+        self.features = (
+            features
+            if features is not None
+            else nn.Sequential(
+                nn.Conv2d(in_channels, 64, kernel_size=11, stride=4, padding=2),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(kernel_size=3, stride=2),
+                nn.Conv2d(64, 192, kernel_size=5, padding=2),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(kernel_size=3, stride=2),
+                nn.Conv2d(192, 384, kernel_size=3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(384, 256, kernel_size=3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.Conv2d(256, 256, kernel_size=3, padding=1),
+                nn.ReLU(inplace=True),
+                nn.MaxPool2d(kernel_size=3, stride=2),
+            )
         )
         self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
         self.classifier = nn.Sequential(
@@ -72,7 +82,7 @@ class ColumnLRN(nn.Module):
         return self.norm(columns).reshape(B, C, H, W)
 
 
-class AlexNet2GPU(nn.Module):
+class AlexNet2GPU(AlexNet):
     """The network of Krizhevsky, Sutskever & Hinton (NeurIPS 2012, Figure 2), trained on two
     3 GB GTX 580s: every layer's kernels split in two columns, one per GPU. The columns meet
     only where the paper has them meet: the third convolution and the fully connected layers
@@ -96,8 +106,7 @@ class AlexNet2GPU(nn.Module):
     }
 
     def __init__(self, num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5):
-        super().__init__()
-        self.features = nn.Sequential(
+        columns = nn.Sequential(
             nn.Conv2d(in_channels, 96, kernel_size=11, stride=4, padding=2),  # 2 × 48
             nn.ReLU(inplace=True),
             ColumnLRN(48),
@@ -114,22 +123,7 @@ class AlexNet2GPU(nn.Module):
             nn.ReLU(inplace=True),
             nn.MaxPool2d(kernel_size=3, stride=2),
         )
-        self.avgpool = nn.AdaptiveAvgPool2d((6, 6))
-        self.classifier = nn.Sequential(
-            nn.Dropout(p=dropout),
-            nn.Linear(256 * 6 * 6, 4096),  # 2 × 2048, from both columns
-            nn.ReLU(inplace=True),
-            nn.Dropout(p=dropout),
-            nn.Linear(4096, 4096),
-            nn.ReLU(inplace=True),
-            nn.Linear(4096, num_classes),
-        )
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.features(x)  # (B, 256, h, w)
-        x = self.avgpool(x)  # (B, 256, 6, 6)
-        x = torch.flatten(x, 1)  # (B, 9216)
-        return self.classifier(x)  # (B, num_classes)
+        super().__init__(num_classes, in_channels, dropout, features=columns)
 
 
 def alexnet_2gpu(num_classes: int = 1000, in_channels: int = 3, dropout: float = 0.5) -> nn.Module:
