@@ -31,6 +31,7 @@ from dlscale.api.profiling import (
     profile_report,
 )
 from dlscale.api.rundir import train_in_folder
+from dlscale.api.scale import check_scale_options, scale
 from dlscale.errors import UserError
 from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
 from dlscale.models import ZOO, check_model, parameter_count_meta
@@ -53,6 +54,7 @@ __all__ = [
     "bench_matmul",
     "bench_width",
     "check_out_dir",
+    "check_scale_options",
     "compare",
     "convert_data",
     "data_digest",
@@ -213,62 +215,6 @@ def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):
 
     local = get_hardware("local") if local_entry_path().is_file() else None
     return run_estimate(spec_path, local, steps=steps, warmup=warmup)
-
-
-def scale(
-    spec_path: str | Path,
-    workers: list[int],
-    out: Path,
-    steps: int | None = 50,
-    cluster: str = "local",
-    address: str | None = None,
-    on_run=None,
-) -> dict:
-    """Train a spec with each data-parallel worker count (each tensor-parallel degree, for a
-    tensor spec); throughput and scaling efficiency."""
-    from dlscale.bench.scale import local_cores, scale_result, scale_row, scaled_spec, threads_for
-    from dlscale.launch.local import available_cores
-
-    if not workers or min(workers) < 1:
-        raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
-    if steps is not None and steps < 1:
-        raise UserError(f"--steps: must be a positive integer (got {steps})")
-    spec = load_spec(spec_path)
-    check_trials([scaled_spec(spec, count, steps) for count in workers], cluster, "a run")
-    # Like for like: each worker gets the same threads in every run (Ray gives each one core).
-    threads = threads_for(workers, available_cores()) if cluster == "local" else 1
-    rows = []
-    with claim(out):  # one scale or compare into a folder at a time
-        for count in sorted(set(workers)):
-            run_dir = Path(out) / f"workers-{count}"
-            with local_cores(count, threads):
-                record = train(scaled_spec(spec, count, steps), run_dir, cluster=cluster,
-                               address=address)  # fmt: skip
-            rows.append(scale_row(count, record, str(run_dir)))
-            if on_run is not None:
-                on_run(rows[-1])
-    result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
-    return _with_scale_prediction(result, spec_path, workers, threads, cluster)
-
-
-def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
-    """Predicted beside measured, when this machine was measured and the runs were local."""
-    from dlscale.bench.scale import add_predictions, predicted_rows
-    from dlscale.hardware.catalogue import get_hardware, local_entry_path
-    from dlscale.hardware.links import measured_link
-
-    if cluster != "local" or not local_entry_path().is_file():
-        return add_predictions(result, None, None)
-    local = get_hardware("local")
-    measured = local.measured.get("link")
-    if not measured:  # an entry saved before the link probe: measure it now (a few seconds)
-        from dlscale.bench.link import measure_link
-
-        measured = measure_link(quick=True)
-    link = measured_link(measured)
-    predicted = predicted_rows(str(spec_path), workers, threads, local, link,
-                               result["strategy"])  # fmt: skip
-    return add_predictions(result, predicted, link.name)
 
 
 def parse_strategies(text: str) -> list[str]:

@@ -211,8 +211,13 @@ def plot_scale(figure: Figure, result: dict) -> None:
     """Throughput vs workers (with perfect scaling as a line) and scaling efficiency."""
     rows = result["rows"]
     workers = [row["workers"] for row in rows]
-    throughput = figure.add_subplot(1, 2, 1)
-    efficiency = figure.add_subplot(1, 2, 2)
+    panels = 3 if result.get("convergence") else 2
+    if panels == 3:
+        figure.set_size_inches(15, 4.5)
+    throughput = figure.add_subplot(1, panels, 1)
+    efficiency = figure.add_subplot(1, panels, 2)
+    if panels == 3:
+        _plot_convergence(figure.add_subplot(1, 3, 3), result)
     base = rows[0]
     ideal = [base["samples_per_s"] * n / base["workers"] for n in workers]
     throughput.plot(workers, [row["samples_per_s"] for row in rows], marker="o", label="measured")
@@ -230,6 +235,23 @@ def plot_scale(figure: Figure, result: dict) -> None:
         f"{result['model']}: data parallel ({result['cluster']}), batch "
         f"{result['per_worker_batch_size']} per worker"
     )
+
+
+def _plot_convergence(axes, result: dict) -> None:
+    """Validation accuracy against training samples seen, a line per worker count: a larger
+    global batch takes fewer, larger steps over the same samples."""
+    for row in result["rows"]:
+        curve = row["curve"]
+        label = f"{row['workers']} × (batch {row['global_batch_size']}, lr {row['lr']:g})"
+        axes.plot([p["samples"] for p in curve], [100 * p["val_accuracy"] for p in curve],
+                  marker="o", markersize=3, label=label)  # fmt: skip
+    if result.get("target_accuracy") is not None:
+        axes.axhline(100 * result["target_accuracy"], linestyle="--", color="grey",
+                     label="target")  # fmt: skip
+    axes.set_xlabel("training samples seen")
+    axes.set_ylabel("validation accuracy (%)")
+    axes.set_title(f"learning rate scaled '{result.get('lr_scaling') or 'none'}'")
+    _finish(axes)
 
 
 def plot_compare(figure: Figure, result: dict) -> None:

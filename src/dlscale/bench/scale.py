@@ -28,13 +28,25 @@ def scaled_strategy(spec: Spec) -> str:
     return "tensor" if isinstance(spec.strategy, TensorStrategy) else "ddp"
 
 
-def scaled_spec(spec: Spec, workers: int, steps: int | None) -> Spec:
+def lr_factor(rule: str, workers: int, base_workers: int) -> float:
+    """How much the learning rate grows with the global batch (N / N0 workers times larger):
+    `linear` with it (Goyal et al., "Accurate, Large Minibatch SGD", 2017), `sqrt` with its
+    square root (Krizhevsky, "One weird trick", 2014; Hoffer et al. 2017), `none` not at all."""
+    ratio = workers / base_workers
+    return {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[rule]
+
+
+def scaled_spec(spec: Spec, workers: int, steps: int | None, lr_factor: float = 1.0) -> Spec:
     if scaled_strategy(spec) == "tensor":
         strategy = spec.strategy.model_copy(update={"degree": workers})
     else:
         strategy = spec.strategy if isinstance(spec.strategy, DdpStrategy) else None
         strategy = (strategy or DdpStrategy(name="ddp")).model_copy(update={"workers": workers})
     changes = {"strategy": strategy}
+    if lr_factor != 1.0:
+        changes["optimizer"] = spec.optimizer.model_copy(
+            update={"lr": spec.optimizer.lr * lr_factor}
+        )
     if steps is not None:
         changes.update(steps=steps, epochs=None)
     return spec.model_copy(update=changes)
@@ -87,6 +99,28 @@ def scale_row(workers: int, record: dict, run_dir: str) -> dict:
         or record.get("tensor", {}).get("comm_share", 0.0),
         "val_accuracy": final["val_accuracy"],
         "run_dir": run_dir,
+    }
+
+
+def convergence(record: dict, spec: Spec, target: float | None) -> dict:
+    """How a run converged: its learning rate, final accuracy and epochs; the first epoch end
+    at or above `target` (its epoch, wall seconds and training samples seen); and its curve of
+    validation accuracy against samples seen."""
+    batch = record["plan"]["global_batch_size"]
+    epochs = record["epochs"]
+    curve = [{"samples": e["step"] * batch, "val_accuracy": e["val_accuracy"],
+              "epoch": e["epoch"], "elapsed_s": e["elapsed_s"]} for e in epochs]  # fmt: skip
+    reached = None
+    if target is not None:
+        reached = next((p for p in curve if (p["val_accuracy"] or 0) >= target), None)
+    return {
+        "lr": spec.optimizer.lr,
+        "final_val_accuracy": record["final"]["val_accuracy"],
+        "epochs": epochs[-1]["epoch"] if epochs else 0,
+        "epochs_to_target": reached["epoch"] if reached else None,
+        "time_to_target_s": reached["elapsed_s"] if reached else None,
+        "samples_to_target": reached["samples"] if reached else None,
+        "curve": curve,
     }
 
 

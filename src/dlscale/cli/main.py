@@ -134,49 +134,51 @@ def models(
 def scale(
     spec: Path = typer.Argument(..., help="Job spec (YAML); its model, data and batch per worker."),
     workers: str = typer.Option("1,2,4", "--workers", help="Worker counts to run."),
-    steps: int = typer.Option(50, "--steps", help="Training steps per run."),
+    steps: int | None = typer.Option(
+        None,
+        "--steps",
+        help="Training steps per run (default 50; with --lr-scaling or "
+        "--target-accuracy, the spec's whole length).",
+    ),
+    lr_scaling: str | None = typer.Option(
+        None,
+        "--lr-scaling",
+        help="none | linear | sqrt: grow the learning rate with the "
+        "global batch; trains every count to the end and reports its accuracy.",
+    ),
+    target_accuracy: float | None = typer.Option(
+        None,
+        "--target-accuracy",
+        help="Validation accuracy to reach, e.g. 0.95: epochs, time "
+        "and samples to it for every count (trains every count to the end).",
+    ),
     cluster: str = typer.Option("local", "--cluster", help="local processes, or ray."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address."),
     out: Path | None = typer.Option(None, "--out", help="Output folder."),
 ) -> None:
-    """Train a spec with 1, 2, 4, ... data-parallel workers: throughput and scaling efficiency."""
+    """Train a spec with 1, 2, 4, ... data-parallel workers: throughput and scaling efficiency,
+    and with --lr-scaling / --target-accuracy how the growing global batch converges."""
     from dlscale.cli.options import parse_int_list
+    from dlscale.cli.scale_view import convergence_table, scale_table
 
+    api.check_scale_options(lr_scaling, target_accuracy)
     folder = api.output_dir("scale", out)
 
     def show(row: dict) -> None:
+        accuracy = row.get("final_val_accuracy")
+        reached = f", {100 * accuracy:.1f}% validation accuracy" if accuracy is not None else ""
         console.print(
             f"{row['workers']} worker(s): {row['samples_per_s']:,.0f} samples/s "
-            f"(global batch {row['global_batch_size']})"
+            f"(global batch {row['global_batch_size']}){reached}"
         )
 
     result = api.scale(
-        spec, parse_int_list(workers, "--workers"), folder, steps, cluster, address, show
-    )
-    kind = "tensor-parallel" if result["strategy"] == "tensor" else "data-parallel"
-    table = Table(title=f"{result['model']}: {kind} scaling ({cluster})")
-    columns = ("workers", "global batch", "samples/s", "per worker", "efficiency", "allreduce",
-               "predicted samples/s", "predicted efficiency", "predicted / measured")  # fmt: skip
-    for column in columns:
-        table.add_column(column, justify="right")
-    for row in result["rows"]:
-        guess = row["predicted_samples_per_s"]
-        table.add_row(
-            str(row["workers"]), str(row["global_batch_size"]), f"{row['samples_per_s']:,.0f}",
-            f"{row['per_worker_samples_per_s']:,.0f}", f"{100 * row['efficiency']:.0f}%",
-            f"{100 * row['allreduce_share']:.0f}% of step",
-            f"{guess:,.0f}" if guess else "-",
-            f"{100 * row['predicted_efficiency']:.0f}%" if guess else "-",
-            f"{row['predicted_over_measured']:.2f}" if guess else "-",
-        )  # fmt: skip
-    notes = [f"each worker {result['threads_per_worker']} thread(s) in every run", result["note"]]
-    if result["predicted_on"]:
-        notes.append(f"predicted: the roofline on 'local' and {result['strategy']} over "
-                     f"{result['link']}")  # fmt: skip
-    elif cluster == "local":
-        notes.append("no prediction: run 'dlscale bench machine' first")
-    table.caption = "; ".join(note for note in notes if note)
-    console.print(table)
+        spec, parse_int_list(workers, "--workers"), folder, steps, cluster, address, show,
+        lr_scaling, target_accuracy,
+    )  # fmt: skip
+    console.print(scale_table(result, cluster))
+    if result["convergence"]:
+        console.print(convergence_table(result))
     json_path, png_path = api.write_outputs("scale", result, folder)
     console.print(f"wrote {json_path} and {png_path}")
 
@@ -189,7 +191,7 @@ def compare(
         "ddp,averaging,async,downpour",
         "--strategies",
         help="Strategies to run: single, ddp, the ps modes averaging, async, downpour, and "
-        "pipeline, hybrid.",
+        "pipeline, hybrid, tensor.",
     ),
     workers: int = typer.Option(2, "--workers", help="Workers for every parallel strategy."),
     epochs: int | None = typer.Option(

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dlscale.data.bundle import DataBundle
+from dlscale.data.cache import loaded
 from dlscale.data.cifar import read_cifar10
 from dlscale.data.digits import read_digits
 from dlscale.data.hf import read_hf
@@ -57,9 +58,13 @@ def build_data(spec: DataSpec, seed: int, stage: bool = False) -> DataBundle:
     # profile read it where it is.
     if stage and isinstance(spec, StoredData) and spec.stage is not None:
         spec, staging = stage_spec(spec)  # copied to local disk first; read from there
-    bundle = reader(spec, seed)
     if staging is not None:
+        bundle = reader(spec, seed)
         bundle.staging = staging
+    else:  # a sweep's slot keeps what it read for its next trials (data/cache.py)
+        whole = spec.model_copy(update={"fold": None})
+        key = f"{type(spec).__name__}:{whole.model_dump_json()}:{seed}"
+        bundle = loaded(key, lambda: reader(whole, seed))
     if spec.fold is not None:
         bundle = cross_validation_fold(bundle, spec.fold.folds, spec.fold.index, seed)
     return bundle

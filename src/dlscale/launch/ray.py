@@ -259,7 +259,7 @@ class _TaggedQueue:
 
 
 def _ray_task(fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) -> Any:
-    """A pool task as a Ray task: its threads, no core pinning (Ray places, it does not pin)."""
+    """A pool task in a slot actor: its threads, no core pinning (Ray places, it does not pin)."""
     import ray
     import torch
 
@@ -270,9 +270,24 @@ def _ray_task(fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) ->
     return fn(WorkerContext(0, 1, 0, "127.0.0.1", 0, events, node), payload)
 
 
+class _SlotActor:
+    """One slot of the pool on the cluster: an actor that runs task after task, so torch is
+    imported and the data read once per slot (data/cache.py), not once per trial."""
+
+    def __init__(self):
+        from dlscale.data.cache import keep_loaded
+
+        keep_loaded()
+
+    def run(self, fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) -> Any:
+        return _ray_task(fn, payload, events, threads)
+
+
 class RayPool:
-    """Pool tasks as Ray tasks: Ray finds each its CPUs (and GPUs) on some node of the cluster;
-    events come back through one Ray queue, tagged with the task's key."""
+    """Pool tasks on `slots` long-lived Ray actors: Ray places each actor (its CPUs and GPUs)
+    on some node of the cluster once, and it runs trial after trial there. An actor whose task
+    failed or was cancelled is replaced; events come back through one Ray queue, tagged with
+    the task's key."""
 
     def __init__(self, ray, connected_here: bool, slots: int, resources: Resources):
         from ray.util.queue import Queue
@@ -281,18 +296,19 @@ class RayPool:
         RayLauncher._check_capacity(ray, [resources])
         self.events = Queue()
         self.threads = max(1, int(resources.cpus))
-        self.remote = ray.remote(num_cpus=resources.cpus, num_gpus=resources.gpus, max_retries=0)(
-            _ray_task
-        )
-        self.refs: dict[Any, str] = {}
+        self.actor_class = ray.remote(num_cpus=resources.cpus, num_gpus=resources.gpus,
+                                      max_restarts=0)(_SlotActor)  # fmt: skip
+        self.idle: list[Any] = []
+        self.refs: dict[Any, tuple[str, Any]] = {}  # task ref -> (key, its actor)
 
     @property
     def running(self) -> list[str]:
-        return list(self.refs.values())
+        return [key for key, _ in self.refs.values()]
 
     def submit(self, key: str, fn: WorkerFn, payload: Any) -> None:
+        actor = self.idle.pop() if self.idle else self.actor_class.remote()
         events = _TaggedQueue(self.events, key)
-        self.refs[self.remote.remote(fn, payload, events, self.threads)] = key
+        self.refs[actor.run.remote(fn, payload, events, self.threads)] = (key, actor)
 
     def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
         ready = []
@@ -302,30 +318,39 @@ class RayPool:
         drain_events(self.events, lambda key, event: on_event and on_event(key, *event))
         done = []
         for ref in ready:
-            key = self.refs.pop(ref)
+            key, actor = self.refs.pop(ref)
             try:
                 done.append(TaskDone(key, True, self.ray.get(ref)))
+                self.idle.append(actor)
+                continue
             except self.ray.exceptions.RayTaskError as exc:
                 cause = getattr(exc, "cause", None)
                 if isinstance(cause, UserError):
                     why = str(cause)
                 else:
                     why = f"{type(cause).__name__}: {one_line(cause if cause else exc)}"
-                done.append(TaskDone(key, False, why))
-            except self.ray.exceptions.RayError as exc:  # the worker died, or was cancelled
-                done.append(TaskDone(key, False, f"{type(exc).__name__}: {one_line(exc)}"))
+            except self.ray.exceptions.RayError as exc:  # the actor died, or was cancelled
+                why = f"{type(exc).__name__}: {one_line(exc)}"
+            done.append(TaskDone(key, False, why))
+            self._kill(actor)  # a fresh actor for the slot's next task
         return done
 
     def cancel(self, key: str) -> None:
-        for ref, owner in list(self.refs.items()):
+        for ref, (owner, actor) in list(self.refs.items()):
             if owner == key:
-                with contextlib.suppress(Exception):
-                    self.ray.cancel(ref, force=True)
                 del self.refs[ref]
+                self._kill(actor)
+
+    def _kill(self, actor) -> None:
+        with contextlib.suppress(Exception):
+            self.ray.kill(actor)
 
     def close(self) -> None:
-        for key in list(self.refs.values()):
+        for key in self.running:
             self.cancel(key)
+        for actor in self.idle:
+            self._kill(actor)
+        self.idle.clear()
         with contextlib.suppress(Exception):
             self.ray.kill(self.events.actor)
         if self.connected_here:

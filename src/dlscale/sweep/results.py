@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import statistics
 from pathlib import Path
 from typing import Any
@@ -145,3 +146,20 @@ def write_best_spec(path: Path, raw: dict, trial: dict, result: dict) -> None:
 def write_results(out_dir: Path, result: dict) -> None:
     write_json_atomic(out_dir / "results.json", result)
     write_csv(out_dir / "results.csv", result)
+
+
+def slot_gaps(runs: list[dict]) -> dict | None:
+    """Seconds from one run's end to the next one's start in the same pool slot (what a slot
+    spends between trials): their median and largest, or None where no slot ran two."""
+    by_slot: dict[int, list[dict]] = {}
+    for run in runs:
+        if run.get("slot") is not None and run.get("began_at") is not None:
+            by_slot.setdefault(run["slot"], []).append(run)
+    gaps = []
+    for ran in by_slot.values():
+        ran.sort(key=lambda run: run["began_at"])
+        gaps += [b["began_at"] - a["ended_at"] for a, b in itertools.pairwise(ran)]
+    if not gaps:
+        return None
+    gaps.sort()
+    return {"median": gaps[len(gaps) // 2], "max": gaps[-1], "count": len(gaps)}

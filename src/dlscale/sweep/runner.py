@@ -30,6 +30,9 @@ from dlscale.sweep.trials import Run, Trial, evaluation, make_search, search_kin
 from dlscale.train.files import write_json_atomic
 
 STATE = "sweep.json"
+# What a run's result.json gives back on --resume.
+RESULT_KEYS = ("val_accuracy", "val_loss", "wall_s", "steps", "node", "global_batch_size",
+               "setup_s", "slot", "began_at", "ended_at")  # fmt: skip
 POLL_S = 0.2
 UPDATE_EVERY_S = 0.5  # the live table is redrawn at most this often
 
@@ -195,10 +198,13 @@ class SweepRunner:
             return
         trial = self._trial_of(run)
         if done.ok:
-            run.status, run.result = "completed", done.value
+            run.status, run.result = "completed", dict(done.value)
             run.curve = done.value["curve"]
         else:
             run.status, run.error = "failed", done.value
+        timing = getattr(pool, "timings", {}).get(done.key)
+        if timing is not None:  # a local slot's: when it began and ended there
+            run.result.update(slot=timing.slot, began_at=timing.began, ended_at=timing.ended)
         self._save(run)
         if self.stopper:
             self.stopper.finish(run.key, run.status, run.result.get(self.sweep.metric))
@@ -292,8 +298,7 @@ class SweepRunner:
                     saved_run = json.loads(result_path.read_text())
                     run.status, run.error = saved_run["status"], saved_run["error"]
                     run.curve = saved_run["curve"]
-                    run.result = {k: saved_run[k] for k in ("val_accuracy", "val_loss",
-                                                            "wall_s", "steps", "node")}  # fmt: skip
+                    run.result = {k: saved_run.get(k) for k in RESULT_KEYS}
                     self._restore_stopper(run)
             done = all(run.finished for run in trial.runs)
             if done:
@@ -350,6 +355,7 @@ class SweepRunner:
             "wall_s": time.perf_counter() - self.t_start,
             "maximize": self.sweep.maximize,
             "counts": counts,
+            "slot_gaps_s": res.slot_gaps([run.record() for run in self.runs.values()]),
             "best": None if best is None else {
                 "id": best["id"], "params": best["params"], "metric": best["metric"],
                 "metric_std": best["metric_std"], "ensemble": best["ensemble"],

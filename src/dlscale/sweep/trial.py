@@ -48,6 +48,8 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         "steps": final["step"],
         "wall_s": final["wall_s"],
         "samples_per_s": final["train_samples_per_s"],
+        "setup_s": final["setup_s"],  # data and model ready, before the first step
+        "global_batch_size": record["plan"]["global_batch_size"],
         "node": context.node,
         "curve": [{key: point.get(key) for key in CURVE_KEYS} for point in record["epochs"]],
         "warnings": record.get("warnings", []),

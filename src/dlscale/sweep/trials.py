@@ -41,6 +41,12 @@ class Run:
             "wall_s": self.result.get("wall_s"),
             "steps": self.result.get("steps"),
             "node": self.result.get("node"),
+            "global_batch_size": self.result.get("global_batch_size"),
+            "setup_s": self.result.get("setup_s"),
+            # Where and when it ran: its pool slot and that slot's clock (seconds since epoch).
+            "slot": self.result.get("slot"),
+            "began_at": self.result.get("began_at"),
+            "ended_at": self.result.get("ended_at"),
             "curve": self.curve,
         }
 
@@ -82,6 +88,9 @@ class Trial:
             "ensemble": summary.get("ensemble"),
             "stopped_at": summary.get("stopped_at"),
             "wall_s": summary.get("wall_s", 0.0),
+            "global_batch_size": next((r.result.get("global_batch_size") for r in self.runs
+                                       if r.result.get("global_batch_size")), None),
+            "setup_s": sum(r.result.get("setup_s") or 0.0 for r in self.runs),
             "error": summary.get("error"),
             "progress": sum(run.progress() for run in self.runs) / len(self.runs),
             "runs_done": sum(run.finished for run in self.runs),

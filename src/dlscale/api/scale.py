@@ -1,0 +1,110 @@
+"""The `scale` verb: a spec trained at each worker count (or tensor-parallel degree), with its
+throughput and scaling efficiency, its convergence when asked, and the prediction beside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlscale.api.capacity import check_trials
+from dlscale.errors import UserError
+from dlscale.spec import load_spec
+from dlscale.train.ownership import claim
+
+LR_SCALINGS = ("none", "linear", "sqrt")
+THROUGHPUT_STEPS = 50  # a throughput-only run's default length
+
+
+def scale(
+    spec_path: str | Path,
+    workers: list[int],
+    out: Path,
+    steps: int | None = None,
+    cluster: str = "local",
+    address: str | None = None,
+    on_run=None,
+    lr_scaling: str | None = None,
+    target_accuracy: float | None = None,
+) -> dict:
+    """Train a spec with each data-parallel worker count (each tensor-parallel degree, for a
+    tensor spec); throughput and scaling efficiency, over `steps` steps a run (default 50).
+    With `lr_scaling` or `target_accuracy`, every count trains the spec's whole length (unless
+    `steps` is given) and its convergence is reported: final accuracy, and the epochs, wall
+    time and samples seen to reach the target."""
+    from dlscale.api import train
+    from dlscale.bench.scale import (
+        convergence,
+        local_cores,
+        lr_factor,
+        scale_result,
+        scale_row,
+        scaled_spec,
+        scaled_strategy,
+        threads_for,
+    )
+    from dlscale.launch.local import available_cores
+
+    if not workers or min(workers) < 1:
+        raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
+    if steps is not None and steps < 1:
+        raise UserError(f"--steps: must be a positive integer (got {steps})")
+    check_scale_options(lr_scaling, target_accuracy)
+    spec = load_spec(spec_path)
+    converge = lr_scaling is not None or target_accuracy is not None
+    if steps is None and not converge:
+        steps = THROUGHPUT_STEPS
+    if converge and scaled_strategy(spec) == "tensor" and lr_scaling not in (None, "none"):
+        raise UserError("--lr-scaling: a tensor-parallel degree does not change the global "
+                        "batch, so there is nothing to scale the learning rate for")  # fmt: skip
+    counts = sorted(set(workers))
+    base = counts[0]
+    specs = {
+        n: scaled_spec(spec, n, steps, lr_factor(lr_scaling or "none", n, base)) for n in counts
+    }
+    check_trials(list(specs.values()), cluster, "a run")
+    # Like for like: each worker gets the same threads in every run (Ray gives each one core).
+    threads = threads_for(workers, available_cores()) if cluster == "local" else 1
+    rows = []
+    with claim(out):  # one scale or compare into a folder at a time
+        for count in counts:
+            run_dir = Path(out) / f"workers-{count}"
+            with local_cores(count, threads):
+                record = train(specs[count], run_dir, cluster=cluster, address=address)
+            row = scale_row(count, record, str(run_dir))
+            if converge:
+                row.update(convergence(record, specs[count], target_accuracy))
+            rows.append(row)
+            if on_run is not None:
+                on_run(rows[-1])
+    result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
+    result.update(lr_scaling=lr_scaling, target_accuracy=target_accuracy, convergence=converge)
+    return _with_scale_prediction(result, spec_path, workers, threads, cluster)
+
+
+def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -> None:
+    """One line for a rule or target `scale` cannot take (before any folder is made)."""
+    if lr_scaling is not None and lr_scaling not in LR_SCALINGS:
+        raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)} (got "
+                        f"'{lr_scaling}')")  # fmt: skip
+    if target_accuracy is not None and not 0 < target_accuracy <= 1:
+        raise UserError(f"--target-accuracy is a fraction in (0, 1], e.g. 0.95 (got "
+                        f"{target_accuracy})")  # fmt: skip
+
+
+def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
+    """Predicted beside measured, when this machine was measured and the runs were local."""
+    from dlscale.bench.scale import add_predictions, predicted_rows
+    from dlscale.hardware.catalogue import get_hardware, local_entry_path
+    from dlscale.hardware.links import measured_link
+
+    if cluster != "local" or not local_entry_path().is_file():
+        return add_predictions(result, None, None)
+    local = get_hardware("local")
+    measured = local.measured.get("link")
+    if not measured:  # an entry saved before the link probe: measure it now (a few seconds)
+        from dlscale.bench.link import measure_link
+
+        measured = measure_link(quick=True)
+    link = measured_link(measured)
+    predicted = predicted_rows(str(spec_path), workers, threads, local, link,
+                               result["strategy"])  # fmt: skip
+    return add_predictions(result, predicted, link.name)

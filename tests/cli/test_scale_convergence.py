@@ -1,0 +1,92 @@
+"""`dlscale scale --lr-scaling / --target-accuracy`: every count trained to the end, its
+accuracy, and when it reached the target, beside throughput; the rule and its one-line errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dlscale.bench.scale import convergence, lr_factor
+from dlscale.cli.main import app
+from dlscale.spec import parse_spec
+
+SPEC = """name: converge
+model: {name: mlp, kwargs: {hidden: [32]}}
+data: {name: digits}
+batch_size: 32
+epochs: 3
+optimizer: {name: sgd, lr: 0.05}
+seed: 0
+"""
+
+
+def test_the_learning_rate_grows_with_the_global_batch_by_the_rule():
+    assert lr_factor("none", 4, 1) == 1.0
+    assert lr_factor("linear", 4, 1) == 4.0 and lr_factor("linear", 4, 2) == 2.0
+    assert lr_factor("sqrt", 4, 1) == pytest.approx(2.0)
+
+
+def test_convergence_reads_the_first_epoch_at_the_target():
+    spec = parse_spec({"name": "c", "model": {"name": "mlp"}, "data": {"name": "digits"},
+                       "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.2}})  # fmt: skip
+    epochs = [{"epoch": e, "step": 10 * e, "val_accuracy": a, "elapsed_s": 1.5 * e}
+              for e, a in ((1, 0.5), (2, 0.91), (3, 0.88), (4, 0.95))]  # fmt: skip
+    record = {"plan": {"global_batch_size": 32}, "epochs": epochs,
+              "final": {"val_accuracy": 0.95}}  # fmt: skip
+    found = convergence(record, spec, 0.9)
+    assert (found["epochs_to_target"], found["time_to_target_s"]) == (2, 3.0)
+    assert found["samples_to_target"] == 20 * 32 and found["epochs"] == 4
+    assert [p["samples"] for p in found["curve"]] == [320, 640, 960, 1280]
+    assert convergence(record, spec, 0.99)["epochs_to_target"] is None  # not reached
+    assert convergence(record, spec, None)["lr"] == 0.2
+
+
+@pytest.mark.slow
+def test_scale_trains_each_count_to_the_end_and_reports_its_convergence(tmp_path: Path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    args = ["scale", str(spec), "--workers", "1,2", "--lr-scaling", "linear",
+            "--target-accuracy", "0.5", "--out", str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "convergence: learning rate scaled 'linear', target 50.0%" in result.output
+    data = json.loads((tmp_path / "out" / "scale.json").read_text())
+    assert data["lr_scaling"] == "linear" and data["target_accuracy"] == 0.5
+    one, two = data["rows"]
+    assert (one["lr"], two["lr"]) == (0.05, pytest.approx(0.1))  # linear in the global batch
+    assert (one["global_batch_size"], two["global_batch_size"]) == (32, 64)
+    for row in (one, two):
+        assert row["epochs"] == 3 and len(row["curve"]) == 3  # the whole spec, not 50 steps
+        run = json.loads(Path(row["run_dir"], "run.json").read_text())
+        assert run["spec"]["optimizer"]["lr"] == pytest.approx(row["lr"])
+        assert row["final_val_accuracy"] == run["final"]["val_accuracy"]
+        assert row["curve"][-1]["samples"] == run["final"]["step"] * row["global_batch_size"]
+        reached = [p for p in row["curve"] if p["val_accuracy"] >= 0.5]
+        assert row["epochs_to_target"] == (reached[0]["epoch"] if reached else None)
+    assert (tmp_path / "out" / "scale.png").stat().st_size > 20_000  # three panels
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--lr-scaling", "cubic"], "--lr-scaling must be one of none, linear, sqrt"),
+        (["--target-accuracy", "95"], "--target-accuracy is a fraction in (0, 1]"),
+    ],
+)
+def test_bad_convergence_options_are_one_line(tmp_path: Path, extra, message):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    args = ["scale", str(spec), "--workers", "1", *extra, "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_tensor_degree_has_no_global_batch_to_scale_the_rate_for(tmp_path: Path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC + "strategy: {name: tensor, degree: 2}\n")
+    args = ["scale", str(spec), "--workers", "1,2", "--lr-scaling", "linear", "--out",
+            str(tmp_path / "out")]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "does not change the global batch" in result.output
