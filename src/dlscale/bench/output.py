@@ -242,7 +242,7 @@ def _plot_convergence(axes, result: dict) -> None:
     global batch takes fewer, larger steps over the same samples."""
     for row in result["rows"]:
         curve = row["curve"]
-        label = f"{row['workers']} × (batch {row['global_batch_size']}, lr {row['lr']:g})"
+        label = f"{row['workers']} × (batch {row['global_batch_size']}, lr {row['lr']:.3g})"
         axes.plot([p["samples"] for p in curve], [100 * p["val_accuracy"] for p in curve],
                   marker="o", markersize=3, label=label)  # fmt: skip
     if result.get("target_accuracy") is not None:

@@ -44,7 +44,7 @@ def convergence_table(result: dict) -> Table:
     for row in result["rows"]:
         reached = row["epochs_to_target"] is not None
         table.add_row(
-            str(row["workers"]), str(row["global_batch_size"]), f"{row['lr']:g}",
+            str(row["workers"]), str(row["global_batch_size"]), f"{row['lr']:.4g}",
             f"{100 * row['final_val_accuracy']:.1f}%", str(row["epochs"]),
             str(row["epochs_to_target"]) if reached else "not reached" if target else "-",
             f"{row['time_to_target_s']:.1f} s" if reached else "-",
