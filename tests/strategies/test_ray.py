@@ -157,18 +157,21 @@ def test_an_address_that_does_not_answer(tmp_path: Path):
 
 @pytest.mark.slow
 def test_sweep_trials_as_ray_tasks_on_two_nodes(cluster, tmp_path: Path):
-    """One-CPU trials on two one-CPU nodes: two at a time, one on each; a failing one recorded."""
+    """One-CPU trials on two one-CPU nodes: two at a time, one on each, on two long-lived
+    actors (the third trial runs on one of the first two's); a failing one recorded."""
     import yaml
 
     spec = {"name": "ray-sweep", "model": {"name": "mlp", "kwargs": {"hidden": 32}},
             "data": {"name": "digits"}, "batch_size": 64, "epochs": 2, "device": "cpu",
-            "sweep": {"grid": {"batch_size": [32, 64, 5000]}}}  # fmt: skip
+            "sweep": {"grid": {"batch_size": [32, 64, 16, 5000]}}}  # fmt: skip
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     result = api.sweep(path, tmp_path / "out", cluster="ray", address=cluster.address)
     assert result["slots"] == 2 and result["cluster"] == "ray"
-    first, second, failed = result["trials"]
-    assert first["status"] == second["status"] == "completed"
+    first, second, third, failed = result["trials"]
+    assert first["status"] == second["status"] == third["status"] == "completed"
+    pids = [trial["runs"][0]["pid"] for trial in (first, second, third)]
+    assert pids[2] in pids[:2]  # an actor ran trial after trial
     assert {first["runs"][0]["node"], second["runs"][0]["node"]} == {
         node["NodeID"] for node in ray_nodes(cluster.address)
     }

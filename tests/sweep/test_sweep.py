@@ -95,6 +95,13 @@ def test_the_example_grid_with_3_fold_cross_validation(tmp_path: Path):
         assert (tmp_path / plot).stat().st_size > 10_000
     assert json.loads((tmp_path / "results.json").read_text())["best"]["id"] == best["id"]
     assert len(reporter.of("trial_done")) == 6 and reporter.of("update")
+    # Two long-lived slots ran all 18 runs, one after another, each setting up in its slot.
+    runs = [run for trial in trials for run in trial["runs"]]
+    assert len({run["pid"] for run in runs}) == 2 and {run["slot"] for run in runs} == {0, 1}
+    assert all(run["setup_s"] > 0 and run["global_batch_size"] == 64 for run in runs)
+    assert all(t["global_batch_size"] == 64 for t in trials)
+    gaps = result["slot_gaps_s"]
+    assert gaps["count"] == 16 and 0 <= gaps["median"] <= gaps["max"]
     assert reporter.of("finish")[0]["best"]["id"] == best["id"]
 
 

@@ -32,7 +32,7 @@ from dlscale.train.files import write_json_atomic
 STATE = "sweep.json"
 # What a run's result.json gives back on --resume.
 RESULT_KEYS = ("val_accuracy", "val_loss", "wall_s", "steps", "node", "global_batch_size",
-               "setup_s", "slot", "began_at", "ended_at")  # fmt: skip
+               "setup_s", "slot", "pid", "began_at", "ended_at")  # fmt: skip
 POLL_S = 0.2
 UPDATE_EVERY_S = 0.5  # the live table is redrawn at most this often
 

@@ -45,6 +45,7 @@ class Run:
             "setup_s": self.result.get("setup_s"),
             # Where and when it ran: its pool slot and that slot's clock (seconds since epoch).
             "slot": self.result.get("slot"),
+            "pid": self.result.get("pid"),
             "began_at": self.result.get("began_at"),
             "ended_at": self.result.get("ended_at"),
             "curve": self.curve,
