@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The stamp is remade whenever the dependency files change, so `make` re-installs only then.
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint format clean bench gpu-check
+.PHONY: setup system-deps demo test lint format clean bench gpu-check image container-test
 
 setup: $(STAMP)
 
@@ -42,6 +42,13 @@ bench: setup
 gpu-check: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
 	$(BIN)/python benchmarks/gpu_check.py --out runs/gpu-check
+
+# The container image (podman or docker; docker/build.sh says what it needs), and its tests.
+image: setup
+	bash docker/build.sh
+
+container-test: image
+	DLSCALE_CONTAINER_TESTS=1 $(BIN)/python -m pytest -q tests/container
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

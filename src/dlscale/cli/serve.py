@@ -89,8 +89,18 @@ def serve(
     allow_remote: bool = typer.Option(
         False, "--allow-remote", help="Listen beyond loopback (put TLS in front of it)."
     ),
+    executor: str = typer.Option(
+        "process",
+        "--executor",
+        help="process: jobs as processes here; container: each in "
+        "dlscale's image (make image), no network, limited to its slots.",
+    ),
+    image: str | None = typer.Option(
+        None, "--image", help="The container executor's image (default dlscale:<version>)."
+    ),
 ) -> None:
-    """Serve the API and dashboard until Ctrl-C; jobs run as processes on this machine."""
+    """Serve the API and dashboard until Ctrl-C; jobs run as processes on this machine (or in
+    containers, with --executor container)."""
     if ctx.invoked_subcommand is not None:
         return
     from dlscale.service.app import serve as run_service
@@ -103,6 +113,8 @@ def serve(
         db_url=db,
         cpu_slots=machine_cpu_slots() if cpu_slots is None else cpu_slots,
         gpu_slots=machine_gpu_slots() if gpu_slots is None else gpu_slots,
+        executor=executor,
+        image=image,
     )
     run_service(config, host, port, allow_remote)
 

@@ -30,13 +30,22 @@ class ServiceState:
     limiter: FailureLimiter
 
 
+def make_executor(config: ServiceConfig) -> Executor:
+    """Jobs as processes on this machine (the default), or each in dlscale's container image."""
+    if config.executor == "container":
+        from dlscale.service.container import IMAGE, ContainerExecutor
+
+        return ContainerExecutor(config.image or IMAGE)
+    return Executor()
+
+
 def build_state(config: ServiceConfig) -> ServiceState:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     config.jobs_dir.mkdir(exist_ok=True)
     engine = make_engine(config.url())
     migrate(engine)
     maker = sessions(engine)
-    executor = Executor()
+    executor = make_executor(config)
     return ServiceState(
         config=config,
         engine=engine,

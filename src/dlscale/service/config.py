@@ -30,6 +30,8 @@ class ServiceConfig:
     failed_auth_limit: int = 10  # failed logins/bad tokens per address per window → 429
     failed_auth_window_s: float = 60.0
     secure_cookies: bool = False  # set behind TLS (a reverse proxy): cookies only over https
+    executor: str = "process"  # or "container": each job in dlscale's image (service/container.py)
+    image: str | None = None  # the container executor's image (default dlscale:<version>)
 
     def __post_init__(self):
         self.data_dir = Path(self.data_dir).expanduser()
@@ -37,6 +39,8 @@ class ServiceConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise UserError(f"--{name.replace('_', '-')} must be a whole number >= 0")
+        if self.executor not in ("process", "container"):
+            raise UserError(f"--executor must be process or container (got '{self.executor}')")
         if self.cpu_slots + self.gpu_slots == 0:
             raise UserError("the server needs at least one slot (--cpu-slots or --gpu-slots)")
 

@@ -48,17 +48,21 @@ class Executor:
     def __init__(self) -> None:
         self._children: dict[Path, subprocess.Popen] = {}
 
-    def start(self, job_dir: Path) -> int:
-        """Spawn the job's process, its output appended to log.txt; returns its pid."""
+    def command(self, job_dir: Path, cpus: int) -> list[str]:
+        # -P: the job folder (its cwd) is not put on sys.path, so no file in it can stand in
+        # for a module the job imports.
+        return [sys.executable, "-P", "-m", "dlscale.service.runner", str(job_dir)]
+
+    def start(self, job_dir: Path, cpus: int = 1) -> int:
+        """Spawn the job's process, its output appended to log.txt; returns its pid. `cpus`:
+        the CPU slots the job holds (a container executor limits it to them)."""
         job_dir = Path(job_dir)
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Not through a link: a job that ran before could have left one in the log's place.
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
         with os.fdopen(os.open(job_dir / LOG, flags, 0o600), "ab") as log:
             process = subprocess.Popen(
-                # -P: the job folder (its cwd) is not put on sys.path, so no file in it can
-                # stand in for a module the job imports.
-                [sys.executable, "-P", "-m", "dlscale.service.runner", str(job_dir)],
+                self.command(job_dir, cpus),
                 cwd=job_dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

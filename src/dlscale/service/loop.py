@@ -96,8 +96,11 @@ class JobLoop:
     def _spawn(self, job_id: str, now: float) -> None:
         self._spawned[job_id] = now
         self._tries[job_id] = self._tries.get(job_id, 0) + 1
+        with self.maker.begin() as db:
+            job = db.get(Job, job_id)
+            cpus = max(1, job.cpu_slots) if job is not None else 1
         try:
-            self.executor.start(job_dir(self.config.data_dir, job_id))
+            self.executor.start(job_dir(self.config.data_dir, job_id), cpus)
         except OSError as exc:
             with self.maker.begin() as db:
                 job = db.get(Job, job_id)
