@@ -43,14 +43,19 @@ if ! "$ENGINE" image exists "$BASE" 2>/dev/null && ! "$ENGINE" image inspect "$B
     trap - EXIT
 fi
 
-if [ ! -f "$CONTEXT/wheels/.complete" ]; then
-    echo "wheels: dlscale and its pinned dependencies into $CONTEXT/wheels ..."
+# The dependencies' wheels are kept while constraints.txt and pyproject.toml stay the same;
+# dlscale's own wheel is made again every time, from the tree as it is.
+pins=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$CONTEXT/wheels/.pins" 2>/dev/null)" != "$pins" ]; then
+    echo "wheels: dlscale's pinned dependencies into $CONTEXT/wheels ..."
     rm -rf "$CONTEXT/wheels"
     mkdir -p "$CONTEXT/wheels"
     .venv/bin/python -m pip wheel --quiet -c constraints.txt -w "$CONTEXT/wheels" torch==2.13.0
     .venv/bin/python -m pip wheel --quiet -c constraints.txt -w "$CONTEXT/wheels" '.[ray]'
-    touch "$CONTEXT/wheels/.complete"
+    echo "$pins" > "$CONTEXT/wheels/.pins"
 fi
+rm -f "$CONTEXT"/wheels/dlscale-*.whl
+.venv/bin/python -m pip wheel --quiet --no-deps -w "$CONTEXT/wheels" .
 cp docker/Dockerfile "$CONTEXT/Dockerfile"
 
 echo "image: $IMAGE with $ENGINE ..."

@@ -35,7 +35,7 @@ def make_executor(config: ServiceConfig) -> Executor:
     if config.executor == "container":
         from dlscale.service.container import IMAGE, ContainerExecutor
 
-        return ContainerExecutor(config.image or IMAGE)
+        return ContainerExecutor(config.image or IMAGE, config.cpu_slots or None)
     return Executor()
 
 
