@@ -43,6 +43,7 @@ def profile(
     epochs: int | None = None,
     deadline: str | None = None,
     inputs: str | None = None,
+    dataflow: str | None = None,
 ):
     """Trace one training step of `target` on the meta device and predict it on `hardware`;
     with `devices` (counts), also on that many of each device, strategy by strategy."""
@@ -69,6 +70,11 @@ def profile(
         inputs,
     )
     result = profiler.profile(workload, profile_hardware(hardware, hardware_files))
+    if dataflow is not None:
+        from dlscale.profiler.systolic_report import parse_dataflows, systolic_reports
+
+        devices_asked = [report.hardware for report in result.reports]
+        result.systolic = systolic_reports(workload, devices_asked, parse_dataflows(dataflow))
     if devices:
         spec_epochs = workload.epochs
         epochs_from = "--epochs" if epochs else "spec" if spec_epochs else "default"

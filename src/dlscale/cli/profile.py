@@ -70,6 +70,12 @@ def profile(
     deadline: str | None = typer.Option(
         None, "--deadline", help="Pick the cheapest device count finishing within: 2h, 30m."
     ),
+    dataflow: str | None = typer.Option(
+        None,
+        "--dataflow",
+        help="ws | is | os | all: map each conv and linear layer onto the "
+        "systolic arrays of --hardware (TPUs, or your own array description).",
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),
 ) -> None:
@@ -107,6 +113,7 @@ def profile(
         epochs=epochs,
         deadline=deadline,
         inputs=inputs,
+        dataflow=dataflow,
     )
     if as_json:
         print(json.dumps(api.profile_json(result), indent=2))

@@ -69,7 +69,10 @@ KEYS = (
     "sources",
     "notes",
     "measured",
+    "systolic",
 )
+# A systolic array description: its keys, and whether each must be a whole number.
+SYSTOLIC_KEYS = {"rows": True, "cols": True, "arrays": True, "clock_mhz": False, "sram_kib": False}
 _NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -196,7 +199,30 @@ def parse_entry(entry: dict[str, Any], where: str) -> Hardware:
     fields["measured"] = (
         _plain_values(_table(entry, "measured", where)) if "measured" in entry else {}
     )
+    if "systolic" in entry:
+        fields["systolic"] = _systolic(_table(entry, "systolic", where), where)
     return Hardware(**fields)
+
+
+def _systolic(table: dict[str, Any], where: str) -> dict[str, float]:
+    """rows × cols PEs per array, arrays per chip (default 1), clock, on-chip SRAM."""
+    unknown = [key for key in table if key not in SYSTOLIC_KEYS]
+    if unknown:
+        raise UserError(f"{where}: systolic has unknown key '{unknown[0]}' (known: "
+                        f"{', '.join(SYSTOLIC_KEYS)})")  # fmt: skip
+    found: dict[str, float] = {"arrays": 1}
+    for key, whole in SYSTOLIC_KEYS.items():
+        if key not in table:
+            if key == "arrays":
+                continue
+            raise UserError(f"{where}: systolic needs {key}")
+        value = table[key]
+        number = value if isinstance(value, int | Decimal) and not isinstance(value, bool) else None
+        if number is None or number < 1 or (whole and Decimal(number) % 1):
+            kind = "a whole number ≥ 1" if whole else "a number ≥ 1"
+            raise UserError(f"{where}: systolic.{key} must be {kind}, not {value!r}")
+        found[key] = int(number) if whole else float(number)
+    return found
 
 
 def _text(entry: dict[str, Any], key: str, where: str) -> str:

@@ -47,6 +47,8 @@ class Hardware:
     sources: tuple[str, ...] = ()
     notes: str = ""
     measured: dict = field(default_factory=dict)  # `local` only: raw `bench machine` results
+    # A systolic-array chip: rows, cols, arrays, clock_mhz, sram_kib (profiler/systolic.py).
+    systolic: dict | None = None
 
     def peak(self, precision: str) -> tuple[float, str]:
         """Peak FLOP/s for a training precision, and the precision actually used for it.

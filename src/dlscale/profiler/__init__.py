@@ -32,6 +32,7 @@ class ProfileResult:
     reports: list[HardwareReport]
     profile_s: float
     scaling: list = field(default_factory=list)  # ScalingReport per device, with --devices
+    systolic: list = field(default_factory=list)  # SystolicReport per chip, with --dataflow
 
 
 def trace_workload(workload: Workload) -> StepTrace:

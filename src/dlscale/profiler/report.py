@@ -12,6 +12,8 @@ from dlscale.profiler.roofline import prediction_spread
 from dlscale.profiler.scaling_report import cost_and_energy
 from dlscale.profiler.scaling_report import render as render_scaling
 from dlscale.profiler.scaling_report import to_json as scaling_json
+from dlscale.profiler.systolic_report import render as render_systolic
+from dlscale.profiler.systolic_report import to_json as systolic_json
 from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
 from dlscale.units import binary_bytes as binary
 from dlscale.units import duration as seconds
@@ -169,6 +171,7 @@ def to_json(result: ProfileResult) -> dict:
         "uncounted_ops": trace.uncounted_ops,
         "hardware": [_hardware_json(report) for report in result.reports],
         "scaling": [scaling_json(report) for report in result.scaling],
+        "systolic": [systolic_json(report) for report in result.systolic],
         "profile_s": result.profile_s,
     }
 
@@ -193,6 +196,8 @@ def render(result: ProfileResult, console: Console) -> None:
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
     if result.scaling:
         render_scaling(result.scaling, console)
+    if result.systolic:
+        render_systolic(result.systolic, console)
     console.print(
         f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
     )
