@@ -30,9 +30,10 @@ def sleep(context, payload):
 
 def load_digits(context, payload):
     from dlscale.data import build_data
-    from dlscale.data.cache import counts
+    from dlscale.data.cache import counts, keep_loaded
     from dlscale.spec import parse_spec
 
+    keep_loaded()  # as a sweep trial does
     data = {"name": "digits", "fold": {"folds": 3, "index": payload}}
     spec = parse_spec({"name": "d", "model": {"name": "mlp"}, "batch_size": 8, "data": data})
     bundle = build_data(spec.data, spec.seed)

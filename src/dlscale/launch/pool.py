@@ -3,8 +3,8 @@
 Each slot is one process, pinned to its own share of the cores (and its own GPUs), that imports
 torch once and then runs task after task sent down its pipe: a trial starts in milliseconds
 instead of the seconds a fresh process takes (on the 2-core development machine a fresh
-trial process spent 3.5–6.5 s setting up for 0.14 s of training). Whatever a task reads through
-the data cache stays loaded for the slot's next task.
+trial process spent 3.5–6.5 s setting up for 0.14 s of training). What a task leaves in its
+process (a sweep trial: the data it read, data/cache.py) is there for the slot's next task.
 
 A task that raises fails alone, and its slot process is replaced before the next task (the
 failure may have left it in any state). One that kills its process (a crash, SIGKILL, running
@@ -65,10 +65,7 @@ def _slot_main(conn, parent_pid: int, threads: int, cores, gpu, env: dict) -> No
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     import torch
 
-    from dlscale.data.cache import keep_loaded
-
     torch.set_num_threads(threads)
-    keep_loaded()
     while True:
         try:
             message = conn.recv()

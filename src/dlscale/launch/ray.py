@@ -272,12 +272,7 @@ def _ray_task(fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) ->
 
 class _SlotActor:
     """One slot of the pool on the cluster: an actor that runs task after task, so torch is
-    imported and the data read once per slot (data/cache.py), not once per trial."""
-
-    def __init__(self):
-        from dlscale.data.cache import keep_loaded
-
-        keep_loaded()
+    imported once per slot, not once per trial (and a sweep's data read once, data/cache.py)."""
 
     def run(self, fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) -> Any:
         return _ray_task(fn, payload, events, threads)

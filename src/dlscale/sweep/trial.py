@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dlscale.data import build_data
+from dlscale.data.cache import keep_loaded
 from dlscale.launch.base import WorkerContext
 from dlscale.models import build_model
 from dlscale.spec import Spec, parse_spec
@@ -28,6 +29,7 @@ CURVE_KEYS = ("epoch", "step", "val_accuracy", "val_loss", "train_loss", "elapse
 
 def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     """Train `job["raw"]` into `job["run_dir"]`; its final figures and epoch curve."""
+    keep_loaded()  # this slot's next trials find the data this one reads (data/cache.py)
     spec = parse_spec(job["raw"], base_dir=Path(job["base_dir"]), source=job["source"])
     run_dir = Path(job["run_dir"])
     from dlscale.launch.local import LocalLauncher  # a trial's own workers run beside it
