@@ -117,3 +117,25 @@ def write_outputs(name: str, result: dict, out: Path | None) -> tuple[Path, Path
     from dlscale.bench.output import write_outputs as write
 
     return write(name, result, out)
+
+
+def bench_precision(spec_path: str | Path, steps: int | None) -> dict:
+    """fp32, bf16 (fp16 on a GPU) and int8 after training, side by side (`bench precision`)."""
+    from dlscale.bench.precision import run_precision_bench
+
+    return run_precision_bench(spec_path, steps)
+
+
+def bench_sparsity(spec_path: str | Path, levels: str, pattern: str, finetune_steps: int,
+                   steps: int | None) -> dict:  # fmt: skip
+    """Magnitude pruning at each level, fine-tuned, measured (`bench sparsity`)."""
+    from dlscale.bench.sparsity import run_sparsity_bench
+    from dlscale.errors import UserError
+
+    try:
+        fractions = [float(part) for part in levels.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(
+            f"--levels: '{levels}' is not a list of fractions, e.g. 0,0.5,0.9"
+        ) from None
+    return run_sparsity_bench(spec_path, fractions, pattern, finetune_steps, steps)

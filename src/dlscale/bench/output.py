@@ -300,7 +300,58 @@ def plot_compare(figure: Figure, result: dict) -> None:
     )
 
 
+def plot_precision(figure: Figure, result: dict) -> None:
+    """Accuracy, inference latency and model bytes per format, side by side."""
+    rows = [row for row in result["rows"] if "latency_s" in row]
+    names = [row["format"] for row in rows]
+    figure.set_size_inches(12, 4)
+    panels = figure.subplots(1, 3)
+    for axes, key, label, scale in (
+        (panels[0], "val_accuracy", "validation accuracy (%)", 100),
+        (panels[1], "latency_s", "inference latency of one batch (ms)", 1e3),
+        (panels[2], "model_bytes", "model (KiB)", 1 / 1024),
+    ):
+        colours = ["#4c72b0" if r["kind"] == "trained" else "#dd8452" for r in rows]
+        axes.bar(names, [row[key] * scale for row in rows], color=colours)
+        axes.set_ylabel(label)
+        axes.tick_params(axis="x", labelrotation=20)
+        _finish(axes)
+    figure.suptitle(f"{result['model']}: formats on {result['device']} (blue: trained, orange: "
+                    "quantized after training)")  # fmt: skip
+
+
+def plot_sparsity(figure: Figure, result: dict) -> None:
+    """Accuracy, latency and stored weight bytes against the pruned fraction."""
+    rows = result["rows"]
+    levels = [100 * row["measured_sparsity"] for row in rows]
+    figure.set_size_inches(12, 4)
+    accuracy, latency, size = figure.subplots(1, 3)
+    accuracy.plot(levels, [100 * r["val_accuracy"] for r in rows], marker="o")
+    accuracy.set_ylabel("validation accuracy after fine-tuning (%)")
+    latency.plot(levels, [1e3 * r["latency_s"] for r in rows], marker="o")
+    latency.set_ylim(bottom=0)
+    latency.set_ylabel("inference latency, dense kernels (ms)")
+    size.plot(levels, [r["dense_weight_bytes"] / 1024 for r in rows], linestyle="--",
+              color="grey", label="dense")  # fmt: skip
+    size.plot(
+        levels,
+        [r["sparse_weight_bytes"] / 1024 for r in rows],
+        marker="o",
+        label=f"stored sparse ({'CSR' if result['pattern'] == 'unstructured' else '2:4'})",
+    )
+    size.set_ylabel("weight bytes (KiB)")
+    for axes in (accuracy, latency, size):
+        axes.set_xlabel("weights pruned (%)")
+        _finish(axes)
+    figure.suptitle(
+        f"{result['model']}: {result['pattern']} magnitude pruning, "
+        f"{result['finetune_steps']} fine-tuning steps at each level"
+    )
+
+
 PLOTS: dict[str, Callable[[Figure, dict], None]] = {
+    "precision": plot_precision,
+    "sparsity": plot_sparsity,
     "scale": plot_scale,
     "compare": plot_compare,
     "batch": plot_batch,

@@ -11,6 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dlscale import api
+from dlscale.cli import bench_formats
 from dlscale.cli.bench_io import io_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
@@ -29,6 +30,8 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console(highlight=False)
+app.command(name="precision")(bench_formats.precision)
+app.command(name="sparsity")(bench_formats.sparsity)
 
 OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
 

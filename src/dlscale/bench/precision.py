@@ -1,0 +1,188 @@
+"""`dlscale bench precision SPEC`: the same model trained at fp32 and bf16 (and fp16 on a GPU),
+and the fp32 model quantized to int8 after training, measured side by side.
+
+Each trained format: final validation accuracy, median training step, median inference latency
+of one batch, the model's bytes (its state dict as saved) and the activations a training step
+saves (the profiler's count at that precision). Post-training int8 quantization with torch's
+`torch.ao.quantization` on the CPU: dynamic (Linear weights int8, activations quantized on the
+fly: `quantize_dynamic`) and static (weights and activations int8, calibrated on training
+batches: FX graph mode with the x86 backend's default mapping), each evaluated for accuracy,
+latency and bytes. A format that cannot be applied to the model says why instead of a figure.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dlscale.errors import UserError, one_line
+from dlscale.spec import SingleStrategy, Spec, load_spec
+from dlscale.train.device import autocast, resolve_device, synchronize
+from dlscale.train.loop import Trainer
+from dlscale.train.score import evaluate
+
+SCHEMA = "dlscale.bench.precision/1"
+LATENCY_ROUNDS = 20
+CALIBRATION_BATCHES = 8
+
+
+def model_bytes(model: nn.Module) -> int:
+    """Bytes of the model's state dict as torch.save writes it (packed int8 weights included)."""
+    buffer = io.BytesIO()
+    torch.save(model.state_dict(), buffer)
+    return buffer.tell()
+
+
+def latency_s(model: nn.Module, x: torch.Tensor, device, precision: str) -> float:
+    """Median seconds of one forward of `x` (inference: no gradients), after 3 warm-ups."""
+    times = []
+    with torch.no_grad():
+        for index in range(3 + LATENCY_ROUNDS):
+            start = time.perf_counter()
+            with autocast(device, precision):
+                model(x)
+            synchronize(device)
+            if index >= 3:
+                times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cpu_has_bf16_units() -> bool:
+    """AVX-512 BF16 or AMX: the x86 instructions that compute in bf16 (else it is emulated)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def saved_activation_bytes(spec_path: str | Path, precision: str) -> int | None:
+    from dlscale.profiler import trace_workload
+    from dlscale.profiler.target import resolve
+
+    try:
+        return trace_workload(resolve(str(spec_path), precision=precision)).saved_activation_bytes
+    except UserError:
+        return None
+
+
+def run_precision_bench(spec_path: str | Path, steps: int | None) -> dict:
+    spec = load_spec(spec_path)
+    if steps is not None and steps < 1:
+        raise UserError(f"--steps: must be a positive integer (got {steps})")
+    device = resolve_device(spec.device)
+    precisions = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    rows, fp32 = [], None
+    with tempfile.TemporaryDirectory() as scratch:
+        for precision in precisions:
+            trainer = _trainer(spec, steps, precision, Path(scratch) / precision)
+            record = trainer.run()
+            x = next(iter(trainer.val_loader))[0].to(device)
+            model = trainer.module.eval()
+            rows.append({
+                "format": precision, "kind": "trained",
+                "val_accuracy": record["final"]["val_accuracy"],
+                "train_step_s": record["final"]["median_step_s"],
+                "latency_s": latency_s(model, x, device, precision),
+                "model_bytes": model_bytes(model),
+                "activation_bytes": saved_activation_bytes(spec_path, precision),
+            })  # fmt: skip
+            if precision == "fp32":
+                fp32 = trainer
+        rows += _quantized(fp32)
+    return {
+        "schema": SCHEMA,
+        "spec": str(spec_path),
+        "model": spec.model.name,
+        "device": str(device),
+        "steps": fp32.plan.total_steps,
+        "batch_size": spec.batch_size,
+        "cpu_bf16_units": cpu_has_bf16_units() if device.type == "cpu" else None,
+        "rows": rows,
+        "notes": _notes(rows, device),
+    }
+
+
+def _trainer(spec: Spec, steps: int | None, precision: str, run_dir: Path) -> Trainer:
+    changes: dict = {"precision": precision, "strategy": SingleStrategy()}
+    if steps is not None:
+        changes.update(steps=steps, epochs=None)
+    return Trainer(spec.model_copy(update=changes), run_dir)
+
+
+def _quantized(trainer: Trainer) -> list[dict]:
+    """int8 after training: dynamic, then static (FX), each on the CPU."""
+    cpu = torch.device("cpu")
+    fp32 = copy.deepcopy(trainer.module).to(cpu).eval()
+    x = next(iter(trainer.val_loader))[0]
+    found = []
+    for kind, make in (("int8 dynamic", _dynamic), ("int8 static", _static)):
+        row = {"format": kind, "kind": "post-training"}
+        try:
+            model = make(fp32, trainer)
+            _loss, accuracy = evaluate(model, trainer.val_loader, cpu, "fp32")
+            row.update(val_accuracy=accuracy, train_step_s=None,
+                       latency_s=latency_s(model, x, cpu, "fp32"), model_bytes=model_bytes(model),
+                       activation_bytes=None)  # fmt: skip
+        except Exception as exc:  # a model torch cannot quantize this way: say why, go on
+            row["error"] = f"{type(exc).__name__}: {one_line(exc)}"[:300]
+        found.append(row)
+    return found
+
+
+def _dynamic(model: nn.Module, trainer: Trainer) -> nn.Module:
+    from torch.ao.quantization import quantize_dynamic
+
+    quantized = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+    if not any("quantized" in type(m).__module__ for m in quantized.modules()):
+        raise UserError("no Linear layer: dynamic quantization changes nothing here")
+    return quantized
+
+
+def _static(model: nn.Module, trainer: Trainer) -> nn.Module:
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    example = next(iter(trainer.val_loader))[0]
+    mapping = get_default_qconfig_mapping("x86")
+    prepared = prepare_fx(copy.deepcopy(model), mapping, (example,))
+    with torch.no_grad():  # calibration: the observers see real activations' ranges
+        for index, batch in enumerate(trainer.train_loader):
+            if index >= CALIBRATION_BATCHES:
+                break
+            prepared(batch[0])
+    return convert_fx(prepared)
+
+
+def _notes(rows: list[dict], device) -> list[str]:
+    """Plain statements of what was faster or smaller than fp32, and why where it is slower."""
+    notes = []
+    by = {row["format"]: row for row in rows if "latency_s" in row}
+    fp32 = by.get("fp32")
+    if fp32 is None:
+        return notes
+    emulated = device.type == "cpu" and not cpu_has_bf16_units()
+    why = ("this CPU has no bf16 arithmetic (no AVX-512 BF16 or AMX): bf16 values are converted "
+           "to fp32 to compute" if emulated else
+           "autocast adds a cast around every matrix product, which a model this small does not "
+           "earn back")  # fmt: skip
+    for name, row in by.items():
+        if name == "fp32":
+            continue
+        latency = row["latency_s"] / fp32["latency_s"]
+        size = row["model_bytes"] / fp32["model_bytes"]
+        line = f"{name}: {latency:.2f}× fp32's inference latency, {size:.2f}× its bytes"
+        if row.get("train_step_s") and fp32.get("train_step_s"):
+            line += f", {row['train_step_s'] / fp32['train_step_s']:.2f}× its training step"
+        slower = latency > 1 or (row.get("train_step_s") or 0) > (fp32.get("train_step_s") or 0)
+        if name in ("bf16", "fp16") and slower:
+            line += f"; slower where above 1: {why}"
+        notes.append(line)
+    return notes

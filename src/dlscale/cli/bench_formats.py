@@ -1,0 +1,81 @@
+"""`dlscale bench precision` and `dlscale bench sparsity`: number formats and pruning, measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dlscale import api
+from dlscale.cli.errors import user_errors
+from dlscale.units import binary_bytes
+
+console = Console(highlight=False)
+OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
+
+
+def _ms(value) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f} ms"
+
+
+@user_errors
+def precision(
+    spec: Path = typer.Argument(..., help="Job spec (YAML): its model, data and optimizer."),
+    steps: int | None = typer.Option(
+        None, "--steps", help="Training steps per format (default: the spec's length)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """The model trained at fp32 and bf16 (fp16 on a GPU), and quantized to int8 after
+    training: accuracy, latency, model and activation bytes."""
+    result = api.bench_precision(spec, steps)
+    table = Table(title=f"{result['model']}: number formats on {result['device']}, "
+                  f"{result['steps']} training steps")  # fmt: skip
+    for column in ("format", "how", "val accuracy", "train step", "inference", "model",
+                   "saved activations"):  # fmt: skip
+        table.add_column(column, justify="left" if column in ("format", "how") else "right")
+    for row in result["rows"]:
+        if "error" in row:
+            table.add_row(row["format"], row["kind"], f"not possible: {row['error']}")
+            continue
+        activations = row["activation_bytes"]
+        table.add_row(row["format"], row["kind"], f"{100 * row['val_accuracy']:.1f}%",
+                      _ms(row["train_step_s"]), _ms(row["latency_s"]),
+                      binary_bytes(row["model_bytes"]),
+                      binary_bytes(activations) if activations else "-")  # fmt: skip
+    table.caption = "; ".join(result["notes"])
+    console.print(table)
+    json_path, png_path = api.write_outputs("precision", result, out)
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+@user_errors
+def sparsity(
+    spec: Path = typer.Argument(..., help="Job spec (YAML): its model, data and optimizer."),
+    levels: str = typer.Option("0,0.5,0.8,0.9,0.95", "--levels", help="Fractions to prune."),
+    pattern: str = typer.Option("unstructured", "--pattern", help="unstructured | 2:4."),
+    finetune_steps: int = typer.Option(50, "--finetune-steps", help="Steps after pruning."),
+    steps: int | None = typer.Option(
+        None, "--steps", help="Dense training steps (default: the spec's length)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """Magnitude pruning at each level with a short fine-tune: accuracy, latency on dense
+    kernels, and the bytes a sparse format would store."""
+    result = api.bench_sparsity(spec, levels, pattern, finetune_steps, steps)
+    table = Table(title=f"{result['model']}: {pattern} pruning on {result['device']}")
+    for column in ("pruned", "val accuracy", "inference", "dense weights", "stored sparse"):
+        table.add_column(column, justify="right")
+    for row in result["rows"]:
+        table.add_row(f"{100 * row['measured_sparsity']:.1f}%", f"{100 * row['val_accuracy']:.1f}%",
+                      _ms(row["latency_s"]), binary_bytes(row["dense_weight_bytes"]),
+                      binary_bytes(row["sparse_weight_bytes"]))  # fmt: skip
+    table.caption = (
+        "dense kernels multiply the zeros too: latency does not fall with sparsity; a sparse "
+        "format pays for indices, so it saves bytes only past about half zeros"
+    )
+    console.print(table)
+    json_path, png_path = api.write_outputs("sparsity", result, out)
+    console.print(f"wrote {json_path} and {png_path}")
