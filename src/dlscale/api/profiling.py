@@ -44,6 +44,7 @@ def profile(
     deadline: str | None = None,
     inputs: str | None = None,
     dataflow: str | None = None,
+    inference: bool = False,
 ):
     """Trace one training step of `target` on the meta device and predict it on `hardware`;
     with `devices` (counts), also on that many of each device, strategy by strategy."""
@@ -58,11 +59,13 @@ def profile(
     if epochs is not None and epochs <= 0:
         raise UserError(f"--epochs must be a positive number (got {epochs})")
     deadline_s = parse_duration(deadline) if deadline is not None else None
+    if precision == "int8" and not inference:
+        raise UserError("--precision int8 is for inference (no int8 training): add --inference")
     workload = resolve(
         target,
         batch_size,
         input_shape,
-        precision,
+        "fp32" if precision == "int8" else precision,  # int8: the fp32 trace, counted at 1 byte
         optimizer,
         tokens,
         model_kwargs,
@@ -70,6 +73,14 @@ def profile(
         inputs,
     )
     result = profiler.profile(workload, profile_hardware(hardware, hardware_files))
+    if inference:
+        from dlscale.profiler.inference import check_int8, predict_inference
+
+        wanted = precision or workload.precision
+        if wanted == "int8":
+            check_int8(result.trace)
+        result.inference = [predict_inference(result.trace, report.hardware, wanted)
+                            for report in result.reports]  # fmt: skip
     if dataflow is not None:
         from dlscale.profiler.systolic_report import parse_dataflows, systolic_reports
 

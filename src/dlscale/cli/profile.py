@@ -37,7 +37,12 @@ def profile(
     kwargs: str | None = typer.Option(
         None, "--kwargs", help="Model kwargs as JSON: '{\"hidden\": [64]}'"
     ),
-    precision: str | None = typer.Option(None, "--precision", help="fp32 | bf16 | fp16."),
+    precision: str | None = typer.Option(
+        None, "--precision", help="fp32 | bf16 | fp16 | int8 (int8: with --inference)."
+    ),
+    inference: bool = typer.Option(
+        False, "--inference", help="Also predict inference: the forward pass alone."
+    ),
     optimizer: str | None = typer.Option(
         None, "--optimizer", help="sgd | momentum | adam | adamw."
     ),
@@ -80,8 +85,8 @@ def profile(
     plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),
 ) -> None:
     """Per-layer FLOPs, bytes and memory, and predicted step time on each device."""
-    if precision is not None and precision not in ("fp32", "bf16", "fp16"):
-        raise UserError(f"--precision must be fp32, bf16 or fp16 (got '{precision}')")
+    if precision is not None and precision not in ("fp32", "bf16", "fp16", "int8"):
+        raise UserError(f"--precision must be fp32, bf16, fp16 or int8 (got '{precision}')")
     if optimizer is not None and optimizer not in ("sgd", "momentum", "adam", "adamw"):
         raise UserError(f"--optimizer must be sgd, momentum, adam or adamw (got '{optimizer}')")
     try:
@@ -114,6 +119,7 @@ def profile(
         deadline=deadline,
         inputs=inputs,
         dataflow=dataflow,
+        inference=inference,
     )
     if as_json:
         print(json.dumps(api.profile_json(result), indent=2))

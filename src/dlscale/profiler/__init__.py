@@ -33,6 +33,7 @@ class ProfileResult:
     profile_s: float
     scaling: list = field(default_factory=list)  # ScalingReport per device, with --devices
     systolic: list = field(default_factory=list)  # SystolicReport per chip, with --dataflow
+    inference: list = field(default_factory=list)  # InferenceRow per device, with --inference
 
 
 def trace_workload(workload: Workload) -> StepTrace:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
+from dlscale.profiler.inference_report import render as render_inference
 from dlscale.profiler.roofline import prediction_spread
 from dlscale.profiler.scaling_report import cost_and_energy
 from dlscale.profiler.scaling_report import render as render_scaling
@@ -172,6 +175,7 @@ def to_json(result: ProfileResult) -> dict:
         "hardware": [_hardware_json(report) for report in result.reports],
         "scaling": [scaling_json(report) for report in result.scaling],
         "systolic": [systolic_json(report) for report in result.systolic],
+        "inference": [asdict(row) for row in result.inference],
         "profile_s": result.profile_s,
     }
 
@@ -198,6 +202,8 @@ def render(result: ProfileResult, console: Console) -> None:
         render_scaling(result.scaling, console)
     if result.systolic:
         render_systolic(result.systolic, console)
+    if result.inference:
+        render_inference(result.inference, console)
     console.print(
         f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
     )
