@@ -91,3 +91,20 @@ def test_two_of_four_keeps_the_two_largest_of_every_four():
 def test_bad_input_is_one_line(spec: Path, args, message):
     result = CliRunner().invoke(app, ["bench", args[0], str(spec), *args[1:]])
     assert result.exit_code == 2 and message in result.output
+
+
+@pytest.mark.slow
+def test_levels_measures_simd_then_threads_then_processes(spec: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    args = ["bench", "levels", str(spec), "--steps", "5", "--max-threads", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "levels.json").read_text())
+    levels = [row["level"] for row in data["simd"]]
+    assert levels[0] == "default" and set(levels) <= {"default", "avx2", "avx512"}
+    assert [row["threads"] for row in data["threads"]] == [1, 2]
+    assert [row["processes"] for row in data["processes"]] == [1, 2]
+    for key in ("simd", "threads", "processes"):
+        assert data[key][0]["speedup"] == 1.0 and all(r["samples_per_s"] > 0 for r in data[key])
+    assert data["machine"]["cores"] >= 1 and data["machine"]["numa_nodes"] >= 1
+    assert (out / "levels.png").stat().st_size > 10_000

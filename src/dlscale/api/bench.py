@@ -139,3 +139,10 @@ def bench_sparsity(spec_path: str | Path, levels: str, pattern: str, finetune_st
             f"--levels: '{levels}' is not a list of fractions, e.g. 0,0.5,0.9"
         ) from None
     return run_sparsity_bench(spec_path, fractions, pattern, finetune_steps, steps)
+
+
+def bench_levels(spec_path: str | Path, steps: int, max_threads: int | None) -> dict:
+    """SIMD levels, intra-op threads and ddp processes, each measured (`bench levels`)."""
+    from dlscale.bench.levels import run_levels_bench
+
+    return run_levels_bench(spec_path, steps, max_threads)

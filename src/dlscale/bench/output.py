@@ -349,7 +349,30 @@ def plot_sparsity(figure: Figure, result: dict) -> None:
     )
 
 
+def plot_levels(figure: Figure, result: dict) -> None:
+    """Speed-up at each level: SIMD instruction sets, threads, processes."""
+    figure.set_size_inches(12, 4)
+    simd, threads, processes = figure.subplots(1, 3)
+    simd.bar([r["level"] for r in result["simd"]], [r["speedup"] for r in result["simd"]])
+    simd.set_ylabel("speed-up over the SSE baseline (1 thread)")
+    for axes, key, label in ((threads, "threads", "intra-op threads"),
+                             (processes, "processes", "ddp processes")):  # fmt: skip
+        rows = result[key]
+        counts = [r[key] for r in rows]
+        axes.plot(counts, [r["speedup"] for r in rows], marker="o", label="measured")
+        axes.plot(counts, counts, linestyle="--", color="grey", label="linear")
+        axes.set_xlabel(label)
+        axes.set_xticks(counts)
+        axes.set_ylabel("speed-up over 1")
+    for axes in (simd, threads, processes):
+        _finish(axes)
+    facts = result["machine"]
+    figure.suptitle(f"{result['model']}: levels of parallelism on {facts['cores']} cores, "
+                    f"{facts['numa_nodes']} NUMA node(s)")  # fmt: skip
+
+
 PLOTS: dict[str, Callable[[Figure, dict], None]] = {
+    "levels": plot_levels,
     "precision": plot_precision,
     "sparsity": plot_sparsity,
     "scale": plot_scale,

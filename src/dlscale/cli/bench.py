@@ -32,6 +32,7 @@ app = typer.Typer(
 console = Console(highlight=False)
 app.command(name="precision")(bench_formats.precision)
 app.command(name="sparsity")(bench_formats.sparsity)
+app.command(name="levels")(bench_formats.levels)
 
 OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
 

@@ -1,4 +1,5 @@
-"""`dlscale bench precision` and `dlscale bench sparsity`: number formats and pruning, measured."""
+"""`dlscale bench precision`, `sparsity` and `levels`: number formats, pruning and the levels
+of CPU parallelism, measured."""
 
 from __future__ import annotations
 
@@ -78,4 +79,32 @@ def sparsity(
     )
     console.print(table)
     json_path, png_path = api.write_outputs("sparsity", result, out)
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+@user_errors
+def levels(
+    spec: Path = typer.Argument(..., help="Job spec (YAML): its model, data and batch."),
+    steps: int = typer.Option(20, "--steps", help="Timed steps per measurement."),
+    max_threads: int | None = typer.Option(
+        None, "--max-threads", help="Threads and processes up to (default: the cores)."
+    ),
+    out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
+) -> None:
+    """SIMD levels, then threads, then processes: speed-up at each level of parallelism."""
+    result = api.bench_levels(spec, steps, max_threads)
+    facts = result["machine"]
+    caches = ", ".join(f"{name} {size}" for name, size in facts["caches"].items())
+    title = (f"{result['model']}: levels of parallelism, batch {result['batch_size']}; "
+             f"{facts['cores']} cores, {facts['numa_nodes']} NUMA node(s); {caches}")  # fmt: skip
+    table = Table(title=title)
+    for column in ("level", "setting", "samples/s", "speed-up"):
+        table.add_column(column, justify="left" if column in ("level", "setting") else "right")
+    for kind, key in (("SIMD, 1 thread", "level"), ("threads", "threads"),
+                      ("processes (ddp)", "processes")):  # fmt: skip
+        for row in result[key if key != "level" else "simd"]:
+            table.add_row(kind, str(row[key]), f"{row['samples_per_s']:,.0f}",
+                          f"{row['speedup']:.2f}×")  # fmt: skip
+    console.print(table)
+    json_path, png_path = api.write_outputs("levels", result, out)
     console.print(f"wrote {json_path} and {png_path}")
