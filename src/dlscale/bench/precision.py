@@ -1,4 +1,4 @@
-"""`dlscale bench precision SPEC`: the same model trained at fp32 and bf16 (and fp16 on a GPU),
+"""`dlscale bench precision SPEC`: the same model trained at fp32 and bf16 (fp16 and tf32 on a GPU),
 and the fp32 model quantized to int8 after training, measured side by side.
 
 Each trained format: final validation accuracy, median training step, median inference latency
@@ -12,6 +12,7 @@ latency and bytes. A format that cannot be applied to the model says why instead
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import statistics
@@ -78,23 +79,27 @@ def run_precision_bench(spec_path: str | Path, steps: int | None) -> dict:
     if steps is not None and steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     device = resolve_device(spec.device)
-    precisions = ["fp32", "bf16"] + (["fp16"] if device.type == "cuda" else [])
+    formats = ["fp32", "bf16"] + (["fp16", "tf32"] if device.type == "cuda" else [])
     rows, fp32 = [], None
     with tempfile.TemporaryDirectory() as scratch:
-        for precision in precisions:
-            trainer = _trainer(spec, steps, precision, Path(scratch) / precision)
-            record = trainer.run()
-            x = next(iter(trainer.val_loader))[0].to(device)
-            model = trainer.module.eval()
+        for name in formats:
+            # tf32 (a GPU's): fp32 values, matrix products on Tensor Cores at 10-bit mantissas.
+            precision = "fp32" if name == "tf32" else name
+            with _tf32(name == "tf32"):
+                trainer = _trainer(spec, steps, precision, Path(scratch) / name)
+                record = trainer.run()
+                x = next(iter(trainer.val_loader))[0].to(device)
+                model = trainer.module.eval()
+                latency = latency_s(model, x, device, precision)
             rows.append({
-                "format": precision, "kind": "trained",
+                "format": name, "kind": "trained",
                 "val_accuracy": record["final"]["val_accuracy"],
                 "train_step_s": record["final"]["median_step_s"],
-                "latency_s": latency_s(model, x, device, precision),
+                "latency_s": latency,
                 "model_bytes": model_bytes(model),
                 "activation_bytes": saved_activation_bytes(spec_path, precision),
             })  # fmt: skip
-            if precision == "fp32":
+            if name == "fp32":
                 fp32 = trainer
         rows += _quantized(fp32)
     return {
@@ -108,6 +113,17 @@ def run_precision_bench(spec_path: str | Path, steps: int | None) -> dict:
         "rows": rows,
         "notes": _notes(rows, device),
     }
+
+
+@contextlib.contextmanager
+def _tf32(on: bool):
+    """TF32 matrix products (cuBLAS and cuDNN) while `on`; as they were after."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = on
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def _trainer(spec: Spec, steps: int | None, precision: str, run_dir: Path) -> Trainer:
