@@ -143,6 +143,7 @@ def bench_sparsity(spec_path: str | Path, levels: str, pattern: str, finetune_st
 
 def bench_levels(spec_path: str | Path, steps: int, max_threads: int | None) -> dict:
     """SIMD levels, intra-op threads and ddp processes, each measured (`bench levels`)."""
+    from dlscale.api import train
     from dlscale.bench.levels import run_levels_bench
 
-    return run_levels_bench(spec_path, steps, max_threads)
+    return run_levels_bench(spec_path, steps, max_threads, train)

@@ -90,8 +90,9 @@ def measure_here(spec_path: str, steps: int, threads: int) -> float:
     return spec.batch_size / times[len(times) // 2]
 
 
-def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None) -> dict:
-    from dlscale.api import train
+def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None, train) -> dict:
+    """`train(spec, out_dir=...)` runs the ddp level (the api's verb: a bench does not start
+    strategies itself)."""
     from dlscale.spec import DdpStrategy, load_spec
 
     if steps < 3:
