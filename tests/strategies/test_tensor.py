@@ -224,3 +224,19 @@ def test_one_device_moves_nothing():
     issues none (found on an H200, where the record's measured {} met a predicted all-reduce)."""
     plan = plan_of("mlp", {"hidden": [64, 32]}, torch.zeros(1, 784), degree=1)
     assert plan.styles == {"1": "colwise", "3": "rowwise"} and plan.comm_per_step(8) == {}
+
+
+def test_compare_and_scale_take_tensor():
+    from dlscale.bench.compare import compare_spec, parse_strategies
+    from dlscale.bench.scale import scaled_spec, scaled_strategy
+
+    spec = parse_spec({**MLP, "batch_size": 8, "strategy": {"name": "tensor",
+                                                            "data_parallel": 2}})  # fmt: skip
+    assert parse_strategies("ddp,tensor") == ["ddp", "tensor"]
+    four = compare_spec(spec, "tensor", 4, None).strategy
+    assert (four.name, four.degree, four.data_parallel) == ("tensor", 2, 2)  # replicas kept
+    with pytest.raises(UserError, match="give a multiple of 2"):
+        compare_spec(spec, "tensor", 3, None)
+    assert scaled_strategy(spec) == "tensor"
+    assert scaled_spec(spec, 4, 10).strategy.degree == 4  # the degree scales, the batch stays
+    assert scaled_spec(spec, 4, 10).batch_size == 8
