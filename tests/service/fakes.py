@@ -19,7 +19,7 @@ class FakeExecutor:
         self.cancelled: list[str] = []
         self.running: set[str] = set()
 
-    def start(self, job_dir: Path) -> int:
+    def start(self, job_dir: Path, cpus: int = 1) -> int:
         job_dir = Path(job_dir)
         self.started.append(job_dir.name)
         (job_dir / "claimed").touch()

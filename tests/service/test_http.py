@@ -364,7 +364,7 @@ def test_cancel_of_a_queued_job_is_immediate_and_a_running_one_is_signalled(web)
 def test_a_job_whose_process_never_claims_it_is_tried_three_times_then_failed(web):
     alice = web.user("alice", "lab")
     tries = []
-    web.fake.start = lambda folder: tries.append(Path(folder).name) or 1  # claims nothing
+    web.fake.start = lambda folder, cpus=1: tries.append(Path(folder).name) or 1  # no claim
     web.state.config.start_grace_s = 0.0
     job_id = web.submit(alice).json()["id"]
     for _ in range(6):
@@ -412,7 +412,7 @@ def test_a_seed_of_null_is_drawn_and_odd_archives_and_offsets_are_4xx_not_500(we
 
 def test_a_job_cancelled_before_its_process_claims_it_can_never_run(web):
     alice = web.user("alice", "lab")
-    web.fake.start = lambda folder: 1  # a process still starting: it has claimed nothing yet
+    web.fake.start = lambda folder, cpus=1: 1  # a process still starting: nothing claimed yet
     job_id = web.submit(alice).json()["id"]
     web.state.loop.tick()
     assert web.client.post(f"/api/jobs/{job_id}/cancel", headers=alice).json()["cancel_requested"]
