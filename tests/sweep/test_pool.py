@@ -59,12 +59,12 @@ def pool():
 
 
 def test_a_slot_runs_task_after_task_in_one_process(pool: LocalPool):
-    pids = []
+    times = []
     for number in range(4):
         pool.submit(f"t{number}", whoami, None)
-        pids.append(finish(pool)[f"t{number}"].value)
+        times.append(finish(pool)[f"t{number}"])
+    pids = [done.value for done in times]
     assert len(set(pids)) == 1 and pids[0] != os.getpid() and pool.started == 1
-    times = [pool.timings[f"t{number}"] for number in range(4)]
     assert all(t.slot == 0 for t in times)
     assert all(a.began <= a.ended <= b.began for a, b in itertools.pairwise(times))
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -25,12 +23,12 @@ from torch import nn
 
 from dlscale.errors import UserError, one_line
 from dlscale.spec import SingleStrategy, Spec, load_spec
-from dlscale.train.device import autocast, resolve_device, synchronize
+from dlscale.train.device import autocast, resolve_device
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate
 
 SCHEMA = "dlscale.bench.precision/1"
-LATENCY_ROUNDS = 20
+LATENCY_TIME_S = 0.3  # timing one forward: at least this long, in rounds
 CALIBRATION_BATCHES = 8
 
 
@@ -42,17 +40,15 @@ def model_bytes(model: nn.Module) -> int:
 
 
 def latency_s(model: nn.Module, x: torch.Tensor, device, precision: str) -> float:
-    """Median seconds of one forward of `x` (inference: no gradients), after 3 warm-ups."""
-    times = []
-    with torch.no_grad():
-        for index in range(3 + LATENCY_ROUNDS):
-            start = time.perf_counter()
-            with autocast(device, precision):
-                model(x)
-            synchronize(device)
-            if index >= 3:
-                times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """Seconds of one forward of `x` (inference: no gradients), timed as the calibration times
+    its probes (stable median of rounds, after warm-up)."""
+    from dlscale.profiler.calibrate import seconds_per_call
+
+    def forward() -> None:
+        with torch.no_grad(), autocast(device, precision):
+            model(x)
+
+    return seconds_per_call(forward, device, LATENCY_TIME_S)
 
 
 def cpu_has_bf16_units() -> bool:

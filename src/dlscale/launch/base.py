@@ -76,6 +76,11 @@ class TaskDone:
     key: str
     ok: bool
     value: Any
+    # Where and when it ran, when the pool knows: its slot, and its start and end there
+    # (seconds since the epoch). A local pool's long-lived slots report it.
+    slot: int | None = None
+    began: float | None = None
+    ended: float | None = None
 
 
 class TaskPool(Protocol):

@@ -99,18 +99,9 @@ class _Slot:
         return self.process is not None and self.process.is_alive()
 
 
-@dataclass(frozen=True)
-class SlotTiming:
-    """When a task ran, in its slot's own clock (seconds since the epoch)."""
-
-    slot: int
-    began: float
-    ended: float
-
-
 class LocalPool:
     """Up to `slots` tasks at once, each on its slot's long-lived process and share of the
-    cores. `timings` keeps when each ended task began and ended, by key."""
+    cores; each ended task says which slot ran it, and when."""
 
     def __init__(self, slots: int, resources: Resources):
         self.slots = slots
@@ -124,7 +115,6 @@ class LocalPool:
             shares = [None] * slots
         self.gpus_per_task = math.ceil(resources.gpus)
         self._slots = [_Slot(i, shares[i]) for i in range(slots)]
-        self.timings: dict[str, SlotTiming] = {}
         self.started = 0  # slot processes started, replacements included
         self.ctx = start_context()
 
@@ -193,11 +183,10 @@ class LocalPool:
                     on_event(slot.key, *message[1])
                 continue
             status, value, (began, ended) = message
-            self.timings[slot.key] = SlotTiming(slot.index, began, ended)
             if status != "ok":  # the process leaves after a failure: the next task gets a new one
                 slot.process.join(timeout=WORKER_EXIT_GRACE_S)
                 self._retire(slot)
-            return TaskDone(slot.key, status == "ok", value)
+            return TaskDone(slot.key, status == "ok", value, slot.index, began, ended)
         return None
 
     def cancel(self, key: str) -> None:

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
+from dlscale.profiler.memory import ELEMENT_BYTES
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.roofline import phase_time
 from dlscale.profiler.trace import LOSS, StepTrace
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
 # aten ops (besides matrix products) that torch's int8 CPU backend has quantized kernels for.
 INT8_OPS = {
     "relu", "relu_", "threshold", "hardtanh", "hardtanh_", "clamp", "sigmoid", "tanh",
@@ -76,7 +76,7 @@ def _scaled(cost: PhaseCost, scale: float) -> PhaseCost:
 
 def predict_inference(trace: StepTrace, hardware: Hardware, precision: str) -> InferenceRow:
     """The forward pass of the traced batch on `hardware`, at `precision`'s rates and bytes."""
-    scale = BYTES[precision] / BYTES.get(trace.precision, 4)
+    scale = ELEMENT_BYTES[precision] / ELEMENT_BYTES[trace.precision]
     forward_s, by_bound = 0.0, Counter()
     used = precision
     for layer in trace.layers:
@@ -87,7 +87,7 @@ def predict_inference(trace: StepTrace, hardware: Hardware, precision: str) -> I
         by_bound[timed.bound] += timed.seconds
     if precision not in hardware.peak_flops:
         used = hardware.peak(precision)[1]
-    weights = int(trace.params * BYTES[precision])
+    weights = int(trace.params * ELEMENT_BYTES[precision])
     live = max((int((l.input_bytes + l.output_bytes) * scale) for l in trace.layers), default=0)  # noqa: E741
     usable = hardware.memory_bytes * USABLE_MEMORY_FRACTION
     return InferenceRow(hardware.name, precision, used, forward_s,

@@ -9,11 +9,10 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale.errors import UserError
+from dlscale.profiler.memory import ELEMENT_BYTES
 from dlscale.profiler.systolic import DATAFLOWS, Array, LayerChoice, array_of, choose, layer_gemms
 from dlscale.profiler.systolic import totals as totals_of
 from dlscale.units import binary_bytes, duration
-
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass
@@ -53,7 +52,7 @@ def systolic_reports(workload, hardware: list, dataflows: tuple[str, ...]) -> li
     if not gemms:
         raise UserError(f"--dataflow: model '{workload.model_name}' has no convolution or "
                         "linear layer to map onto an array")  # fmt: skip
-    element = ELEMENT_BYTES.get(workload.precision, 2)
+    element = ELEMENT_BYTES[workload.precision]
     reports = []
     for name, array in arrays:
         layers = choose(gemms, array, element, dataflows)

@@ -22,6 +22,7 @@ split where only grouped convolutions consume it. A model may carry its own plan
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import asdict, dataclass
 
 from dlscale.errors import UserError
@@ -190,13 +191,6 @@ def check_styles(styles: dict[str, str], flow: Flow, degree: int) -> None:
                             f"'{layer.module.padding_mode}'; only zero padding splits")  # fmt: skip
 
 
-def _elements(shape: tuple[int, ...]) -> int:
-    count = 1
-    for size in shape:
-        count *= size
-    return count
-
-
 def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
     module = layer.module
     weight = module.weight.numel()
@@ -205,8 +199,8 @@ def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
     per_device = weight // degree + bias if style == "rowwise" else (weight + bias) // degree
     # Bytes per sample as they cross: the types autocast gives them (the gradient of an input
     # has the input's type).
-    inputs = _elements(layer.input_shape) * layer.input_itemsize
-    outputs = _elements(layer.output_shape) * layer.output_itemsize
+    inputs = math.prod(layer.input_shape) * layer.input_itemsize
+    outputs = math.prod(layer.output_shape) * layer.output_itemsize
     forward = backward = ""
     forward_n = backward_n = 0
     if style == "rowwise":

@@ -47,6 +47,21 @@ def join(context: WorkerContext, backend: str, timeout_s: float) -> None:
     )
 
 
+def average_gradients(grads: list[torch.Tensor], group, members: int) -> int:
+    """Average `grads` in place with the same tensors of the group's other `members` (one
+    all-reduce of them flattened together); the payload's bytes."""
+    if not grads:
+        return 0
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= members
+    offset = 0
+    for grad in grads:
+        grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+        offset += grad.numel()
+    return flat.numel() * flat.element_size()
+
+
 def ready(context: WorkerContext) -> None:
     """Tell the launcher this process has met the others: from now on a strategy that trains
     on without a worker may lose it."""

@@ -202,9 +202,8 @@ class SweepRunner:
             run.curve = done.value["curve"]
         else:
             run.status, run.error = "failed", done.value
-        timing = getattr(pool, "timings", {}).get(done.key)
-        if timing is not None:  # a local slot's: when it began and ended there
-            run.result.update(slot=timing.slot, began_at=timing.began, ended_at=timing.ended)
+        if done.slot is not None:  # a local slot's: when it began and ended there
+            run.result.update(slot=done.slot, began_at=done.began, ended_at=done.ended)
         self._save(run)
         if self.stopper:
             self.stopper.finish(run.key, run.status, run.result.get(self.sweep.metric))

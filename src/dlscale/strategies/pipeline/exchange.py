@@ -20,7 +20,7 @@ from dlscale.launch.base import WorkerContext
 from dlscale.spec import PipelineStrategy, Spec
 from dlscale.strategies.pipeline.plan import microbatch_size, split_model, tied_groups
 from dlscale.strategies.pipeline.section import pipeline_sections
-from dlscale.strategies.worker import backend_for, join
+from dlscale.strategies.worker import average_gradients, backend_for, join
 from dlscale.train.device import autocast
 from dlscale.train.exchange import Exchange
 from dlscale.train.score import compute_loss, count_correct
@@ -175,16 +175,8 @@ class PipelineExchange(Exchange):
             for param in copies:
                 param.grad = total.clone()
         if self.replica_group is not None:
-            params = [p for p in self.module.parameters() if p.grad is not None]
-            if params:
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                dist.all_reduce(flat, group=self.replica_group)
-                flat /= self.replicas
-                offset = 0
-                for param in params:
-                    n = param.numel()
-                    param.grad.copy_(flat[offset : offset + n].view_as(param))
-                    offset += n
+            grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+            average_gradients(grads, self.replica_group, self.replicas)
         self.sync_s += time.perf_counter() - t0
 
     def agree_on_overflow(self, found_inf: list[torch.Tensor]) -> None:

@@ -26,7 +26,7 @@ from dlscale.spec import Spec, TensorStrategy
 from dlscale.strategies.tensor.meter import CommMeter
 from dlscale.strategies.tensor.section import tensor_section
 from dlscale.strategies.tensor.styles import apply_plan
-from dlscale.strategies.worker import backend_for, join
+from dlscale.strategies.worker import average_gradients, backend_for, join
 from dlscale.train.exchange import Exchange
 from dlscale.train.score import evaluate
 
@@ -106,15 +106,8 @@ class TensorExchange(Exchange):
             return
         t0 = time.perf_counter()
         grads = [_local(p.grad) for p in self.module.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        flat /= self.replicas
-        offset = 0
-        for grad in grads:
-            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-            offset += grad.numel()
+        self.sync_bytes += average_gradients(grads, self.dp_group, self.replicas)
         self.sync_s += time.perf_counter() - t0
-        self.sync_bytes += flat.numel() * flat.element_size()
 
     def agree_on_overflow(self, found_inf: list[torch.Tensor]) -> None:
         for flag in found_inf:
