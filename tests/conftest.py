@@ -1,10 +1,17 @@
 """Shared test helpers: the repository root and a reporter that records what the loop says."""
 
+import contextlib
 import os
+import signal
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# A suite started from a background job inherits SIGINT ignored, and an ignored signal stays
+# ignored across exec: every process a test starts and then interrupts (Ctrl-C's SIGINT) would
+# carry on. Restored here, in the parent, every child starts with the default disposition.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # Tests never see the developer's own hardware entries (~/.dlscale/hardware/local.toml, ...):
 # each test run gets an empty DLSCALE_HOME; tests that need one set their own.
@@ -45,6 +52,20 @@ def reporter() -> RecordingReporter:
 
 
 # ------------------------------------------------- processes (for tests that kill and count)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    """torch's intra-op threads set to `count` for a reference run, then put back: float sums
+    depend on how work is split over threads, and a service job trains on its slots' cores."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def children(pid: int) -> list[int]:

@@ -1,14 +1,19 @@
 """An executor that starts no process, for HTTP and scheduling tests that need jobs to move
 through their states quickly: `start` leaves what a finished train job leaves in its folder
-(or, with `finish=False`, a job that runs until told to stop)."""
+(or, with `finish=False`, a job that runs until told to stop), and `validate` runs the
+validation job's own checks in this process (the tests' specs name no tenant code), with the
+job's slots as the machine, as the sandbox gives them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+from unittest import mock
 
-from dlscale.service.executor import Probe
+from dlscale.service import validate
+from dlscale.service.executor import JobLimits, Probe
 from dlscale.service.layout import read_result, write_json_atomic
 
 
@@ -17,11 +22,27 @@ class FakeExecutor:
         self.finish = finish
         self.started: list[str] = []
         self.cancelled: list[str] = []
+        self.killed: list[str] = []
         self.running: set[str] = set()
+        self.limits: dict[str, JobLimits] = {}
+        self.released: list[str] = []
 
-    def start(self, job_dir: Path, cpus: int = 1) -> int:
+    def prepare(self, folder: Path, uid: int | None) -> None:
+        pass
+
+    def validate(self, folder: Path, limits: JobLimits, timeout_s: float) -> validate.Verdict:
+        machine = {
+            "DLSCALE_CPUS": str(limits.cpus),
+            "DLSCALE_MEMORY_BYTES": str(limits.memory_bytes),
+        }
+        with mock.patch.dict(os.environ, machine):
+            said = validate.verdict(Path(folder))
+        return validate.Verdict(said["ok"], said["message"], tuple(said.get("warnings", ())))
+
+    def start(self, job_dir: Path, limits: JobLimits) -> int:
         job_dir = Path(job_dir)
         self.started.append(job_dir.name)
+        self.limits[job_dir.name] = limits
         (job_dir / "claimed").touch()
         run = job_dir / "run"
         run.mkdir(exist_ok=True)
@@ -62,8 +83,8 @@ class FakeExecutor:
             alive=alive, claimed=(job_dir / "claimed").exists(), result=read_result(job_dir)
         )
 
-    def cancel(self, job_dir: Path) -> bool:
-        self.cancelled.append(Path(job_dir).name)
+    def cancel(self, job_dir: Path, force: bool = False) -> bool:
+        (self.killed if force else self.cancelled).append(Path(job_dir).name)
         if Path(job_dir).name in self.running:
             self.end(job_dir, "cancelled")
             return True
@@ -71,6 +92,13 @@ class FakeExecutor:
 
     def reap(self) -> None:
         pass
+
+    def close(self) -> None:
+        pass
+
+    def release(self, job_dir: Path) -> dict | None:
+        self.released.append(Path(job_dir).name)
+        return None
 
     def lost_message(self, job_dir: Path) -> str:
         return "the job's process ended without a result"

@@ -59,9 +59,8 @@ def web(tmp_path):
     """The app in process, jobs moved by a fake executor (no training): (client, data dir,
     the app's state)."""
     config = ServiceConfig(data_dir=tmp_path / "data", cpu_slots=2)
-    app = create_app(config, run_scheduler=False)
+    app = create_app(config, run_scheduler=False, executor=FakeExecutor())
     state = app.state.service
-    state.executor = state.loop.executor = FakeExecutor()
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client, config.data_dir, state
 

@@ -1,6 +1,7 @@
-"""The job process and its folder: a job trains what `api.train` trains (bit-identical weights),
-runs once however often it is started, cancels to a kept checkpoint with no process left behind,
-fails in one line; and the folder hands out only its own regular files, its log line by line."""
+"""The job process and its folder: a job trains in its sandbox what `api.train` trains
+(bit-identical weights), runs once however often it is started, cancels to a kept checkpoint
+with no process left behind, fails in one line; and the folder hands out only its own regular
+files with one link, its log line by line."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ import torch
 
 from dlscale import api
 from dlscale.errors import UserError
-from dlscale.service import layout
+from dlscale.service import cgroups, layout
+from dlscale.service.config import ServiceConfig
 from dlscale.service.executor import Executor, Probe
 from dlscale.service.layout import job_dir, list_artifacts, open_artifact, tail, write_job
-from tests.conftest import alive, children, worker_pids
+from tests.conftest import alive, children, torch_threads, worker_pids
 
 SPEC = """\
 name: tiny
@@ -41,6 +43,34 @@ def new_job(tmp_path: Path, spec: str, kind: str = "train", inputs=None) -> Path
     folder = job_dir(tmp_path / "data", JOB_ID)
     job = {"id": JOB_ID, "kind": kind, "seed": 3, "spec_file": "spec.yaml"}
     return write_job(folder, job, spec, inputs)
+
+
+def sandboxed(tmp_path: Path) -> Executor:
+    """The server's executor: jobs in bubblewrap, each in a cgroup of its own."""
+    return Executor(tmp_path / "sandboxes", cgroups.detect())
+
+
+def plain(tmp_path: Path) -> Executor:
+    """An executor for probing folders (and --unsafe-single-user's plain processes)."""
+    return Executor(tmp_path / "sandboxes", None, sandboxed=False)
+
+
+def start(executor: Executor, folder: Path, cpus: int = 1) -> int:
+    """Start the job as the server does: its folder handed to its uid, its slots' limits."""
+    limits = ServiceConfig(data_dir=folder.parent.parent, cpu_slots=2).limits(
+        cpus, 0, folder.name, None
+    )
+    executor.prepare(folder, limits.uid)
+    return executor.start(folder, limits)
+
+
+def runner_of(pid: int) -> int:
+    """The job's runner, inside the sandbox started as `pid`."""
+    for child in descendants(pid):
+        argv = Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")
+        if b"dlscale.service.runner" in argv and not argv[0].endswith(b"bwrap"):
+            return child
+    raise AssertionError("no runner")
 
 
 def wait_until(predicate, timeout_s: float = 120.0) -> None:
@@ -75,14 +105,15 @@ def descendants(pid: int) -> list[int]:
 def test_a_train_job_trains_what_api_train_trains_and_runs_only_once(tmp_path):
     spec = SPEC.replace("EPOCHS", "2")
     folder = new_job(tmp_path, spec)
-    executor = Executor()
-    executor.start(folder)
+    executor = sandboxed(tmp_path)
+    start(executor, folder)
     result = wait_ended(executor, folder)
     assert result["state"] == "succeeded", (folder / "log.txt").read_text()
     # The reference: the same spec trained in this process, into another folder.
     (tmp_path / "ref").mkdir()
     (tmp_path / "ref" / "spec.yaml").write_text(spec)
-    record = api.train(tmp_path / "ref" / "spec.yaml", out_dir=tmp_path / "ref" / "run")
+    with torch_threads(1):  # the job's one CPU slot
+        record = api.train(tmp_path / "ref" / "spec.yaml", out_dir=tmp_path / "ref" / "run")
     assert result["weights_sha256"] == api.weights_digest(tmp_path / "ref" / "run")
     assert len(result["weights_sha256"]) == 64
     run_json = json.loads((folder / "run" / "run.json").read_text())
@@ -107,6 +138,7 @@ def test_a_train_job_trains_what_api_train_trains_and_runs_only_once(tmp_path):
     assert not {"job.json", "spec.yaml", "claimed", "pid", "runner.lock"} & set(listed)
     data = (folder / "run" / "run.json").read_bytes()
     assert listed["run/run.json"] == (len(data), hashlib.sha256(data).hexdigest())
+    assert executor.release(folder)["oom_kills"] == 0  # its cgroup, read and removed
 
 
 def test_a_job_whose_lock_is_held_is_left_to_its_runner(tmp_path):
@@ -114,14 +146,14 @@ def test_a_job_whose_lock_is_held_is_left_to_its_runner(tmp_path):
     fd = os.open(folder / "runner.lock", os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        probe = Executor().probe(folder)
+        probe = plain(tmp_path).probe(folder)
         assert probe.alive and not probe.claimed and probe.result is None
         started = run_runner(folder)
     finally:
         os.close(fd)
     assert started.returncode == 0 and "another process" in started.stdout
     assert not (folder / "claimed").exists()
-    assert Executor().probe(folder) == Probe(alive=False, claimed=False, result=None)
+    assert plain(tmp_path).probe(folder) == Probe(alive=False, claimed=False, result=None)
 
 
 @pytest.mark.slow
@@ -130,14 +162,15 @@ def test_cancel_stops_the_job_keeps_a_checkpoint_and_leaves_no_process(tmp_path)
         "strategy: {name: ddp, workers: 2}\ncheckpoint: {every_steps: 5, keep_last: 1}\n"
     )
     folder = new_job(tmp_path, spec)
-    executor = Executor()
-    pid = executor.start(folder)
+    executor = sandboxed(tmp_path)
+    pid = start(executor, folder, cpus=2)
     wait_until(lambda: list((folder / "run" / "checkpoints").glob("step-*.pt")))
     assert executor.probe(folder).alive
     assert os.getsid(pid) == pid != os.getsid(0)  # its own session: a server crash spares it
-    trainers = worker_pids(pid)
+    runner = runner_of(pid)
+    trainers = worker_pids(runner)
     assert len(trainers) == 2, "ddp runs its workers as processes of their own"
-    helpers = set(descendants(pid)) - set(trainers)
+    helpers = set(descendants(runner)) - set(trainers)
     assert executor.cancel(folder)
     result = wait_ended(executor, folder)
     wait_until(lambda: not alive(pid))
@@ -145,9 +178,15 @@ def test_cancel_stops_the_job_keeps_a_checkpoint_and_leaves_no_process(tmp_path)
     kept = result["message"].split("kept: ")[1]
     assert kept.startswith("run/checkpoints/step-") and (folder / kept).is_file()
     assert [w for w in trainers if alive(w)] == []  # stopped with the job, not after it
-    # The fork server and resource tracker see their parent's pipe close, and follow it out.
+    # The fork server and resource tracker go with the sandbox's PID namespace.
     wait_until(lambda: not any(alive(p) for p in helpers), timeout_s=60)
     assert not executor.cancel(folder)  # nothing left to signal
+    usage = executor.release(folder)
+    assert usage["oom_kills"] == 0 and usage["peak_memory_bytes"] > 100 << 20
+    assert not any(
+        p.exists()
+        for p in cgroups.JobCgroup(executor.hierarchy, f"dlscale-job-{JOB_ID}").folders.values()
+    )
 
 
 def test_a_spec_that_fails_at_run_time_fails_in_one_line(tmp_path):
@@ -166,9 +205,9 @@ def test_a_job_gone_without_a_result_is_named_with_its_last_log_line(tmp_path):
     folder = new_job(tmp_path, SPEC)
     (folder / "claimed").touch()
     (folder / "log.txt").write_text("step 1\nstep 2 loss 0.5\n\n")
-    probe = Executor().probe(folder)
+    probe = plain(tmp_path).probe(folder)
     assert probe.claimed and not probe.alive and probe.result is None
-    message = Executor().lost_message(folder)
+    message = plain(tmp_path).lost_message(folder)
     assert "result.json" in message and message.endswith("its log ends: step 2 loss 0.5")
 
 
@@ -291,4 +330,4 @@ def test_files_the_server_reads_from_a_job_are_never_followed_out_of_it(tmp_path
     assert tail(folder / "log.txt", 0) == ([], 0)
     result = layout.read_result(folder)
     assert result["state"] == "failed" and "their data" not in json.dumps(result)
-    assert "their data" not in Executor().lost_message(folder)
+    assert "their data" not in plain(tmp_path).lost_message(folder)

@@ -70,10 +70,9 @@ def web(request, tmp_path):
         max_body_bytes=1 << 20,
         failed_auth_limit=5,
     )
-    app = create_app(config, run_scheduler=False)
-    state = app.state.service
     fake = FakeExecutor()
-    state.executor = state.loop.executor = fake
+    app = create_app(config, run_scheduler=False, executor=fake)
+    state = app.state.service
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield Harness(client, state, fake, config.data_dir, url)
 
@@ -246,7 +245,14 @@ def _zip(members: dict[str, bytes]) -> bytes:
         (b"name: t\nmodel: {name: mlp}\xff\xfe\n", "not UTF-8"),
         (TINY.replace("{name: digits}", "{name: npz, path: /etc/passwd}"), "not a path inside"),
         (TINY.replace("{name: digits}", "{name: npz, path: ../../x.npz}"), "leaves the job"),
-        (TINY.replace("name: mlp,", "name: 'subprocess:getoutput',"), "names code to import"),
+        (TINY.replace("name: mlp,", "name: 'subprocess:getoutput',"), "names code outside"),
+        # The attack that once ran `os.system` in the server: bytes become no model name.
+        (TINY.replace("name: mlp,", "name: !!binary b3M6c3lzdGVt,"), "tag !!binary is not"),
+        (TINY + "note: !!timestamp 2001-12-14\n", "tag !!timestamp is not"),
+        (TINY + "note: !!set {a, b}\n", "tag !!set is not"),
+        (TINY + "note: !!python/object/apply:os.system [id]\n", "tag !!python/object"),
+        ("a: " + "[" * 1000 + "]" * 1000 + "\n", "deeper"),  # a RecursionError (500) once
+        (TINY + "note: 1" + "0" * 5000 + "\n", "a number of 5001 characters"),
         ("- just\n- a list\n", "expected a YAML mapping"),
         ("name: [unclosed\n", "spec:"),
         (TINY.replace("seed: 3", "seed: abc"), "seed: expected a whole number"),
@@ -364,7 +370,7 @@ def test_cancel_of_a_queued_job_is_immediate_and_a_running_one_is_signalled(web)
 def test_a_job_whose_process_never_claims_it_is_tried_three_times_then_failed(web):
     alice = web.user("alice", "lab")
     tries = []
-    web.fake.start = lambda folder, cpus=1: tries.append(Path(folder).name) or 1  # no claim
+    web.fake.start = lambda folder, limits: tries.append(Path(folder).name) or 1  # no claim
     web.state.config.start_grace_s = 0.0
     job_id = web.submit(alice).json()["id"]
     for _ in range(6):
@@ -412,7 +418,7 @@ def test_a_seed_of_null_is_drawn_and_odd_archives_and_offsets_are_4xx_not_500(we
 
 def test_a_job_cancelled_before_its_process_claims_it_can_never_run(web):
     alice = web.user("alice", "lab")
-    web.fake.start = lambda folder, cpus=1: 1  # a process still starting: nothing claimed yet
+    web.fake.start = lambda folder, limits: 1  # a process still starting: nothing claimed yet
     job_id = web.submit(alice).json()["id"]
     web.state.loop.tick()
     assert web.client.post(f"/api/jobs/{job_id}/cancel", headers=alice).json()["cancel_requested"]

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from dlscale import api
+from tests.conftest import torch_threads
 from tests.service.live import LiveServer, wait_for_state
 
 SPEC = """\
@@ -73,7 +74,8 @@ def test_a_job_trains_what_dlscale_train_trains_and_a_rerun_is_bit_identical(ser
     assert job["state"] == "succeeded", job
     local = tmp_path / "spec.yaml"
     local.write_text(spec)
-    record = api.train(local, out_dir=tmp_path / "run")
+    with torch_threads(1):  # the job's one CPU slot
+        record = api.train(local, out_dir=tmp_path / "run")
     assert job["result"]["weights_sha256"] == api.weights_digest(tmp_path / "run")
     for key in ("val_loss", "val_accuracy", "train_loss"):
         if key in record.get("final", {}):
@@ -129,17 +131,49 @@ def test_an_upload_over_the_limit_is_refused_before_its_body_is_read(server):
     assert server.client(None).get("/api/health").status_code == 200
 
 
+# The tenant's own model, uploaded with the job: a linear layer that takes its time over every
+# step (sleeping, not computing), so a job lasts as long as the test needs whatever the machine.
+SLOW_MODEL = b"""
+import time
+
+from torch import nn
+
+
+class Slow(nn.Module):
+    def __init__(self, features, num_classes, seconds):
+        super().__init__()
+        self.linear = nn.Linear(features, num_classes)
+        self.seconds = seconds
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return self.linear(x.flatten(1))
+
+
+def build(num_classes=10, seconds=0.0):
+    return Slow(64, num_classes, seconds)
+"""
+SLOW_SPEC = SPEC.replace(
+    "{name: mlp, kwargs: {hidden: [32]}}", "{name: 'inputs.slow:build', kwargs: {seconds: 0.04}}"
+)
+
+
+def submit_slow(client, epochs: int, seed: int) -> str:
+    spec = SLOW_SPEC.replace("EPOCHS", str(epochs)).replace("seed: 5", f"seed: {seed}")
+    files = [("spec", ("spec.yaml", spec.encode())), ("files", ("slow.py", SLOW_MODEL))]
+    answer = client.post("/api/jobs", files=files)
+    assert answer.status_code == 201, answer.text
+    return answer.json()["id"]
+
+
 @pytest.mark.slow
 def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_cancel(tmp_path):
     live = LiveServer(tmp_path / "data", cpu_slots=2).start()
     try:
         _, token = live.user("alice", "lab")
         client = live.client(token)
-        long_spec = SPEC.replace("EPOCHS", "15")
-        first = submit(client, long_spec)  # runs across the crash
-        doomed = submit(client, long_spec.replace("seed: 5", "seed: 6"))  # cancelled, then crash
-        queued = [submit(client, SPEC.replace("EPOCHS", "2")) for _ in range(2)]
-        queued.append(submit(client, long_spec))  # the same spec as `first`: its weights to match
+        first = submit_slow(client, 20, 5)  # ~20 s of steps: runs across the crash
+        doomed = submit_slow(client, 20, 6)  # cancelled, then the crash
         wait_for_state(client, first, ("running",))
         wait_for_state(client, doomed, ("running",))
         deadline = time.monotonic() + 120
@@ -148,6 +182,9 @@ def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_ca
             time.sleep(0.2)
         cancel = client.post(f"/api/jobs/{doomed}/cancel").json()
         assert cancel["cancel_requested"]
+        queued = [submit_slow(client, 2, 7), submit_slow(client, 2, 8)]
+        queued.append(submit_slow(client, 20, 5))  # `first`'s spec: its weights to match
+        assert client.get(f"/api/jobs/{first}").json()["state"] == "running"
         live.kill9()
         time.sleep(1.0)
         live.start()

@@ -287,6 +287,20 @@ def test_past_usage_puts_a_tenant_behind_until_it_decays():
     outcome = simulate(ts, Machine(2), night + morning, 10 * HOUR_S, 60.0, HOUR_S)
     # Two slots × 8 hours of ten-minute jobs: the night ran 96 before the morning came.
     assert all(job.startswith("n") for job in outcome.start_order[:96])
-    assert outcome.start_order[96:103] == [f"m{i:02d}" for i in range(7)]
-    # Once the night's usage has decayed to the morning's, they take turns (weights 1:1).
-    assert outcome.start_order[103:109] == ["n096", "m07", "n097", "m08", "n098", "m09"]
+    # The morning takes both slots for an hour, while the night's usage decays to its own...
+    assert outcome.start_order[96:108] == [f"m{i:02d}" for i in range(12)]
+    # ...then they take turns (weights 1:1).
+    assert outcome.start_order[108:114] == ["n096", "m12", "n097", "m13", "n098", "m14"]
+
+
+@pytest.mark.parametrize(("weight_a", "weight_b", "cpu_slots"), [(1, 3, 2), (3, 1, 2), (1, 3, 4)])
+def test_weights_hold_from_the_first_hour(weight_a, weight_b, cpu_slots):
+    """Two tenants with full queues from the start split the first hour's slot-seconds by their
+    weights within 10%. (Counting a running job as an hour and a half of usage once split 1:3
+    evenly for the first hour: each tenant won back the slot its own job had just freed.)"""
+    ts = tenants(Tenant("a", weight=weight_a), Tenant("b", weight=weight_b))
+    arrivals = [backlog(f"{t}{i}", t, 0.0) for t in "ab" for i in range(100)]
+    outcome = simulate(ts, Machine(cpu_slots), arrivals, HOUR_S, 60.0, HOUR_S)
+    share_a = outcome.slot_seconds["a"] / sum(outcome.slot_seconds.values())
+    expected_a = weight_a / (weight_a + weight_b)
+    assert abs(share_a - expected_a) <= 0.1 * expected_a, (share_a, expected_a)

@@ -52,8 +52,9 @@ def test_merge_keys_and_a_few_aliases_are_fine():
         ("~/data.npz", "not a path inside"),
         ("inputs/../../x", "leaves the job"),
         ("file:///etc/passwd", "not a path inside"),
-        ("os:system", "names code to import"),
-        ("my.models:build", "names code to import"),
+        ("os:system", "names code outside the job"),
+        ("my.models:build", "names code outside the job"),
+        ("inputs:build", "names code outside the job"),
     ],
 )
 def test_paths_and_code_references_are_refused(value, message):
@@ -63,6 +64,31 @@ def test_paths_and_code_references_are_refused(value, message):
 
 def test_ordinary_values_pass():
     specs.parse(BASE + "device: 'cuda:0'\nnote: 'lr 0.1: fast'\nfile: inputs/a.npz\n")
+
+
+def test_the_tenants_own_modules_may_be_named():
+    raw = specs.parse(BASE.replace("{name: mlp}", "{name: 'inputs.mynet:build'}"))
+    assert raw["model"]["name"] == "inputs.mynet:build"
+    specs.parse(BASE + "model_inputs: inputs.pkg.shapes:make\n")
+
+
+def test_an_unquoted_date_is_text_and_only_plain_data_is_built():
+    raw = specs.parse(BASE + "note: 2024-01-01\n")
+    assert raw["note"] == "2024-01-01"
+    for tagged in ("!!binary aGk=", "!!timestamp 2024-01-01", "!!omap [a: 1]", "!custom x"):
+        with pytest.raises(UserError, match="is not allowed"):
+            specs.parse(BASE + f"note: {tagged}\n")
+    with pytest.raises(UserError, match="is not a spec value"):
+        specs.check_untrusted({"note": b"os:system"})  # bytes are never turned into text
+
+
+def test_a_swept_staging_path_is_refused_too():
+    for sweep in (
+        "sweep: {grid: {data.stage: [inputs/a, inputs/b]}}\n",
+        "sweep: {random: {trials: 2, space: {data.stage: {choice: [x, y]}}}}\n",
+    ):
+        with pytest.raises(UserError, match="staging"):
+            specs.parse(BASE + sweep)
 
 
 def test_staging_is_refused():

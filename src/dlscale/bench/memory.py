@@ -18,9 +18,16 @@ MEMORY_SHARE = 0.5
 
 
 def available_memory_bytes(device: torch.device) -> int:
-    """Memory a new allocation can take now: free GPU memory, or the host's MemAvailable."""
+    """Memory a new allocation can take now: free GPU memory, or the host's MemAvailable, at
+    most DLSCALE_MEMORY_BYTES where that is set (a service job's share: its cgroup's limit)."""
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    share = os.environ.get("DLSCALE_MEMORY_BYTES", "")
+    host = _host_available_bytes()
+    return min(host, int(share)) if share.isdigit() else host
+
+
+def _host_available_bytes() -> int:
     try:
         with open("/proc/meminfo") as handle:
             for line in handle:

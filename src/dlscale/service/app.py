@@ -3,6 +3,7 @@ limits and routes, as one FastAPI app; `serve` runs it under uvicorn."""
 
 from __future__ import annotations
 
+import os
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -11,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from dlscale import __version__
+from dlscale.errors import UserError
+from dlscale.service import cgroups
 from dlscale.service.auth import load_secret
 from dlscale.service.config import ServiceConfig, check_bind
 from dlscale.service.db import make_engine, migrate, sessions
@@ -27,25 +30,70 @@ class ServiceState:
     secret: bytes
     executor: Executor
     loop: JobLoop
-    limiter: FailureLimiter
+    limiter: FailureLimiter  # failed logins per address and name, bad tokens per address
+    address_limiter: FailureLimiter  # failed logins per address, whatever names were tried
+
+
+UNSAFE = (
+    "dlscale serve: --unsafe-single-user: jobs run as this server's user, unsandboxed and "
+    "unlimited; only for one person serving their own jobs"
+)
 
 
 def make_executor(config: ServiceConfig) -> Executor:
-    """Jobs as processes on this machine (the default), or each in dlscale's container image."""
+    """Jobs as sandboxed processes on this machine (the default), each in dlscale's container
+    image, or (--unsafe-single-user) plain processes. A server that cannot sandbox its jobs
+    refuses to start, saying why."""
     if config.executor == "container":
         from dlscale.service.container import IMAGE, ContainerExecutor
 
-        return ContainerExecutor(config.image or IMAGE, config.cpu_slots or None)
-    return Executor()
+        return ContainerExecutor(config, config.image or IMAGE)
+    common = {
+        "validations_at_once": config.validations_at_once,
+        "validation_wait_s": config.validate_timeout_s,
+        "uid_of": config.job_uid,
+    }
+    if config.unsafe_single_user:
+        print(UNSAFE, flush=True)
+        warm = config.limits(1, 0, "0", None)
+        return Executor(config.sandboxes_dir, None, sandboxed=False, warm=warm, **common)
+    try:
+        hierarchy = cgroups.detect()
+    except cgroups.CgroupsUnavailable as exc:
+        raise UserError(_cannot_sandbox(f"no kernel limits for jobs: {exc}")) from None
+    problem = Executor(config.sandboxes_dir, hierarchy, **common).check(config.job_uid("0"))
+    if problem is not None:
+        raise UserError(_cannot_sandbox(problem))
+    # Validators wait warm from here on: each a sandbox of one slot until a job is given it.
+    return Executor(config.sandboxes_dir, hierarchy, warm=config.limits(1, 0, "0", None), **common)
 
 
-def build_state(config: ServiceConfig) -> ServiceState:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
-    config.jobs_dir.mkdir(exist_ok=True)
+def _cannot_sandbox(reason: str) -> str:
+    return (
+        f"dlscale serve: jobs cannot be sandboxed on this machine ({reason}); install "
+        "bubblewrap (make system-deps) and run the server as root or in a delegated cgroup; "
+        "only for one person serving their own jobs: --unsafe-single-user"
+    )
+
+
+def _private(config: ServiceConfig) -> None:
+    """The data directory and what the server keeps in it, readable by the server alone."""
+    for folder in (config.data_dir, config.jobs_dir, config.sandboxes_dir):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(folder, 0o700)
+    for name in ("service.db", "service.db-wal", "service.db-shm"):
+        if (config.data_dir / name).is_file():
+            os.chmod(config.data_dir / name, 0o600)
+
+
+def build_state(config: ServiceConfig, executor: Executor | None = None) -> ServiceState:
+    """Everything one server holds; `executor` replaces the configured one (tests)."""
+    _private(config)
     engine = make_engine(config.url())
     migrate(engine)
+    _private(config)  # the database file, made by the migration
     maker = sessions(engine)
-    executor = make_executor(config)
+    executor = executor or make_executor(config)
     return ServiceState(
         config=config,
         engine=engine,
@@ -54,13 +102,16 @@ def build_state(config: ServiceConfig) -> ServiceState:
         executor=executor,
         loop=JobLoop(config, maker, executor),
         limiter=FailureLimiter(config.failed_auth_limit, config.failed_auth_window_s),
+        address_limiter=FailureLimiter(config.address_limit, config.failed_auth_window_s),
     )
 
 
-def create_app(config: ServiceConfig, run_scheduler: bool = True) -> FastAPI:
+def create_app(
+    config: ServiceConfig, run_scheduler: bool = True, executor: Executor | None = None
+) -> FastAPI:
     """The app over `config`'s data dir; `run_scheduler=False` leaves ticking to the caller
-    (tests step the scheduler themselves)."""
-    state = build_state(config)
+    (tests step the scheduler themselves, and may hand it an `executor` of their own)."""
+    state = build_state(config, executor)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -70,6 +121,7 @@ def create_app(config: ServiceConfig, run_scheduler: bool = True) -> FastAPI:
             yield
         finally:
             state.loop.stop()
+            state.executor.close()
             state.engine.dispose()
 
     # The generated docs pages load scripts from a CDN (no external requests here) and the
@@ -93,9 +145,9 @@ def create_app(config: ServiceConfig, run_scheduler: bool = True) -> FastAPI:
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg")
         return JSONResponse({"detail": message or "invalid request"}, status_code=422)
 
-    from dlscale.service.routes import account, jobs, outputs, pages, queue
+    from dlscale.service.routes import account, jobs, outputs, pages, queue, submit
 
-    for module in (account, jobs, outputs, queue):
+    for module in (account, jobs, submit, outputs, queue):
         app.include_router(module.router)
     pages.install(app)
     return app
@@ -107,6 +159,7 @@ def serve(config: ServiceConfig, host: str, port: int, allow_remote: bool = Fals
     import uvicorn
 
     check_bind(host, allow_remote)
+    os.umask(0o077)  # whatever this server writes is its own: database, secret, job folders
     app = create_app(config)
     print(f"dlscale serve: http://{host}:{port}  (data {config.data_dir})", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)

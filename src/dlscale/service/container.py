@@ -1,6 +1,7 @@
 """The container engine (podman, else docker) and the flags restricted hosts need, in one place:
 `make image` (docker/build.sh asks `python -m dlscale.service.container flags`), the container
-executor and the container tests all run containers through these.
+executor (jobs in dlscale's image, confined as the process sandbox confines them) and the
+container tests all run containers through these.
 
 Quirks found on the development machine (podman 4.3, cgroups v1, no registry):
 - the container's own open-file and process limits must be given, no higher than the host's
@@ -20,7 +21,9 @@ from pathlib import Path
 
 from dlscale import __version__
 from dlscale.errors import UserError
-from dlscale.service.executor import Executor, lock_held
+from dlscale.service.executor import Executor, JobLimits, lock_held
+from dlscale.service.layout import INPUTS, JOB_FILE, SPEC_FILE
+from dlscale.service.sandbox import TMP_BYTES
 
 IMAGE = f"dlscale:{__version__}"
 MAX_NPROC = 32_768
@@ -57,71 +60,128 @@ def flags(path: str | None = None) -> list[str]:
     return found
 
 
-def physical_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 class ContainerExecutor(Executor):
-    """Each job in dlscale's image: no network, its own folder the only one mounted (at the same
-    path, read-write), run as the server's user, and limited to the CPU slots it holds and the
-    same share of this machine's memory where the host's cgroups allow limits (checked once:
-    without them, jobs run unlimited and the server says so). A job's lock, pid and result are
+    """Each job, and each validation, in dlscale's image with the guarantees of the process
+    sandbox: no network, no capabilities and no way to gain any, a read-only root with a private
+    /tmp, its own folder the only one mounted (read-write for a job, but for its inputs, spec
+    and job.json; read-only for a validation), an unprivileged uid of its own, and the kernel
+    limits of its slots (CPUs, memory without swap, tasks). A host whose engine cannot apply
+    limits is refused at start (unless --unsafe-single-user). A job's lock, result and log are
     files in its folder, as with the process executor, so probing is the same; a cancel is a
-    SIGINT to the container's processes through the engine."""
+    SIGINT to the container's processes through the engine, a kill its SIGKILL."""
 
-    def __init__(self, image: str, machine_cpus: int | None = None):
-        super().__init__()
+    def __init__(self, config, image: str):
+        super().__init__(
+            config.sandboxes_dir,
+            None,
+            sandboxed=False,
+            validations_at_once=config.validations_at_once,
+            validation_wait_s=config.validate_timeout_s,
+            uid_of=config.job_uid,
+        )
         self.image = image
         self.engine = engine()
         self.flags = flags(self.engine)
-        self.machine_cpus = machine_cpus or (os.cpu_count() or 1)
         self._check_image()
         self.limits = self._limits_allowed()
-        if not self.limits:
-            print(f"dlscale serve: {self.engine} cannot limit a container's CPUs and memory "
-                  "on this host (its cgroups allow no limits): jobs run unlimited",
-                  flush=True)  # fmt: skip
+        if not self.limits and not config.unsafe_single_user:
+            raise UserError(
+                f"--executor container: {self.engine} cannot limit a container's CPUs, memory "
+                "and tasks on this host (its cgroups allow no limits); only for one person "
+                "serving their own jobs: --unsafe-single-user"
+            )
 
     def _run(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([self.engine, "run", "--rm", *self.flags, *args], capture_output=True,
-                              text=True, timeout=timeout, check=False)  # fmt: skip
+        command = [self.engine, "run", "--rm", *self.flags, *args]
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
 
     def _check_image(self) -> None:
-        found = subprocess.run([self.engine, "image", "inspect", self.image], capture_output=True,
-                               text=True, check=False)  # fmt: skip
+        command = [self.engine, "image", "inspect", self.image]
+        found = subprocess.run(command, capture_output=True, text=True, check=False)
         if found.returncode != 0:
-            raise UserError(f"--executor container: image {self.image} is not in {self.engine}'s "
-                            "store; build it with `make image`")  # fmt: skip
+            raise UserError(
+                f"--executor container: image {self.image} is not in {self.engine}'s store; "
+                "build it with `make image`"
+            )
 
     def _limits_allowed(self) -> bool:
-        return self._run("--cpus", "1", "--memory", "256m", self.image, "true").returncode == 0
+        limits = ("--cpus", "1", "--memory", "256m", "--pids-limit", "64")
+        return self._run(*limits, self.image, "true").returncode == 0
+
+    def check(self, uid: int | None) -> str | None:
+        return None  # the image and the limits were tried when this executor was made
 
     @staticmethod
     def name(job_dir: Path) -> str:
         return f"dlscale-job-{Path(job_dir).name}"
 
-    def command(self, job_dir: Path, cpus: int) -> list[str]:
-        job_dir = Path(job_dir).resolve()
-        limits = []
+    def container_command(
+        self, folder: Path, name: str, writable: bool, limits: JobLimits, argv: list[str], cpus
+    ) -> list[str]:
+        """`podman run` (or docker's) of `argv` in the image, confined as the class says."""
+        folder = Path(folder).resolve()
+        confined = [
+            "--network",
+            "none",
+            "--cap-drop",
+            "all",
+            "--security-opt",
+            "no-new-privileges",
+            "--read-only",
+            "--tmpfs",
+            f"/tmp:rw,size={TMP_BYTES},mode=1777",
+        ]
         if self.limits:
-            memory = physical_memory_bytes() * min(cpus, self.machine_cpus) // self.machine_cpus
-            limits = ["--cpus", str(cpus), "--memory", str(memory)]
+            memory = str(limits.memory_bytes)
+            confined += ["--cpus", str(cpus or limits.cpus), "--memory", memory]
+            confined += ["--memory-swap", memory, "--pids-limit", str(limits.pids)]
+        user = limits.uid if limits.uid is not None else os.getuid()
+        volumes = ["--volume", f"{folder}:{folder}:{'rw' if writable else 'ro'}"]
+        if writable:
+            for item in (INPUTS, SPEC_FILE, JOB_FILE):
+                if (folder / item).exists():
+                    volumes += ["--volume", f"{folder / item}:{folder / item}:ro"]
+        env = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp/home", "DLSCALE_HOME": "/tmp/dlscale"}
+        env.update(DLSCALE_CPUS=str(cpus or limits.cpus))
+        env.update(DLSCALE_MEMORY_BYTES=str(limits.memory_bytes))
+        environment = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
         return [
-            self.engine, "run", "--rm", "--name", self.name(job_dir), "--network", "none",
-            *self.flags, *limits, "--user", f"{os.getuid()}:{os.getgid()}",
-            "--volume", f"{job_dir}:{job_dir}:rw", "--workdir", str(job_dir),
-            "--env", "PYTHONUNBUFFERED=1", "--env", f"DLSCALE_HOME={job_dir}/.dlscale",
-            self.image, "python3", "-P", "-m", "dlscale.service.runner", str(job_dir),
-        ]  # fmt: skip
+            self.engine,
+            "run",
+            "--rm",
+            "--interactive",  # a validator reads its go on stdin
+            "--name",
+            name,
+            *self.flags,
+            *confined,
+            "--user",
+            f"{user}:{user}",
+            *volumes,
+            "--workdir",
+            str(folder),
+            *environment,
+            self.image,
+            "python3",
+            *argv[1:],
+        ]
 
-    def cancel(self, job_dir: Path) -> bool:
-        """SIGINT to the job's processes in its container (a pid in its folder is the
-        container's own numbering, not this host's)."""
-        if not lock_held(Path(job_dir)):
+    def _wrap(self, folder, name, writable, limits, argv, cpus=None):
+        return self.container_command(folder, name, writable, limits, argv, cpus), -1, -1
+
+    def cancel(self, folder: Path, force: bool = False) -> bool:
+        """SIGINT (or with `force` SIGKILL) to the job's processes in its container (a pid in
+        its folder is the container's own numbering, not this host's)."""
+        if not force and not lock_held(Path(folder)):
             return False
-        sent = subprocess.run([self.engine, "kill", "--signal", "INT", self.name(job_dir)],
-                              capture_output=True, text=True, check=False)  # fmt: skip
+        signal_name = "KILL" if force else "INT"
+        command = [self.engine, "kill", "--signal", signal_name, self.name(folder)]
+        sent = subprocess.run(command, capture_output=True, text=True, check=False)
         return sent.returncode == 0
+
+    def kill_validation(self, name: str, process: subprocess.Popen) -> None:
+        command = [self.engine, "kill", "--signal", "KILL", name]
+        subprocess.run(command, capture_output=True, text=True, check=False)
+        super().kill_validation(name, process)
 
 
 if __name__ == "__main__":  # `python -m dlscale.service.container flags`: for docker/build.sh

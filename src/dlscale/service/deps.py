@@ -52,8 +52,14 @@ def _key(request: Request, name: str | None) -> str:
 
 
 def check_not_limited(request: Request, name: str | None = None) -> None:
-    """429 while this address (and login name) has too many recent failures."""
-    wait = service(request).limiter.retry_after_s(_key(request, name))
+    """429 while this address (and login name) has too many recent failures; for a login, also
+    while the address has failed too often across all the names it tried (one password sprayed
+    over many names)."""
+    state = service(request)
+    waits = [state.limiter.retry_after_s(_key(request, name))]
+    if name is not None:
+        waits.append(state.address_limiter.retry_after_s(client_address(request)))
+    wait = max((w for w in waits if w is not None), default=None)
     if wait is not None:
         raise HTTPException(
             429,
@@ -66,6 +72,8 @@ def record_failure(request: Request, action: str, actor: str | None, detail: str
     state = service(request)
     address = client_address(request)
     state.limiter.fail(_key(request, actor))
+    if action == "login":
+        state.address_limiter.fail(address)
     with state.maker.begin() as db:
         store.audit(db, action, "denied", actor=actor, ip=address, detail=detail)
 

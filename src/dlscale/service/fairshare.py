@@ -16,6 +16,14 @@ HALF_LIFE_S = 3600.0
 # than an hour on one core (Slurm bills the same way through TRESBillingWeights).
 GPU_SLOT_COST = 4.0
 
+# A job that holds its slots counts, in its tenant's place in line, as this many seconds of
+# them on top of what its tenant has used: enough that one poll with many free slots shares them
+# by weight (each start moves its tenant back), small beside what jobs really use, so that from
+# the first hour on the split follows the weights. (Counting a running job as the usage it
+# would reach if it ran for ever, cost × half-life / ln 2 ≈ 87 minutes of it, split weights 1:3
+# evenly for the first hour: each tenant won back the slot its own job had just freed.)
+QUANTUM_S = 300.0
+
 # tenant name -> decayed, weighted slot-seconds (cpu slots + GPU_SLOT_COST × gpu slots, × s)
 Usage = dict[str, float]
 
@@ -62,21 +70,24 @@ def charge(
     return charged
 
 
+def held_usage(cost_per_s: float) -> float:
+    """What slots held now add to their tenant's place in line (see QUANTUM_S)."""
+    return cost_per_s * QUANTUM_S
+
+
 def shares(
     usage: Mapping[str, float],
     running: Iterable[Running],
     weights: Mapping[str, float],
-    half_life_s: float = HALF_LIFE_S,
 ) -> dict[str, float]:
     """Each tenant's place in line, lowest first: (decayed usage + running jobs) / weight.
 
-    A running job counts as the usage it tends to if it keeps running (`steady_usage`), so a
-    tenant that has just taken slots goes behind in the same poll, not an hour later when its
-    usage has grown; in steady state both terms are equal and the split follows the weights."""
+    A running job counts as QUANTUM_S of its slots (`held_usage`), so a tenant that has just
+    taken slots goes behind in the same poll; what tenants have really used decides the rest."""
     held = dict.fromkeys(weights, 0.0)
     for job in running:
         held[job.tenant] = held.get(job.tenant, 0.0) + slot_cost(job.cpu_slots, job.gpu_slots)
     return {
-        tenant: (usage.get(tenant, 0.0) + steady_usage(held[tenant], half_life_s)) / weight
+        tenant: (usage.get(tenant, 0.0) + held_usage(held[tenant])) / weight
         for tenant, weight in weights.items()
     }

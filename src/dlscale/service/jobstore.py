@@ -88,12 +88,35 @@ def transition(db: Session, job: Job, state: str, message: str = "") -> JobEvent
         job.started_at = now  # from here it holds slots (fair share charges them)
     if state in ENDED:
         job.ended_at = now
+    job.reason = ""  # why it waited in the queue: out of date once it leaves it
     job.state = state
     job.message = message
     event = JobEvent(job_id=job.id, at=now, state=state, message=message)
     db.add(event)
     db.flush()
     return event
+
+
+def note(db: Session, job: Job, message: str) -> JobEvent:
+    """An event in the job's history that changes no state (a cancel asked for, a stop)."""
+    event = JobEvent(job_id=job.id, at=time.time(), state=job.state, message=message)
+    db.add(event)
+    db.flush()
+    return event
+
+
+def delete_job(db: Session, job: Job) -> None:
+    """The job's rows: its events, its artifacts' list, the job (its folder is the caller's)."""
+    db.execute(delete(JobEvent).where(JobEvent.job_id == job.id))
+    db.execute(delete(Artifact).where(Artifact.job_id == job.id))
+    db.delete(job)
+    db.flush()
+
+
+def deletable_jobs(db: Session) -> list[str]:
+    """Ids of the ended jobs whose deletion was asked for while they ran."""
+    query = select(Job.id).where(Job.delete_requested.is_(True), Job.state.in_(ENDED))
+    return list(db.scalars(query))
 
 
 def job_events(db: Session, job_id: str, after_id: int = 0) -> list[JobEvent]:
@@ -114,8 +137,7 @@ def request_cancel(db: Session, job: Job) -> bool:
         return True
     if job.state in ACTIVE and not job.cancel_requested:
         job.cancel_requested = True
-        db.add(JobEvent(job_id=job.id, at=time.time(), state=job.state, message="cancel requested"))
-        db.flush()
+        note(db, job, "cancel requested")
         return True
     return False
 
@@ -132,19 +154,32 @@ def visible_job(db: Session, user: User, job_id: str) -> tuple[Job, str] | None:
 
 
 def jobs_of(
-    db: Session, user: User, tenant: Tenant | str | None = None, limit: int = 100
+    db: Session,
+    user: User,
+    tenant: Tenant | str | None = None,
+    limit: int = 100,
+    before_seq: int | None = None,
 ) -> list[Job]:
-    """The newest `limit` jobs of the tenants `user` belongs to (of one, if named)."""
+    """The newest `limit` jobs of the tenants `user` belongs to (of one, if named), submitted
+    before job number `before_seq` when given (the next page)."""
     query = (
         select(Job)
         .join(Membership, Membership.tenant_id == Job.tenant_id)
         .where(Membership.user_id == user.id)
     )
+    if before_seq is not None:
+        query = query.where(Job.seq < before_seq)
     if isinstance(tenant, Tenant):
         query = query.where(Job.tenant_id == tenant.id)
     elif tenant is not None:
         query = query.join(Tenant, Tenant.id == Job.tenant_id).where(Tenant.name == tenant)
     return list(db.scalars(query.order_by(Job.seq.desc()).limit(limit)))
+
+
+def queued_count(db: Session, tenant: Tenant) -> int:
+    """How many of the tenant's jobs wait in the queue."""
+    query = select(func.count(Job.id)).where(Job.tenant_id == tenant.id, Job.state == "queued")
+    return int(db.scalar(query) or 0)
 
 
 def queued_jobs(db: Session) -> list[Job]:

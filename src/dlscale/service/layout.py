@@ -3,8 +3,9 @@
 The folder is shared by two processes that never talk: the server writes `job.json`, `spec.yaml`
 and `inputs/` before the job starts; the job process (service/runner.py) writes everything else.
 Whatever a job wrote is untrusted (a model factory can write anything, symlinks included), so
-files are listed and opened without following symlinks, and only regular files inside the
-folder are ever handed out.
+files are listed and opened without following symlinks, only regular files inside the folder
+with a single link are ever handed out (a hard link could name a file of someone else's), and
+what the server parses of them (result.json, run.json, metrics) is read up to a bound.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -36,6 +38,7 @@ TOP_ARTIFACTS = (LOG, METRICS, RESULT)  # beside run/, the files a job's owner m
 
 _JOB_ID = re.compile(r"[0-9a-f]{16}")
 TAIL_CHUNK_BYTES = 1 << 20  # one read of a log; a longer line is sent in pieces of this size
+MAX_PARSED_BYTES = 4 << 20  # of a job's JSON the server reads: result, run record, metrics
 
 
 def job_dir(data_dir: str | Path, job_id: str) -> Path:
@@ -80,9 +83,10 @@ def write_job(
     folder = Path(folder)
     for name in inputs or {}:
         check_input_name(name)  # all checked before anything is written
-    folder.mkdir(parents=True)  # a fresh id: an existing folder would be another job's
+    folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.mkdir(mode=0o700)  # a fresh id: an existing folder would be another job's
     (folder / SPEC_FILE).write_text(spec_text)
-    (folder / INPUTS).mkdir()
+    (folder / INPUTS).mkdir(mode=0o700)
     for name, data in (inputs or {}).items():
         with open(folder / INPUTS / name, "xb") as handle:
             handle.write(data)
@@ -90,19 +94,52 @@ def write_job(
     return folder
 
 
+def _plain(fd: int, name: str) -> None:
+    """A regular file with one link, or FileNotFoundError (and `fd` closed)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise FileNotFoundError(name)
+
+
 def open_plain(path: str | Path) -> BinaryIO:
     """Open a file a job wrote, for the server to read: never through a symlink (a job could
-    point its log at another tenant's files), and only a regular file; else FileNotFoundError."""
+    point its log at another tenant's files), and only a regular file with one link; else
+    FileNotFoundError."""
     # O_NONBLOCK: a fifo in its place must not block the open.
     flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
         fd = os.open(path, flags)
     except OSError:
         raise FileNotFoundError(str(path)) from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise FileNotFoundError(str(path))
+    _plain(fd, str(path))
     return os.fdopen(fd, "rb")
+
+
+def read_bounded(handle: BinaryIO, what: str) -> bytes:
+    """All of a job-written file the server parses, or ValueError past MAX_PARSED_BYTES."""
+    data = handle.read(MAX_PARSED_BYTES + 1)
+    if len(data) > MAX_PARSED_BYTES:
+        raise ValueError(f"{what} is over {MAX_PARSED_BYTES} bytes")
+    return data
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """The server's own line at the end of a job's log: never through a link, never a file
+    with other links, never blocking on a fifo; silently skipped when the log is not plain."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+        _plain(fd, str(path))
+    except OSError:
+        return
+    with os.fdopen(fd, "ab") as handle:
+        handle.write(f"{' '.join(line.split())}\n".encode())
+
+
+def remove_job_dir(folder: str | Path) -> None:
+    """Delete a job's folder (rmtree never follows the links a job left in it)."""
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def read_result(folder: str | Path) -> dict | None:
@@ -110,11 +147,13 @@ def read_result(folder: str | Path) -> dict | None:
     path = Path(folder) / RESULT
     try:
         with open_plain(path) as handle:
-            text = handle.read().decode(errors="replace")
+            text = read_bounded(handle, RESULT).decode(errors="replace")
     except FileNotFoundError:
         if not os.path.lexists(path):
             return None
         text = ""  # a link or a fifo in its place: not the job process's doing
+    except ValueError:
+        text = ""  # larger than any result the runner writes
     try:
         result = json.loads(text)
     except ValueError:
@@ -134,6 +173,8 @@ def _regular_files(root: Path, top: Path):
             path = os.path.join(here, name)
             info = os.lstat(path)
             if not stat.S_ISREG(info.st_mode):  # symlinks, fifos, sockets, devices
+                continue
+            if info.st_nlink != 1:  # a hard link: its bytes may be someone else's file
                 continue
             real = os.path.realpath(path)
             if os.path.commonpath([real, top_real]) != top_real:
@@ -163,7 +204,7 @@ def list_artifacts(folder: str | Path) -> list[tuple[str, int, str]]:
             info = os.lstat(folder / name)
         except FileNotFoundError:
             continue
-        if stat.S_ISREG(info.st_mode):
+        if stat.S_ISREG(info.st_mode) and info.st_nlink == 1:
             candidates.append((name, info))
     for name, _ in candidates:
         try:
@@ -208,9 +249,7 @@ def open_artifact(folder: str | Path, name: str) -> BinaryIO:
         raise FileNotFoundError(name) from None
     finally:
         os.close(fd)
-    if not stat.S_ISREG(os.fstat(inner).st_mode):
-        os.close(inner)
-        raise FileNotFoundError(name)
+    _plain(inner, name)
     return os.fdopen(inner, "rb")
 
 

@@ -7,6 +7,11 @@ same for jobs started before the crash (the jobs run in sessions of their own an
 A job is marked `starting` and committed BEFORE its process is spawned: a crash in between
 leaves a `starting` job with no process, which is started again after a grace period; the job
 process refuses to run a job that was already claimed, so no job ever runs twice.
+
+While a job runs its folder is measured every few seconds: at its tenant's storage quota it is
+stopped, with the reason in its state and log, what it saved kept. A job that does not stop
+within `cancel_kill_s` of being asked is killed. A job whose deletion was asked for is deleted
+once it has ended.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import os
 import threading
 import time
 
-from dlscale.service import store
+from dlscale.service import jobstore, store
 from dlscale.service.config import ServiceConfig
 from dlscale.service.db import serialize
 from dlscale.service.db.models import Job, Tenant
@@ -24,7 +29,15 @@ from dlscale.service.executor import Executor
 from dlscale.service.fairshare import charge
 from dlscale.service.jobs import Machine, Request, Running
 from dlscale.service.jobs import Tenant as TenantQuota
-from dlscale.service.layout import CLAIMED, folder_bytes, job_dir, list_artifacts
+from dlscale.service.layout import (
+    CLAIMED,
+    LOG,
+    append_line,
+    folder_bytes,
+    job_dir,
+    list_artifacts,
+    remove_job_dir,
+)
 from dlscale.service.scheduler import plan
 
 CANCEL_RESEND_S = 5.0
@@ -49,6 +62,8 @@ class JobLoop:
         self.executor = executor
         self.machine = Machine(config.cpu_slots, config.gpu_slots)
         self._signalled: dict[str, float] = {}  # job id -> when a cancel signal was last sent
+        self._first_signal: dict[str, float] = {}  # job id -> when it was first asked to stop
+        self._measured: dict[str, float] = {}  # job id -> when its folder was last measured
         self._spawned: dict[str, float] = {}  # job id -> when this server last spawned it
         self._tries: dict[str, int] = {}  # job id -> processes this server spawned for it
         self._stop = threading.Event()
@@ -98,9 +113,15 @@ class JobLoop:
         self._tries[job_id] = self._tries.get(job_id, 0) + 1
         with self.maker.begin() as db:
             job = db.get(Job, job_id)
-            cpus = max(1, job.cpu_slots) if job is not None else 1
+            if job is None:
+                return
+            tenant = db.get(Tenant, job.tenant_id)
+            left = None
+            if tenant.storage_bytes is not None:
+                left = tenant.storage_bytes - store.storage_used(db, tenant)
+            limits = self.config.limits(job.cpu_slots, job.gpu_slots, job.id, left)
         try:
-            self.executor.start(job_dir(self.config.data_dir, job_id), cpus)
+            self.executor.start(job_dir(self.config.data_dir, job_id), limits)
         except OSError as exc:
             with self.maker.begin() as db:
                 job = db.get(Job, job_id)
@@ -121,27 +142,32 @@ class JobLoop:
             probe = self.executor.probe(folder)
             if probe.claimed and not probe.alive and probe.result is None:
                 probe = self.executor.probe(folder)  # it may have written its result just now
-            resend = now - self._signalled.get(job_id, 0.0) >= CANCEL_RESEND_S
-            if probe.alive and cancel_requested and resend:
-                self.executor.cancel(folder)
-                self._signalled[job_id] = now
+            if probe.alive and cancel_requested:
+                self._ask_to_stop(job_id, folder, now)
+            size = None
+            if probe.alive and now - self._measured.get(job_id, 0.0) >= self.config.storage_check_s:
+                self._measured[job_id] = now
+                size = folder_bytes(folder)
             ended = None
             if not probe.alive and probe.result is not None:
                 ended = (probe.result, folder_bytes(folder), list_artifacts(folder))
             elif not probe.alive and probe.claimed:
                 lost = {"state": "failed", "message": self.executor.lost_message(folder)}
                 ended = (lost, folder_bytes(folder), list_artifacts(folder))
-            seen[job_id] = (probe, ended)
-        respawn = []
+            seen[job_id] = (probe, ended, size)
+        respawn, over_quota = [], []
         with self.maker.begin() as db:
             serialize(db.connection())  # PostgreSQL: a cancel cannot interleave (SQLite: IMMEDIATE)
             for job in store.active_jobs(db):
                 if job.id not in seen:
                     continue  # started after the snapshot: the next tick looks at it
-                probe, ended = seen[job.id]
+                probe, ended, size = seen[job.id]
                 if ended is not None:
                     self._finish(db, job, *ended)
-                elif probe.alive or probe.claimed:
+                    continue
+                if size is not None and self._over_quota(db, job, size):
+                    over_quota.append(job.id)
+                if probe.alive or probe.claimed:
                     if job.state == "starting":
                         store.transition(db, job, "running", "its process is running")
                 elif job.cancel_requested:
@@ -157,15 +183,60 @@ class JobLoop:
                         folder = job_dir(self.config.data_dir, job.id)
                         message = self.executor.lost_message(folder)
                         store.transition(db, job, "failed", f"its process never started: {message}")
+        for job_id in over_quota:
+            self._ask_to_stop(job_id, job_dir(self.config.data_dir, job_id), now)
+        self._delete_ended()
         return respawn
+
+    def _ask_to_stop(self, job_id: str, folder, now: float) -> None:
+        """Ask a running job to stop (SIGINT, resent every few seconds), and kill it once it has
+        had `cancel_kill_s` to do so (a job may ignore the signal)."""
+        first = self._first_signal.setdefault(job_id, now)
+        if now - first >= self.config.cancel_kill_s:
+            self.executor.cancel(folder, force=True)
+        elif now - self._signalled.get(job_id, 0.0) >= CANCEL_RESEND_S:
+            self.executor.cancel(folder)
+            self._signalled[job_id] = now
+
+    def _over_quota(self, db, job: Job, size: int) -> bool:
+        """Record a running job's folder size; at its tenant's storage quota, mark it to be
+        stopped (True the first time)."""
+        job.bytes = size
+        tenant = db.get(Tenant, job.tenant_id)
+        if tenant.storage_bytes is None or job.stop_reason:
+            return False
+        db.flush()
+        used = store.storage_used(db, tenant)
+        if used < tenant.storage_bytes:
+            return False
+        job.stop_reason = (
+            f"stopped: tenant {tenant.name} reached its storage quota ({used:,} of "
+            f"{tenant.storage_bytes:,} bytes); what the job saved is kept"
+        )
+        job.cancel_requested = True
+        jobstore.note(db, job, job.stop_reason)
+        append_line(job_dir(self.config.data_dir, job.id) / LOG, f"server: {job.stop_reason}")
+        return True
+
+    def _delete_ended(self) -> None:
+        """Delete the jobs whose deletion was asked for while they ran, now that they ended."""
+        with self.maker.begin() as db:
+            doomed = jobstore.deletable_jobs(db)
+        for job_id in doomed:
+            remove_job_dir(job_dir(self.config.data_dir, job_id))
+            with self.maker.begin() as db:
+                serialize(db.connection())
+                job = db.get(Job, job_id)
+                if job is not None:
+                    jobstore.delete_job(db, job)
 
     def _claim_unstarted(self, job_id: str) -> bool:
         """Take the job's `claimed` marker for the server (O_EXCL, as the job process takes it):
         True when no process had claimed the job, which now none ever will, so it can be
         cancelled or failed without a late process training it unseen."""
         try:
-            os.close(os.open(job_dir(self.config.data_dir, job_id) / CLAIMED,
-                             os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))  # fmt: skip
+            claim = job_dir(self.config.data_dir, job_id) / CLAIMED
+            os.close(os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
         except FileExistsError:
             return False
         except OSError:
@@ -176,6 +247,16 @@ class JobLoop:
         state = result.get("state")
         if state not in ENDED:
             state, result = "failed", {**result, "message": f"unknown result state {state!r}"}
+        usage = self.executor.release(job_dir(self.config.data_dir, job.id))
+        if usage is not None:
+            result = {**result, "sandbox": usage}
+            if usage.get("oom_kills") and state == "failed":
+                result["message"] = (
+                    f"{result.get('message') or 'failed'} (the kernel killed "
+                    f"{usage['oom_kills']} of its processes at its memory limit)"
+                )
+        if job.stop_reason:
+            state, result = "failed", {**result, "message": job.stop_reason}
         repro = json.loads(job.repro_json or "{}")
         repro.update(
             data_sha256=result.get("data_sha256"),
@@ -200,8 +281,8 @@ class JobLoop:
         job.bytes = size
         store.set_artifacts(db, job, artifacts)
         store.transition(db, job, state, message)
-        self._signalled.pop(job.id, None)
-        self._spawned.pop(job.id, None)
+        for seen in (self._signalled, self._first_signal, self._measured, self._spawned):
+            seen.pop(job.id, None)
         self._tries.pop(job.id, None)
 
     def _charge(self, db, now: float) -> None:
@@ -236,12 +317,10 @@ class JobLoop:
         ]
         quotas = {t.name: quota_of(t) for t in tenants.values()}
         usage = {t.name: t.usage or 0.0 for t in tenants.values()}
-        decision = plan(requests, running, quotas, self.machine, usage, self.config.half_life_s)
+        decision = plan(requests, running, quotas, self.machine, usage)
         by_id = {job.id: job for job in queued}
         for job_id in decision.start:
-            job = by_id[job_id]
-            job.reason = ""
-            store.transition(db, job, "starting", "slots granted; starting its process")
+            store.transition(db, by_id[job_id], "starting", "slots granted; starting its process")
         for job_id, reason in decision.waiting.items():
             by_id[job_id].reason = reason
         return list(decision.start)

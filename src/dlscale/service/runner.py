@@ -1,5 +1,6 @@
 """A job's own process: `python -m dlscale.service.runner JOBDIR` runs the job in its folder
-through dlscale.api and leaves result.json; it writes nothing but files in that folder.
+through dlscale.api and leaves result.json; it writes nothing but files in that folder, and none
+of them through a symlink (the server starts it in the job sandbox, service/sandbox.py).
 
 It holds `runner.lock` for its whole life (how the server, even a restarted one, tells it is
 alive) and creates `claimed` before anything else, so a job started twice (a server that crashed
@@ -41,6 +42,10 @@ def say(line: str) -> None:
     print(line, flush=True)  # one line at a time: the server streams the log as it grows
 
 
+# The runner's own appends and creations: never through a link planted in the folder.
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 class MetricsFile:
     """metrics.jsonl: one JSON object a line, flushed as each is written."""
 
@@ -48,9 +53,17 @@ class MetricsFile:
         self.path = path
 
     def append(self, row: dict) -> None:
-        with open(self.path, "a") as handle:
+        with os.fdopen(os.open(self.path, APPEND, 0o600), "a") as handle:
             handle.write(json.dumps(row, default=str) + "\n")
             handle.flush()
+
+
+def run_folder(folder: Path) -> Path:
+    """run/, where the job writes its run: a real folder, never a link to elsewhere."""
+    run = folder / RUN
+    if run.is_symlink() or (run.exists() and not run.is_dir()):
+        raise UserError(f"{RUN} in the job's folder is not a folder; the job writes nothing there")
+    return run
 
 
 class LogReporter:
@@ -139,7 +152,7 @@ def run_train(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | N
     from dlscale import api
 
     reporter = LogReporter(MetricsFile(folder / METRICS))
-    record = api.train(spec, out_dir=folder / RUN, reporter=reporter)
+    record = api.train(spec, out_dir=run_folder(folder), reporter=reporter)
     return record["final"], api.weights_digest(folder / RUN)
 
 
@@ -147,7 +160,8 @@ def run_sweep(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | N
     from dlscale import api
 
     reporter = SweepLogReporter(MetricsFile(folder / METRICS))
-    result = api.sweep(spec, out_dir=folder / RUN, parallel=job.get("parallel"), reporter=reporter)
+    run = run_folder(folder)
+    result = api.sweep(spec, out_dir=run, parallel=job.get("parallel"), reporter=reporter)
     if result.get("failure"):  # every trial failed: the sweep did not do its job
         raise UserError(result["failure"])
     return result.get("best"), None  # many trials' weights: no one digest stands for them
@@ -159,8 +173,9 @@ def run_profile(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str |
     from dlscale import api
 
     result = api.profile(str(spec))  # what `dlscale profile SPEC` shows, with its defaults
-    (folder / RUN).mkdir(exist_ok=True)
-    write_json_atomic(folder / RUN / PROFILE, api.profile_json(result))
+    run = run_folder(folder)
+    run.mkdir(exist_ok=True)
+    write_json_atomic(run / PROFILE, api.profile_json(result))
     api.profile_report(result, Console(file=sys.stdout, width=120, color_system=None))
     say(f"wrote {RUN}/{PROFILE}")
     return None, None
@@ -232,7 +247,12 @@ def run_job(folder: Path) -> dict:
 
 def _hold_lock(folder: Path) -> int | None:
     """The job's lock, held until this process exits; None if another runner holds it."""
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(folder / LOCK, flags, 0o600)
+    except OSError as exc:  # a link or a fifo in its place: not this runner's to use
+        say(f"cannot take {LOCK}: {exc.strerror}; this process exits")
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -254,7 +274,9 @@ def main(argv: list[str] | None = None) -> int:
         say("another process is running this job; this one exits")
         return 0
     try:
-        os.close(os.open(folder / CLAIMED, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.close(
+            os.open(folder / CLAIMED, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        )
     except FileExistsError:
         say("this job was already started once; it is not run again")
         return 0

@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from dlscale.service.fairshare import HALF_LIFE_S, shares, slot_cost, steady_usage
+from dlscale.service.fairshare import held_usage, shares, slot_cost
 from dlscale.service.jobs import Machine, Request, Running, Tenant
 
 __all__ = ["Decision", "Machine", "Request", "Running", "Tenant", "check_fits", "plan"]
@@ -68,7 +68,6 @@ class _State:
     held: dict[str, _Held]
     free: dict[str, int]
     share: dict[str, float]
-    half_life_s: float
     lines: dict[str, deque[Request]] = field(default_factory=dict)
 
     def tenant_limit(self, job: Request) -> str | None:
@@ -97,7 +96,7 @@ class _State:
         self.held[job.tenant].add(job)
         for kind in ("cpu", "gpu"):
             self.free[kind] -= getattr(job, f"{kind}_slots")
-        cost = steady_usage(slot_cost(job.cpu_slots, job.gpu_slots), self.half_life_s)
+        cost = held_usage(slot_cost(job.cpu_slots, job.gpu_slots))
         self.share[job.tenant] += cost / self.tenants[job.tenant].weight
 
 
@@ -107,7 +106,6 @@ def plan(
     tenants: Mapping[str, Tenant],
     machine: Machine,
     usage: Mapping[str, float],
-    half_life_s: float = HALF_LIFE_S,
 ) -> Decision:
     """The jobs to start now and why each other queued job waits (see the module docstring)."""
     running = list(running)
@@ -115,8 +113,7 @@ def plan(
         tenants=tenants,
         held={name: _Held() for name in tenants},
         free={"cpu": machine.cpu_slots, "gpu": machine.gpu_slots},
-        share=shares(usage, running, {n: t.weight for n, t in tenants.items()}, half_life_s),
-        half_life_s=half_life_s,
+        share=shares(usage, running, {n: t.weight for n, t in tenants.items()}),
     )
     for job in running:
         state.held.setdefault(job.tenant, _Held()).add(job)

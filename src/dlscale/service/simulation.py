@@ -63,7 +63,7 @@ def simulate(
                 outcome.refused[request.job_id] = never
             else:
                 queued.append(request)
-        decision = plan(queued, running, tenants, machine, usage, half_life_s)
+        decision = plan(queued, running, tenants, machine, usage)
         starting = set(decision.start)
         running += [Running.of(job, now_s) for job in queued if job.job_id in starting]
         queued = [job for job in queued if job.job_id not in starting]

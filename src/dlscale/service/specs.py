@@ -1,11 +1,12 @@
-"""A spec sent to the service: read safely, kept inside its job folder, sized in slots.
+"""A spec sent to the service: its structure checked, kept inside its job folder, sized in slots.
 
-A client's spec is untrusted text. Before the spec code sees it, this module refuses what would
-make the server do work or reach files it should not: text that is not UTF-8, a document too
-large, nested too deeply or expanding through YAML aliases into millions of nodes (a "billion
-laughs" bomb), absolute or `..` paths (a tenant's spec reads only the files uploaded with it),
-data staging (a path on the server), and `package.module:factory` references (importing a
-module the client names is running code the client chooses; the service trains zoo models).
+A client's spec is untrusted text, and the server only checks its structure: UTF-8, a size, the
+plain-data YAML of `dlscale.spec.strict_yaml` (no `!!binary`, `!!timestamp`, `!!set` or python
+tags; duplicate keys refused) nested and expanded within bounds checked before it is built, and
+then the spec schema itself. Refused too: absolute or `..` paths (a tenant's spec reads only the
+files uploaded with it), data staging (a path on the server), and code references other than the
+tenant's own uploaded modules (`inputs.mynet:build`). Whatever needs the spec's model, data or
+code runs in a validation job inside the job sandbox (service/validate.py), never here.
 """
 
 from __future__ import annotations
@@ -19,13 +20,17 @@ from typing import Any
 import yaml
 
 from dlscale.errors import UserError
+from dlscale.spec.strict_yaml import load_yaml
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_DEPTH = 32
 MAX_NODES = 20_000  # after expanding aliases; a real spec has a few hundred
 KINDS = ("train", "sweep", "profile")
 # A `module:attribute` reference anywhere in the document (a model factory, a custom input maker).
-_CODE_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_CODE_REFERENCE = re.compile(r"^([A-Za-z_][\w.]*):[A-Za-z_]\w*$")
+# The tenant's own code: modules uploaded with the job, imported inside its sandbox only.
+TENANT_PACKAGE = "inputs"
+_PLAIN = (str, int, float, bool, type(None))
 
 
 @dataclass(frozen=True)
@@ -51,79 +56,63 @@ def decode(data: bytes) -> str:
         ) from None
 
 
-def _measure(node: yaml.Node) -> tuple[int, int]:
-    """(nodes after expanding aliases, depth) of a composed YAML document; aliases share node
-    objects, so memoising by identity keeps this linear in the document's size."""
-    sizes: dict[int, tuple[int, int]] = {}
-
-    def visit(n: yaml.Node, level: int) -> tuple[int, int]:
-        if level > MAX_DEPTH:
-            raise UserError(f"spec: nested deeper than {MAX_DEPTH} levels")
-        if id(n) in sizes:
-            return sizes[id(n)]
-        if isinstance(n, yaml.MappingNode):
-            parts = [visit(x, level + 1) for pair in n.value for x in pair]
-        elif isinstance(n, yaml.SequenceNode):
-            parts = [visit(x, level + 1) for x in n.value]
-        else:
-            parts = []
-        count = 1 + sum(p[0] for p in parts)
-        if count > MAX_NODES:
-            raise UserError(
-                f"spec: expands to more than {MAX_NODES} YAML nodes (aliases repeated into a bomb?)"
-            )
-        sizes[id(n)] = (count, 1 + max((p[1] for p in parts), default=0))
-        return sizes[id(n)]
-
-    return visit(node, 0)
-
-
 def parse(text: str) -> dict:
-    """The spec's YAML as a mapping, once its size, depth and alias expansion are bounded."""
+    """The spec's YAML as a mapping of plain data, its shape bounded before it is built."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        raw = load_yaml(text, MAX_DEPTH, MAX_NODES)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
         problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise UserError(f"spec: {problem}{where}") from None
-    if node is None or not isinstance(node, yaml.MappingNode):
+        raise UserError(f"spec: {' '.join(str(problem).split())}{where}") from None
+    if not isinstance(raw, dict):
         raise UserError("spec: expected a YAML mapping (name:, model:, data:, ...)")
-    _measure(node)
-    from dlscale.spec.strict_yaml import load_yaml
-
-    try:
-        raw = load_yaml(text)  # the spec loader's own YAML (duplicate keys refused)
-    except yaml.YAMLError as exc:
-        raise UserError(f"spec: {' '.join(str(exc).split())}") from None
     check_untrusted(raw)
     return raw
 
 
+def _is_staging(key: Any) -> bool:
+    """`stage`, or a swept field path ending in it (`data.stage` in a grid or a space)."""
+    return isinstance(key, str) and key.split(".")[-1] == "stage"
+
+
 def check_untrusted(raw: Any, where: str = "") -> None:
-    """Refuse paths that leave the job folder, server-side staging, and code references."""
+    """Refuse values that are not plain data, paths that leave the job folder, server-side
+    staging, and code references outside the tenant's own uploaded modules."""
     if isinstance(raw, dict):
         for key, value in raw.items():
             here = f"{where}.{key}" if where else str(key)
-            if key == "stage" and value is not None:
+            if not isinstance(key, _PLAIN):
+                raise UserError(f"spec: {here}: a key must be plain text or a number")
+            if _is_staging(key) and value is not None:
                 raise UserError(f"spec: {here}: staging copies to a path on the server; not here")
             check_untrusted(value, here)
     elif isinstance(raw, list):
         for index, value in enumerate(raw):
             check_untrusted(value, f"{where}[{index}]")
+    elif not isinstance(raw, _PLAIN):  # the loader builds none of these; never coerced to text
+        raise UserError(f"spec: {where}: a {type(raw).__name__} is not a spec value")
     elif isinstance(raw, str):
-        if _CODE_REFERENCE.match(raw):
+        _check_text(raw, where)
+
+
+def _check_text(raw: str, where: str) -> None:
+    if code := _CODE_REFERENCE.match(raw):
+        module = code.group(1)
+        if module.split(".")[0] != TENANT_PACKAGE or module == TENANT_PACKAGE:
             raise UserError(
-                f"spec: {where}: '{raw}' names code to import; the service trains the zoo's "
-                "models only (dlscale models lists them)"
+                f"spec: {where}: '{raw}' names code outside the job; the service imports only "
+                f"modules uploaded with it, as {TENANT_PACKAGE}.MODULE:FUNCTION (the file "
+                f"{TENANT_PACKAGE}/MODULE.py), inside the job's sandbox"
             )
-        if raw.startswith(("/", "~", "\\")) or "\x00" in raw or "://" in raw:
-            raise UserError(
-                f"spec: {where}: '{raw}' is not a path inside the job; the service reads only "
-                "files uploaded with the spec, named relative to it (inputs/NAME)"
-            )
-        if ".." in PurePosixPath(raw.replace("\\", "/")).parts:
-            raise UserError(f"spec: {where}: '{raw}' leaves the job's folder ('..')")
+        return
+    if raw.startswith(("/", "~", "\\")) or "\x00" in raw or "://" in raw:
+        raise UserError(
+            f"spec: {where}: '{raw}' is not a path inside the job; the service reads only "
+            "files uploaded with the spec, named relative to it (inputs/NAME)"
+        )
+    if ".." in PurePosixPath(raw.replace("\\", "/")).parts:
+        raise UserError(f"spec: {where}: '{raw}' leaves the job's folder ('..')")
 
 
 def with_seed(data: bytes) -> Submitted:

@@ -187,15 +187,14 @@ def password_of(db: Session, name: str) -> tuple[User | None, str]:
     wrong name costs the time of a wrong password). The caller checks it after the transaction:
     argon2 takes ~0.2 s, too long to hold SQLite's one write lock."""
     user = db.scalar(select(User).where(User.name == name))
+    if user is not None and user.disabled:
+        return None, _dummy_hash()  # a disabled account logs in no more
     return user, user.password_hash if user is not None else _dummy_hash()
 
 
 def check_login(db: Session, name: str, password: str) -> User | None:
-    user = db.scalar(select(User).where(User.name == name))
-    if user is None:
-        auth.verify_password(_dummy_hash(), password)
-        return None
-    return user if auth.verify_password(user.password_hash, password) else None
+    user, hashed = password_of(db, name)
+    return user if auth.verify_password(hashed, password) and user is not None else None
 
 
 # ------------------------------------------------------------------ tokens
@@ -246,8 +245,11 @@ def authenticate_token(db: Session, key: bytes, text: str) -> tuple[User, Token]
     now = time.time()
     if token.revoked or (token.expires_at is not None and token.expires_at <= now):
         return None
+    user = db.get(User, token.user_id)
+    if user.disabled:
+        return None
     token.last_used_at = now
-    return db.get(User, token.user_id), token
+    return user, token
 
 
 def revoke_token(db: Session, prefix: str) -> bool:
@@ -309,7 +311,8 @@ def session_of(db: Session, key: bytes, session_id: str) -> tuple[User, WebSessi
     found = db.scalar(select(WebSession).where(WebSession.digest == auth.digest(key, session_id)))
     if found is None or found.expires_at <= time.time():
         return None
-    return db.get(User, found.user_id), found
+    user = db.get(User, found.user_id)
+    return None if user.disabled else (user, found)
 
 
 def check_csrf(key: bytes, web_session: WebSession, header_value: str | None) -> bool:

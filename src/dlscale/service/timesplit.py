@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dlscale.service.layout import RUN, open_artifact
+from dlscale.service.layout import RUN, open_artifact, read_bounded
 
 RUN_RECORD = f"{RUN}/run.json"
 # run.json's `timing` keys, in the order a step spends them; `comm_wait_s` is the communication
@@ -24,7 +24,7 @@ def time_split(folder: str | Path) -> dict | None:
     so far; None when the job wrote no run record (queued, a sweep, a profile) or a foreign one."""
     try:
         with open_artifact(folder, RUN_RECORD) as handle:  # never through a planted symlink
-            record = json.loads(handle.read().decode(errors="replace"))
+            record = json.loads(read_bounded(handle, RUN_RECORD).decode(errors="replace"))
     except (FileNotFoundError, ValueError):
         return None
     timing = record.get("timing") if isinstance(record, dict) else None

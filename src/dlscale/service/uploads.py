@@ -8,6 +8,8 @@ concatenation without these checks (the zip-slip class of bug).
 
 from __future__ import annotations
 
+import os
+import shutil
 import stat
 import zipfile
 import zlib
@@ -69,3 +71,19 @@ def unpack_zip(archive: Path, into: Path, max_bytes: int) -> list[str]:
         raise UserError(f"archive: cannot be unpacked ({type(exc).__name__}: {exc})") from None
     except FileExistsError as exc:
         raise UserError(f"archive: '{Path(exc.filename).name}' is given twice") from None
+
+
+def copy_inputs(source: Path, target: Path) -> None:
+    """A job's inputs copied for a rerun: its folders and regular files, nothing else (a link,
+    a fifo or a device in their place is left behind; none is ever followed)."""
+    if not source.is_dir() or source.is_symlink():
+        return
+    for here, dirs, files in os.walk(source):
+        into = target / os.path.relpath(here, source)
+        into.mkdir(mode=0o700, parents=True, exist_ok=True)
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(here, d))]
+        for name in files:
+            path = os.path.join(here, name)
+            if stat.S_ISREG(os.lstat(path).st_mode):
+                with open(path, "rb") as src, open(into / name, "xb") as dst:
+                    shutil.copyfileobj(src, dst)

@@ -33,6 +33,7 @@ class User(Base):
     password_hash: Mapped[str]
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[float]
+    disabled: Mapped[bool] = mapped_column(default=False)  # an operator turned the account off
 
 
 class Tenant(Base):
@@ -45,6 +46,7 @@ class Tenant(Base):
     cpu_slots: Mapped[int | None]
     gpu_slots: Mapped[int | None]
     storage_bytes: Mapped[int | None] = mapped_column(BigInteger)  # quota; None: no limit
+    max_queued_jobs: Mapped[int | None]  # jobs waiting at once; None: the server's default
     usage: Mapped[float] = mapped_column(default=0.0)  # decayed slot-seconds (fairshare.py)
     usage_at: Mapped[float | None]  # when `usage` was last decayed and charged
 
@@ -112,6 +114,8 @@ class Job(Base):
     result_json: Mapped[str | None] = mapped_column(Text)
     repro_json: Mapped[str | None] = mapped_column(Text)
     bytes: Mapped[int] = mapped_column(BigInteger, default=0)  # its folder's size
+    stop_reason: Mapped[str | None] = mapped_column(Text)  # why the server stopped it
+    delete_requested: Mapped[bool] = mapped_column(default=False)  # deleted once it has ended
 
     # Loaded with the job (one join): job pages show who submitted it after the session ends.
     user: Mapped[User] = relationship(lazy="joined", viewonly=True)

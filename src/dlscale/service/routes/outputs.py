@@ -12,7 +12,7 @@ from fastapi.responses import StreamingResponse
 from dlscale.service import store
 from dlscale.service.db.models import Job
 from dlscale.service.deps import ARTIFACT_ID, Principal, job_access, principal, service
-from dlscale.service.layout import job_dir, open_artifact, open_plain
+from dlscale.service.layout import MAX_PARSED_BYTES, job_dir, open_artifact, open_plain
 from dlscale.service.loop import ENDED
 from dlscale.service.sse import follow, start_offset
 
@@ -73,12 +73,13 @@ def metrics_stream(
 
 @router.get("/api/jobs/{job_id}/metrics")
 def metrics(job_id: str, request: Request, who: Principal = Depends(principal)) -> list[dict]:
-    """Every finished epoch's metrics so far."""
+    """Every finished epoch's metrics so far (the first MAX_PARSED_BYTES of them: a job writes
+    its own metrics file, and may write it to any size)."""
     job_access(request, job_id, who)
     path = job_dir(service(request).config.data_dir, job_id) / "metrics.jsonl"
     try:
         with open_plain(path) as handle:  # never through a symlink a job might plant
-            text = handle.read().decode(errors="replace")
+            text = handle.read(MAX_PARSED_BYTES).decode(errors="replace")
     except FileNotFoundError:
         return []
     rows = []

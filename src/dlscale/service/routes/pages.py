@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import jinja2
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
@@ -125,7 +125,7 @@ def jobs_page(request: Request) -> HTMLResponse:
         with service(request).maker.begin() as db:
             roles = store.roles(db, who.user)
         submit_to = sorted(t for t, role in roles.items() if _can_edit(who, role))
-        listed = job_routes.list_jobs(request, None, who)
+        listed = job_routes.list_jobs(request, Response(), who=who)
         return _render(
             request,
             "jobs.html",
