@@ -23,10 +23,13 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, data_dir: Path, cpu_slots: int = 1, db_url: str | None = None):
+    def __init__(
+        self, data_dir: Path, cpu_slots: int = 1, db_url: str | None = None, *options: str
+    ):
         self.data_dir = Path(data_dir)
         self.cpu_slots = cpu_slots
         self.db_url = db_url
+        self.options = list(options)  # more of `python -m dlscale.service`'s flags
         self.port = free_port()
         self.process: subprocess.Popen | None = None
         self.log = self.data_dir.parent / f"{self.data_dir.name}-server.log"
@@ -50,6 +53,7 @@ class LiveServer:
         ]
         if self.db_url:
             command += ["--db", self.db_url]
+        command += self.options
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

@@ -143,11 +143,6 @@ def read_verdict(
             f"checking the spec took longer than {timeout_s:g} s (its model's build, or its "
             "data read)",
         )
-    if usage is not None and usage.oom_kills:
-        share = binary_bytes(memory_bytes)
-        return Verdict(
-            False, f"checking the spec ran out of memory: the job may use {share} (its slots')"
-        )
     lines = [line for line in output.splitlines() if line.strip()]
     marked = [line for line in lines if line.startswith(VERDICT_MARK)]
     if marked:
@@ -159,6 +154,11 @@ def read_verdict(
             pass
         else:
             return Verdict(ok, " ".join(message.split())[:2000], warnings)
+    if usage is not None and usage.oom_kills:  # it died at the limit before it could say
+        share = binary_bytes(memory_bytes)
+        return Verdict(
+            False, f"checking the spec ran out of memory: the job may use {share} (its slots')"
+        )
     last = lines[-1][:500] if lines else "no output"
     return Verdict(False, f"checking the spec failed (exit {returncode}): {last}")
 
