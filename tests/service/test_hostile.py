@@ -84,6 +84,28 @@ def allocate_past_memory():
     return f"exit {eat.returncode}"
 
 
+def children_cpu_s():
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
+
+
+def more_cores_than_its_slot():
+    before = children_cpu_s()
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    started = time.monotonic()
+    time.sleep(2.0)
+    for child in busy:
+        child.kill()
+        child.wait()
+    wall = time.monotonic() - started
+    used = children_cpu_s() - before
+    if used > 1.3 * wall:
+        return f"{used:.1f} s of CPU in {wall:.1f} s"
+    raise PermissionError(f"held to one core: {used:.1f} s of CPU in {wall:.1f} s")
+
+
 def found(items):  # what looking around saw: an escape if anything, refused if nothing
     if not items:
         raise PermissionError("nothing in sight")
@@ -118,6 +140,7 @@ def build(num_classes=10):
         [k for k in os.environ if "TOKEN" in k or "SECRET" in k or "PASSWORD" in k]))
     attempt(report, "fork without limit", fork_without_limit)
     attempt(report, "allocate past its memory", allocate_past_memory)
+    attempt(report, "use more cores than its one slot", more_cores_than_its_slot)
     os.makedirs("run", exist_ok=True)
     os.symlink("/etc/passwd", "run/passwd")  # its own folder: planted, never served
     attempt(report, "plant a hard link to the server's database",
@@ -226,7 +249,7 @@ def test_a_tenants_own_code_trains_while_every_escape_fails(server):
     x = np.zeros((40, 8, 8), dtype=np.float32)
     private = io.BytesIO()
     np.savez(private, x=x, y=np.arange(40) % 10)
-    theirs = submit(alice, TINY, {"private.npz": private.getvalue()})
+    theirs = submit(alice, TINY, {"private.npz": private.getvalue(), "private.png": PNG})
     assert theirs.status_code == 201, theirs.text
     alice_job = theirs.json()["id"]
     wait_for_state(alice, alice_job, ENDED)
@@ -253,7 +276,7 @@ def test_a_tenants_own_code_trains_while_every_escape_fails(server):
     report_id = artifacts["run/attacks.json"]["id"]
     report = mallory.get(f"/api/jobs/{job_id}/artifacts/{report_id}").json()
     attempts = {a["attempt"]: a for a in report["attempts"]}
-    assert len(attempts) == 16
+    assert len(attempts) == 17
     for name, outcome in attempts.items():
         assert outcome["refused"], (name, outcome)
     # Who it ran as: an unprivileged uid of its own, in a PID namespace of its own.
@@ -262,6 +285,7 @@ def test_a_tenants_own_code_trains_while_every_escape_fails(server):
     # The server recorded what the kernel refused: the fork bomb's tasks, the allocation.
     sandbox = job["result"]["sandbox"]
     assert sandbox["tasks_refused"] >= 1 and sandbox["oom_kills"] >= 1, sandbox
+    assert sandbox["cpu_throttled_s"] > 0, sandbox
     # Links it planted are not served; its own regular file is.
     assert "run/mine.txt" in artifacts
     assert not {"run/passwd", "run/db", "run/twice.txt", "run/twice-linked.txt"} & set(artifacts)
@@ -281,6 +305,17 @@ def test_a_tenants_own_code_trains_while_every_escape_fails(server):
 
 
 ZEROS = bytes(16 << 20)
+
+
+def _png() -> bytes:
+    from PIL import Image
+
+    packed = io.BytesIO()
+    Image.new("L", (8, 8), 128).save(packed, format="PNG")
+    return packed.getvalue()
+
+
+PNG = _png()
 
 
 def _idx_bomb(count: int) -> bytes:
@@ -342,3 +377,91 @@ def test_upload_bombs_are_refused_and_the_servers_memory_stays_flat(server):
     grown = peak_rss_bytes(server.process.pid) - base
     assert grown < 100 << 20, f"the server grew by {grown / 2**20:.0f} MiB"
     assert server.client(None).get("/api/health").status_code == 200
+
+
+def _hf_archive(tmp_path: Path, image_path: str) -> bytes:
+    """A saved Hugging Face data set whose images are cells naming files by absolute path."""
+    import datasets
+    from datasets.arrow_writer import ArrowWriter
+
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(num_classes=2)}
+    )
+    embedded = {"image": [{"path": None, "bytes": PNG}] * 8, "label": [0, 1] * 4}
+    datasets.Dataset.from_dict(embedded, features=features).save_to_disk(str(tmp_path / "ds"))
+    # save_to_disk embeds the bytes of files it can read: the attacker's tool writes the path.
+    (arrow,) = (tmp_path / "ds").glob("*.arrow")
+    rows = {"image": [{"path": image_path, "bytes": None}] * 8, "label": [0, 1] * 4}
+    with ArrowWriter(features=features, path=str(arrow), embed_local_files=False) as writer:
+        writer.write_batch(rows)
+        writer.finalize()
+    packed = io.BytesIO()
+    with zipfile.ZipFile(packed, "w") as archive:
+        for path in sorted((tmp_path / "ds").rglob("*")):
+            if path.is_file():
+                archive.write(path, f"ds/{path.relative_to(tmp_path / 'ds')}")
+    return packed.getvalue()
+
+
+@pytest.mark.slow
+def test_a_data_set_naming_files_outside_its_job_reads_nothing(server, tmp_path):
+    _, alice_token = server.user("ana", "lab-ana")
+    ana = server.client(alice_token)
+    theirs = submit(ana, TINY, {"secret.png": PNG})
+    assert theirs.status_code == 201, theirs.text
+    victim = server.data_dir / "jobs" / theirs.json()["id"] / "inputs" / "secret.png"
+    assert victim.is_file()
+    _, token = server.user("ivan", "lab-ivan")
+    ivan = server.client(token)
+    spec = TINY.replace("{name: digits}", "{name: hf, path: inputs/ds, image_column: image}")
+    # Image cells naming another tenant's file by its absolute path.
+    archive = _hf_archive(tmp_path, str(victim))
+    parts = [("spec", ("spec.yaml", spec.encode())), ("archive", ("ds.zip", archive))]
+    answer = ivan.post("/api/jobs", files=parts)
+    assert answer.status_code == 422, answer.text
+    assert "secret.png" in answer.json()["detail"]
+    # state.json naming an Arrow file anywhere on the server.
+    packed = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(archive)) as source, zipfile.ZipFile(packed, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename.endswith("state.json"):
+                state = json.loads(data)
+                state["_data_files"] = [{"filename": str(server.data_dir / "service.db")}]
+                data = json.dumps(state).encode()
+            target.writestr(item, data)
+    parts = [("spec", ("spec.yaml", spec.encode())), ("archive", ("ds.zip", packed.getvalue()))]
+    answer = ivan.post("/api/jobs", files=parts)
+    assert answer.status_code == 422, answer.text
+    # In the sandbox the server's database does not exist (outside, it would be read as Arrow).
+    assert "not a Hugging Face data set" in answer.json()["detail"]
+
+
+@pytest.mark.slow
+def test_a_job_at_its_tenants_storage_quota_is_stopped_and_deleting_it_frees_the_space(server):
+    quota = 5 << 20
+    _, token = server.user("hoarder", "hoard", storage_bytes=quota)
+    client = server.client(token)
+    # A checkpoint (about 0.5 MB) at every one of 1,100 steps, all kept: 500 MB unchecked.
+    spec = TINY.replace("hidden: [16]", "hidden: [512]").replace("epochs: 1", "epochs: 50")
+    spec += "checkpoint: {every_steps: 1, keep_last: 1000}\n"
+    answer = submit(client, spec)
+    assert answer.status_code == 201, answer.text
+    job_id = answer.json()["id"]
+    job = wait_for_state(client, job_id, ENDED, 300)
+    assert job["state"] == "failed", job
+    assert "storage quota" in job["message"] and "what the job saved is kept" in job["message"]
+    folder = server.data_dir / "jobs" / job_id
+    assert "storage quota" in (folder / "log.txt").read_text()
+    assert list((folder / "run").rglob("step-*.pt")), "what it saved is kept"
+    used = client.get("/api/queue").json()["tenants"][0]["storage_used"]
+    assert quota <= used < quota + (100 << 20), used  # stopped within a check of the quota
+    refused = submit(client, TINY)
+    assert refused.status_code == 409 and "storage quota" in refused.json()["detail"]
+    # Deleting the job frees its storage: the tenant can submit again.
+    deleted = client.delete(f"/api/jobs/{job_id}")
+    assert deleted.status_code == 200 and deleted.json()["deleted"], deleted.text
+    assert not folder.exists()
+    assert client.get(f"/api/jobs/{job_id}").status_code == 404
+    assert client.get("/api/queue").json()["tenants"][0]["storage_used"] == 0
+    assert submit(client, TINY).status_code == 201

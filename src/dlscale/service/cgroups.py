@@ -52,12 +52,14 @@ class Usage:
     peak_memory_bytes: int | None
     oom_kills: int  # processes the kernel killed at the memory limit
     tasks_refused: int  # forks and threads refused at the pids limit
+    cpu_throttled_s: float  # time its tasks were held back at its CPU quota
 
     def as_dict(self) -> dict:
         return {
             "peak_memory_bytes": self.peak_memory_bytes,
             "oom_kills": self.oom_kills,
             "tasks_refused": self.tasks_refused,
+            "cpu_throttled_s": self.cpu_throttled_s,
         }
 
 
@@ -210,14 +212,17 @@ class JobCgroup:
         return sorted(found)
 
     def usage(self) -> Usage:
-        memory, pids = self.folders["memory"], self.folders["pids"]
+        memory, pids, cpu = (self.folders[c] for c in CONTROLLERS)
         if self.hierarchy.version == 1:
             peak = _read_int(memory / "memory.max_usage_in_bytes")
             oom = _read_key(memory / "memory.oom_control", "oom_kill")
+            throttled_s = (_read_key(cpu / "cpu.stat", "throttled_time") or 0) / 1e9
         else:
             peak = _read_int(memory / "memory.peak")
             oom = _read_key(memory / "memory.events", "oom_kill")
-        return Usage(peak, oom or 0, _read_key(pids / "pids.events", "max") or 0)
+            throttled_s = (_read_key(cpu / "cpu.stat", "throttled_usec") or 0) / 1e6
+        refused = _read_key(pids / "pids.events", "max") or 0
+        return Usage(peak, oom or 0, refused, throttled_s)
 
     def kill(self) -> None:
         """SIGKILL every process in the cgroup (a job that outlived its end, or a timeout)."""
