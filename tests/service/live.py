@@ -4,6 +4,9 @@ tenants and tokens made through the admin verbs (no defaults exist)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
 import socket
 import subprocess
@@ -14,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from dlscale.service import admin
+from dlscale.service.executor import start_time
 
 
 def free_port() -> int:
@@ -76,6 +80,8 @@ class LiveServer:
         self.process.wait(timeout=10)
 
     def stop(self) -> None:
+        """Stop the server, then the jobs it left running (a real server leaves them running
+        on purpose: they outlive it; a test's must not outlive the test)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
@@ -83,6 +89,11 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        for record in (self.data_dir / "sandboxes").glob("*.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                sandbox = json.loads(record.read_text())
+                if start_time(int(sandbox["init"])) == sandbox["started"]:  # still that process
+                    os.kill(int(sandbox["init"]), signal.SIGKILL)
 
     # ------------------------------------------------------------ people and tokens
 

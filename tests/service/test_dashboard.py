@@ -216,11 +216,14 @@ def test_log_in_submit_watch_and_cancel_in_a_browser(server, tmp_path):
         expect(page.locator("#submit-error")).to_have_text(expected_422.json()["detail"])
         assert api.get("/api/jobs").json() == []
 
-        # A long job, followed live: log lines and chart points arrive while it runs.
+        # A long job, followed live: log lines, chart points, its start and where its steps
+        # spend their time arrive while it runs (the page was rendered before it started).
         long_id = _submit(page, SPEC.replace("EPOCHS", "3000"))
         expect(page.locator("#job-state")).to_have_text("running", timeout=JOB_WAIT_MS)
         expect(page.locator("#log")).to_contain_text("epoch 3 ", timeout=JOB_WAIT_MS)
         expect(page.locator("#chart")).to_have_attribute("data-points", re.compile(r"^[3-9]|\d\d"))
+        expect(page.locator("#job-started time")).to_have_count(1)
+        expect(page.locator("#time-split")).to_contain_text("compute")
         _shoot(page, tmp_path, "job-running")
 
         # A second job waits (the tenant runs one job at a time) and its page says why.
@@ -238,9 +241,33 @@ def test_log_in_submit_watch_and_cancel_in_a_browser(server, tmp_path):
         page.goto("/")
         expect(page.locator("#jobs-table tbody tr")).to_have_count(2)
         _shoot(page, tmp_path, "jobs")
+        # On a phone the page fits the screen: the list keeps id, state and reason.
+        page.set_viewport_size({"width": 375, "height": 740})
+        for path in ("/", f"/jobs/{short_id}", "/queue", "/admin"):
+            page.goto(path)
+            width = page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 375, (path, width)
+        page.goto("/")
+        expect(page.locator("#jobs-table th").nth(1)).to_be_visible()
+        _shoot(page, tmp_path, "jobs-phone")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        # The operator's page: a tenant's weight changed, an account turned off, a password.
         page.goto("/admin")
         expect(page.locator("#users")).to_contain_text("victor")
         expect(page.locator("#audit")).to_contain_text("denied")  # the wrong password
+        page.fill("form[data-tenant=lab] input[name=weight]", "2.5")
+        page.click("form[data-tenant=lab] button[type=submit]")
+        expect(page.locator("form[data-tenant=lab] input[name=weight]")).to_have_value("2.5")
+        page.click("tr[data-user=victor] [data-action=disable]")
+        expect(page.locator("tr[data-user=victor] .user-state")).to_have_text("disabled")
+        assert server.client(viewer_token).get("/api/me").status_code == 401
+        page.click("tr[data-user=victor] [data-action=enable]")
+        expect(page.locator("tr[data-user=victor] .user-state")).to_have_text("active")
+        page.click("tr[data-user=victor] [data-action=password]")
+        expect(page.locator("#admin-notice .password")).to_have_text(re.compile(r"^\S{12,}$"))
+        audit = api.get("/api/admin/audit").json()
+        actions = [entry["action"] for entry in audit if entry["actor"] == "alice"]
+        assert actions[:4] == ["reset password", "enable user", "disable user", "set tenant"]
         _shoot(page, tmp_path, "admin")
 
         page.goto(f"/jobs/{long_id}")
@@ -271,6 +298,13 @@ def test_log_in_submit_watch_and_cancel_in_a_browser(server, tmp_path):
         rerun = api.get(f"/api/jobs/{page.url.rsplit('/', 1)[1]}").json()
         assert rerun["rerun_of"] == short_id
         api.post(f"/api/jobs/{rerun['id']}/cancel")  # its training proves nothing more here
+        # Deleting the finished job (after a confirmation) lands on the list, without it.
+        page.goto(f"/jobs/{short_id}")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("#delete-button")
+        page.wait_for_url(f"{server.url}/")
+        assert api.get(f"/api/jobs/{short_id}").status_code == 404
+        expect(page.locator("#jobs-table")).not_to_contain_text(short_id)
         browser.close()
 
     assert set(hosts) == {"127.0.0.1"}, hosts
@@ -280,8 +314,8 @@ def test_log_in_submit_watch_and_cancel_in_a_browser(server, tmp_path):
     expected = [note.format("401 (Unauthorized)")] * 2 + [note.format("422 (Unprocessable Entity)")]
     assert errors == expected
     # A viewer sees the job page without the Cancel and Rerun buttons.
-    viewer_page = server.client(viewer_token).get(f"/jobs/{short_id}")
+    viewer_page = server.client(viewer_token).get(f"/jobs/{long_id}")
     assert viewer_page.status_code == 200
     assert "cancel-button" not in viewer_page.text
-    assert "rerun-button" not in viewer_page.text
-    assert 'id="rerun-button"' in api.get(f"/jobs/{short_id}").text
+    assert "rerun-button" not in viewer_page.text and "delete-button" not in viewer_page.text
+    assert 'id="rerun-button"' in api.get(f"/jobs/{long_id}").text

@@ -426,3 +426,156 @@ def test_a_job_cancelled_before_its_process_claims_it_can_never_run(web):
     assert web.client.get(f"/api/jobs/{job_id}", headers=alice).json()["state"] == "cancelled"
     # The server took the job's claim: a process arriving late finds it taken and exits.
     assert (web.data_dir / "jobs" / job_id / "claimed").exists()
+
+
+def test_jobs_that_can_never_run_are_refused_at_submit_as_dlscale_train_refuses_them(web):
+    """Once, 1,000 loader workers and a model needing 149 GiB were queued and failed later."""
+    alice = web.user("alice", "lab")
+    workers = web.submit(alice, TINY.replace("device: cpu", "device: cpu\nloader: {workers: 1000}"))
+    assert workers.status_code == 422, workers.text
+    assert "would start 1001 processes here" in workers.json()["detail"]
+    huge = TINY.replace("hidden: [16]", "hidden: [100000, 100000, 100000]")
+    answer = web.submit(alice, huge)
+    assert answer.status_code == 422, answer.text
+    assert "can never run in the slots it asks for" in answer.json()["detail"]
+    assert list((web.data_dir / "jobs").iterdir()) == []
+
+
+def test_a_tenants_waiting_jobs_are_limited(web):
+    alice = web.user("alice", "lab", max_queued_jobs=2)
+    for _ in range(2):
+        assert web.submit(alice).status_code == 201  # no tick: they wait
+    third = web.submit(alice)
+    assert third.status_code == 429 and "2 jobs waiting" in third.json()["detail"]
+    assert "retry-after" in third.headers
+    web.state.loop.tick()  # both start: the queue is free again
+    assert web.submit(alice).status_code == 201
+
+
+def test_one_address_trying_a_password_on_many_names_is_limited(web):
+    """Once one address tried one password on 40 names and got 40 × 401."""
+    answers = [
+        web.client.post("/api/login", json={"name": f"user{i}", "password": "guess"}).status_code
+        for i in range(40)
+    ]
+    limit = web.state.config.address_limit
+    assert answers[:limit] == [401] * limit
+    assert set(answers[limit:]) == {429}
+
+
+def test_a_cancelled_job_keeps_no_waiting_reason(web):
+    web.fake.finish = False
+    alice = web.user("alice", "lab", max_concurrent_jobs=1)
+    web.submit(alice)
+    waiting = web.submit(alice).json()["id"]
+    web.state.loop.tick()
+    assert web.client.get(f"/api/jobs/{waiting}", headers=alice).json()["reason"]
+    web.client.post(f"/api/jobs/{waiting}/cancel", headers=alice)
+    job = web.client.get(f"/api/jobs/{waiting}", headers=alice).json()
+    assert job["state"] == "cancelled" and job["reason"] == ""
+    listed = web.client.get("/api/jobs", headers=alice).json()
+    assert next(j for j in listed if j["id"] == waiting)["reason"] == ""
+
+
+def test_the_job_list_comes_a_page_at_a_time(web):
+    alice = web.user("alice", "lab")
+    made = [web.submit(alice).json()["id"] for _ in range(5)]
+    seen, before = [], None
+    while True:
+        params = {"limit": 2, **({"before": before} if before else {})}
+        page = web.client.get("/api/jobs", headers=alice, params=params)
+        assert page.status_code == 200 and len(page.json()) <= 2
+        seen += [job["id"] for job in page.json()]
+        before = page.headers.get("x-next-before")
+        if before is None:
+            break
+        assert 'rel="next"' in page.headers["link"]
+    assert seen == made[::-1]  # newest first, each once
+    for bad in ({"limit": 0}, {"limit": 5000}, {"before": "f" * 16}, {"before": "../x"}):
+        assert web.client.get("/api/jobs", headers=alice, params=bad).status_code == 422
+
+
+def test_deleting_a_job_frees_it_at_once_or_after_it_stops(web):
+    web.fake.finish = False
+    alice = web.user("alice", "lab", storage_bytes=1 << 30)
+    viewer = web.user("vera", "lab", role="viewer")
+    bob = web.user("bob", "other")
+    running, queued = (web.submit(alice).json()["id"] for _ in range(2))
+    web.state.config.cpu_slots = 1
+    web.state.loop.machine = type(web.state.loop.machine)(1)
+    web.state.loop.tick()
+    assert web.client.delete(f"/api/jobs/{running}", headers=viewer).status_code == 403
+    assert web.client.delete(f"/api/jobs/{running}", headers=bob).status_code == 404
+    gone = web.client.delete(f"/api/jobs/{queued}", headers=alice)
+    assert gone.status_code == 200 and gone.json()["deleted"]
+    assert not (web.data_dir / "jobs" / queued).exists()
+    assert web.client.get(f"/api/jobs/{queued}", headers=alice).status_code == 404
+    later = web.client.delete(f"/api/jobs/{running}", headers=alice)
+    assert later.status_code == 202 and later.json()["delete_requested"]
+    assert running in web.fake.cancelled  # cancelled first...
+    web.state.loop.tick()  # ...it ends, and is deleted
+    web.state.loop.tick()
+    assert web.client.get(f"/api/jobs/{running}", headers=alice).status_code == 404
+    assert not (web.data_dir / "jobs" / running).exists()
+    with web.state.maker.begin() as db:
+        audited = db.execute(text("select action from audit where action = 'delete'")).all()
+    assert len(audited) == 2
+
+
+def test_a_disabled_user_is_shut_out_at_once_and_admins_change_tenants(web):
+    admin_headers = web.user("root", "ops")
+    admin.create_user(web.data_dir, web.db_url, "boss", True)
+    token = admin.issue_token(web.data_dir, web.db_url, "boss", "write", None)
+    boss = {"Authorization": f"Bearer {token}"}
+    alice = web.user("alice", "lab")
+    job_id = web.submit(alice).json()["id"]
+    assert (
+        web.client.post(
+            "/api/admin/users/alice/disable", headers=admin_headers, json={"disabled": True}
+        ).status_code
+        == 403
+    )
+    off = web.client.post("/api/admin/users/alice/disable", headers=boss, json={"disabled": True})
+    assert off.status_code == 200 and off.json()["disabled"]
+    assert web.client.get("/api/me", headers=alice).status_code == 401
+    assert (
+        web.client.post(
+            "/api/admin/users/boss/disable", headers=boss, json={"disabled": True}
+        ).status_code
+        == 422
+    )
+    web.client.post("/api/admin/users/alice/disable", headers=boss, json={"disabled": False})
+    assert web.client.get(f"/api/jobs/{job_id}", headers=alice).status_code == 200
+    changed = web.client.patch(
+        "/api/admin/tenants/lab",
+        headers=boss,
+        json={"weight": 3, "storage_bytes": 1000, "cpu_slots": None},
+    )
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["weight"] == 3 and changed.json()["storage_bytes"] == 1000
+    bad = web.client.patch("/api/admin/tenants/lab", headers=boss, json={"weight": -1})
+    assert bad.status_code == 422
+    assert (
+        web.client.patch("/api/admin/tenants/nope", headers=boss, json={"weight": 2}).status_code
+        == 404
+    )
+    password = web.client.post("/api/admin/users/alice/password", headers=boss).json()["password"]
+    assert (
+        web.client.post("/api/login", json={"name": "alice", "password": password}).status_code
+        == 200
+    )
+    removed = web.client.delete("/api/admin/tenants/lab/members/alice", headers=boss)
+    assert removed.status_code == 200
+    assert web.client.get(f"/api/jobs/{job_id}", headers=alice).status_code == 404
+    with web.state.maker.begin() as db:
+        actions = [
+            row[0]
+            for row in db.execute(text("select action from audit where actor = 'boss' order by id"))
+        ]
+    assert actions == [
+        "disable user",
+        "enable user",
+        "set tenant",
+        "reset password",
+        "remove member",
+    ]

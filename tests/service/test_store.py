@@ -17,7 +17,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, inspect, select, text
 
 from dlscale.errors import UserError
-from dlscale.service import admin, auth, store
+from dlscale.service import admin, auth, jobstore, store
 from dlscale.service.db import default_url, downgrade, make_engine, migrate, sessions
 from dlscale.service.db.models import Base, Job, Token, WebSession
 
@@ -68,7 +68,7 @@ def submit(db: Db, user, tenant: str = "lab", spec: str = "epochs: 1\n") -> Job:
     with db.maker.begin() as s:
         owner = next(t for t in store.tenants(s) if t.name == tenant)
         fields = {"kind": "train", "spec_text": spec, "seed": 7, "cpu_slots": 1, "gpu_slots": 0}
-        return store.new_job(s, tenant=owner, user=user, **fields)
+        return jobstore.new_job(s, tenant=owner, user=user, **fields)
 
 
 def test_migrations_go_up_down_and_up_again_and_match_the_models(db):
@@ -223,7 +223,7 @@ def test_job_states_move_only_as_the_contract_allows_with_one_event_each(db):
     with db.maker.begin() as s:
         row = s.get(Job, job.id)
         for state in ("starting", "running", "succeeded"):
-            store.transition(s, row, state, f"now {state}")
+            jobstore.transition(s, row, state, f"now {state}")
         assert row.started_at is not None and row.ended_at >= row.started_at
         assert row.message == "now succeeded"
     for state, illegal in [("queued", "running"), ("queued", "succeeded"), ("running", "queued")]:
@@ -231,18 +231,18 @@ def test_job_states_move_only_as_the_contract_allows_with_one_event_each(db):
         with db.maker.begin() as s:
             row = s.get(Job, other.id)
             if state == "running":
-                store.transition(s, row, "starting")
-                store.transition(s, row, "running")
+                jobstore.transition(s, row, "starting")
+                jobstore.transition(s, row, "running")
             with pytest.raises(ValueError, match=f"{state} -> {illegal}"):
-                store.transition(s, row, illegal)
+                jobstore.transition(s, row, illegal)
     with db.maker.begin() as s:
         row = s.get(Job, job.id)
         for after in ("running", "failed", "cancelled", "queued"):  # an ended job stays ended
             with pytest.raises(ValueError):
-                store.transition(s, row, after)
-        events = store.job_events(s, job.id)
+                jobstore.transition(s, row, after)
+        events = jobstore.job_events(s, job.id)
         assert [e.state for e in events] == ["queued", "starting", "running", "succeeded"]
-        assert [e.state for e in store.job_events(s, job.id, after_id=events[1].id)] == [
+        assert [e.state for e in jobstore.job_events(s, job.id, after_id=events[1].id)] == [
             "running",
             "succeeded",
         ]
@@ -253,23 +253,23 @@ def test_a_job_is_invisible_outside_its_tenants(db):
     (eve,) = people(db, "eve", tenant="rivals")
     ours, theirs = submit(db, alice), submit(db, eve, tenant="rivals")
     with db.maker.begin() as s:
-        assert store.visible_job(s, bob, ours.id)[1] == "editor"
-        assert store.visible_job(s, eve, ours.id) is None
-        assert store.visible_job(s, alice, theirs.id) is None
-        assert store.visible_job(s, alice, "no-such-job") is None
-        assert [j.id for j in store.jobs_of(s, alice)] == [ours.id]
-        assert [j.id for j in store.jobs_of(s, eve, "rivals")] == [theirs.id]
-        assert store.jobs_of(s, eve, "lab") == []
+        assert jobstore.visible_job(s, bob, ours.id)[1] == "editor"
+        assert jobstore.visible_job(s, eve, ours.id) is None
+        assert jobstore.visible_job(s, alice, theirs.id) is None
+        assert jobstore.visible_job(s, alice, "no-such-job") is None
+        assert [j.id for j in jobstore.jobs_of(s, alice)] == [ours.id]
+        assert [j.id for j in jobstore.jobs_of(s, eve, "rivals")] == [theirs.id]
+        assert jobstore.jobs_of(s, eve, "lab") == []
 
 
 def test_the_queue_keeps_submit_order_even_under_concurrent_submits(db):
     alice, bob = people(db, "alice", "bob")
     first = [submit(db, alice), submit(db, bob), submit(db, alice)]
     with db.maker.begin() as s:
-        store.transition(s, s.get(Job, first[1].id), "starting")
-        assert [j.id for j in store.queued_jobs(s)] == [first[0].id, first[2].id]
-        assert [j.id for j in store.active_jobs(s)] == [first[1].id]
-        assert [j.id for j in store.jobs_of(s, alice)] == [j.id for j in reversed(first)]
+        jobstore.transition(s, s.get(Job, first[1].id), "starting")
+        assert [j.id for j in jobstore.queued_jobs(s)] == [first[0].id, first[2].id]
+        assert [j.id for j in jobstore.active_jobs(s)] == [first[1].id]
+        assert [j.id for j in jobstore.jobs_of(s, alice)] == [j.id for j in reversed(first)]
     failures = []
 
     def submit_some():
@@ -286,7 +286,7 @@ def test_the_queue_keeps_submit_order_even_under_concurrent_submits(db):
         thread.join()
     assert failures == []
     with db.maker.begin() as s:
-        assert [j.seq for j in store.queued_jobs(s)] == [1, 3, *range(4, 22)]
+        assert [j.seq for j in jobstore.queued_jobs(s)] == [1, 3, *range(4, 22)]
 
 
 def test_cancel_stops_a_queued_job_and_asks_a_running_one(db):
@@ -295,41 +295,41 @@ def test_cancel_stops_a_queued_job_and_asks_a_running_one(db):
     with db.maker.begin() as s:
         for job, path in ((running, ("starting", "running")), (done, ("starting", "failed"))):
             for state in path:
-                store.transition(s, s.get(Job, job.id), state)
+                jobstore.transition(s, s.get(Job, job.id), state)
     with db.maker.begin() as s:
         rows = [s.get(Job, j.id) for j in (queued, running, done)]
-        assert [store.request_cancel(s, row) for row in rows] == [True, True, False]
-        assert [store.request_cancel(s, row) for row in rows] == [False, False, False]
+        assert [jobstore.request_cancel(s, row) for row in rows] == [True, True, False]
+        assert [jobstore.request_cancel(s, row) for row in rows] == [False, False, False]
         assert [(r.state, r.cancel_requested) for r in rows] == [
             ("cancelled", False),
             ("running", True),
             ("failed", False),
         ]
         assert rows[0].ended_at is not None
-        events = [(e.state, e.message) for e in store.job_events(s, running.id)]
+        events = [(e.state, e.message) for e in jobstore.job_events(s, running.id)]
         assert events[-1] == ("running", "cancel requested")
-        assert len(store.job_events(s, done.id)) == 3
+        assert len(jobstore.job_events(s, done.id)) == 3
 
 
 def test_artifacts_are_reached_by_opaque_ids_of_their_own_job(db):
     (alice,) = people(db, "alice")
     job, other = submit(db, alice), submit(db, alice)
     with db.maker.begin() as s:
-        old = store.set_artifacts(s, job, [("run/model.pt", 10, "a" * 64)])
+        old = jobstore.set_artifacts(s, job, [("run/model.pt", 10, "a" * 64)])
         listed = [("run/model.pt", 12, "b" * 64), ("log.txt", 3, "c" * 64)]
-        rows = store.set_artifacts(s, job, listed)
+        rows = jobstore.set_artifacts(s, job, listed)
         s.get(Job, job.id).bytes, s.get(Job, other.id).bytes = 100, 23
     with db.maker.begin() as s:
-        assert [(a.name, a.size) for a in store.artifacts_of(s, job)] == [
+        assert [(a.name, a.size) for a in jobstore.artifacts_of(s, job)] == [
             ("log.txt", 3),
             ("run/model.pt", 12),
         ]
-        assert store.artifact(s, job, old[0].id) is None  # replaced, not kept
-        found = store.artifact(s, job, rows[0].id)
+        assert jobstore.artifact(s, job, old[0].id) is None  # replaced, not kept
+        found = jobstore.artifact(s, job, rows[0].id)
         assert (found.name, found.sha256) == ("run/model.pt", "b" * 64)
-        assert store.artifact(s, other, rows[0].id) is None
+        assert jobstore.artifact(s, other, rows[0].id) is None
         assert len({a.id for a in rows}) == 2 and all("model" not in a.id for a in rows)
-        assert store.storage_used(s, store.tenants(s)[0]) == 123
+        assert jobstore.storage_used(s, store.tenants(s)[0]) == 123
 
 
 def test_admin_verbs_on_a_data_dir(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
-"""`dlscale remote ...`: submit jobs to a dlscale server and follow them (status, logs,
-cancel, rerun, artifacts), signed in with $DLSCALE_TOKEN."""
+"""`dlscale remote ...`: submit jobs to a dlscale server and follow them (list, status, logs,
+cancel, rerun, delete, artifacts), signed in with $DLSCALE_TOKEN."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path, PurePosixPath
@@ -16,7 +17,7 @@ from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.remote_client import DEFAULT_SERVER, Remote, token_from_environment
 from dlscale.errors import UserError
-from dlscale.units import binary_bytes
+from dlscale.units import binary_bytes, duration
 
 app = typer.Typer(
     name="remote",
@@ -29,6 +30,8 @@ app = typer.Typer(
 )
 console = Console(highlight=False, soft_wrap=True)
 ENDED = ("succeeded", "failed", "cancelled")
+SUBMIT_TIMEOUT_S = 300.0  # a submit waits for its spec's check (in a sandbox, on the server)
+PAGE = 100
 
 
 def server_option():
@@ -94,12 +97,34 @@ def submit(
         if archive is not None:
             handle = opened.enter_context(_open(archive, "--archive"))
             uploads.append(("archive", (archive.name, handle)))
-        job = remote.json("POST", "/api/jobs", files=uploads, data=fields)
+        job = remote.json("POST", "/api/jobs", files=uploads, data=fields, timeout=SUBMIT_TIMEOUT_S)
     console.print(
         f"queued {kind} job (seed {job['seed']}, {job['cpu_slots']} CPU slot(s), "
         f"{job['gpu_slots']} GPU slot(s)); follow it with: dlscale remote logs -f {job['id']}"
     )
     print(job["id"])
+
+
+def when(unix_s: float | None) -> str:
+    """A server's unix time as local time people read (2026-11-26 22:35:12)."""
+    if unix_s is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(unix_s))
+
+
+def figure(key: str, value: float) -> str:
+    """A result's figure in its unit: times as times, bytes as bytes, rates with commas."""
+    if key.endswith("_unix"):
+        return when(value)
+    if key.endswith("_bytes"):
+        return binary_bytes(value)
+    if key.endswith("_per_s"):
+        return f"{value:,.0f}/s"
+    if key.endswith("_s"):
+        return duration(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:.4g}"
 
 
 def _summary(job: dict) -> list[str]:
@@ -110,16 +135,64 @@ def _summary(job: dict) -> list[str]:
         lines.append("cancel requested: it stops at its next step")
     if job.get("message"):
         lines.append(f"message: {job['message']}")
+    times = [("submitted", "submitted_at"), ("started", "started_at"), ("ended", "ended_at")]
+    lines.append("; ".join(f"{word} {when(job[key])}" for word, key in times if job.get(key)))
     result = job.get("result") or {}
     metrics = result.get("metrics") or {}
-    shown = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    shown = {
+        k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)
+    }
     if shown:
-        lines.append("final: " + ", ".join(f"{k} {v:.4g}" for k, v in sorted(shown.items())))
+        lines.append("final: " + ", ".join(f"{k} {figure(k, v)}" for k, v in sorted(shown.items())))
     if result.get("weights_sha256"):
         lines.append(f"weights sha256: {result['weights_sha256']}")
     if job.get("rerun_of"):
         lines.append(f"rerun of job {job['rerun_of']}")
     return lines
+
+
+@app.command("list")
+@user_errors
+def list_jobs(
+    tenant: str | None = typer.Option(None, "--tenant", help="One tenant's jobs only."),
+    limit: int = typer.Option(PAGE, "--limit", help="At most this many (newest first)."),
+    show_all: bool = typer.Option(False, "--all", help="Every job, page after page."),
+    as_json: bool = typer.Option(False, "--json", help="Print them as JSON."),
+    server: str = server_option(),
+) -> None:
+    """Your tenants' jobs, newest first: id, state, tenant, kind, submitted, reason or message."""
+    if limit < 1:
+        raise UserError("--limit: give a number >= 1")
+    rows: list[dict] = []
+    more = None
+    with connect(server) as remote:
+        params = {"limit": min(limit, 1000), **({"tenant": tenant} if tenant else {})}
+        while True:
+            answer = remote.call("GET", "/api/jobs", params=params)
+            rows += answer.json()
+            more = answer.headers.get("x-next-before")
+            if more is None or (not show_all and len(rows) >= limit):
+                break
+            params["before"] = more
+    rows = rows if show_all else rows[:limit]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        console.print("no jobs yet")
+        return
+    print(
+        f"{'id':<16}  {'state':<9}  {'tenant':<12}  {'kind':<7}  {'submitted':<19}  reason/message"
+    )
+    for row in rows:
+        said = row.get("reason") or row.get("message") or ""
+        submitted = when(row.get("submitted_at"))
+        print(
+            f"{row['id']:<16}  {row['state']:<9}  {row['tenant']:<12}  {row['kind']:<7}  "
+            f"{submitted:<19}  {said}"
+        )
+    if more is not None and not show_all:
+        console.print(f"[dim]older jobs: --all, or --limit {limit + PAGE}[/]")
 
 
 @app.command()
@@ -182,6 +255,21 @@ def cancel(
 
 @app.command()
 @user_errors
+def delete(
+    job: str = typer.Argument(..., help="Job id."),
+    server: str = server_option(),
+) -> None:
+    """Delete a job and its files (a running one is cancelled first), freeing its storage."""
+    with connect(server) as remote:
+        answer = remote.json("DELETE", _job_path(job), job)
+    if answer["deleted"]:
+        console.print(f"job {job} deleted")
+    else:
+        console.print(f"job {job} is running: cancelled, and deleted once it has stopped")
+
+
+@app.command()
+@user_errors
 def rerun(
     job: str = typer.Argument(..., help="Job id."),
     server: str = server_option(),
@@ -216,9 +304,12 @@ def artifacts(
             raise UserError(
                 f"job {job} has no artifact {download} (list them without --download)", 1
             )
-        target = out if out is not None else Path(PurePosixPath(row["name"]).name)
+        name = PurePosixPath(row["name"]).name
+        target = out if out is not None else Path(name)
+        if out is not None and str(out).endswith(("/", "\\")):  # a folder, made if missing
+            target.mkdir(parents=True, exist_ok=True)
         if target.is_dir():
-            target = target / PurePosixPath(row["name"]).name
+            target = target / name
         path = _job_path(job, "artifacts", download)
         remote.download(path, job, target, row["sha256"], force)
     console.print(f"wrote {target} ({binary_bytes(row['size'])}, sha256 {row['sha256']} checked)")

@@ -110,6 +110,8 @@ class Remote:
             raise UserError(f"job {job} not found", 1)
         if status == 422:
             raise UserError(detail, 2)
+        if status == 503:  # busy: the server says when to try again
+            raise UserError(detail, 1)
         if status >= 500:
             raise UserError(f"the server failed ({status}): {detail}", 1)
         raise UserError(detail, 1)

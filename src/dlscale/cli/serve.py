@@ -1,5 +1,5 @@
-"""`dlscale serve [...]` runs the training service; `dlscale serve admin ...` makes its users,
-tenants, memberships and tokens (there are no default accounts)."""
+"""`dlscale serve [...]` runs the training service (its operators' commands, `dlscale serve admin
+...`, are in cli/admin.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import subprocess
 from pathlib import Path
 
 import typer
-from rich.console import Console
 
+from dlscale.cli.admin import DATA_DIR_HELP, DB_HELP
+from dlscale.cli.admin import app as admin_app
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.errors import UserError
@@ -23,21 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-admin_app = typer.Typer(
-    name="admin",
-    cls=FlagHelpGroup,
-    help="Create users, tenants, memberships and tokens in a service's database.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-)
 app.add_typer(admin_app, name="admin")
-console = Console(highlight=False, soft_wrap=True)
-
-DATA_DIR_HELP = (
-    "The service's state: database, secret, job folders (default $DLSCALE_HOME/service)."
-)
-DB_HELP = "Database URL (default SQLite in the data dir), e.g. postgresql+psycopg://user@host/db."
 
 
 def machine_cpu_slots() -> int:
@@ -98,6 +85,22 @@ def serve(
     image: str | None = typer.Option(
         None, "--image", help="The container executor's image (default dlscale:<version>)."
     ),
+    memory_per_slot: str | None = typer.Option(
+        None,
+        "--memory-per-slot",
+        help="Memory a job gets per CPU slot, e.g. 4GiB (default: this machine's / the slots).",
+    ),
+    max_queued_jobs: int = typer.Option(
+        100, "--max-queued-jobs", help="Jobs a tenant may have waiting at once (its own wins)."
+    ),
+    validators: int = typer.Option(
+        2, "--validators", help="Submissions checked at once (each in a sandbox of its own)."
+    ),
+    unsafe_single_user: bool = typer.Option(
+        False,
+        "--unsafe-single-user",
+        help="No sandbox: jobs run as this user, unlimited. Only for one person's own jobs.",
+    ),
 ) -> None:
     """Serve the API and dashboard until Ctrl-C; jobs run as processes on this machine (or in
     containers, with --executor container)."""
@@ -108,6 +111,8 @@ def serve(
 
     if not 0 < port < 65536:
         raise UserError(f"--port {port}: must be between 1 and 65535")
+    if not 1 <= validators <= 64:
+        raise UserError(f"--validators {validators}: must be between 1 and 64")
     config = ServiceConfig(
         data_dir=data_dir if data_dir is not None else default_data_dir(),
         db_url=db,
@@ -115,116 +120,16 @@ def serve(
         gpu_slots=machine_gpu_slots() if gpu_slots is None else gpu_slots,
         executor=executor,
         image=image,
+        memory_per_slot_bytes=None if memory_per_slot is None else _bytes(memory_per_slot),
+        max_queued_jobs=max_queued_jobs,
+        validations_at_once=validators,
+        unsafe_single_user=unsafe_single_user,
     )
     run_service(config, host, port, allow_remote)
 
 
-@admin_app.command("create-user")
-@user_errors
-def create_user(
-    name: str = typer.Argument(..., help="The new user's name."),
-    admin: bool = typer.Option(False, "--admin", help="A global admin (sees every tenant)."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
-) -> None:
-    """Create a user and print their password (shown once; only its hash is stored)."""
-    from dlscale.service import admin as verbs
-
-    password = verbs.create_user(data_dir, db, name, admin)
-    kind = "admin" if admin else "user"
-    console.print(f"created {kind} {name}; password (shown once, only its hash is stored):")
-    print(password)
-
-
-@admin_app.command("create-tenant")
-@user_errors
-def create_tenant(
-    name: str = typer.Argument(..., help="The new tenant's name."),
-    weight: float | None = typer.Option(None, "--weight", help="Fair-share weight (default 1)."),
-    max_concurrent_jobs: int | None = typer.Option(
-        None, "--max-concurrent-jobs", help="Jobs running at once (default: no limit)."
-    ),
-    cpu_slots: int | None = typer.Option(
-        None, "--cpu-slots", help="CPU slots in use at once (default: no limit)."
-    ),
-    gpu_slots: int | None = typer.Option(
-        None, "--gpu-slots", help="GPU slots in use at once (default: no limit)."
-    ),
-    storage: str | None = typer.Option(
-        None, "--storage", help="Storage quota for its jobs' folders, e.g. 10GiB (default: none)."
-    ),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
-) -> None:
-    """Create a tenant (a team sharing a quota); unset limits mean no limit."""
-    from dlscale.service import admin as verbs
-
-    limits = {
-        "weight": weight,
-        "max_concurrent_jobs": max_concurrent_jobs,
-        "cpu_slots": cpu_slots,
-        "gpu_slots": gpu_slots,
-    }
-    if storage is not None:
-        try:
-            limits["storage_bytes"] = parse_bytes(storage)
-        except ValueError as exc:
-            raise UserError(f"--storage: {exc}") from None
-    given = {key: value for key, value in limits.items() if value is not None}
-    console.print(f"created {verbs.create_tenant(data_dir, db, name, **given)}")
-
-
-@admin_app.command("add-member")
-@user_errors
-def add_member(
-    tenant: str = typer.Argument(..., help="The tenant."),
-    user: str = typer.Argument(..., help="The user."),
-    role: str = typer.Option(..., "--role", help="viewer | editor | owner."),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
-) -> None:
-    """Make a user a member of a tenant with a role (or change their role)."""
-    from dlscale.service import admin as verbs
-
-    console.print(verbs.add_member(data_dir, db, tenant, user, role))
-
-
-@admin_app.command("token")
-@user_errors
-def token(
-    user: str = typer.Argument(..., help="Whose token."),
-    scope: str = typer.Option("write", "--scope", help="read | write."),
-    expires: str = typer.Option(
-        "30d", "--expires", help="Lifetime, e.g. 12h, 30d; never for a token that never expires."
-    ),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
-) -> None:
-    """Issue an API token for `dlscale remote` (DLSCALE_TOKEN); printed once, on the last line."""
-    from dlscale.service import admin as verbs
-
-    lifetime = None if expires.strip().lower() == "never" else expires
-    text = verbs.issue_token(data_dir, db, user, scope, lifetime)
-    until = "never expires" if lifetime is None else f"expires in {lifetime}"
-    prefix = text.split("_")[1]  # what `revoke-token` and the admin pages name it by
-    console.print(
-        f"token {prefix} for {user} (scope {scope}, {until}); shown once, only its hash is kept:"
-    )
-    print(text)
-
-
-@admin_app.command("revoke-token")
-@user_errors
-def revoke_token(
-    prefix: str = typer.Argument(
-        ..., help="The token's prefix (the 8 hex digits after dls_), or the whole token."
-    ),
-    data_dir: Path | None = typer.Option(None, "--data-dir", help=DATA_DIR_HELP),
-    db: str | None = typer.Option(None, "--db", help=DB_HELP),
-) -> None:
-    """Revoke a token at once (a lost laptop, a leaked CI secret)."""
-    from dlscale.service import admin as verbs
-
-    if prefix.startswith("dls_"):  # the whole token, pasted: its prefix names it
-        prefix = prefix.split("_")[1]
-    console.print(verbs.revoke_token(data_dir, db, prefix))
+def _bytes(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise UserError(f"--memory-per-slot: {exc}") from None

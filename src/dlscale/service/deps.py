@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import Depends, HTTPException, Request
 
-from dlscale.service import store
+from dlscale.service import jobstore, store
 from dlscale.service.auth import ROLES
 
 SESSION_COOKIE = "dlscale_session"
@@ -131,7 +131,7 @@ def job_access(request: Request, job_id: str, who: Principal, needed: str = "vie
     if not JOB_ID.fullmatch(job_id):  # not an id the server could have made (NUL, '/', ...)
         raise HTTPException(404, "job not found")
     with state.maker.begin() as db:
-        found = store.visible_job(db, who.user, job_id)
+        found = jobstore.visible_job(db, who.user, job_id)
     if found is None:
         raise HTTPException(404, "job not found")
     job, role = found

@@ -90,7 +90,7 @@ def lock_held(folder: Path) -> bool:
     return False
 
 
-def _start_time(pid: int) -> int | None:
+def start_time(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot): a pid and this name one process."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -224,7 +224,7 @@ class Executor:
                     os.close(write_end)
         init = self._sandbox_pid(read_end, process) if read_end >= 0 else process.pid
         record = {"pid": process.pid, "init": init, "cgroup": name}
-        record["started"] = _start_time(init) if init is not None else None
+        record["started"] = start_time(init) if init is not None else None
         write_json_atomic(self._record(folder), record)
         self._children[folder] = process
         return process.pid
@@ -245,7 +245,7 @@ class Executor:
             init, started = int(record["init"]), record.get("started")
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if init <= 1 or started is None or _start_time(init) != started:
+        if init <= 1 or started is None or start_time(init) != started:
             return None  # gone, or its pid now names another process
         return init
 

@@ -118,7 +118,7 @@ class JobLoop:
             tenant = db.get(Tenant, job.tenant_id)
             left = None
             if tenant.storage_bytes is not None:
-                left = tenant.storage_bytes - store.storage_used(db, tenant)
+                left = tenant.storage_bytes - jobstore.storage_used(db, tenant)
             limits = self.config.limits(job.cpu_slots, job.gpu_slots, job.id, left)
         try:
             self.executor.start(job_dir(self.config.data_dir, job_id), limits)
@@ -126,7 +126,7 @@ class JobLoop:
             with self.maker.begin() as db:
                 job = db.get(Job, job_id)
                 if job is not None and job.state == "starting":
-                    store.transition(db, job, "failed", f"could not start its process: {exc}")
+                    jobstore.transition(db, job, "failed", f"could not start its process: {exc}")
 
     def _reconcile(self, now: float) -> list[str]:
         """Look at each started job's process (outside any transaction: probing, hashing the
@@ -134,7 +134,7 @@ class JobLoop:
         what changed in one short transaction."""
         with self.maker.begin() as db:
             active = [
-                (job.id, job.state, bool(job.cancel_requested)) for job in store.active_jobs(db)
+                (job.id, job.state, bool(job.cancel_requested)) for job in jobstore.active_jobs(db)
             ]
         seen = {}
         for job_id, _state, cancel_requested in active:
@@ -158,7 +158,7 @@ class JobLoop:
         respawn, over_quota = [], []
         with self.maker.begin() as db:
             serialize(db.connection())  # PostgreSQL: a cancel cannot interleave (SQLite: IMMEDIATE)
-            for job in store.active_jobs(db):
+            for job in jobstore.active_jobs(db):
                 if job.id not in seen:
                     continue  # started after the snapshot: the next tick looks at it
                 probe, ended, size = seen[job.id]
@@ -169,10 +169,10 @@ class JobLoop:
                     over_quota.append(job.id)
                 if probe.alive or probe.claimed:
                     if job.state == "starting":
-                        store.transition(db, job, "running", "its process is running")
+                        jobstore.transition(db, job, "running", "its process is running")
                 elif job.cancel_requested:
                     if self._claim_unstarted(job.id):  # else its process claimed it just now
-                        store.transition(db, job, "cancelled", "cancelled before it started")
+                        jobstore.transition(db, job, "cancelled", "cancelled before it started")
                 else:  # 'starting', and no process has claimed it (yet)
                     since = self._spawned.get(job.id)
                     if since is not None and now - since < self.config.start_grace_s:
@@ -182,7 +182,9 @@ class JobLoop:
                     elif self._claim_unstarted(job.id):  # e.g. a broken environment
                         folder = job_dir(self.config.data_dir, job.id)
                         message = self.executor.lost_message(folder)
-                        store.transition(db, job, "failed", f"its process never started: {message}")
+                        jobstore.transition(
+                            db, job, "failed", f"its process never started: {message}"
+                        )
         for job_id in over_quota:
             self._ask_to_stop(job_id, job_dir(self.config.data_dir, job_id), now)
         self._delete_ended()
@@ -206,7 +208,7 @@ class JobLoop:
         if tenant.storage_bytes is None or job.stop_reason:
             return False
         db.flush()
-        used = store.storage_used(db, tenant)
+        used = jobstore.storage_used(db, tenant)
         if used < tenant.storage_bytes:
             return False
         job.stop_reason = (
@@ -279,14 +281,14 @@ class JobLoop:
         job.result_json = json.dumps(result)
         job.repro_json = json.dumps(repro)
         job.bytes = size
-        store.set_artifacts(db, job, artifacts)
-        store.transition(db, job, state, message)
+        jobstore.set_artifacts(db, job, artifacts)
+        jobstore.transition(db, job, state, message)
         for seen in (self._signalled, self._first_signal, self._measured, self._spawned):
             seen.pop(job.id, None)
         self._tries.pop(job.id, None)
 
     def _charge(self, db, now: float) -> None:
-        active = store.active_jobs(db)
+        active = jobstore.active_jobs(db)
         for tenant in store.tenants(db):
             elapsed = max(0.0, now - (tenant.usage_at or now))
             running = [
@@ -302,7 +304,7 @@ class JobLoop:
 
     def _plan(self, db, now: float) -> list[str]:
         tenants = {t.id: t for t in store.tenants(db)}
-        queued = store.queued_jobs(db)
+        queued = jobstore.queued_jobs(db)
         if not queued:
             return []
         requests = [
@@ -313,14 +315,16 @@ class JobLoop:
         ]
         running = [
             Running(job.id, tenants[job.tenant_id].name, job.cpu_slots, job.gpu_slots)
-            for job in store.active_jobs(db)
+            for job in jobstore.active_jobs(db)
         ]
         quotas = {t.name: quota_of(t) for t in tenants.values()}
         usage = {t.name: t.usage or 0.0 for t in tenants.values()}
         decision = plan(requests, running, quotas, self.machine, usage)
         by_id = {job.id: job for job in queued}
         for job_id in decision.start:
-            store.transition(db, by_id[job_id], "starting", "slots granted; starting its process")
+            jobstore.transition(
+                db, by_id[job_id], "starting", "slots granted; starting its process"
+            )
         for job_id, reason in decision.waiting.items():
             by_id[job_id].reason = reason
         return list(decision.start)

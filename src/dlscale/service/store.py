@@ -1,7 +1,6 @@
 """Who may use the service: users, tenants, memberships, tokens, web sessions and the audit log,
 as functions over an open SQLAlchemy session. None of them commits: each call site wraps them in
-`with maker.begin() as db:` so that it is one transaction. Jobs are in jobstore.py (re-exported
-here, so callers need one module)."""
+`with maker.begin() as db:` so that it is one transaction. Jobs are in jobstore.py."""
 
 from __future__ import annotations
 
@@ -18,41 +17,6 @@ from dlscale.service import auth
 from dlscale.service.db.models import AuditEntry, Membership, Tenant, Token, User, WebSession
 from dlscale.service.jobs import Tenant as TenantQuota
 from dlscale.service.jobs import _count
-from dlscale.service.jobstore import (
-    ACTIVE,
-    ENDED,
-    STATES,
-    active_jobs,
-    artifact,
-    artifacts_of,
-    job_events,
-    jobs_of,
-    new_job,
-    queued_jobs,
-    request_cancel,
-    set_artifacts,
-    storage_used,
-    transition,
-    visible_job,
-)
-
-__all__ = [
-    "ACTIVE",
-    "ENDED",
-    "STATES",
-    "active_jobs",
-    "artifact",
-    "artifacts_of",
-    "job_events",
-    "jobs_of",
-    "new_job",
-    "queued_jobs",
-    "request_cancel",
-    "set_artifacts",
-    "storage_used",
-    "transition",
-    "visible_job",
-]
 
 SESSION_TTL_S = 12 * 3600
 # Names appear in URLs, CLI arguments and folder listings: keep them plain.
@@ -121,6 +85,24 @@ def create_user(db: Session, name: str, admin: bool = False) -> tuple[User, str]
     return _insert(db, user, f"user '{name}' already exists"), password
 
 
+# What an operator may set on a tenant, besides its name.
+TENANT_SETTINGS = (
+    "weight",
+    "max_concurrent_jobs",
+    "cpu_slots",
+    "gpu_slots",
+    "storage_bytes",
+    "max_queued_jobs",
+)
+
+
+def _check_tenant(name: str, settings: dict) -> None:
+    quota = {k: settings.get(k) for k in ("max_concurrent_jobs", "cpu_slots", "gpu_slots")}
+    TenantQuota(name, settings.get("weight", 1.0), **quota)  # validates, or raises
+    for key in ("storage_bytes", "max_queued_jobs"):
+        _count(f"tenant {name}", key, settings.get(key), optional=True)
+
+
 def create_tenant(
     db: Session,
     name: str,
@@ -129,23 +111,72 @@ def create_tenant(
     cpu_slots: int | None = None,
     gpu_slots: int | None = None,
     storage_bytes: int | None = None,
+    max_queued_jobs: int | None = None,
 ) -> Tenant:
     _check_name("tenant", name)
-    TenantQuota(name, weight, max_concurrent_jobs, cpu_slots, gpu_slots)  # validates, or raises
-    _count(f"tenant {name}", "storage_bytes", storage_bytes, optional=True)
+    settings = {
+        "weight": weight,
+        "max_concurrent_jobs": max_concurrent_jobs,
+        "cpu_slots": cpu_slots,
+        "gpu_slots": gpu_slots,
+        "storage_bytes": storage_bytes,
+        "max_queued_jobs": max_queued_jobs,
+    }
+    _check_tenant(name, settings)
     if db.scalar(select(Tenant.id).where(Tenant.name == name)) is not None:
         raise UserError(f"tenant '{name}' already exists")
-    tenant = Tenant(
-        name=name,
-        weight=float(weight),
-        max_concurrent_jobs=max_concurrent_jobs,
-        cpu_slots=cpu_slots,
-        gpu_slots=gpu_slots,
-        storage_bytes=storage_bytes,
-        usage=0.0,
-        usage_at=None,
-    )
+    tenant = Tenant(name=name, **{**settings, "weight": float(weight)}, usage=0.0, usage_at=None)
     return _insert(db, tenant, f"tenant '{name}' already exists")
+
+
+def set_tenant(db: Session, name: str, **changes) -> Tenant:
+    """Change a tenant's weight and quotas (a quota of None: no limit); the scheduler applies
+    them from its next poll, to the jobs already queued too."""
+    unknown = set(changes) - set(TENANT_SETTINGS)
+    if unknown:
+        raise UserError(f"tenant settings are {', '.join(TENANT_SETTINGS)} (not {unknown.pop()})")
+    tenant = _tenant(db, name)
+    settings = {key: getattr(tenant, key) for key in TENANT_SETTINGS} | changes
+    _check_tenant(tenant.name, settings)
+    for key, value in changes.items():
+        setattr(tenant, key, float(value) if key == "weight" else value)
+    db.flush()
+    return tenant
+
+
+def set_disabled(db: Session, name: str, disabled: bool) -> User:
+    """Turn an account off (its tokens and sessions stop working at once) or on again."""
+    user = _user(db, name)
+    user.disabled = bool(disabled)
+    if disabled:
+        for held in db.scalars(select(WebSession).where(WebSession.user_id == user.id)):
+            db.delete(held)
+    db.flush()
+    return user
+
+
+def reset_password(db: Session, name: str) -> str:
+    """A new one-time password for the user (their sessions end; their tokens stay)."""
+    user = _user(db, name)
+    password = auth.new_password()
+    user.password_hash = auth.hash_password(password)
+    for held in db.scalars(select(WebSession).where(WebSession.user_id == user.id)):
+        db.delete(held)
+    db.flush()
+    return password
+
+
+def remove_member(db: Session, tenant: Tenant | str, user: User | str) -> bool:
+    """Take `user` out of `tenant` (their jobs stay the tenant's); False if not a member."""
+    tenant, user = _tenant(db, tenant), _user(db, user)
+    member = db.scalar(
+        select(Membership).where(Membership.tenant_id == tenant.id, Membership.user_id == user.id)
+    )
+    if member is None:
+        return False
+    db.delete(member)
+    db.flush()
+    return True
 
 
 def add_member(db: Session, tenant: Tenant | str, user: User | str, role: str) -> Membership:

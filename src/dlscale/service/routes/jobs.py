@@ -11,8 +11,16 @@ from fastapi.responses import JSONResponse
 from dlscale.service import jobstore, store
 from dlscale.service.db import serialize
 from dlscale.service.db.models import Job
-from dlscale.service.deps import Principal, job_access, principal, service, writer
+from dlscale.service.deps import (
+    Principal,
+    client_address,
+    job_access,
+    principal,
+    service,
+    writer,
+)
 from dlscale.service.layout import job_dir, remove_job_dir
+from dlscale.service.timesplit import time_split
 
 router = APIRouter()
 MAX_PAGE = 1000  # jobs in one page of the list
@@ -22,7 +30,7 @@ def job_view(db, job, role: str) -> dict:
     tenant = next(t for t in store.tenants(db) if t.id == job.tenant_id)
     events = [
         {"id": e.id, "at": e.at, "state": e.state, "message": e.message}
-        for e in store.job_events(db, job.id)
+        for e in jobstore.job_events(db, job.id)
     ]
     return {
         "id": job.id,
@@ -36,6 +44,7 @@ def job_view(db, job, role: str) -> dict:
         "started_at": job.started_at,
         "ended_at": job.ended_at,
         "cancel_requested": bool(job.cancel_requested),
+        "delete_requested": bool(job.delete_requested),
         "rerun_of": job.rerun_of,
         "cpu_slots": job.cpu_slots,
         "gpu_slots": job.gpu_slots,
@@ -67,7 +76,7 @@ def list_jobs(
     with service(request).maker.begin() as db:
         cursor = None
         if before is not None:
-            found = store.visible_job(db, who.user, before) if len(before) == 16 else None
+            found = jobstore.visible_job(db, who.user, before) if len(before) == 16 else None
             if found is None:
                 raise HTTPException(422, "before: not one of your jobs' ids")
             cursor = found[0].seq
@@ -97,9 +106,13 @@ def list_jobs(
 
 @router.get("/api/jobs/{job_id}")
 def read_job(job_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
+    """The job: its state and history, result and reproduction record, and where its steps
+    spent their time so far (from its run record, updated at every epoch)."""
     job, role = job_access(request, job_id, who)
-    with service(request).maker.begin() as db:
-        return job_view(db, db.get(Job, job.id), role)  # fresh: nothing stale written back
+    state = service(request)
+    with state.maker.begin() as db:
+        view = job_view(db, db.get(Job, job.id), role)  # fresh: nothing stale written back
+    return {**view, "time_split": time_split(job_dir(state.config.data_dir, job_id))}
 
 
 @router.post("/api/jobs/{job_id}/cancel")
@@ -111,8 +124,9 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(writer)) -> d
     with state.maker.begin() as db:
         serialize(db.connection())  # one writer of job states at a time (PostgreSQL)
         row = db.get(Job, job.id)  # fresh: a detached copy would write stale columns back
-        changed = store.request_cancel(db, row)
-        store.audit(db, "cancel", "ok", actor=who.user.name, target=job_id)
+        changed = jobstore.request_cancel(db, row)
+        address = client_address(request)
+        store.audit(db, "cancel", "ok", actor=who.user.name, ip=address, target=job_id)
         result = {
             "id": row.id,
             "state": row.state,
@@ -134,14 +148,15 @@ def delete(job_id: str, request: Request, who: Principal = Depends(writer)) -> J
     with state.maker.begin() as db:
         serialize(db.connection())  # the scheduler cannot start it meanwhile
         row = db.get(Job, job.id)
-        active = row.state in store.ACTIVE
+        active = row.state in jobstore.ACTIVE
         if active:
-            store.request_cancel(db, row)
+            jobstore.request_cancel(db, row)
             row.delete_requested = True
             jobstore.note(db, row, "deletion requested: it is deleted once it has stopped")
         else:
             jobstore.delete_job(db, row)
-        store.audit(db, "delete", "ok", actor=who.user.name, target=job_id)
+        address = client_address(request)
+        store.audit(db, "delete", "ok", actor=who.user.name, ip=address, target=job_id)
     if active:
         state.executor.cancel(folder)
         body = {"id": job_id, "deleted": False, "delete_requested": True}

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 from fastapi import APIRouter, Depends, Header, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
-from dlscale.service import store
+from dlscale.service import jobstore
 from dlscale.service.db.models import Job
 from dlscale.service.deps import ARTIFACT_ID, Principal, job_access, principal, service
 from dlscale.service.layout import MAX_PARSED_BYTES, job_dir, open_artifact, open_plain
@@ -96,7 +96,7 @@ def artifacts(job_id: str, request: Request, who: Principal = Depends(principal)
     """The files a finished job left, with size and sha256; download each by its id."""
     job, _ = job_access(request, job_id, who)
     with service(request).maker.begin() as db:
-        rows = store.artifacts_of(db, job)
+        rows = jobstore.artifacts_of(db, job)
         return [{"id": a.id, "name": a.name, "size": a.size, "sha256": a.sha256} for a in rows]
 
 
@@ -107,7 +107,7 @@ def download(job_id: str, artifact_id: str, request: Request, who: Principal = D
     name = None
     if ARTIFACT_ID.fullmatch(artifact_id):  # ids are the server's own; anything else: none
         with state.maker.begin() as db:
-            row = store.artifact(db, job, artifact_id)
+            row = jobstore.artifact(db, job, artifact_id)
             name = row.name if row is not None else None
     if name is None:
         raise HTTPException(404, "artifact not found")

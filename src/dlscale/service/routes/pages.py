@@ -13,13 +13,14 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from dlscale.service import specs, store
+from dlscale.service import jobstore, specs, store
 from dlscale.service.auth import ROLES
 from dlscale.service.db.models import Job
 from dlscale.service.deps import Principal, admin, job_access, principal, service
 from dlscale.service.headers import SecurityHeaders
 from dlscale.service.layout import job_dir
 from dlscale.service.loop import ENDED
+from dlscale.service.routes import admin as admin_routes
 from dlscale.service.routes import jobs as job_routes
 from dlscale.service.routes import queue as queue_routes
 from dlscale.service.timesplit import time_split
@@ -151,7 +152,7 @@ def job_page(job_id: str, request: Request) -> HTMLResponse:
             view = job_routes.job_view(db, row, role)
             files = [
                 {"id": a.id, "name": a.name, "size": a.size, "sha256": a.sha256}
-                for a in store.artifacts_of(db, row)
+                for a in jobstore.artifacts_of(db, row)
             ]
         return _render(
             request,
@@ -190,10 +191,10 @@ def admin_page(request: Request) -> HTMLResponse:
             request,
             "admin.html",
             who,
-            users=queue_routes.users(request, who),
-            tenants=queue_routes.tenants(request, who),
-            tokens=queue_routes.tokens(request, who),
-            audit=queue_routes.audit(request, 200, who),
+            users=admin_routes.users(request, who),
+            tenants=admin_routes.tenants(request, who),
+            tokens=admin_routes.tokens(request, who),
+            audit=admin_routes.audit(request, 200, who),
         )
 
     return _page(request, build)

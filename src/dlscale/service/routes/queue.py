@@ -1,5 +1,4 @@
-"""The queue as tenants see it (quotas, decayed usage, why each job waits) and the admin's
-read-only views: users, tenants, tokens (prefix and last use, never the secret), audit log."""
+"""The queue as tenants see it: quotas, decayed usage, why each job waits."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 
-from dlscale.service import store
-from dlscale.service.deps import Principal, admin, principal, service
+from dlscale.service import jobstore, store
+from dlscale.service.deps import Principal, principal, service
 from dlscale.service.fairshare import decay
 
 router = APIRouter()
@@ -17,8 +16,8 @@ router = APIRouter()
 def queue_view(db, who: Principal, half_life_s: float, machine) -> dict:
     now = time.time()
     roles = store.roles(db, who.user)
-    active = store.active_jobs(db)
-    queued = store.queued_jobs(db)
+    active = jobstore.active_jobs(db)
+    queued = jobstore.queued_jobs(db)
     tenants = []
     for tenant in store.tenants(db):
         if tenant.name not in roles and not who.user.is_admin:
@@ -38,7 +37,7 @@ def queue_view(db, who: Principal, half_life_s: float, machine) -> dict:
                 "cpu_slots": tenant.cpu_slots,
                 "gpu_slots_used": sum(j.gpu_slots for j in mine),
                 "gpu_slots": tenant.gpu_slots,
-                "storage_used": store.storage_used(db, tenant),
+                "storage_used": jobstore.storage_used(db, tenant),
                 "storage_bytes": tenant.storage_bytes,
                 "usage": usage["t"],
                 "waiting": [
@@ -71,57 +70,3 @@ def queue(request: Request, who: Principal = Depends(principal)) -> dict:
     state = service(request)
     with state.maker.begin() as db:
         return queue_view(db, who, state.config.half_life_s, state.loop.machine)
-
-
-@router.get("/api/admin/users")
-def users(request: Request, who: Principal = Depends(admin)) -> list[dict]:
-    with service(request).maker.begin() as db:
-        return [
-            {
-                "name": u.name,
-                "is_admin": u.is_admin,
-                "created_at": u.created_at,
-                "tenants": store.roles(db, u),
-            }
-            for u in store.users(db)
-        ]
-
-
-@router.get("/api/admin/tenants")
-def tenants(request: Request, who: Principal = Depends(admin)) -> list[dict]:
-    with service(request).maker.begin() as db:
-        return [
-            {
-                "name": t.name,
-                "weight": t.weight,
-                "max_concurrent_jobs": t.max_concurrent_jobs,
-                "cpu_slots": t.cpu_slots,
-                "gpu_slots": t.gpu_slots,
-                "storage_bytes": t.storage_bytes,
-                "storage_used": store.storage_used(db, t),
-            }
-            for t in store.tenants(db)
-        ]
-
-
-@router.get("/api/admin/tokens")
-def tokens(request: Request, who: Principal = Depends(admin)) -> list[dict]:
-    with service(request).maker.begin() as db:
-        return store.tokens(db)
-
-
-@router.get("/api/admin/audit")
-def audit(request: Request, limit: int = 200, who: Principal = Depends(admin)) -> list[dict]:
-    with service(request).maker.begin() as db:
-        return [
-            {
-                "at": e.at,
-                "actor": e.actor,
-                "ip": e.ip,
-                "action": e.action,
-                "target": e.target,
-                "outcome": e.outcome,
-                "detail": e.detail,
-            }
-            for e in store.audit_log(db, max(1, min(limit, 1000)))
-        ]

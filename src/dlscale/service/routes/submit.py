@@ -20,7 +20,7 @@ from dlscale import __version__
 from dlscale.errors import UserError
 from dlscale.service import jobstore, specs, store
 from dlscale.service.auth import ROLES
-from dlscale.service.deps import Principal, job_access, service, writer
+from dlscale.service.deps import Principal, client_address, job_access, service, writer
 from dlscale.service.jobs import Request as SlotRequest
 from dlscale.service.layout import (
     INPUTS,
@@ -63,7 +63,7 @@ def _tenant_for(db, who: Principal, name: str | None):
     if ROLES[roles[name]] < ROLES["editor"]:
         raise HTTPException(403, f"needs role editor in tenant {name} (you are {roles[name]})")
     tenant = next(t for t in store.tenants(db) if t.name == name)
-    used, quota = store.storage_used(db, tenant), tenant.storage_bytes
+    used, quota = jobstore.storage_used(db, tenant), tenant.storage_bytes
     if quota is not None and used >= quota:
         raise HTTPException(409, f"tenant {name} is at its storage quota ({used} of {quota} bytes)")
     return tenant
@@ -114,7 +114,7 @@ def _validated(request: Request, folder: Path, kind: str, parallel: int | None, 
         raise UserError(f"refused: this job can never run here: {never}")
     size = folder_bytes(folder)
     with state.maker.begin() as db:
-        used = store.storage_used(db, tenant)
+        used = jobstore.storage_used(db, tenant)
     left = None if tenant.storage_bytes is None else tenant.storage_bytes - used
     if left is not None and size > left:
         raise UserError(
@@ -167,7 +167,7 @@ def _create(
         remove_job_dir(folder)
         raise
     with state.maker.begin() as db:
-        row = store.new_job(
+        row = jobstore.new_job(
             db,
             tenant=tenant,
             user=who.user,
@@ -189,7 +189,10 @@ def _create(
                 "dlscale": __version__,
             }
         )
-        store.audit(db, action, "ok", actor=who.user.name, target=job_id, detail=tenant.name)
+        address = client_address(request)
+        store.audit(
+            db, action, "ok", actor=who.user.name, ip=address, target=job_id, detail=tenant.name
+        )
         return {"id": row.id, "state": row.state, "seed": seed, "cpu_slots": cpu, "gpu_slots": gpu}
 
 

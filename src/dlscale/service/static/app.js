@@ -16,17 +16,21 @@ function cookie(name) {
   return "";
 }
 
-// A change (POST) carries the session's CSRF value from its cookie: another site cannot read
-// the cookie, so it cannot forge the header.
-function post(url, body, json = true) {
+// A change (POST, PATCH, DELETE) carries the session's CSRF value from its cookie: another site
+// cannot read the cookie, so it cannot forge the header.
+function send(method, url, body, json = true) {
   const headers = { "X-CSRF-Token": cookie("dlscale_csrf") };
   if (json) headers["Content-Type"] = "application/json";
   return fetch(url, {
-    method: "POST",
+    method,
     headers,
     body: json ? JSON.stringify(body || {}) : body,
     credentials: "same-origin",
   });
+}
+
+function post(url, body, json = true) {
+  return send("POST", url, body, json);
 }
 
 async function detailOf(response) {
@@ -217,11 +221,43 @@ function setupLog(jobId) {
   });
 }
 
+function timeNode(unix) {
+  const node = el("time", unix);
+  node.dataset.unix = unix;
+  return node;
+}
+
+// The step-time card from the job's run record, written at every epoch while it runs.
+function showSplit(split) {
+  const table = document.getElementById("time-split");
+  const note = document.getElementById("time-split-note");
+  if (!split || !table) return;
+  table.hidden = false;
+  table.querySelector("tbody").replaceChildren(
+    ...split.parts.map((part) => {
+      const row = el("tr");
+      const share = `${(100 * part.share).toFixed(1)}%`;
+      const meter = el("meter", share);
+      meter.min = 0;
+      meter.max = 1;
+      meter.value = part.share;
+      const bar = el("td");
+      bar.append(meter);
+      row.append(el("td", part.name), el("td", part.seconds.toFixed(3)), el("td", share), bar);
+      return row;
+    }),
+  );
+  note.textContent =
+    `The main trainer's ${split.steps} steps so far, ${split.step_s.toFixed(2)} s in all ` +
+    "(from run/run.json, written at every epoch).";
+}
+
 function setupJobState(jobId, root) {
   const badge = document.getElementById("job-state");
   const message = document.getElementById("job-message");
   const events = document.getElementById("events");
   const cancel = document.getElementById("cancel-button");
+  const started = document.getElementById("job-started");
   const endedAtLoad = root.dataset.ended === "true";
   if (endedAtLoad) return;
   const timer = setInterval(async () => {
@@ -230,6 +266,11 @@ function setupJobState(jobId, root) {
     const job = await response.json();
     stateBadge(badge, job.state);
     message.textContent = job.reason || job.message;
+    if (job.started_at && !started.querySelector("time")) {
+      started.replaceChildren(timeNode(job.started_at));
+      localTimes(started);
+    }
+    showSplit(job.time_split);
     events.replaceChildren(
       ...job.events.map((e) => {
         const row = el("tr");
@@ -251,6 +292,27 @@ function setupActions(jobId) {
   const error = document.getElementById("action-error");
   const cancel = document.getElementById("cancel-button");
   const rerun = document.getElementById("rerun-button");
+  const remove = document.getElementById("delete-button");
+  if (remove) {
+    remove.addEventListener("click", async () => {
+      if (!window.confirm("Delete this job and all its files? This cannot be undone.")) return;
+      error.textContent = "";
+      remove.disabled = true;
+      const response = await send("DELETE", `/api/jobs/${jobId}`);
+      if (!response.ok) {
+        error.textContent = await detailOf(response);
+        remove.disabled = false;
+        return;
+      }
+      const answer = await response.json();
+      if (answer.deleted) {
+        location.assign("/");
+        return;
+      }
+      document.getElementById("job-message").textContent =
+        "deletion requested: the job stops, then it and its files are deleted";
+    });
+  }
   if (cancel) {
     cancel.addEventListener("click", async () => {
       error.textContent = "";
@@ -446,12 +508,67 @@ function setupJob() {
 
 // -------------------------------------------------------------------------------- pages
 
+// ------------------------------------------------------------------------------ admin page
+
+// Each action button carries what it acts on in data attributes; the page reloads to show the
+// server's view afterwards (a reset password is shown once, before that).
+function setupAdmin() {
+  const error = document.getElementById("admin-error");
+  const notice = document.getElementById("admin-notice");
+  const act = async (method, url, body) => {
+    error.textContent = "";
+    const response = await send(method, url, body);
+    if (!response.ok) {
+      error.textContent = await detailOf(response);
+      return null;
+    }
+    return response.json();
+  };
+  const user = (button) => encodeURIComponent(button.dataset.user);
+  for (const button of document.querySelectorAll("[data-action]")) {
+    button.addEventListener("click", async () => {
+      const action = button.dataset.action;
+      if (action === "disable" || action === "enable") {
+        const body = { disabled: action === "disable" };
+        if (await act("POST", `/api/admin/users/${user(button)}/disable`, body)) location.reload();
+      } else if (action === "password") {
+        const answer = await act("POST", `/api/admin/users/${user(button)}/password`);
+        if (answer) {
+          notice.hidden = false;
+          notice.replaceChildren(
+            `New password for ${answer.name} (shown once): `,
+            el("span", answer.password, "password"),
+          );
+        }
+      } else if (action === "remove") {
+        const tenant = encodeURIComponent(button.dataset.tenant);
+        const url = `/api/admin/tenants/${tenant}/members/${user(button)}`;
+        if (await act("DELETE", url)) location.reload();
+      }
+    });
+  }
+  for (const form of document.querySelectorAll("form.admin-form")) {
+    form.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const body = {};
+      for (const input of form.querySelectorAll("input[name]")) {
+        const text = input.value.trim();
+        if (text === input.defaultValue.trim()) continue; // unchanged
+        body[input.name] = text === "" ? null : Number(text);
+      }
+      const tenant = encodeURIComponent(form.dataset.tenant);
+      if (await act("PATCH", `/api/admin/tenants/${tenant}`, body)) location.reload();
+    });
+  }
+}
+
 const PAGES = {
   jobs: () => {
     setupSubmit();
     setupJobList();
   },
   job: setupJob,
+  admin: setupAdmin,
   queue: () => setInterval(() => location.reload(), 5 * POLL_MS),
 };
 
