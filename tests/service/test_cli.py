@@ -5,6 +5,8 @@ tenant's user, a read-only token and an invalid spec each get one line and a non
 from __future__ import annotations
 
 import hashlib
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -143,7 +145,7 @@ def test_rerun_prints_the_new_id_and_cancel_stops_it(server, alice, finished):
     cancelled = cli("remote", "cancel", new_id, token=alice, server=server)
     assert cancelled.exit_code == 0 and new_id in cancelled.stdout
     job = wait_for_state(server.client(alice), new_id, ENDED)
-    assert job["state"] == "cancelled" and job["rerun_of"] == finished
+    assert job["state"] == "cancelled" and job["rerun_of"] == finished, job["message"]
 
 
 def test_another_tenants_job_is_not_found_exactly_like_a_missing_one(server, alice, finished):
@@ -211,3 +213,67 @@ def test_gpu_slots_default_to_the_gpus_nvidia_smi_lists_and_cuda_shows(tmp_path,
     assert machine_gpu_slots() == 1
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
     assert machine_gpu_slots() == 0
+
+
+def test_remote_status_shows_times_and_sizes_as_people_read_them(server, alice, finished):
+    shown = cli("remote", "status", finished, token=alice, server=server).stdout
+    assert "e+0" not in shown  # once: first_step_at_unix 1.796e+09, peak_memory_bytes 4.9e+08
+    assert re.search(r"peak_memory_bytes \d+(\.\d+)? [KMG]iB", shown), shown
+    assert re.search(r"first_step_at_unix \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", shown), shown
+    assert re.search(r"submitted \d{4}-\d\d-\d\d .*; started .*; ended ", shown), shown
+
+
+def test_remote_list_pages_through_every_job(server, alice, finished):
+    listed = cli("remote", "list", token=alice, server=server)
+    assert listed.exit_code == 0 and finished in listed.stdout
+    one = cli("remote", "list", "--limit", "1", token=alice, server=server)
+    rows = [line for line in one.stdout.splitlines() if re.match(r"^[0-9a-f]{16} ", line)]
+    assert len(rows) == 1
+    every = cli("remote", "list", "--all", "--limit", "1", "--json", token=alice, server=server)
+    assert finished in {job["id"] for job in json.loads(every.stdout)}
+
+
+def test_remote_artifacts_out_a_new_folder_writes_into_it(server, alice, finished, tmp_path):
+    listed = cli("remote", "artifacts", finished, "--json", token=alice, server=server)
+    row = next(a for a in json.loads(listed.stdout) if a["name"] == "run/run.json")
+    folder = tmp_path / "fetched"
+    fetched = cli("remote", "artifacts", finished, "--download", row["id"], "--out", f"{folder}/",
+                  token=alice, server=server)  # fmt: skip
+    assert fetched.exit_code == 0, fetched.output
+    assert (folder / "run.json").is_file() and not (tmp_path / "fetched.json").exists()
+
+
+def test_remote_delete_removes_a_job_and_admin_verbs_change_people(server, alice, tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC.replace("{name: npz, path: inputs/d.npz}", "{name: digits}"))
+    job_id = last_line(cli("remote", "submit", spec, token=alice, server=server))
+    deleted = cli("remote", "delete", job_id, token=alice, server=server)
+    assert deleted.exit_code == 0, deleted.output
+    assert "deleted" in deleted.stdout  # at once, or (running) once it has stopped
+    deadline = time.monotonic() + 120
+    while server.client(alice).get(f"/api/jobs/{job_id}").status_code != 404:
+        assert time.monotonic() < deadline, "the job was not deleted"
+        time.sleep(0.3)
+    assert not (server.data_dir / "jobs" / job_id).exists()
+    where = ("--data-dir", str(server.data_dir))
+    assert cli("serve", "admin", "create-user", "carl", *where).exit_code == 0
+    cli("serve", "admin", "add-member", "lab", "carl", "--role", "viewer", *where)
+    users = cli("serve", "admin", "users", *where)
+    assert "carl: lab (viewer)" in users.stdout, users.stdout
+    off = cli("serve", "admin", "disable-user", "carl", *where)
+    assert off.exit_code == 0 and "disabled" in off.stdout
+    listed = json.loads(cli("serve", "admin", "users", "--json", *where).stdout)
+    assert next(u for u in listed if u["name"] == "carl")["disabled"]
+    new = cli("serve", "admin", "reset-password", "carl", *where)
+    assert new.exit_code == 0 and len(last_line(new)) >= 12
+    gone = cli("serve", "admin", "remove-member", "lab", "carl", *where)
+    assert gone.exit_code == 0 and "no longer a member" in gone.stdout
+    again = cli("serve", "admin", "remove-member", "lab", "carl", *where)
+    assert again.exit_code == 2 and "not a member" in error_line(again)
+    changed = cli("serve", "admin", "set-tenant", "lab", "--weight", "2", "--cpu-slots", "none",
+                  "--max-queued-jobs", "50", *where)  # fmt: skip
+    assert changed.exit_code == 0 and "weight 2" in changed.stdout, changed.output
+    tenants = cli("serve", "admin", "tenants", *where).stdout
+    assert "lab: weight 2; max queued jobs 50; storage" in tenants, tenants
+    bad = cli("serve", "admin", "set-tenant", "lab", "--cpu-slots", "-1", *where)
+    assert bad.exit_code == 2 and "none for no limit" in error_line(bad)

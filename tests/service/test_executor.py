@@ -331,3 +331,31 @@ def test_files_the_server_reads_from_a_job_are_never_followed_out_of_it(tmp_path
     result = layout.read_result(folder)
     assert result["state"] == "failed" and "their data" not in json.dumps(result)
     assert "their data" not in plain(tmp_path).lost_message(folder)
+
+
+def test_the_runner_writes_through_no_link_and_hard_links_are_not_served(tmp_path):
+    """Once, a symlink planted in a job's folder made the runner append its metrics lines to
+    /etc/passwd. The runner now opens what it writes without following links, and a file with
+    a second hard link (its bytes may be anyone's) is never listed or served."""
+    folder = new_job(tmp_path, SPEC.replace("EPOCHS", "1"))
+    elsewhere = tmp_path / "someone-elses.txt"
+    elsewhere.write_text("theirs\n")
+    (folder / "metrics.jsonl").symlink_to(elsewhere)
+    ended = run_runner(folder)
+    assert elsewhere.read_text() == "theirs\n"  # nothing appended through the link
+    result = json.loads((folder / "result.json").read_text())
+    assert result["state"] == "failed" and "\n" not in result["message"]
+    (folder / "metrics.jsonl").unlink()
+    (folder / "runner.lock").unlink()
+    os.symlink(elsewhere, folder / "runner.lock")
+    again = run_runner(folder)
+    assert again.returncode == 0 and "cannot take runner.lock" in again.stdout
+    run = folder / "run"
+    run.mkdir(exist_ok=True)
+    (run / "own.txt").write_text("mine")
+    os.link(elsewhere, run / "linked.txt")  # the same inode as a file outside the folder
+    names = [name for name, _, _ in list_artifacts(folder)]
+    assert "run/own.txt" in names and "run/linked.txt" not in names
+    with pytest.raises(FileNotFoundError):
+        open_artifact(folder, "run/linked.txt")
+    assert ended.returncode == 1

@@ -286,8 +286,11 @@ def rerun(
 def artifacts(
     job: str = typer.Argument(..., help="Job id."),
     download: str | None = typer.Option(None, "--download", help="Artifact id to fetch."),
-    out: Path | None = typer.Option(
-        None, "--out", help="Where to write it (a file, or a folder; default its name here)."
+    out: str | None = typer.Option(
+        None,
+        "--out",
+        help="Where to write it: a file, or a folder (made when it ends with /); default: its "
+        "name, here.",
     ),
     force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
     as_json: bool = typer.Option(False, "--json", help="Print the list as JSON."),
@@ -305,8 +308,8 @@ def artifacts(
                 f"job {job} has no artifact {download} (list them without --download)", 1
             )
         name = PurePosixPath(row["name"]).name
-        target = out if out is not None else Path(name)
-        if out is not None and str(out).endswith(("/", "\\")):  # a folder, made if missing
+        target = Path(out) if out is not None else Path(name)
+        if out is not None and out.endswith("/"):  # a folder, made if missing
             target.mkdir(parents=True, exist_ok=True)
         if target.is_dir():
             target = target / name
