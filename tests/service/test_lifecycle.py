@@ -11,7 +11,7 @@ import time
 import pytest
 
 from dlscale import api
-from tests.conftest import torch_threads
+from tests.conftest import EXAMPLES, torch_threads
 from tests.service.live import LiveServer, wait_for_state
 
 SPEC = """\
@@ -212,3 +212,28 @@ def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_ca
         json.loads((live.data_dir / "jobs" / doomed / "result.json").read_text())["state"]
         == "cancelled"
     )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("example", "module", "minimum_accuracy"),
+    # The GPT's ceiling is ~46%: each token of its Markov chain has two likely successors.
+    [("own-model.yaml", "mynet.py", 0.93), ("transformers-gpt2.yaml", "hf_gpt2.py", 0.40)],
+)
+def test_the_tenants_own_code_examples_train_on_the_service(
+    server, example, module, minimum_accuracy
+):
+    """examples/service: a custom module, and a transformers model built from its config, each
+    uploaded with its spec and imported in the job's sandbox as inputs.NAME."""
+    _, token = server.user(f"own-{module.split('.')[0]}", "lab-own")
+    client = server.client(token)
+    folder = EXAMPLES / "service"
+    files = [
+        ("spec", (example, (folder / example).read_bytes())),
+        ("files", (module, (folder / "inputs" / module).read_bytes())),
+    ]
+    answer = client.post("/api/jobs", files=files)
+    assert answer.status_code == 201, answer.text
+    job = wait_for_state(client, answer.json()["id"], ("succeeded", "failed", "cancelled"), 300)
+    assert job["state"] == "succeeded", job
+    assert job["result"]["metrics"]["val_accuracy"] >= minimum_accuracy
