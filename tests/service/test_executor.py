@@ -9,6 +9,7 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -359,3 +360,23 @@ def test_the_runner_writes_through_no_link_and_hard_links_are_not_served(tmp_pat
     with pytest.raises(FileNotFoundError):
         open_artifact(folder, "run/linked.txt")
     assert ended.returncode == 1
+
+
+def test_a_cancel_while_the_job_imports_ends_it_cancelled(tmp_path):
+    """Once, a cancel that reached a job while it imported numpy left a module half-made and
+    the job failed with an AttributeError. A cancel before training has begun is noted, and the
+    job ends cancelled."""
+    folder = new_job(tmp_path, SPEC.replace("EPOCHS", "1"))
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "dlscale.service.runner", str(folder)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(lambda: (folder / "pid").exists(), timeout_s=60)
+    runner.send_signal(signal.SIGINT)  # while it imports torch, numpy and dlscale
+    output, _ = runner.communicate(timeout=120)
+    result = json.loads((folder / "result.json").read_text())
+    assert runner.returncode == 130, output
+    assert result["state"] == "cancelled" and "before it started training" in result["message"]
+    assert not (folder / "run").exists() and "Traceback" not in output

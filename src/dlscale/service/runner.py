@@ -214,17 +214,29 @@ def _data_digest(spec: Path) -> dict | None:
         return None
 
 
+def _new_result() -> dict:
+    result = {"state": "failed", "message": "", "weights_sha256": None, "data_sha256": None}
+    return {**result, "metrics": None, "environment": None}
+
+
+def _cancelled(folder: Path, when: str = "") -> dict:
+    """State and message of a job cancelled (`when`), naming the checkpoint it keeps."""
+    kept = _last_checkpoint(folder)
+    where = f": {kept}" if kept else " (none was saved)"
+    cancelled = f"cancelled {when};" if when else "cancelled;"
+    return {"state": "cancelled", "message": f"{cancelled} the last checkpoint is kept{where}"}
+
+
 def run_job(folder: Path) -> dict:
     """Run the job in `folder`; its result (never raises but for a second interrupt)."""
-    result = {"state": "failed", "message": "", "weights_sha256": None, "data_sha256": None}
-    result.update(metrics=None, environment=None)
+    result = _new_result()
     try:
         job = json.loads((folder / JOB_FILE).read_text())
         kind = job.get("kind")
         if kind not in KINDS:
             raise UserError(f"{JOB_FILE}: unknown job kind {kind!r}")
         spec = folder / job.get("spec_file", SPEC_FILE)
-        say(f"starting job {job.get('id', folder.name)} ({kind}) as process {os.getpid()}")
+        say(f"job {job.get('id', folder.name)}: {kind}")
         data = _data_digest(spec)
         if data is not None:
             result["data_sha256"] = data["sha256"]
@@ -236,9 +248,7 @@ def run_job(folder: Path) -> dict:
         result["message"] = str(exc)
     except KeyboardInterrupt:
         _ignore_signals()
-        kept = _last_checkpoint(folder)
-        where = f": {kept}" if kept else " (none was saved)"
-        result.update(state="cancelled", message=f"cancelled; the last checkpoint is kept{where}")
+        result.update(_cancelled(folder))
     except Exception as exc:
         traceback.print_exc()
         result["message"] = f"{type(exc).__name__}: {one_line(exc)}"
@@ -267,8 +277,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m dlscale.service.runner JOBDIR", file=sys.stderr)
         return 2
     folder = Path(argv[0]).absolute()
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if started ignoring it
-    signal.signal(signal.SIGTERM, _interrupt)
+    # Until the imports are done, a cancel is noted, not raised: a KeyboardInterrupt inside an
+    # import can leave a module half-made (numpy.linalg without _umath_linalg), and the job
+    # then failed with an AttributeError instead of ending cancelled.
+    early: list[int] = []
+    signal.signal(signal.SIGINT, lambda signum, frame: early.append(signum))
+    signal.signal(signal.SIGTERM, lambda signum, frame: early.append(signum))
     lock = _hold_lock(folder)
     if lock is None:
         say("another process is running this job; this one exits")
@@ -281,7 +295,15 @@ def main(argv: list[str] | None = None) -> int:
         say("this job was already started once; it is not run again")
         return 0
     write_json_atomic(folder / PID, {"pid": os.getpid(), "pgid": os.getpgid(0)})
-    result = run_job(folder)
+    say(f"starting job {folder.name} as process {os.getpid()}")
+    import dlscale.api  # noqa: F401  (the imports a cancel must not cut in half)
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _interrupt)
+    if early:
+        result = {**_new_result(), **_cancelled(folder, "before it started training")}
+    else:
+        result = run_job(folder)
     _ignore_signals()
     try:
         from dlscale import api

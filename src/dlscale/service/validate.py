@@ -85,7 +85,6 @@ def wait_for_go() -> bool:
     import sklearn.model_selection  # noqa: F401
 
     from dlscale import api  # noqa: F401
-    from dlscale.train import preflight  # noqa: F401
 
     line = sys.stdin.readline()
     if not line:
