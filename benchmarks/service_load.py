@@ -5,7 +5,10 @@
 Bounded in count and time: each tenant's client submits at most --jobs-per-tenant tiny train
 jobs and polls (its jobs, one job, the queue) for --seconds. Prints every endpoint's request
 count and latency (median, p95, max), the 5xx count, and each job's fate: none may be lost (every
-submitted id is listed and ends in a known state after the queued rest are cancelled).
+submitted id is listed and ends in a known state after the queued rest are cancelled). A submit
+waits for its spec's check in the job sandbox (a validation job), so its timeout is long; the
+server is sandboxed as `dlscale serve` is by default (run as root, with bubblewrap), and the jobs
+it leaves running are killed at the end.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +29,9 @@ from pathlib import Path
 import httpx
 
 from dlscale.service import admin
+from dlscale.service.executor import start_time
 
+SUBMIT_TIMEOUT_S = 300.0  # a submit waits for a validation place, then for its check
 SPEC = """\
 name: load
 model: {name: mlp, kwargs: {hidden: [16]}}
@@ -61,6 +67,14 @@ def start_server(data_dir: Path, port: int, cpu_slots: int) -> subprocess.Popen:
     raise SystemExit("the server did not start; see server.log")
 
 
+def stop_jobs(data: Path) -> None:
+    """Kill the sandboxes of the jobs the server left running (a server's jobs outlive it)."""
+    for record in (data / "sandboxes").glob("*.json"):
+        sandbox = json.loads(record.read_text())
+        if sandbox.get("init") and start_time(sandbox["init"]) == sandbox.get("started"):
+            os.kill(sandbox["init"], signal.SIGKILL)
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -77,7 +91,8 @@ class Tenant(threading.Thread):
 
     def call(self, label: str, method: str, path: str, **kwargs) -> httpx.Response:
         started = time.perf_counter()
-        answer = self.client.request(method, path, **kwargs)
+        timeout = SUBMIT_TIMEOUT_S if method == "POST" else 60
+        answer = self.client.request(method, path, timeout=timeout, **kwargs)
         self.stats.append((label, time.perf_counter() - started, answer.status_code))
         return answer
 
@@ -147,6 +162,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
+        stop_jobs(data)
     by_label: dict[str, list[float]] = defaultdict(list)
     for label, seconds, _status in stats:
         by_label[label].append(seconds * 1000)

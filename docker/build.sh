@@ -35,7 +35,7 @@ if ! "$ENGINE" image exists "$BASE" 2>/dev/null && ! "$ENGINE" image inspect "$B
     trap 'rm -rf "$rootfs"' EXIT
     echo "base: debootstrap bookworm into $rootfs ..."
     debootstrap --variant=minbase \
-        --include=python3,python3-venv,ca-certificates,passwd,libgomp1 \
+        --include=python3,python3-venv,ca-certificates,passwd,libgomp1,bubblewrap \
         bookworm "$rootfs" "$MIRROR" >/dev/null
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     tar -C "$rootfs" -c . | "$ENGINE" import - "$BASE" >/dev/null

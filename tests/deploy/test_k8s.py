@@ -1,6 +1,7 @@
 """Every Kubernetes manifest parses, and holds what dlscale relies on: its image, its command
 and arguments, the ports, the volume mounts, the resources, the Secret the database URL and
-the Ray token come from, and a non-root user."""
+the Ray token come from; a non-root user for training, and for the service the root and the
+privilege its job sandbox needs (each job then runs as an unprivileged uid of its own)."""
 
 from pathlib import Path
 
@@ -28,12 +29,15 @@ def containers(pod_spec: dict) -> list[dict]:
     return pod_spec["containers"]
 
 
-def check_container(container: dict, pod_spec: dict) -> None:
+def check_container(container: dict, pod_spec: dict, sandboxes_jobs: bool = False) -> None:
     assert container["image"] == IMAGE  # the image `make image` builds
     limits, requests = container["resources"]["limits"], container["resources"]["requests"]
     assert limits["cpu"] and limits["memory"] and requests["cpu"] and requests["memory"]
     security = pod_spec["securityContext"]
-    assert security["runAsNonRoot"] is True and security["runAsUser"] == 10001  # the image's user
+    if sandboxes_jobs:  # `dlscale serve`: root in its container, to drop each job to its own uid
+        assert security["runAsUser"] == 0 and container["securityContext"]["privileged"] is True
+    else:
+        assert security["runAsNonRoot"] is True and security["runAsUser"] == 10001  # the image's
     volumes = {v["name"] for v in pod_spec.get("volumes", [])}
     assert {m["name"] for m in container.get("volumeMounts", [])} <= volumes
 
@@ -47,7 +51,7 @@ def test_the_service_runs_dlscale_serve_on_its_volume_with_the_database_secret()
     deployment = docs["Deployment/dlscale"]
     pod = deployment["spec"]["template"]["spec"]
     (container,) = containers(pod)
-    check_container(container, pod)
+    check_container(container, pod, sandboxes_jobs=True)
     assert container["command"] == ["dlscale", "serve"]
     args = container["args"]
     # Every option given is one `dlscale serve` has.

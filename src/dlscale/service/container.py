@@ -121,6 +121,8 @@ class ContainerExecutor(Executor):
         """`podman run` (or docker's) of `argv` in the image, confined as the class says."""
         folder = Path(folder).resolve()
         confined = [
+            "--hostname",
+            "dlscale-job",
             "--network",
             "none",
             "--cap-drop",

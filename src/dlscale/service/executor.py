@@ -129,9 +129,6 @@ class Executor:
         # for a module the job imports (its own code is imported as inputs.NAME on purpose).
         return [sys.executable, "-P", "-m", "dlscale.service.runner", str(folder)]
 
-    def validator_argv(self, folder: Path) -> list[str]:
-        return [sys.executable, "-P", "-m", "dlscale.service.validate", str(folder)]
-
     def _wrap(
         self, folder: Path, name: str, writable: bool, limits: JobLimits, argv: list[str], cpus=None
     ) -> tuple[list[str], int, int]:

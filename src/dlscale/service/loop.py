@@ -123,6 +123,7 @@ class JobLoop:
         try:
             self.executor.start(job_dir(self.config.data_dir, job_id), limits)
         except OSError as exc:
+            self.executor.release(job_dir(self.config.data_dir, job_id))
             with self.maker.begin() as db:
                 job = db.get(Job, job_id)
                 if job is not None and job.state == "starting":
