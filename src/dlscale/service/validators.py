@@ -112,11 +112,11 @@ class Validators:
             raise ExecutorBusy("the server is busy checking other submissions; try again soon")
         try:
             validator = self._take(limits)
+            self._refill()  # its successor does its imports while this one checks
             try:
                 return self._run(validator, folder, limits, timeout_s)
             finally:
                 self._discard(validator)
-                self._refill()
         finally:
             self._places.release()
 
