@@ -17,7 +17,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ray]'
 	@touch $(STAMP)
 
-# Debian packages the service tests need (PostgreSQL, Chromium): installs them as root, else says how.
+# Debian packages the service and its tests need (PostgreSQL, Chromium, bubblewrap): installs them
+# as root, else says how.
 system-deps:
 	bash scripts/system-deps.sh
 

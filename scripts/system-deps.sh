@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Debian packages the service tests need: PostgreSQL (its initdb/pg_ctl; the tests start their own
-# throwaway cluster) and Chromium (the dashboard's browser tests drive it through Playwright).
+# Debian packages the service needs, and its tests: PostgreSQL (its initdb/pg_ctl; the tests start
+# their own throwaway cluster), Chromium (the dashboard's browser tests drive it through
+# Playwright) and bubblewrap (every job of `dlscale serve` runs in its sandbox).
 #
 #   scripts/system-deps.sh          install what is missing (as root), else say what to run
-#   scripts/system-deps.sh --check  only report: exit 0 when both are present, 1 listing what's missing
+#   scripts/system-deps.sh --check  only report: exit 0 when all are present, 1 listing what's missing
 #
-# Idempotent: when both are present it prints that and exits 0 without touching apt.
-# Detection reads PATH (chromium) and DLSCALE_PG_LIB_DIR (default /usr/lib/postgresql), so a test
+# Idempotent: when all are present it prints that and exits 0 without touching apt.
+# Detection reads PATH (chromium, bwrap) and DLSCALE_PG_LIB_DIR (default /usr/lib/postgresql), so a test
 # can point them at empty folders to see what would be installed; DLSCALE_PG_COMMON_DIR (default
 # /etc/postgresql-common) lets it check the cluster setting without touching the system's file.
 set -euo pipefail
@@ -32,6 +33,11 @@ if chromium_path=$(command -v chromium); then
   echo "chromium: $chromium_path"
 else
   missing+=(chromium)
+fi
+if bwrap_path=$(command -v bwrap); then
+  echo "bubblewrap: $bwrap_path"
+else
+  missing+=(bubblewrap)
 fi
 
 if ((${#missing[@]} == 0)); then

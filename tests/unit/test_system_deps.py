@@ -26,7 +26,8 @@ def run_script(*args, env=None, user=None) -> subprocess.CompletedProcess:
 
 
 def lacking_both(tmp_path) -> dict:
-    """An environment where neither chromium (PATH) nor an initdb (the PostgreSQL folder) exists."""
+    """An environment where neither chromium nor bwrap (PATH) nor an initdb (the PostgreSQL
+    folder) exists."""
     empty = tmp_path / "empty"
     empty.mkdir(exist_ok=True)
     return {"PATH": str(empty), "DLSCALE_PG_LIB_DIR": str(empty)}
@@ -44,8 +45,8 @@ def test_check_passes_where_both_are_installed():
 def test_check_lists_what_it_would_install(tmp_path):
     done = run_script("--check", env=lacking_both(tmp_path))
     assert done.returncode == 1
-    assert "missing: postgresql chromium" in done.stdout
-    would = "would run: apt-get install -y --no-install-recommends postgresql chromium"
+    assert "missing: postgresql chromium bubblewrap" in done.stdout
+    would = "would run: apt-get install -y --no-install-recommends postgresql chromium bubblewrap"
     assert would in done.stdout
 
 
@@ -57,7 +58,7 @@ def test_check_names_only_the_missing_package(tmp_path):
     done = run_script("--check", env=env)
     assert done.returncode == 1
     assert f"postgresql: {pg / 'initdb'}" in done.stdout
-    assert "missing: chromium" in done.stdout
+    assert "missing: chromium bubblewrap" in done.stdout
 
 
 def test_unknown_argument_is_refused():
@@ -76,7 +77,7 @@ def test_without_root_it_prints_the_command_and_fails(tmp_path):
     assert done.returncode == 1
     assert (
         "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "
-        "postgresql chromium" in done.stderr
+        "postgresql chromium bubblewrap" in done.stderr
     )
 
 
@@ -110,13 +111,13 @@ def test_install_updates_lists_only_when_missing_and_turns_off_the_main_cluster(
         "install -y --no-install-recommends postgresql-common",
         "update",
         "install -y --no-install-recommends postgresql-common",
-        "install -y --no-install-recommends postgresql chromium",
+        "install -y --no-install-recommends postgresql chromium bubblewrap",
     ]
     assert (conf_dir / "createcluster.conf").read_text().splitlines() == [
         "# comment",
         "create_main_cluster = false",
     ]
-    assert "installed: postgresql chromium" in done.stdout
+    assert "installed: postgresql chromium bubblewrap" in done.stdout
 
 
 def test_makefile_runs_it_before_the_tests():
