@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import children
 from tests.service.live import LiveServer, wait_for_state
 
 ENDED = ("succeeded", "failed", "cancelled")
@@ -198,7 +199,7 @@ def test_the_binary_tag_that_ran_os_system_in_the_server_leaves_no_file_and_no_p
     _, token = server.user("eve", "evil")
     client = server.client(token)
     jobs_before = everything_under(server.data_dir / "jobs")
-    children_before = set(_children(server.process.pid))
+    children_before = set(children(server.process.pid))
     cwd = Path.cwd()
     attacks = {
         "name: x\nmodel: {name: !!binary b3M6c3lzdGVt, kwargs: {command: 'id > pwned'}}\n"
@@ -216,26 +217,13 @@ def test_the_binary_tag_that_ran_os_system_in_the_server_leaves_no_file_and_no_p
     assert not (cwd / "pwned").exists() and not (server.data_dir / "pwned").exists()
     assert not list(server.data_dir.rglob("pwned"))
     assert everything_under(server.data_dir / "jobs") == jobs_before  # nothing left behind
-    assert set(_children(server.process.pid)) <= children_before | _validators(server)
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+    assert set(children(server.process.pid)) <= children_before | _validators(server)
 
 
 def _validators(server) -> set[int]:
     """The server's waiting validators (new ones replace those used)."""
     found = set()
-    for child in _children(server.process.pid):
+    for child in children(server.process.pid):
         cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
         if b"dlscale.service.validate" in cmdline:
             found.add(child)
