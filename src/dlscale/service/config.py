@@ -42,7 +42,7 @@ class ServiceConfig:
     validations_at_once: int = 2  # validation jobs running at once; more submits wait
     max_queued_jobs: int = 100  # a tenant's jobs waiting at once (its own setting wins)
     failed_auth_address_limit: int | None = None  # per address across names (default 3×)
-    storage_check_s: float = 2.0  # how often a running job's folder is measured
+    storage_check_s: float = 0.5  # how often a running job's folder is measured (each tick)
     cancel_kill_s: float = 30.0  # a job still running this long after a cancel is killed
     # A job runs as uid job_uid_base + (its id mod job_uid_count) when the server is root.
     job_uid_base: int = 1_900_000_000
