@@ -8,7 +8,7 @@ A job is marked `starting` and committed BEFORE its process is spawned: a crash 
 leaves a `starting` job with no process, which is started again after a grace period; the job
 process refuses to run a job that was already claimed, so no job ever runs twice.
 
-While a job runs its folder is measured every few seconds: at its tenant's storage quota it is
+While a job runs its folder is measured at every tick: at its tenant's storage quota it is
 stopped, with the reason in its state and log, what it saved kept. A job that does not stop
 within `cancel_kill_s` of being asked is killed. A job whose deletion was asked for is deleted
 once it has ended.
