@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from dlscale.service import admin
-from dlscale.service.executor import start_time
+from dlscale.service.executor import end_sandboxes
 
 SUBMIT_TIMEOUT_S = 300.0  # a submit waits for a validation place, then for its check
 SPEC = """\
@@ -65,14 +64,6 @@ def start_server(data_dir: Path, port: int, cpu_slots: int) -> subprocess.Popen:
             time.sleep(0.2)
     server.kill()
     raise SystemExit("the server did not start; see server.log")
-
-
-def stop_jobs(data: Path) -> None:
-    """Kill the sandboxes of the jobs the server left running (a server's jobs outlive it)."""
-    for record in (data / "sandboxes").glob("*.json"):
-        sandbox = json.loads(record.read_text())
-        if sandbox.get("init") and start_time(sandbox["init"]) == sandbox.get("started"):
-            os.kill(sandbox["init"], signal.SIGKILL)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -162,7 +153,7 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=30)
-        stop_jobs(data)
+        end_sandboxes(data / "sandboxes")  # the jobs it left running
     by_label: dict[str, list[float]] = defaultdict(list)
     for label, seconds, _status in stats:
         by_label[label].append(seconds * 1000)

@@ -8,11 +8,6 @@ from pathlib import Path
 
 import pytest
 
-# A suite started from a background job inherits SIGINT ignored, and an ignored signal stays
-# ignored across exec: every process a test starts and then interrupts (Ctrl-C's SIGINT) would
-# carry on. Restored here, in the parent, every child starts with the default disposition.
-signal.signal(signal.SIGINT, signal.default_int_handler)
-
 # Tests never see the developer's own hardware entries (~/.dlscale/hardware/local.toml, ...):
 # each test run gets an empty DLSCALE_HOME; tests that need one set their own.
 os.environ["DLSCALE_HOME"] = tempfile.mkdtemp(prefix="dlscale-home-")
@@ -52,6 +47,13 @@ def reporter() -> RecordingReporter:
 
 
 # ------------------------------------------------- processes (for tests that kill and count)
+
+
+def default_sigint() -> None:
+    """`preexec_fn` of a child a test interrupts with SIGINT: a suite started from a background
+    job inherits SIGINT ignored, and an ignored signal stays ignored across exec, so the child
+    would carry on. Restored in the child, it reacts as to Ctrl-C whatever the suite inherited."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from dlscale.train.ownership import LOCK_NAME, claim
+from tests.conftest import default_sigint
 
 DLSCALE = str(Path(sys.executable).parent / "dlscale")
 # Many short epochs: run.json and checkpoints appear within a second, and the run goes on until
@@ -51,6 +52,7 @@ def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path: Path):
             [DLSCALE, "train", str(spec), "--out", str(out)],
             # stdout unread while the winner trains: a pipe would fill and block it
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            preexec_fn=default_sigint,  # the winner is stopped with SIGINT
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 120

@@ -4,9 +4,6 @@ tenants and tokens made through the admin verbs (no defaults exist)."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import signal
 import socket
 import subprocess
@@ -17,7 +14,8 @@ from pathlib import Path
 import httpx
 
 from dlscale.service import admin
-from dlscale.service.executor import start_time
+from dlscale.service.executor import end_sandboxes
+from tests.conftest import default_sigint
 
 
 def free_port() -> int:
@@ -59,7 +57,9 @@ class LiveServer:
             command += ["--db", self.db_url]
         command += self.options
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=default_sigint
+            )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -89,11 +89,7 @@ class LiveServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        for record in (self.data_dir / "sandboxes").glob("*.json"):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                sandbox = json.loads(record.read_text())
-                if start_time(int(sandbox["init"])) == sandbox["started"]:  # still that process
-                    os.kill(int(sandbox["init"]), signal.SIGKILL)
+        end_sandboxes(self.data_dir / "sandboxes")
 
     # ------------------------------------------------------------ people and tokens
 

@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 
 from dlscale.cli.main import app
 from dlscale.cli.serve import machine_gpu_slots
+from tests.conftest import default_sigint
 from tests.service.live import LiveServer, free_port, wait_for_state
 
 SPEC = """\
@@ -185,7 +186,9 @@ def test_dlscale_serve_runs_the_service_and_refuses_a_public_address(tmp_path):
     port = free_port()
     command = [sys.executable, "-m", "dlscale.cli.main", "serve", "--port", str(port),
                "--data-dir", str(tmp_path / "data"), "--cpu-slots", "1"]  # fmt: skip
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint
+    )
     try:
         for _ in range(300):
             assert process.poll() is None, process.stdout.read().decode()

@@ -25,7 +25,7 @@ from dlscale.service import cgroups, layout
 from dlscale.service.config import ServiceConfig
 from dlscale.service.executor import Executor, Probe
 from dlscale.service.layout import job_dir, list_artifacts, open_artifact, tail, write_job
-from tests.conftest import alive, children, torch_threads, worker_pids
+from tests.conftest import alive, children, default_sigint, torch_threads, worker_pids
 
 SPEC = """\
 name: tiny
@@ -369,6 +369,7 @@ def test_a_cancel_while_the_job_imports_ends_it_cancelled(tmp_path):
     folder = new_job(tmp_path, SPEC.replace("EPOCHS", "1"))
     runner = subprocess.Popen(
         [sys.executable, "-m", "dlscale.service.runner", str(folder)],
+        preexec_fn=default_sigint,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

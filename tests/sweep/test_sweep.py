@@ -14,7 +14,7 @@ import yaml
 
 from dlscale import api
 from dlscale.spec import load_spec
-from tests.conftest import EXAMPLES, alive, worker_pids
+from tests.conftest import EXAMPLES, alive, default_sigint, worker_pids
 
 DLSCALE = Path(sys.executable).parent / "dlscale"
 
@@ -112,7 +112,13 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
     )
     out = tmp_path / "out"
     command = [str(DLSCALE), "sweep", str(spec), "--out", str(out), "--parallel", "1"]
-    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=default_sigint,  # stopped with SIGINT below
+    )
     failed = out / "trials" / "t001" / "train" / "result.json"
     deadline = time.monotonic() + 120
     while not failed.is_file() and time.monotonic() < deadline and first.poll() is None:

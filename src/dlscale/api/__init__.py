@@ -321,8 +321,18 @@ def sweep(
         out_dir = latest_sweep_dir(spec.name)
     owned = claim(Path(out_dir)) if out_dir else claim_new(f"sweep-{spec.name}")
     with owned as out:  # the sweep's folder is this process's until it ends
-        runner = SweepRunner(spec, raw, base_dir, str(spec_path), out, launcher,
-                             slots, resources, reporter or NullSweepReporter(), resume)  # fmt: skip
+        runner = SweepRunner(
+            spec,
+            raw,
+            base_dir,
+            str(spec_path),
+            out,
+            launcher,
+            slots,
+            resources,
+            reporter or NullSweepReporter(),
+            resume,
+        )
         return runner.run()
 
 
@@ -339,8 +349,11 @@ def latest_sweep_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
     import re
 
     own = re.compile(rf"^sweep-{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")  # not sweep-{name}-x-...
-    candidates = [p for p in root.glob(f"sweep-{name}-*")
-                  if own.match(p.name) and (p / "sweep.json").is_file()]  # fmt: skip
+    candidates = [
+        p
+        for p in root.glob(f"sweep-{name}-*")
+        if own.match(p.name) and (p / "sweep.json").is_file()
+    ]
     if not candidates:
         raise UserError(
             f"nothing to resume: no sweep of '{name}' under {root}/ (pass --out DIR to name it)"

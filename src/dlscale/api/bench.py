@@ -126,8 +126,9 @@ def bench_precision(spec_path: str | Path, steps: int | None) -> dict:
     return run_precision_bench(spec_path, steps)
 
 
-def bench_sparsity(spec_path: str | Path, levels: str, pattern: str, finetune_steps: int,
-                   steps: int | None) -> dict:  # fmt: skip
+def bench_sparsity(
+    spec_path: str | Path, levels: str, pattern: str, finetune_steps: int, steps: int | None
+) -> dict:
     """Magnitude pruning at each level, fine-tuned, measured (`bench sparsity`)."""
     from dlscale.bench.sparsity import run_sparsity_bench
     from dlscale.errors import UserError

@@ -243,8 +243,11 @@ def slow_start_warnings(processes: int, threads: int, cores: int, load_1m: float
             f"`threads: {max(1, cores // processes)}` in the spec"
         )
     if load_1m > cores:
-        fix = ("set `threads: 1` in the spec, or wait for the machine to quieten" if threads > 1
-               else "wait for the machine to quieten, or run it elsewhere")  # fmt: skip
+        fix = (
+            "set `threads: 1` in the spec, or wait for the machine to quieten"
+            if threads > 1
+            else "wait for the machine to quieten, or run it elsewhere"
+        )
         found.append(
             f"this machine is busy (load average {load_1m:.1f} on {cores} cores over the last "
             f"minute): training will be slower than usual; {fix}"

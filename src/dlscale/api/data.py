@@ -27,10 +27,16 @@ def convert_data(
 ) -> dict:
     """Write `source` (digits, synthetic or a job spec's data) into `out` as WebDataset shards
     with dataset.json, or as a Hugging Face dataset (`format="hf"`); what was written."""
-    options = {"samples": samples, "shape": shape, "classes": classes, "seed": seed,
-               "val_fraction": val_fraction}  # fmt: skip
-    return convert(source, Path(out), format, shard_bytes(shard_size), image_format,
-                   on_progress, **options)  # fmt: skip
+    options = {
+        "samples": samples,
+        "shape": shape,
+        "classes": classes,
+        "seed": seed,
+        "val_fraction": val_fraction,
+    }
+    return convert(
+        source, Path(out), format, shard_bytes(shard_size), image_format, on_progress, **options
+    )
 
 
 def shard_bytes(size: str | int) -> int:

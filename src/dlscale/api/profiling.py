@@ -54,8 +54,10 @@ def profile(
     from dlscale.profiler.target import resolve
 
     if not devices and (interconnect or network or deadline or strategies or nodes != 1):
-        raise UserError("--interconnect, --nodes, --network, --strategies and --deadline need "
-                        "--devices, e.g. --devices 1,2,4,8")  # fmt: skip
+        raise UserError(
+            "--interconnect, --nodes, --network, --strategies and --deadline need "
+            "--devices, e.g. --devices 1,2,4,8"
+        )
     if epochs is not None and epochs <= 0:
         raise UserError(f"--epochs must be a positive number (got {epochs})")
     deadline_s = parse_duration(deadline) if deadline is not None else None
@@ -79,8 +81,9 @@ def profile(
         wanted = precision or workload.precision
         if wanted == "int8":
             check_int8(result.trace)
-        result.inference = [predict_inference(result.trace, report.hardware, wanted)
-                            for report in result.reports]  # fmt: skip
+        result.inference = [
+            predict_inference(result.trace, report.hardware, wanted) for report in result.reports
+        ]
     if dataflow is not None:
         from dlscale.profiler.systolic_report import parse_dataflows, systolic_reports
 

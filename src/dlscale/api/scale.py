@@ -53,8 +53,10 @@ def scale(
     if steps is None and not converge:
         steps = THROUGHPUT_STEPS
     if converge and scaled_strategy(spec) == "tensor" and lr_scaling not in (None, "none"):
-        raise UserError("--lr-scaling: a tensor-parallel degree does not change the global "
-                        "batch, so there is nothing to scale the learning rate for")  # fmt: skip
+        raise UserError(
+            "--lr-scaling: a tensor-parallel degree does not change the global "
+            "batch, so there is nothing to scale the learning rate for"
+        )
     counts = sorted(set(workers))
     base = counts[0]
     specs = {
@@ -83,11 +85,13 @@ def scale(
 def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -> None:
     """One line for a rule or target `scale` cannot take (before any folder is made)."""
     if lr_scaling is not None and lr_scaling not in LR_SCALINGS:
-        raise UserError(f"--lr-scaling must be one of {', '.join(LR_SCALINGS)} (got "
-                        f"'{lr_scaling}')")  # fmt: skip
+        raise UserError(
+            f"--lr-scaling must be one of {', '.join(LR_SCALINGS)} (got '{lr_scaling}')"
+        )
     if target_accuracy is not None and not 0 < target_accuracy <= 1:
-        raise UserError(f"--target-accuracy is a fraction in (0, 1], e.g. 0.95 (got "
-                        f"{target_accuracy})")  # fmt: skip
+        raise UserError(
+            f"--target-accuracy is a fraction in (0, 1], e.g. 0.95 (got {target_accuracy})"
+        )
 
 
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
@@ -105,6 +109,5 @@ def _with_scale_prediction(result: dict, spec_path, workers, threads: int, clust
 
         measured = measure_link(quick=True)
     link = measured_link(measured)
-    predicted = predicted_rows(str(spec_path), workers, threads, local, link,
-                               result["strategy"])  # fmt: skip
+    predicted = predicted_rows(str(spec_path), workers, threads, local, link, result["strategy"])
     return add_predictions(result, predicted, link.name)

@@ -32,8 +32,14 @@ def synthetic_spec(
 ) -> Spec:
     """A spec training `model` on seeded synthetic data shaped like its real input."""
     if tokens:
-        data = {"name": "synthetic", "kind": "tokens", "task": "language_modeling",
-                "seq_len": shape[0], "vocab_size": 256, "num_samples": samples}  # fmt: skip
+        data = {
+            "name": "synthetic",
+            "kind": "tokens",
+            "task": "language_modeling",
+            "seq_len": shape[0],
+            "vocab_size": 256,
+            "num_samples": samples,
+        }
     else:
         data = {"name": "synthetic", "shape": shape, "num_classes": 10, "num_samples": samples}
     return parse_spec(

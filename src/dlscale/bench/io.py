@@ -76,8 +76,11 @@ def filesystem_of(path: str) -> str | None:
     except OSError:
         return None
     real = os.path.realpath(path)
-    inside = [(point, kind) for point, kind in mounts
-              if real == point or real.startswith(point.rstrip("/") + "/")]  # fmt: skip
+    inside = [
+        (point, kind)
+        for point, kind in mounts
+        if real == point or real.startswith(point.rstrip("/") + "/")
+    ]
     return max(inside, key=lambda mount: len(mount[0]))[1] if inside else None
 
 
@@ -220,19 +223,27 @@ def io_verdict(
     needed = max(1, math.ceil(model_per_s / worker_per_s)) if worker_per_s > 0 else None
     rates = {name: f"{rate:,.0f} samples/s" for name, rate in bounds.items()}
     if bound == "model":
-        text = (f"the model bounds training ({rates['model']}): storage and decoding keep up; "
-                f"{needed} loader worker(s) suffice")  # fmt: skip
+        text = (
+            f"the model bounds training ({rates['model']}): storage and decoding keep up; "
+            f"{needed} loader worker(s) suffice"
+        )
     elif bound == "decode":
-        text = (f"decoding bounds training: {running} worker(s) decode {rates['decode']}, the "
-                f"model takes {rates['model']}; set loader.workers: {needed}")  # fmt: skip
+        text = (
+            f"decoding bounds training: {running} worker(s) decode {rates['decode']}, the "
+            f"model takes {rates['model']}; set loader.workers: {needed}"
+        )
         if needed is not None and needed > cores:
-            text += (f" (more than the {cores} cores here: they would take turns; cheaper "
-                     "samples or a machine with more cores)")  # fmt: skip
+            text += (
+                f" (more than the {cores} cores here: they would take turns; cheaper "
+                "samples or a machine with more cores)"
+            )
     else:
-        text = (f"storage bounds training: it delivers {rates['storage']}, the model takes "
-                f"{rates['model']}; on shared storage, stage the files to local disk (data.stage: "
-                "DIR); else store fewer bytes a sample (dlscale data convert --image-format "
-                "png)")  # fmt: skip
+        text = (
+            f"storage bounds training: it delivers {rates['storage']}, the model takes "
+            f"{rates['model']}; on shared storage, stage the files to local disk (data.stage: "
+            "DIR); else store fewer bytes a sample (dlscale data convert --image-format "
+            "png)"
+        )
     return {
         "bound": bound,
         "bounds_samples_per_s": bounds,
@@ -300,8 +311,13 @@ def run_io_bench(
         measured["storage_readers"]["read_bytes_per_s"],
     )
     model["needs_read_bytes_per_s"] = model["samples_per_s"] * disk_bytes
-    verdict = io_verdict(storage_bytes_per_s / disk_bytes, decode["samples_per_s"],
-                         model["samples_per_s"], spec.loader.workers, cores)  # fmt: skip
+    verdict = io_verdict(
+        storage_bytes_per_s / disk_bytes,
+        decode["samples_per_s"],
+        model["samples_per_s"],
+        spec.loader.workers,
+        cores,
+    )
     return {
         "schema": SCHEMA,
         "spec": spec.name,

@@ -66,8 +66,14 @@ def _steps_in_a_process(spec_path: str, steps: int, threads: int, env: dict) -> 
         "from dlscale.bench.levels import measure_here\n"
         f"print(json.dumps(measure_here({spec_path!r}, {steps}, {threads})))\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=600, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=600,
+        check=False,
+    )
     if done.returncode != 0:
         raise UserError(f"bench levels: a measuring process failed: {done.stderr.strip()[-300:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -118,15 +124,28 @@ def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None,
     processes = []
     with tempfile.TemporaryDirectory() as scratch:
         for count in range(1, top + 1):
-            scaled = spec.model_copy(update={
-                "strategy": DdpStrategy(name="ddp", workers=count), "threads": 1,
-                "steps": steps + 3, "epochs": None})  # fmt: skip
+            scaled = spec.model_copy(
+                update={
+                    "strategy": DdpStrategy(name="ddp", workers=count),
+                    "threads": 1,
+                    "steps": steps + 3,
+                    "epochs": None,
+                }
+            )
             record = train(scaled, out_dir=Path(scratch) / f"ddp-{count}")
-            processes.append({"processes": count,
-                              "samples_per_s": record["final"]["train_samples_per_s"]})  # fmt: skip
-    return {"schema": SCHEMA, "spec": spec_path, "model": spec.model.name,
-            "batch_size": spec.batch_size, "machine": facts, "simd": _speedups(simd),
-            "threads": _speedups(threads), "processes": _speedups(processes)}  # fmt: skip
+            processes.append(
+                {"processes": count, "samples_per_s": record["final"]["train_samples_per_s"]}
+            )
+    return {
+        "schema": SCHEMA,
+        "spec": spec_path,
+        "model": spec.model.name,
+        "batch_size": spec.batch_size,
+        "machine": facts,
+        "simd": _speedups(simd),
+        "threads": _speedups(threads),
+        "processes": _speedups(processes),
+    }
 
 
 def _speedups(rows: list[dict]) -> list[dict]:

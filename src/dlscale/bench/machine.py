@@ -267,8 +267,11 @@ def run_machine_bench(
     }
     # How far to trust it: each probe's spread, what was rejected, how busy the machine was.
     result["spread"] = summarize_spread(spread_log())
-    result["load"] = {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0],
-                      "cores": os.cpu_count() or 1}  # fmt: skip
+    result["load"] = {
+        "loadavg_1m_before": load_before,
+        "loadavg_1m_after": os.getloadavg()[0],
+        "cores": os.cpu_count() or 1,
+    }
     result["warnings"] = plausible.check(result)
     return result
 

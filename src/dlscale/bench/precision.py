@@ -87,14 +87,17 @@ def run_precision_bench(spec_path: str | Path, steps: int | None) -> dict:
                 x = next(iter(trainer.val_loader))[0].to(device)
                 model = trainer.module.eval()
                 latency = latency_s(model, x, device, precision)
-            rows.append({
-                "format": name, "kind": "trained",
-                "val_accuracy": record["final"]["val_accuracy"],
-                "train_step_s": record["final"]["median_step_s"],
-                "latency_s": latency,
-                "model_bytes": model_bytes(model),
-                "activation_bytes": saved_activation_bytes(spec_path, precision),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "format": name,
+                    "kind": "trained",
+                    "val_accuracy": record["final"]["val_accuracy"],
+                    "train_step_s": record["final"]["median_step_s"],
+                    "latency_s": latency,
+                    "model_bytes": model_bytes(model),
+                    "activation_bytes": saved_activation_bytes(spec_path, precision),
+                }
+            )
             if name == "fp32":
                 fp32 = trainer
         rows += _quantized(fp32)
@@ -140,9 +143,13 @@ def _quantized(trainer: Trainer) -> list[dict]:
         try:
             model = make(fp32, trainer)
             _loss, accuracy = evaluate(model, trainer.val_loader, cpu, "fp32")
-            row.update(val_accuracy=accuracy, train_step_s=None,
-                       latency_s=latency_s(model, x, cpu, "fp32"), model_bytes=model_bytes(model),
-                       activation_bytes=None)  # fmt: skip
+            row.update(
+                val_accuracy=accuracy,
+                train_step_s=None,
+                latency_s=latency_s(model, x, cpu, "fp32"),
+                model_bytes=model_bytes(model),
+                activation_bytes=None,
+            )
         except Exception as exc:  # a model torch cannot quantize this way: say why, go on
             row["error"] = f"{type(exc).__name__}: {one_line(exc)}"[:300]
         found.append(row)
@@ -181,10 +188,13 @@ def _notes(rows: list[dict], device) -> list[str]:
     if fp32 is None:
         return notes
     emulated = device.type == "cpu" and not cpu_has_bf16_units()
-    why = ("this CPU has no bf16 arithmetic (no AVX-512 BF16 or AMX): bf16 values are converted "
-           "to fp32 to compute" if emulated else
-           "autocast adds a cast around every matrix product, which a model this small does not "
-           "earn back")  # fmt: skip
+    why = (
+        "this CPU has no bf16 arithmetic (no AVX-512 BF16 or AMX): bf16 values are converted "
+        "to fp32 to compute"
+        if emulated
+        else "autocast adds a cast around every matrix product, which a model this small does not "
+        "earn back"
+    )
     for name, row in by.items():
         if name == "fp32":
             continue

@@ -108,8 +108,15 @@ def convergence(record: dict, spec: Spec, target: float | None) -> dict:
     validation accuracy against samples seen."""
     batch = record["plan"]["global_batch_size"]
     epochs = record["epochs"]
-    curve = [{"samples": e["step"] * batch, "val_accuracy": e["val_accuracy"],
-              "epoch": e["epoch"], "elapsed_s": e["elapsed_s"]} for e in epochs]  # fmt: skip
+    curve = [
+        {
+            "samples": e["step"] * batch,
+            "val_accuracy": e["val_accuracy"],
+            "epoch": e["epoch"],
+            "elapsed_s": e["elapsed_s"],
+        }
+        for e in epochs
+    ]
     reached = None
     if target is not None:
         reached = next((p for p in curve if (p["val_accuracy"] or 0) >= target), None)
@@ -181,8 +188,10 @@ def predicted_rows(
         tensor_plans=plans,
     )
     if strategy == "tensor" and 1 in workers:  # one device: the whole model, as measured
-        points = predict_scaling(trace, local, [1], link, strategies=("ddp",),
-                                 single_step_s=step_s) + points  # fmt: skip
+        points = (
+            predict_scaling(trace, local, [1], link, strategies=("ddp",), single_step_s=step_s)
+            + points
+        )
     return [
         {
             "workers": p.devices,

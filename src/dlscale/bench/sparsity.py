@@ -62,8 +62,9 @@ def sparse_bytes(weight: torch.Tensor, pattern: str) -> int:
     return nonzero * (4 + 4) + (dense.shape[0] + 1) * 4  # values, column indices, row pointers
 
 
-def run_sparsity_bench(spec_path, levels: list[float], pattern: str, finetune_steps: int,
-                       steps: int | None) -> dict:  # fmt: skip
+def run_sparsity_bench(
+    spec_path, levels: list[float], pattern: str, finetune_steps: int, steps: int | None
+) -> dict:
     if pattern not in PATTERNS:
         raise UserError(f"--pattern must be unstructured or 2:4 (got '{pattern}')")
     if not levels or any(not 0 <= level < 1 for level in levels):
@@ -81,9 +82,15 @@ def run_sparsity_bench(spec_path, levels: list[float], pattern: str, finetune_st
         trainer.run()
         x = next(iter(trainer.val_loader))[0].to(device)
         rows = [_level(trainer, level, pattern, finetune_steps, x, device) for level in levels]
-    return {"schema": SCHEMA, "spec": str(spec_path), "model": spec.model.name,
-            "device": str(device), "pattern": pattern, "finetune_steps": finetune_steps,
-            "rows": rows}  # fmt: skip
+    return {
+        "schema": SCHEMA,
+        "spec": str(spec_path),
+        "model": spec.model.name,
+        "device": str(device),
+        "pattern": pattern,
+        "finetune_steps": finetune_steps,
+        "rows": rows,
+    }
 
 
 def _level(trainer: Trainer, level: float, pattern: str, steps: int, x, device) -> dict:
@@ -104,9 +111,14 @@ def _level(trainer: Trainer, level: float, pattern: str, steps: int, x, device) 
     _loss, accuracy = evaluate(model, trainer.val_loader, device, "fp32")
     dense_bytes = total * 4
     stored = sum(sparse_bytes(w.detach(), pattern) for w in weights) if level else dense_bytes
-    return {"level": level, "measured_sparsity": zeros / total, "val_accuracy": accuracy,
-            "latency_s": latency_s(model.eval(), x, device, "fp32"),
-            "dense_weight_bytes": dense_bytes, "sparse_weight_bytes": stored}  # fmt: skip
+    return {
+        "level": level,
+        "measured_sparsity": zeros / total,
+        "val_accuracy": accuracy,
+        "latency_s": latency_s(model.eval(), x, device, "fp32"),
+        "dense_weight_bytes": dense_bytes,
+        "sparse_weight_bytes": stored,
+    }
 
 
 def _finetune(model: nn.Module, trainer: Trainer, steps: int, device) -> None:

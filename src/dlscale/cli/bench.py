@@ -351,8 +351,15 @@ def batch(
 def batch_table(result: dict) -> Table:
     title = f"{result['model']}: training throughput vs batch size, {result['device']}"
     table = Table(title=escape(title))
-    for name in ("batch", "memory (predicted)", "measured step", "samples/s", "predicted step",
-                 "predicted samples/s", "status"):  # fmt: skip
+    for name in (
+        "batch",
+        "memory (predicted)",
+        "measured step",
+        "samples/s",
+        "predicted step",
+        "predicted samples/s",
+        "status",
+    ):
         table.add_column(name, justify="left" if name == "status" else "right")
     for row in result["rows"]:
         table.add_row(

@@ -32,20 +32,34 @@ def precision(
     """The model trained at fp32 and bf16 (fp16 on a GPU), and quantized to int8 after
     training: accuracy, latency, model and activation bytes."""
     result = api.bench_precision(spec, steps)
-    table = Table(title=f"{result['model']}: number formats on {result['device']}, "
-                  f"{result['steps']} training steps")  # fmt: skip
-    for column in ("format", "how", "val accuracy", "train step", "inference", "model",
-                   "saved activations"):  # fmt: skip
+    table = Table(
+        title=f"{result['model']}: number formats on {result['device']}, "
+        f"{result['steps']} training steps"
+    )
+    for column in (
+        "format",
+        "how",
+        "val accuracy",
+        "train step",
+        "inference",
+        "model",
+        "saved activations",
+    ):
         table.add_column(column, justify="left" if column in ("format", "how") else "right")
     for row in result["rows"]:
         if "error" in row:
             table.add_row(row["format"], row["kind"], f"not possible: {row['error']}")
             continue
         activations = row["activation_bytes"]
-        table.add_row(row["format"], row["kind"], f"{100 * row['val_accuracy']:.1f}%",
-                      _ms(row["train_step_s"]), _ms(row["latency_s"]),
-                      binary_bytes(row["model_bytes"]),
-                      binary_bytes(activations) if activations else "-")  # fmt: skip
+        table.add_row(
+            row["format"],
+            row["kind"],
+            f"{100 * row['val_accuracy']:.1f}%",
+            _ms(row["train_step_s"]),
+            _ms(row["latency_s"]),
+            binary_bytes(row["model_bytes"]),
+            binary_bytes(activations) if activations else "-",
+        )
     table.caption = "; ".join(result["notes"])
     console.print(table)
     json_path, png_path = api.write_outputs("precision", result, out)
@@ -70,9 +84,13 @@ def sparsity(
     for column in ("pruned", "val accuracy", "inference", "dense weights", "stored sparse"):
         table.add_column(column, justify="right")
     for row in result["rows"]:
-        table.add_row(f"{100 * row['measured_sparsity']:.1f}%", f"{100 * row['val_accuracy']:.1f}%",
-                      _ms(row["latency_s"]), binary_bytes(row["dense_weight_bytes"]),
-                      binary_bytes(row["sparse_weight_bytes"]))  # fmt: skip
+        table.add_row(
+            f"{100 * row['measured_sparsity']:.1f}%",
+            f"{100 * row['val_accuracy']:.1f}%",
+            _ms(row["latency_s"]),
+            binary_bytes(row["dense_weight_bytes"]),
+            binary_bytes(row["sparse_weight_bytes"]),
+        )
     table.caption = (
         "dense kernels multiply the zeros too: latency does not fall with sparsity; a sparse "
         "format pays for indices, so it saves bytes only past about half zeros"
@@ -95,16 +113,22 @@ def levels(
     result = api.bench_levels(spec, steps, max_threads)
     facts = result["machine"]
     caches = ", ".join(f"{name} {size}" for name, size in facts["caches"].items())
-    title = (f"{result['model']}: levels of parallelism, batch {result['batch_size']}; "
-             f"{facts['cores']} cores, {facts['numa_nodes']} NUMA node(s); {caches}")  # fmt: skip
+    title = (
+        f"{result['model']}: levels of parallelism, batch {result['batch_size']}; "
+        f"{facts['cores']} cores, {facts['numa_nodes']} NUMA node(s); {caches}"
+    )
     table = Table(title=title)
     for column in ("level", "setting", "samples/s", "speed-up"):
         table.add_column(column, justify="left" if column in ("level", "setting") else "right")
-    for kind, key in (("SIMD, 1 thread", "level"), ("threads", "threads"),
-                      ("processes (ddp)", "processes")):  # fmt: skip
+    for kind, key in (
+        ("SIMD, 1 thread", "level"),
+        ("threads", "threads"),
+        ("processes (ddp)", "processes"),
+    ):
         for row in result[key if key != "level" else "simd"]:
-            table.add_row(kind, str(row[key]), f"{row['samples_per_s']:,.0f}",
-                          f"{row['speedup']:.2f}×")  # fmt: skip
+            table.add_row(
+                kind, str(row[key]), f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×"
+            )
     console.print(table)
     json_path, png_path = api.write_outputs("levels", result, out)
     console.print(f"wrote {json_path} and {png_path}")

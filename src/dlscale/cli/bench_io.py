@@ -57,16 +57,27 @@ def io_table(result: dict) -> Table:
         table.add_row(what, f"{samples_per_s:,.0f}", f"{mb:,.1f}", note)
 
     row("storage, 1 reader", one["read_bytes_per_s"] / per_sample, storage_note(one))
-    row(f"storage, {many['readers']} readers", many["read_bytes_per_s"] / per_sample,
-        f"{result['contention_ratio']:.2f}× one reader; {storage_note(many)}")  # fmt: skip
-    split = (f"reading {seconds(decode['read_s_per_sample'])}, decoding "
-             f"{seconds(decode['decode_s_per_sample'])} a sample")  # fmt: skip
+    row(
+        f"storage, {many['readers']} readers",
+        many["read_bytes_per_s"] / per_sample,
+        f"{result['contention_ratio']:.2f}× one reader; {storage_note(many)}",
+    )
+    split = (
+        f"reading {seconds(decode['read_s_per_sample'])}, decoding "
+        f"{seconds(decode['decode_s_per_sample'])} a sample"
+    )
     row("decode, 1 loader worker", decode["samples_per_s"], split)
     if workers > 1:
-        row(f"decode, {workers} loader workers", decode["samples_per_s"] * workers,
-            f"loader.workers: {workers}")  # fmt: skip
-    row(f"model step ({result['device']})", model["samples_per_s"],
-        f"{seconds(model['step_time_s'])} a step")  # fmt: skip
+        row(
+            f"decode, {workers} loader workers",
+            decode["samples_per_s"] * workers,
+            f"loader.workers: {workers}",
+        )
+    row(
+        f"model step ({result['device']})",
+        model["samples_per_s"],
+        f"{seconds(model['step_time_s'])} a step",
+    )
     cache = (
         "page cache dropped before each measurement"
         if result["page_cache_dropped"]

@@ -54,8 +54,19 @@ def convert(
     """Write a data set as WebDataset shards (or an hf dataset) in bounded memory, any size."""
     sizes = parse_int_list(shape, "--shape") if shape is not None else None
     with progress_bar(f"converting into {out}", quiet=as_json) as on_progress:
-        result = api.convert_data(source, out, format, shard_size, image_format, samples, sizes,
-                                  classes, seed, val_fraction, on_progress)  # fmt: skip
+        result = api.convert_data(
+            source,
+            out,
+            format,
+            shard_size,
+            image_format,
+            samples,
+            sizes,
+            classes,
+            seed,
+            val_fraction,
+            on_progress,
+        )
     if as_json:
         print(json.dumps(result, indent=2))
         return

@@ -111,8 +111,13 @@ def list_links(as_json: bool = AS_JSON, hardware_files: list[Path] | None = HARD
         table.add_column(column, justify="right" if column in ("GB/s", "efficiency") else "left")
     for link in found:
         head = [link.name, *([link.display_name] if wide else [])]
-        table.add_row(*head, link.kind, _number(link.bytes_per_s / 1e9),
-                      f"{link.latency_s * 1e6:g} µs", f"{link.efficiency:.2f}")  # fmt: skip
+        table.add_row(
+            *head,
+            link.kind,
+            _number(link.bytes_per_s / 1e9),
+            f"{link.latency_s * 1e6:g} µs",
+            f"{link.efficiency:.2f}",
+        )
     console.print(table)
     console.print(
         escape(

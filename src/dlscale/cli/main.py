@@ -173,9 +173,16 @@ def scale(
         )
 
     result = api.scale(
-        spec, parse_int_list(workers, "--workers"), folder, steps, cluster, address, show,
-        lr_scaling, target_accuracy,
-    )  # fmt: skip
+        spec,
+        parse_int_list(workers, "--workers"),
+        folder,
+        steps,
+        cluster,
+        address,
+        show,
+        lr_scaling,
+        target_accuracy,
+    )
     console.print(scale_table(result, cluster))
     if result["convergence"]:
         console.print(convergence_table(result))
@@ -234,9 +241,13 @@ def compare(
         if reached is not None:
             to_target = f"{reached:.1f} s (epoch {row['epochs_to_target']})"
         table.add_row(
-            row["strategy"], str(row["workers"]), percent(row["val_accuracy"]),
-            f"{row['total_s']:.1f} s", f"{row['samples_per_s']:,.0f}", to_target,
-        )  # fmt: skip
+            row["strategy"],
+            str(row["workers"]),
+            percent(row["val_accuracy"]),
+            f"{row['total_s']:.1f} s",
+            f"{row['samples_per_s']:,.0f}",
+            to_target,
+        )
     console.print(table)
     console.print(
         f"target accuracy {percent(result['target_accuracy'])} = {result['target_rule']} "

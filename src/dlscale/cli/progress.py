@@ -207,9 +207,12 @@ def split_table(split: dict) -> Table:
         layers = stage["units"]
         shown = layers[0] if len(layers) == 1 else f"{layers[0]} … {layers[-1]} ({len(layers)})"
         table.add_row(
-            str(stage["index"] + 1), shown, f"{stage['params']:,}", si(stage["flops"]),
+            str(stage["index"] + 1),
+            shown,
+            f"{stage['params']:,}",
+            si(stage["flops"]),
             binary_bytes(stage["memory_bytes"]),
-        )  # fmt: skip
+        )
     return table
 
 

@@ -8,24 +8,37 @@ from rich.table import Table
 def scale_table(result: dict, cluster: str) -> Table:
     kind = "tensor-parallel" if result["strategy"] == "tensor" else "data-parallel"
     table = Table(title=f"{result['model']}: {kind} scaling ({cluster})")
-    columns = ("workers", "global batch", "samples/s", "per worker", "efficiency", "allreduce",
-               "predicted samples/s", "predicted efficiency", "predicted / measured")  # fmt: skip
+    columns = (
+        "workers",
+        "global batch",
+        "samples/s",
+        "per worker",
+        "efficiency",
+        "allreduce",
+        "predicted samples/s",
+        "predicted efficiency",
+        "predicted / measured",
+    )
     for column in columns:
         table.add_column(column, justify="right")
     for row in result["rows"]:
         guess = row["predicted_samples_per_s"]
         table.add_row(
-            str(row["workers"]), str(row["global_batch_size"]), f"{row['samples_per_s']:,.0f}",
-            f"{row['per_worker_samples_per_s']:,.0f}", f"{100 * row['efficiency']:.0f}%",
+            str(row["workers"]),
+            str(row["global_batch_size"]),
+            f"{row['samples_per_s']:,.0f}",
+            f"{row['per_worker_samples_per_s']:,.0f}",
+            f"{100 * row['efficiency']:.0f}%",
             f"{100 * row['allreduce_share']:.0f}% of step",
             f"{guess:,.0f}" if guess else "-",
             f"{100 * row['predicted_efficiency']:.0f}%" if guess else "-",
             f"{row['predicted_over_measured']:.2f}" if guess else "-",
-        )  # fmt: skip
+        )
     notes = [f"each worker {result['threads_per_worker']} thread(s) in every run", result["note"]]
     if result["predicted_on"]:
-        notes.append(f"predicted: the roofline on 'local' and {result['strategy']} over "
-                     f"{result['link']}")  # fmt: skip
+        notes.append(
+            f"predicted: the roofline on 'local' and {result['strategy']} over {result['link']}"
+        )
     elif cluster == "local":
         notes.append("no prediction: run 'dlscale bench machine' first")
     table.caption = "; ".join(note for note in notes if note)
@@ -36,18 +49,31 @@ def convergence_table(result: dict) -> Table:
     """Per count: the learning rate, the final accuracy, and when the target was reached."""
     target = result["target_accuracy"]
     rule = result["lr_scaling"] or "none"
-    table = Table(title=f"convergence: learning rate scaled '{rule}'"
-                  + (f", target {100 * target:.1f}%" if target is not None else ""))  # fmt: skip
-    for column in ("workers", "global batch", "lr", "val accuracy", "epochs", "to target: epochs",
-                   "wall time", "samples seen"):  # fmt: skip
+    table = Table(
+        title=f"convergence: learning rate scaled '{rule}'"
+        + (f", target {100 * target:.1f}%" if target is not None else "")
+    )
+    for column in (
+        "workers",
+        "global batch",
+        "lr",
+        "val accuracy",
+        "epochs",
+        "to target: epochs",
+        "wall time",
+        "samples seen",
+    ):
         table.add_column(column, justify="right")
     for row in result["rows"]:
         reached = row["epochs_to_target"] is not None
         table.add_row(
-            str(row["workers"]), str(row["global_batch_size"]), f"{row['lr']:.4g}",
-            f"{100 * row['final_val_accuracy']:.1f}%", str(row["epochs"]),
+            str(row["workers"]),
+            str(row["global_batch_size"]),
+            f"{row['lr']:.4g}",
+            f"{100 * row['final_val_accuracy']:.1f}%",
+            str(row["epochs"]),
             str(row["epochs_to_target"]) if reached else "not reached" if target else "-",
             f"{row['time_to_target_s']:.1f} s" if reached else "-",
             f"{row['samples_to_target']:,}" if reached else "-",
-        )  # fmt: skip
+        )
     return table

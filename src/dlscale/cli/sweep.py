@@ -16,8 +16,13 @@ from dlscale.cli.errors import user_errors
 from dlscale.errors import UserError
 
 MAX_ROWS = 24  # a longer sweep shows its running trials and the best finished ones
-STATUS_STYLE = {"completed": "green", "failed": "red", "pruned": "yellow", "running": "cyan",
-                "pending": "dim"}  # fmt: skip
+STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "pruned": "yellow",
+    "running": "cyan",
+    "pending": "dim",
+}
 
 
 def score(trial: dict, metric: str) -> str:
@@ -80,8 +85,9 @@ def trial_table(result: dict) -> Table:
         table.add_column(path, justify="right")
     table.add_column("status")
     how = {"kfold": f" (mean ± std, {runs} folds)", "ensemble": f" (ensemble of {runs})"}
-    table.add_column(metric.replace("_", " ") + how.get(result["evaluation"]["kind"], ""),
-                     justify="right")  # fmt: skip
+    table.add_column(
+        metric.replace("_", " ") + how.get(result["evaluation"]["kind"], ""), justify="right"
+    )
     table.add_column("time", justify="right")
     best = (result["best"] or {}).get("id")
     for trial in shown_trials(result):
@@ -111,10 +117,15 @@ class RichSweepReporter:
     def start(self, info: dict) -> None:
         self.metric = info["metric"]
         evaluation = info["evaluation"]
-        each = {"kfold": f" × {evaluation.get('folds')} folds",
-                "ensemble": f" × {evaluation.get('members')} members"}  # fmt: skip
-        resumed = f"; resuming, {info['resumed_trials']} trial(s) already done" if (
-            info["resumed_trials"]) else ""  # fmt: skip
+        each = {
+            "kfold": f" × {evaluation.get('folds')} folds",
+            "ensemble": f" × {evaluation.get('members')} members",
+        }
+        resumed = (
+            f"; resuming, {info['resumed_trials']} trial(s) already done"
+            if (info["resumed_trials"])
+            else ""
+        )
         stopping = f"; early stopping: {info['early_stopping']}" if info["early_stopping"] else ""
         self.console.print(
             f"[bold]{info['name']}[/]: {info['search']} sweep of {info['trials']} trial(s)"

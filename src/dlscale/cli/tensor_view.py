@@ -23,16 +23,24 @@ def plan_table(plan: dict) -> Table:
         "other layers whole on every device",
         title_justify="left",
     )
-    for column in ("layer", "kind", "split", "parameters / device", "forward moves",
-                   "backward moves"):  # fmt: skip
+    for column in (
+        "layer",
+        "kind",
+        "split",
+        "parameters / device",
+        "forward moves",
+        "backward moves",
+    ):
         table.add_column(column, justify="right" if column.startswith("param") else "left")
     for layer in plan["layers"]:
         table.add_row(
-            layer["name"], layer["kind"], layer["style"],
+            layer["name"],
+            layer["kind"],
+            layer["style"],
             f"{layer['params_per_device']:,} of {layer['params']:,}",
             _moves(layer["forward"], layer["forward_bytes"], batch),
             _moves(layer["backward"], layer["backward_bytes"], batch),
-        )  # fmt: skip
+        )
     return table
 
 

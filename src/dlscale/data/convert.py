@@ -193,8 +193,15 @@ class RollingShards:
         self.file.close()
         path = Path(self.file.name)
         digest = self.file.sha256.hexdigest()
-        self.records.append({"file": path.name, "split": self.split, "samples": self.samples,
-                             "bytes": path.stat().st_size, "sha256": digest})  # fmt: skip
+        self.records.append(
+            {
+                "file": path.name,
+                "split": self.split,
+                "samples": self.samples,
+                "bytes": path.stat().st_size,
+                "sha256": digest,
+            }
+        )
         self.file = self.tar = None
         self.samples = 0
 

@@ -112,8 +112,13 @@ def read_hf(spec: HfData, seed: int) -> DataBundle:
     _set_layout(train, val, spec)
     if columns.kind in ("text", "tokens"):
         vocab_size = BYTE_VOCAB_SIZE if columns.kind == "text" else columns.vocab_size
-        return DataBundle(train=train, val=val, num_classes=vocab_size,
-                          task="language_modeling", vocab_size=vocab_size)  # fmt: skip
+        return DataBundle(
+            train=train,
+            val=val,
+            num_classes=vocab_size,
+            task="language_modeling",
+            vocab_size=vocab_size,
+        )
     return DataBundle(
         train=train, val=val, num_classes=max(columns.num_classes, 2), vocab_size=columns.vocab_size
     )

@@ -130,8 +130,11 @@ def _check_same_classes(path: Path, classes: list[str], val_path: Path, val_clas
         return
     missing = sorted(set(classes) - set(val_classes))
     extra = sorted(set(val_classes) - set(classes))
-    differences = [f"{what} {', '.join(names)}" for what, names in
-                   (("missing", missing), ("extra", extra)) if names]  # fmt: skip
+    differences = [
+        f"{what} {', '.join(names)}"
+        for what, names in (("missing", missing), ("extra", extra))
+        if names
+    ]
     raise UserError(
         f"{val_path}: validation classes differ from {path}'s ({'; '.join(differences)}; "
         "expected the same class folders)"

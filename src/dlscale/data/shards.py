@@ -94,23 +94,29 @@ def _read_headers(path: str, size: int) -> np.ndarray:
             rest = file.read(2 * BLOCK_BYTES)
     except tarfile.ReadError as error:
         if "unexpected end of data" in str(error):
-            raise DataError(f"{path}: truncated tar: its last member ends past the file's "
-                            f"{size} bytes (copy the shard again)") from None  # fmt: skip
+            raise DataError(
+                f"{path}: truncated tar: its last member ends past the file's "
+                f"{size} bytes (copy the shard again)"
+            ) from None
         detail = one_line(error)
         raise DataError(f"{path}: not a readable tar ({detail}); expected {EXPECTED}") from None
     except OSError as error:
         raise DataError(f"{path}: cannot read: {os_reason(error)}") from None
     if size % BLOCK_BYTES or rest.strip(b"\0"):
-        raise DataError(f"{path}: truncated or corrupt tar: no valid header at byte {end} "
-                        f"of {size} (copy the shard again)")  # fmt: skip
+        raise DataError(
+            f"{path}: truncated or corrupt tar: no valid header at byte {end} "
+            f"of {size} (copy the shard again)"
+        )
     return np.array([*starts, end], dtype=np.int64)
 
 
 def _check_listed(index: ShardIndex, size: int, listed: dict) -> None:
     """A shard that differs from what convert wrote: cut short at a block boundary, or replaced."""
     if "bytes" in listed and listed["bytes"] != size:
-        raise DataError(f"{index.path}: {size} bytes, but dataset.json lists {listed['bytes']} "
-                        "(truncated or replaced: copy the shard again)")  # fmt: skip
+        raise DataError(
+            f"{index.path}: {size} bytes, but dataset.json lists {listed['bytes']} "
+            "(truncated or replaced: copy the shard again)"
+        )
     if "samples" in listed and listed["samples"] != index.count:
         raise DataError(
             f"{index.path}: holds {index.count} samples, but dataset.json lists "
@@ -143,8 +149,9 @@ def sample_fields(chunk: bytes) -> tuple[str, dict[str, bytes]]:
     members = sample_members(chunk)  # the plain headers, ~10x faster than tarfile
     if members is None:
         with tarfile.open(fileobj=io.BytesIO(chunk), mode="r:") as tar:
-            members = [(m.name, chunk[m.offset_data : m.offset_data + m.size])
-                       for m in tar if m.isfile()]  # fmt: skip
+            members = [
+                (m.name, chunk[m.offset_data : m.offset_data + m.size]) for m in tar if m.isfile()
+            ]
     fields: dict[str, bytes] = {}
     key = ""
     for name, data in members:

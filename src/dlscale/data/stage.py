@@ -85,8 +85,13 @@ def copy_verified(src: Path, dst: Path, expected: str | None) -> tuple[dict, int
     if expected is None and offset:
         # Without a listed hash, a resumed copy's first bytes are checked against the source's
         # (read again, not written); the bytes copied now are hashed once, as they are written.
-        _check_digest(src, part, copy_hash.hexdigest(), _hash_prefix(src, offset).hexdigest(),
-                      "the source has")  # fmt: skip
+        _check_digest(
+            src,
+            part,
+            copy_hash.hexdigest(),
+            _hash_prefix(src, offset).hexdigest(),
+            "the source has",
+        )
     with open(src, "rb") as reader, open(part, "ab" if offset else "wb") as writer:
         reader.seek(offset)
         while chunk := reader.read(COPY_CHUNK_BYTES):

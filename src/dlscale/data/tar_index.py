@@ -94,8 +94,13 @@ def _walk(file, until_eof: bool = False) -> Iterator[tuple[int, str | None, bool
             pass  # archive-wide defaults; they name no member
         elif (kind and kind in _FILE) or kind == _DIRECTORY:
             name = long_name or _ustar_name(block)
-            yield (offset if first is None else first), name, kind == _DIRECTORY, \
-                offset + BLOCK_BYTES, size  # fmt: skip
+            yield (
+                (offset if first is None else first),
+                name,
+                kind == _DIRECTORY,
+                offset + BLOCK_BYTES,
+                size,
+            )
             first, long_name = None, None
         else:
             raise _Unknown  # links, devices, sparse files: tarfile knows them

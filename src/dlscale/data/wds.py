@@ -101,8 +101,10 @@ class WebDatasetStream(StreamDataset):
         buffer = self.shuffle_buffer if shuffle else 0
         order = order_of.emission_order(hi - lo, buffer, self.seed, epoch, rank)
         total = order_of.num_batches(hi - lo, batch_size, drop_last)
-        mine = [order[b * batch_size : (b + 1) * batch_size] + lo
-                for b in range(start_batch + part[0], total, part[1])]  # fmt: skip
+        mine = [
+            order[b * batch_size : (b + 1) * batch_size] + lo
+            for b in range(start_batch + part[0], total, part[1])
+        ]
         if not mine:
             return
         # Read in file order only what these batches need; hold each until its batch is due.
@@ -170,8 +172,10 @@ class WebDatasetStream(StreamDataset):
                 chunk = file.read(end - begin)
                 read_s = time.perf_counter() - t0
                 if len(chunk) != end - begin:
-                    raise DataError(f"{path}: truncated since it was indexed: sample {index} "
-                                    f"ends at byte {end}, the file earlier")  # fmt: skip
+                    raise DataError(
+                        f"{path}: truncated since it was indexed: sample {index} "
+                        f"ends at byte {end}, the file earlier"
+                    )
                 yield position, _Raw(path, index, chunk, read_s)
         finally:
             if file is not None:
@@ -199,14 +203,17 @@ class WebDatasetStream(StreamDataset):
                     continue
                 if isinstance(error, DataError):
                     raise DataError(str(error) + SKIP_HINT) from None
-                raise DataError(f"{where}: not a readable tar sample: {one_line(error)}"
-                                + SKIP_HINT) from None  # fmt: skip
+                raise DataError(
+                    f"{where}: not a readable tar sample: {one_line(error)}" + SKIP_HINT
+                ) from None
             xs.append(x)
             ys.append(y)
         decode_s = time.perf_counter() - t0
         if not xs:
-            raise DataError(f"{samples[0].shard}: every sample of a batch of {len(samples)} "
-                            f"from sample {samples[0].index} on is bad")  # fmt: skip
+            raise DataError(
+                f"{samples[0].shard}: every sample of a batch of {len(samples)} "
+                f"from sample {samples[0].index} on is bad"
+            )
         read_bytes = sum(len(raw.chunk) for raw in samples)
         io = io_stats(read_s, decode_s, len(samples) - len(xs), read_bytes, len(xs))
         return torch.stack(xs), torch.stack(ys), io
@@ -221,8 +228,12 @@ def read_webdataset(spec: WebDatasetData, seed: int) -> DataBundle:
     """
     train_shards, manifest = _index(spec.urls)
     decoder = SampleDecoder(image_size=tuple(spec.image_size) if spec.image_size else None)
-    shared = {"decoder": decoder, "seed": seed, "shuffle_buffer": spec.shuffle_buffer,
-              "skip_bad": spec.skip_bad}  # fmt: skip
+    shared = {
+        "decoder": decoder,
+        "seed": seed,
+        "shuffle_buffer": spec.shuffle_buffer,
+        "skip_bad": spec.skip_bad,
+    }
     if spec.val_urls:
         train = WebDatasetStream(train_shards, None, **shared)
         val = WebDatasetStream(_index(spec.val_urls)[0], None, **shared)
@@ -256,20 +267,26 @@ def _facts(spec: WebDatasetData, manifest: dict, x: torch.Tensor, y: torch.Tenso
     if task not in ("classification", "language_modeling") or (task == "language_modeling") != (
         y.ndim > 1
     ):
-        raise DataError(f"{where}dataset.json says task {task!r}, but the labels have shape "
-                        f"{tuple(y.shape[1:])} (cls: classification; target.npy: "
-                        "language_modeling)")  # fmt: skip
+        raise DataError(
+            f"{where}dataset.json says task {task!r}, but the labels have shape "
+            f"{tuple(y.shape[1:])} (cls: classification; target.npy: "
+            "language_modeling)"
+        )
     tokens = not x.is_floating_point()
     vocab_size = manifest.get("vocab_size") or (
         spec.num_classes if task == "language_modeling" else None
     )
     if (tokens or task == "language_modeling") and vocab_size is None:
-        raise DataError(f"{where}token samples need their vocabulary size: set data.num_classes "
-                        "to it, or vocab_size in dataset.json")  # fmt: skip
+        raise DataError(
+            f"{where}token samples need their vocabulary size: set data.num_classes "
+            "to it, or vocab_size in dataset.json"
+        )
     if task == "language_modeling":
         return task, int(vocab_size), int(vocab_size)
     num_classes = spec.num_classes or manifest.get("num_classes")
     if num_classes is None:
-        raise DataError(f"{where}the number of classes is unknown: set data.num_classes "
-                        "(no dataset.json next to the shards gives it)")  # fmt: skip
+        raise DataError(
+            f"{where}the number of classes is unknown: set data.num_classes "
+            "(no dataset.json next to the shards gives it)"
+        )
     return task, int(num_classes), (int(vocab_size) if tokens else None)

@@ -46,8 +46,11 @@ class SampleDecoder:
         """(input, label) of one sample; DataError naming `where` for anything that is off."""
         source, target = input_field(fields), label_field(fields)
         if source is None or target is None:
-            missing = "input (input.npy or an image: png, jpg, ...)" if source is None else \
-                "label (cls or target.npy)"  # fmt: skip
+            missing = (
+                "input (input.npy or an image: png, jpg, ...)"
+                if source is None
+                else "label (cls or target.npy)"
+            )
             raise DataError(f"{where}: no {missing} field; found: {', '.join(sorted(fields))}")
         x = self._input(fields[source], source, where)
         y = self._label(fields[target], target, where)
@@ -67,8 +70,10 @@ class SampleDecoder:
         except DataError:
             raise
         except Exception as error:  # Pillow and numpy raise many kinds for a corrupt file
-            raise DataError(f"{where}: {field} does not decode: {type(error).__name__}: "
-                            f"{one_line(error) or 'no detail'}") from None  # fmt: skip
+            raise DataError(
+                f"{where}: {field} does not decode: {type(error).__name__}: "
+                f"{one_line(error) or 'no detail'}"
+            ) from None
         if self.image_size is not None and x.ndim == 3 and x.is_floating_point():
             x = F.interpolate(x[None], size=self.image_size, mode="bilinear", antialias=True)[0]
         if not x.is_floating_point():
@@ -89,8 +94,10 @@ class SampleDecoder:
             else:
                 y = torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False)).long()
         except Exception as error:
-            raise DataError(f"{where}: {field} is not an integer label: {type(error).__name__}: "
-                            f"{one_line(error) or 'no detail'}") from None  # fmt: skip
+            raise DataError(
+                f"{where}: {field} is not an integer label: {type(error).__name__}: "
+                f"{one_line(error) or 'no detail'}"
+            ) from None
         self._check_range(y, self.num_classes, "label", where)
         return y
 

@@ -208,8 +208,9 @@ def _systolic(table: dict[str, Any], where: str) -> dict[str, float]:
     """rows × cols PEs per array, arrays per chip (default 1), clock, on-chip SRAM."""
     unknown = [key for key in table if key not in SYSTOLIC_KEYS]
     if unknown:
-        raise UserError(f"{where}: systolic has unknown key '{unknown[0]}' (known: "
-                        f"{', '.join(SYSTOLIC_KEYS)})")  # fmt: skip
+        raise UserError(
+            f"{where}: systolic has unknown key '{unknown[0]}' (known: {', '.join(SYSTOLIC_KEYS)})"
+        )
     found: dict[str, float] = {"arrays": 1}
     for key, whole in SYSTOLIC_KEYS.items():
         if key not in table:

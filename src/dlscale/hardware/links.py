@@ -75,8 +75,10 @@ def parse_links(text: str, label: str) -> list[Link]:
         raise UserError(f"{label}: not valid TOML: {exc}") from None
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise UserError(f"{label}: 'link' must be an array of tables, written [[link]]")
-    links = [parse_link(t, f"{label}: link '{t.get('name', f'#{i}')}'") for i, t in
-             enumerate(tables, start=1)]  # fmt: skip
+    links = [
+        parse_link(t, f"{label}: link '{t.get('name', f'#{i}')}'")
+        for i, t in enumerate(tables, start=1)
+    ]
     names = [link.name for link in links]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
@@ -108,8 +110,9 @@ def parse_link(table: dict[str, Any], where: str) -> Link:
     sources = table.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
         raise UserError(f"{where}: sources must be a list of URLs (strings)")
-    texts = {key: table.get(key, default) for key, default in
-             (("display_name", name), ("notes", ""))}  # fmt: skip
+    texts = {
+        key: table.get(key, default) for key, default in (("display_name", name), ("notes", ""))
+    }
     if not all(isinstance(value, str) for value in texts.values()):
         raise UserError(f"{where}: display_name and notes must be strings")
     return Link(

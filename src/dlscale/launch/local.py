@@ -207,8 +207,9 @@ class LocalLauncher:
         while len(done) < len(processes):
             for rank in late.overdue(done):
                 done[rank] = None
-                lost_worker(rank, f"did not finish within {RESULT_GRACE_S:g} s of the others",
-                            on_event)  # fmt: skip
+                lost_worker(
+                    rank, f"did not finish within {RESULT_GRACE_S:g} s of the others", on_event
+                )
             drain_events(events, on_event)
             try:
                 status, rank, value = results.get(timeout=POLL_S)
@@ -219,8 +220,9 @@ class LocalLauncher:
                 done[rank] = value
             elif status in ("user_error", "error") and late.may_lose(rank):
                 done[rank] = None
-                lost_worker(rank, f"failed: {value if status == 'user_error' else value[0]}",
-                            on_event)  # fmt: skip
+                lost_worker(
+                    rank, f"failed: {value if status == 'user_error' else value[0]}", on_event
+                )
             elif status == "user_error":
                 # A wait that timed out on a silent peer (a parameter server's): name the peer.
                 blamed = silence.blame(value, rank, running)

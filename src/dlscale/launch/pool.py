@@ -137,10 +137,16 @@ class LocalPool:
         with thread_env(self.threads):
             slot.process = self.ctx.Process(
                 target=_slot_main,
-                args=(theirs, os.getpid(), self.threads, slot.cores, self._gpus(slot.index),
-                      environment()),
+                args=(
+                    theirs,
+                    os.getpid(),
+                    self.threads,
+                    slot.cores,
+                    self._gpus(slot.index),
+                    environment(),
+                ),
                 name=f"dlscale-slot-{slot.index}",
-            )  # fmt: skip
+            )
             slot.process.start()
         theirs.close()  # the child holds its end; EOF here means it is gone
         slot.conn = ours

@@ -152,9 +152,15 @@ class RayLauncher:
             for rank, actor in enumerate(actors):
                 # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: its GPU is cuda:0.
                 context = WorkerContext(
-                    rank, num_workers, 0, master_addr, master_port, events, nodes[rank][1],
+                    rank,
+                    num_workers,
+                    0,
+                    master_addr,
+                    master_port,
+                    events,
+                    nodes[rank][1],
                     0 if each[rank].gpus else None,
-                )  # fmt: skip
+                )
                 threads = max(1, int(each[rank].cpus))
                 futures[actor.run.remote(fn, payload, context, threads)] = rank
             silence = Silence(num_workers, heartbeat_warn_s)  # no pids: on other nodes
@@ -183,8 +189,10 @@ class RayLauncher:
     @staticmethod
     def _check_capacity(ray, resources: list[Resources]) -> None:
         total = ray.cluster_resources()
-        for kind, wanted in (("CPU", [r.cpus for r in resources]),
-                             ("GPU", [r.gpus for r in resources])):  # fmt: skip
+        for kind, wanted in (
+            ("CPU", [r.cpus for r in resources]),
+            ("GPU", [r.gpus for r in resources]),
+        ):
             have, need = total.get(kind, 0.0), sum(wanted)
             if need > have:
                 users = sum(1 for w in wanted if w)
@@ -215,8 +223,9 @@ class RayLauncher:
             for rank in late.overdue(results):
                 results[rank] = None
                 pending = [ref for ref in pending if futures[ref] != rank]
-                lost_worker(rank, f"did not finish within {RESULT_GRACE_S:g} s of the others",
-                            on_event)  # fmt: skip
+                lost_worker(
+                    rank, f"did not finish within {RESULT_GRACE_S:g} s of the others", on_event
+                )
             if not pending:
                 break
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
@@ -291,8 +300,9 @@ class RayPool:
         RayLauncher._check_capacity(ray, [resources])
         self.events = Queue()
         self.threads = max(1, int(resources.cpus))
-        self.actor_class = ray.remote(num_cpus=resources.cpus, num_gpus=resources.gpus,
-                                      max_restarts=0)(_SlotActor)  # fmt: skip
+        self.actor_class = ray.remote(
+            num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0
+        )(_SlotActor)
         self.idle: list[Any] = []
         self.refs: dict[Any, tuple[str, Any]] = {}  # task ref -> (key, its actor)
 

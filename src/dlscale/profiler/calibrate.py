@@ -277,8 +277,13 @@ def op_efficiencies(
     for kind in PROBES:
         step = trace_step(
             lambda k=kind: _Probe(k, channels if k == "layer_norm" else PROBE_SHAPE[0]),
-            torch.zeros(PROBE_SHAPE), PROBE_BATCH, "fp32", torch.optim.SGD, "sgd", True,
-        )  # fmt: skip
+            torch.zeros(PROBE_SHAPE),
+            PROBE_BATCH,
+            "fp32",
+            torch.optim.SGD,
+            "sgd",
+            True,
+        )
         rows = [layer for layer in step.layers if layer.name != LOSS]  # timed without a loss
         costs = [layer.forward for layer in rows] + [layer.backward for layer in rows]
         by_op = sum((cost.bytes_by_op for cost in costs), Counter())
@@ -320,9 +325,13 @@ def optimizer_efficiencies(
     curve, streaming = [], {}
     for width in OPTIMIZER_WIDTHS:
         step = trace_step(
-            lambda width=width: nn.Linear(width, width), torch.zeros(width), OPTIMIZER_BATCH,
-            "fp32", torch.optim.Adam, "adam",
-        )  # fmt: skip
+            lambda width=width: nn.Linear(width, width),
+            torch.zeros(width),
+            OPTIMIZER_BATCH,
+            "fp32",
+            torch.optim.Adam,
+            "adam",
+        )
         if device.type == "cpu":
             cost = step.optimizer
             working_set = max(tensor.working_set_bytes for tensor in step.optimizer_tensors)

@@ -27,12 +27,39 @@ from dlscale.profiler.trace import LOSS, StepTrace
 
 # aten ops (besides matrix products) that torch's int8 CPU backend has quantized kernels for.
 INT8_OPS = {
-    "relu", "relu_", "threshold", "hardtanh", "hardtanh_", "clamp", "sigmoid", "tanh",
-    "max_pool2d", "max_pool2d_with_indices", "avg_pool2d", "adaptive_avg_pool2d",
-    "_adaptive_avg_pool2d", "add", "add_", "mul", "mul_", "cat", "flatten", "view",
-    "_unsafe_view", "reshape", "clone", "dropout", "native_dropout", "mean", "native_batch_norm",
-    "_native_batch_norm_legit_no_training", "native_layer_norm", "gelu", "hardswish", "silu",
-}  # fmt: skip
+    "relu",
+    "relu_",
+    "threshold",
+    "hardtanh",
+    "hardtanh_",
+    "clamp",
+    "sigmoid",
+    "tanh",
+    "max_pool2d",
+    "max_pool2d_with_indices",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "_adaptive_avg_pool2d",
+    "add",
+    "add_",
+    "mul",
+    "mul_",
+    "cat",
+    "flatten",
+    "view",
+    "_unsafe_view",
+    "reshape",
+    "clone",
+    "dropout",
+    "native_dropout",
+    "mean",
+    "native_batch_norm",
+    "_native_batch_norm_legit_no_training",
+    "native_layer_norm",
+    "gelu",
+    "hardswish",
+    "silu",
+}
 ATTENTION_OPS = ("scaled_dot_product", "_flash_attention", "_efficient_attention")
 
 
@@ -55,23 +82,28 @@ def check_int8(trace: StepTrace) -> None:
         if layer.name == LOSS:
             continue
         if layer.forward.attention:
-            raise UserError(f"--precision int8: '{layer.name}' ({layer.type}) runs attention, "
-                            "which torch has no quantized (int8) kernel for; int8 inference "
-                            "covers convolutions, linear layers and the elementwise, pooling "
-                            "and shape ops around them")  # fmt: skip
+            raise UserError(
+                f"--precision int8: '{layer.name}' ({layer.type}) runs attention, "
+                "which torch has no quantized (int8) kernel for; int8 inference "
+                "covers convolutions, linear layers and the elementwise, pooling "
+                "and shape ops around them"
+            )
         for op in layer.forward.bytes_by_op:
             if op not in INT8_OPS and not op.startswith(ATTENTION_OPS):
-                raise UserError(f"--precision int8: '{layer.name}' ({layer.type}) runs aten.{op}, "
-                                "which torch has no quantized (int8) kernel for; int8 inference "
-                                "covers convolutions, linear layers and the elementwise, "
-                                "pooling and shape ops around them")  # fmt: skip
+                raise UserError(
+                    f"--precision int8: '{layer.name}' ({layer.type}) runs aten.{op}, "
+                    "which torch has no quantized (int8) kernel for; int8 inference "
+                    "covers convolutions, linear layers and the elementwise, "
+                    "pooling and shape ops around them"
+                )
 
 
 def _scaled(cost: PhaseCost, scale: float) -> PhaseCost:
     return dataclasses.replace(
-        cost, bytes=int(cost.bytes * scale),
+        cost,
+        bytes=int(cost.bytes * scale),
         bytes_by_op=Counter({op: int(b * scale) for op, b in cost.bytes_by_op.items()}),
-    )  # fmt: skip
+    )
 
 
 def predict_inference(trace: StepTrace, hardware: Hardware, precision: str) -> InferenceRow:
@@ -90,7 +122,14 @@ def predict_inference(trace: StepTrace, hardware: Hardware, precision: str) -> I
     weights = int(trace.params * ELEMENT_BYTES[precision])
     live = max((int((l.input_bytes + l.output_bytes) * scale) for l in trace.layers), default=0)  # noqa: E741
     usable = hardware.memory_bytes * USABLE_MEMORY_FRACTION
-    return InferenceRow(hardware.name, precision, used, forward_s,
-                        trace.batch_size / forward_s if forward_s else 0.0, weights, live,
-                        weights + live <= usable,
-                        by_bound.most_common(1)[0][0] if by_bound else "compute")  # fmt: skip
+    return InferenceRow(
+        hardware.name,
+        precision,
+        used,
+        forward_s,
+        trace.batch_size / forward_s if forward_s else 0.0,
+        weights,
+        live,
+        weights + live <= usable,
+        by_bound.most_common(1)[0][0] if by_bound else "compute",
+    )

@@ -112,8 +112,12 @@ def _working_set(result: ProfileResult, path: Path) -> Path:
     positions = range(len(rows))
     axes.bar(positions, inputs, label="inputs")
     axes.bar(positions, outputs, bottom=inputs, label="outputs")
-    axes.bar(positions, weights, bottom=[a + b for a, b in zip(inputs, outputs, strict=True)],
-             label="weights")  # fmt: skip
+    axes.bar(
+        positions,
+        weights,
+        bottom=[a + b for a, b in zip(inputs, outputs, strict=True)],
+        label="weights",
+    )
     axes.set_xticks(list(positions), names, rotation=90, fontsize=7)
     axes.set_ylabel("MiB")
     axes.set_title(

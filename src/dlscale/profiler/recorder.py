@@ -187,10 +187,22 @@ class PhaseCost:
 # branch on a tensor (`if x.sum() > 0`) and `.item()`/`.tolist()` read a scalar; nonzero and its
 # kin make a shape out of values.
 DATA_DEPENDENT = {
-    "_local_scalar_dense", "item", "is_nonzero", "equal", "nonzero", "nonzero_static",
-    "masked_select", "unique", "_unique", "_unique2", "unique_consecutive", "unique_dim",
-    "repeat_interleave", "bincount", "histc",
-}  # fmt: skip
+    "_local_scalar_dense",
+    "item",
+    "is_nonzero",
+    "equal",
+    "nonzero",
+    "nonzero_static",
+    "masked_select",
+    "unique",
+    "_unique",
+    "_unique2",
+    "unique_consecutive",
+    "unique_dim",
+    "repeat_interleave",
+    "bincount",
+    "histc",
+}
 
 
 class OpFailure(RuntimeError):

@@ -211,12 +211,20 @@ def render(result: ProfileResult, console: Console) -> None:
 
 # What a person reads first stays longest when the terminal is narrow (lower `keep`).
 LAYER_COLUMNS = [
-    Column("layer", 0, "left"), Column("type", 6, "left"), Column("output", 5, "left"),
-    Column("params", 1), Column("MACs", 5), Column("FLOPs", 2), Column("other", 7),
+    Column("layer", 0, "left"),
+    Column("type", 6, "left"),
+    Column("output", 5, "left"),
+    Column("params", 1),
+    Column("MACs", 5),
+    Column("FLOPs", 2),
+    Column("other", 7),
     Column("bwd FLOPs", 3),
-    Column("in", 11), Column("out", 10), Column("weights", 9), Column("FLOP/B", 8),
+    Column("in", 11),
+    Column("out", 10),
+    Column("weights", 9),
+    Column("FLOP/B", 8),
     Column("saved", 4),
-]  # fmt: skip
+]
 
 
 def _print_layer_table(result: ProfileResult, console: Console) -> None:
@@ -225,13 +233,23 @@ def _print_layer_table(result: ProfileResult, console: Console) -> None:
         depth = row["name"].count(".")
         name = "  " * depth + row["name"] + (" (own ops)" if row["kind"] == "own" else "")
         shape = "×".join(map(str, row["output_shape"])) if row["output_shape"] else ""
-        rows.append([
-            name, row["type"], shape, f"{row['params']:,}", si(row["forward_macs"]),
-            si(row["forward_flops"]),
-            si(row["forward_other_flops"]), si(row["backward_flops"]), binary(row["input_bytes"]),
-            binary(row["output_bytes"]), binary(row["weight_bytes"]), f"{row['intensity']:.1f}",
-            binary(row["saved_bytes"]),
-        ])  # fmt: skip
+        rows.append(
+            [
+                name,
+                row["type"],
+                shape,
+                f"{row['params']:,}",
+                si(row["forward_macs"]),
+                si(row["forward_flops"]),
+                si(row["forward_other_flops"]),
+                si(row["backward_flops"]),
+                binary(row["input_bytes"]),
+                binary(row["output_bytes"]),
+                binary(row["weight_bytes"]),
+                f"{row['intensity']:.1f}",
+                binary(row["saved_bytes"]),
+            ]
+        )
     print_fitted(console, "per layer (forward; backward FLOPs beside)", LAYER_COLUMNS, rows)
 
 
@@ -253,15 +271,21 @@ def _totals_table(total: dict) -> Table:
         ("batch_bytes", "input batch"),
         ("total_bytes", "training memory"),
     ):
-        table.add_row(label, binary(memory[key]))  # fmt: skip
+        table.add_row(label, binary(memory[key]))
     return table
 
 
 HARDWARE_COLUMNS = [
-    Column("device", 0, "left"), Column("fits", 1), Column("memory need / usable", 5),
-    Column("max batch", 6), Column("step", 2), Column("samples/s", 3), Column("epoch", 4),
-    Column("cost / epoch", 8), Column("bound (c / m / o)", 7),
-]  # fmt: skip
+    Column("device", 0, "left"),
+    Column("fits", 1),
+    Column("memory need / usable", 5),
+    Column("max batch", 6),
+    Column("step", 2),
+    Column("samples/s", 3),
+    Column("epoch", 4),
+    Column("cost / epoch", 8),
+    Column("bound (c / m / o)", 7),
+]
 
 
 def _step(hw: dict) -> str:
@@ -274,14 +298,21 @@ def _print_hardware_table(hardware: list[dict], console: Console) -> None:
     rows = []
     for hw in hardware:
         counts = [len(hw[f"{b}_bound_layers"]) for b in ("compute", "memory", "overhead")]
-        rows.append([
-            hw["name"], "yes" if hw["fits"] else "[red]no[/]",
-            f"{binary(hw['required_bytes'])} / {binary(hw['usable_bytes'])}",
-            f"{hw['max_batch']:,}", _step(hw), f"{hw['samples_per_s']:,.0f}",
-            seconds(hw["epoch_s"]),
-            f"${hw['cost_per_epoch']:,.2f}" if hw["cost_per_epoch"] is not None else "-",
-            " / ".join(map(str, counts)),
-        ])  # fmt: skip
-    bound = {"bound (c / m / o)": "bound (c / m / o): layers bound by compute, memory "
-             "bandwidth, per-op overhead"}  # fmt: skip
+        rows.append(
+            [
+                hw["name"],
+                "yes" if hw["fits"] else "[red]no[/]",
+                f"{binary(hw['required_bytes'])} / {binary(hw['usable_bytes'])}",
+                f"{hw['max_batch']:,}",
+                _step(hw),
+                f"{hw['samples_per_s']:,.0f}",
+                seconds(hw["epoch_s"]),
+                f"${hw['cost_per_epoch']:,.2f}" if hw["cost_per_epoch"] is not None else "-",
+                " / ".join(map(str, counts)),
+            ]
+        )
+    bound = {
+        "bound (c / m / o)": "bound (c / m / o): layers bound by compute, memory "
+        "bandwidth, per-op overhead"
+    }
     print_fitted(console, "predicted on each device (roofline)", HARDWARE_COLUMNS, rows, bound)

@@ -157,8 +157,11 @@ def predict_scaling(
             if point is None:
                 continue
             efficiency = point["samples_per_s"] / (count * baseline)
-            points.append(ScalePoint(strategy=strategy, devices=count, efficiency=efficiency,
-                                     link=link.name, **point))  # fmt: skip
+            points.append(
+                ScalePoint(
+                    strategy=strategy, devices=count, efficiency=efficiency, link=link.name, **point
+                )
+            )
     return points
 
 
@@ -214,8 +217,9 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
     stage_s = [single.compute(sum(times.get(r.name, 0.0) for r in group)) for group in groups]
     # A boundary sends a microbatch's activations forward and their gradients back.
     boundary = [group[-1].output_bytes / microbatches for group in groups[:-1]]
-    send_s = max((2 * (b / link.effective_bytes_per_s + link.latency_s) for b in boundary),
-                 default=0.0)  # fmt: skip
+    send_s = max(
+        (2 * (b / link.effective_bytes_per_s + link.latency_s) for b in boundary), default=0.0
+    )
     slot = max(stage_s) / microbatches
     slots = microbatches + stages - 1
     update = single.compute(p.optimizer_s + p.h2d_s) / stages
@@ -253,9 +257,16 @@ def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers):
     seconds, compute, comm, fits, detail = step
     bubble_s = detail["bubble"] * (compute - single.compute(single.prediction.optimizer_s) / count)
     bound = "link" if comm > compute else "bubble" if bubble_s > comm else "compute"
-    return {"step_s": seconds, "samples_per_s": trace.batch_size / seconds, "compute_s": compute,
-            "comm_s": comm, "bound": bound, "global_batch": trace.batch_size, "fits": fits,
-            "detail": detail}  # fmt: skip
+    return {
+        "step_s": seconds,
+        "samples_per_s": trace.batch_size / seconds,
+        "compute_s": compute,
+        "comm_s": comm,
+        "bound": bound,
+        "global_batch": trace.batch_size,
+        "fits": fits,
+        "detail": detail,
+    }
 
 
 def _ps(trace, hardware, single, count, link, nodes, network, servers):
@@ -269,11 +280,16 @@ def _ps(trace, hardware, single, count, link, nodes, network, servers):
     compute = single.step_s
     step = compute + comm
     side = "server" if server_s > worker_s else ("network" if over is network else "link")
-    return {"step_s": step, "samples_per_s": count * trace.batch_size / step,
-            "compute_s": compute, "comm_s": comm, "bound": side if comm > compute else "compute",
-            "global_batch": count * trace.batch_size,
-            "fits": training_memory(trace).total_bytes <= _usable(hardware),
-            "detail": {"servers": servers, "worker_s": worker_s, "server_s": server_s}}  # fmt: skip
+    return {
+        "step_s": step,
+        "samples_per_s": count * trace.batch_size / step,
+        "compute_s": compute,
+        "comm_s": comm,
+        "bound": side if comm > compute else "compute",
+        "global_batch": count * trace.batch_size,
+        "fits": training_memory(trace).total_bytes <= _usable(hardware),
+        "detail": {"servers": servers, "worker_s": worker_s, "server_s": server_s},
+    }
 
 
 def _hybrid(trace, hardware, single, count, link, nodes, network, _servers):
@@ -289,10 +305,16 @@ def _hybrid(trace, hardware, single, count, link, nodes, network, _servers):
     sync, part = allreduce_s(stage_bytes, replicas, link, nodes, network)
     total = seconds + sync
     bound = part if comm + sync > compute else "compute"
-    return {"step_s": total, "samples_per_s": replicas * trace.batch_size / total,
-            "compute_s": compute, "comm_s": comm + sync, "bound": bound,
-            "global_batch": replicas * trace.batch_size, "fits": fits,
-            "detail": {**detail, "replicas": replicas, "replica_sync_s": sync}}  # fmt: skip
+    return {
+        "step_s": total,
+        "samples_per_s": replicas * trace.batch_size / total,
+        "compute_s": compute,
+        "comm_s": comm + sync,
+        "bound": bound,
+        "global_batch": replicas * trace.batch_size,
+        "fits": fits,
+        "detail": {**detail, "replicas": replicas, "replica_sync_s": sync},
+    }
 
 
 _POINT = {"ddp": _ddp, "pipeline": _pipeline, "ps": _ps, "hybrid": _hybrid}
@@ -321,13 +343,22 @@ def _tensor(trace, hardware, single, plan, link):
     activations = sum(b / count if name in split else b for name, b in saved.items())
     per_device = memory.static_bytes * share + activations
     step = compute + comm
-    return {"step_s": step, "samples_per_s": trace.batch_size / step, "compute_s": compute,
-            "comm_s": comm, "bound": "link" if comm > compute else "compute",
-            "global_batch": trace.batch_size, "fits": per_device <= _usable(hardware),
-            "detail": {"degree": count, "split_layers": len(split & set(plan.styles)),
-                       "params_per_device": plan.params_per_device,
-                       "memory_per_device_bytes": per_device,
-                       "collectives": plan.comm_per_step(trace.batch_size)}}  # fmt: skip
+    return {
+        "step_s": step,
+        "samples_per_s": trace.batch_size / step,
+        "compute_s": compute,
+        "comm_s": comm,
+        "bound": "link" if comm > compute else "compute",
+        "global_batch": trace.batch_size,
+        "fits": per_device <= _usable(hardware),
+        "detail": {
+            "degree": count,
+            "split_layers": len(split & set(plan.styles)),
+            "params_per_device": plan.params_per_device,
+            "memory_per_device_bytes": per_device,
+            "collectives": plan.comm_per_step(trace.batch_size),
+        },
+    }
 
 
 def split_layers(trace: StepTrace, plan) -> set[str]:

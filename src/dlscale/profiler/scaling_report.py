@@ -134,9 +134,16 @@ def scaling_reports(
     reports = []
     for device in hardware:
         link = device_link(device, interconnect, links)
-        points = predict_scaling(trace, device, devices, link, strategies=strategies,
-                                 nodes=nodes, network=network_link,
-                                 tensor_plans=tensor_plans)  # fmt: skip
+        points = predict_scaling(
+            trace,
+            device,
+            devices,
+            link,
+            strategies=strategies,
+            nodes=nodes,
+            network=network_link,
+            tensor_plans=tensor_plans,
+        )
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
         usable = device.memory_bytes * USABLE_MEMORY_FRACTION
@@ -150,9 +157,14 @@ def scaling_reports(
                 continue
             if other.name != link.name:
                 report.other_links[other.name] = predict_scaling(
-                    trace, device, devices, other, strategies=("ddp",), nodes=nodes,
+                    trace,
+                    device,
+                    devices,
+                    other,
+                    strategies=("ddp",),
+                    nodes=nodes,
                     network=network_link,
-                )  # fmt: skip
+                )
         reports.append(report)
     return reports
 
@@ -191,12 +203,20 @@ def _energy(value: float | None) -> str:
 
 
 SCALING_COLUMNS = [
-    Column("devices", 0), Column("strategy", 0, "left"), Column("step", 3),
-    Column("samples/s", 1), Column("efficiency", 2), Column("comm exposed", 5),
-    Column("bound", 4, "left"), Column("fits", 6), Column("epoch", 8),
-    Column("cost / epoch", 9), Column("energy / epoch", 11), Column("whole run", 7),
+    Column("devices", 0),
+    Column("strategy", 0, "left"),
+    Column("step", 3),
+    Column("samples/s", 1),
+    Column("efficiency", 2),
+    Column("comm exposed", 5),
+    Column("bound", 4, "left"),
+    Column("fits", 6),
+    Column("epoch", 8),
+    Column("cost / epoch", 9),
+    Column("energy / epoch", 11),
+    Column("whole run", 7),
     Column("cost / run", 10),
-]  # fmt: skip
+]
 
 
 def render(reports: list[ScalingReport], console: Console) -> None:
@@ -210,12 +230,23 @@ def render(reports: list[ScalingReport], console: Console) -> None:
         for r in report.rows:
             p = r.point
             mark = " ◀" if report.pick is r else ""
-            rows.append([
-                f"{p.devices}{mark}", p.strategy, duration(p.step_s), f"{p.samples_per_s:,.0f}",
-                f"{p.efficiency:.0%}", duration(p.comm_s), p.bound,
-                "yes" if p.fits else "[red]no[/]", duration(r.epoch_s), _money(r.cost_epoch),
-                _energy(r.energy_epoch_kwh), duration(r.run_s), _money(r.cost_run),
-            ])  # fmt: skip
+            rows.append(
+                [
+                    f"{p.devices}{mark}",
+                    p.strategy,
+                    duration(p.step_s),
+                    f"{p.samples_per_s:,.0f}",
+                    f"{p.efficiency:.0%}",
+                    duration(p.comm_s),
+                    p.bound,
+                    "yes" if p.fits else "[red]no[/]",
+                    duration(r.epoch_s),
+                    _money(r.cost_epoch),
+                    _energy(r.energy_epoch_kwh),
+                    duration(r.run_s),
+                    _money(r.cost_run),
+                ]
+            )
         price = (
             f"${hw.price_per_hour}/device-hour ({hw.price_source}, {hw.price_date})"
             if hw.price_per_hour is not None
@@ -232,8 +263,10 @@ def render(reports: list[ScalingReport], console: Console) -> None:
             console.print(line)
         if report.deadline_s is not None:
             if report.pick is None:
-                console.print(f"{hw.name}: no device count meets the deadline of "
-                              f"{duration(report.deadline_s)}")  # fmt: skip
+                console.print(
+                    f"{hw.name}: no device count meets the deadline of "
+                    f"{duration(report.deadline_s)}"
+                )
             else:
                 p = report.pick.point
                 console.print(
@@ -258,9 +291,11 @@ def split_choice(report: ScalingReport) -> list[str]:
         memory_t = tensor.detail["memory_per_device_bytes"]
         memory_p = pipe.detail["stage_memory_bytes"]
         if not (tensor.fits or pipe.fits):
-            lines.append(f"{report.hardware.name}: on {count} devices, neither tensor parallel "
-                         f"({units.binary_bytes(memory_t)} per device) nor a pipeline "
-                         f"({units.binary_bytes(memory_p)} per stage) fits")  # fmt: skip
+            lines.append(
+                f"{report.hardware.name}: on {count} devices, neither tensor parallel "
+                f"({units.binary_bytes(memory_t)} per device) nor a pipeline "
+                f"({units.binary_bytes(memory_p)} per stage) fits"
+            )
             continue
         faster = tensor if tensor.fits and (not pipe.fits or tensor.step_s < pipe.step_s) else pipe
         why = (
@@ -269,6 +304,8 @@ def split_choice(report: ScalingReport) -> list[str]:
             f" vs pipeline {duration(pipe.step_s)}/step (bubble {pipe.detail['bubble']:.0%}, "
             f"{units.binary_bytes(memory_p)} per stage{'' if pipe.fits else ', does not fit'})"
         )
-        lines.append(f"{report.hardware.name}: the model does not fit one device; on {count}, "
-                     f"{faster.strategy} parallel is the better split: {why}")  # fmt: skip
+        lines.append(
+            f"{report.hardware.name}: the model does not fit one device; on {count}, "
+            f"{faster.strategy} parallel is the better split: {why}"
+        )
     return lines

@@ -107,8 +107,16 @@ def map_gemm(gemm: Gemm, dataflow: str, array: Array, element_bytes: int) -> Map
     dram = _dram_bytes(gemm, dataflow, array, row_folds, col_folds, element_bytes)
     compute_s, memory_s = cycles / array.clock_hz, dram / array.dram_bytes_per_s
     bound = "compute" if compute_s >= memory_s else "memory"
-    return Mapping(gemm, dataflow, folds * gemm.repeats, cycles, utilization, dram,
-                   max(compute_s, memory_s), bound)  # fmt: skip
+    return Mapping(
+        gemm,
+        dataflow,
+        folds * gemm.repeats,
+        cycles,
+        utilization,
+        dram,
+        max(compute_s, memory_s),
+        bound,
+    )
 
 
 def _dram_bytes(gemm, dataflow, array, row_folds, col_folds, element_bytes) -> int:
@@ -153,8 +161,9 @@ def layer_gemms(flow, batch: int) -> list[Gemm]:
             in_pixels = batch * layer.input_shape[1] * layer.input_shape[2]
             forward = Gemm(f"{layer.name} forward", pixels, window, per_group, groups)
             back = per_group * module.kernel_size[0] * module.kernel_size[1]
-            input_grad = Gemm(f"{layer.name} input grad", in_pixels, back,
-                              in_channels // groups, groups)  # fmt: skip
+            input_grad = Gemm(
+                f"{layer.name} input grad", in_pixels, back, in_channels // groups, groups
+            )
             weight_grad = Gemm(f"{layer.name} weight grad", window, pixels, per_group, groups)
         gemms.append(forward)
         if layer.input_needs_grad:
@@ -187,13 +196,21 @@ def array_of(hardware) -> Array:
             "clock_mhz = F, sram_kib = S }` to its entry in a hardware file"
         )
     sram = int(table["sram_kib"] * 1024)
-    return Array(int(table["rows"]), int(table["cols"]), int(table.get("arrays", 1)),
-                 table["clock_mhz"] * 1e6, hardware.memory_bandwidth_bytes_per_s,
-                 sram // 3, sram // 3, sram // 3)  # fmt: skip
+    return Array(
+        int(table["rows"]),
+        int(table["cols"]),
+        int(table.get("arrays", 1)),
+        table["clock_mhz"] * 1e6,
+        hardware.memory_bandwidth_bytes_per_s,
+        sram // 3,
+        sram // 3,
+        sram // 3,
+    )
 
 
-def choose(gemms: list[Gemm], array: Array, element_bytes: int,
-           dataflows: tuple[str, ...] = DATAFLOWS) -> list[LayerChoice]:  # fmt: skip
+def choose(
+    gemms: list[Gemm], array: Array, element_bytes: int, dataflows: tuple[str, ...] = DATAFLOWS
+) -> list[LayerChoice]:
     """Every GEMM under every dataflow, and the one that runs it soonest, with why."""
     found = []
     for gemm in gemms:

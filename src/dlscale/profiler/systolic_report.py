@@ -30,8 +30,10 @@ def parse_dataflows(text: str) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
     unknown = [name for name in names if name not in DATAFLOWS]
     if unknown or not names:
-        raise UserError(f"--dataflow: '{unknown[0] if unknown else text}' is not a dataflow; "
-                        f"use ws, is, os, a list of them, or all")  # fmt: skip
+        raise UserError(
+            f"--dataflow: '{unknown[0] if unknown else text}' is not a dataflow; "
+            f"use ws, is, os, a list of them, or all"
+        )
     return names
 
 
@@ -43,15 +45,18 @@ def systolic_reports(workload, hardware: list, dataflows: tuple[str, ...]) -> li
 
     arrays = [(device.name, array_of(device)) for device in hardware]  # one line if one lacks it
     if workload.inputs is not None:
-        raise UserError("--dataflow maps a model given one tensor input; --inputs is not "
-                        "supported with it")  # fmt: skip
+        raise UserError(
+            "--dataflow maps a model given one tensor input; --inputs is not supported with it"
+        )
     with torch.device("meta"):
         model = workload.build()
     flow = record_flow(model, workload.sample.unsqueeze(0).to("meta"), workload.precision)
     gemms = layer_gemms(flow, workload.batch_size)
     if not gemms:
-        raise UserError(f"--dataflow: model '{workload.model_name}' has no convolution or "
-                        "linear layer to map onto an array")  # fmt: skip
+        raise UserError(
+            f"--dataflow: model '{workload.model_name}' has no convolution or "
+            "linear layer to map onto an array"
+        )
     element = ELEMENT_BYTES[workload.precision]
     reports = []
     for name, array in arrays:
@@ -67,14 +72,25 @@ def to_json(report: SystolicReport) -> dict:
         "dataflows": list(report.dataflows),
         "totals": report.totals,
         "layers": [
-            {"gemm": vars(choice.gemm), "best": choice.best, "reason": choice.reason,
-             "by_dataflow": {df: {"folds": m.folds, "cycles": m.cycles,
-                                  "utilization": m.utilization, "dram_bytes": m.dram_bytes,
-                                  "seconds": m.seconds, "bound": m.bound}
-                             for df, m in choice.by_dataflow.items()}}
+            {
+                "gemm": vars(choice.gemm),
+                "best": choice.best,
+                "reason": choice.reason,
+                "by_dataflow": {
+                    df: {
+                        "folds": m.folds,
+                        "cycles": m.cycles,
+                        "utilization": m.utilization,
+                        "dram_bytes": m.dram_bytes,
+                        "seconds": m.seconds,
+                        "bound": m.bound,
+                    }
+                    for df, m in choice.by_dataflow.items()
+                },
+            }
             for choice in report.layers
         ],
-    }  # fmt: skip
+    }
 
 
 def render(reports: list[SystolicReport], console: Console) -> None:
@@ -95,9 +111,15 @@ def render(reports: list[SystolicReport], console: Console) -> None:
             shape = f"{g.m:,}×{g.k:,}×{g.n:,}" + (f" ×{g.repeats}" if g.repeats > 1 else "")
             cells = [f"{m.cycles:,} ({m.utilization:.0%})" for m in choice.by_dataflow.values()]
             table.add_row(g.name, shape, *cells, f"{choice.best}: {choice.reason}")
-        table.add_row("total", "", *[f"{t['cycles']:,.0f} ({t['utilization']:.0%})"
-                                     for t in report.totals.values()], "")  # fmt: skip
+        table.add_row(
+            "total",
+            "",
+            *[f"{t['cycles']:,.0f} ({t['utilization']:.0%})" for t in report.totals.values()],
+            "",
+        )
         console.print(table)
         for df, total in report.totals.items():
-            console.print(f"  {df}: {duration(total['seconds'])} a step, "
-                          f"{binary_bytes(total['dram_bytes'])} from DRAM")  # fmt: skip
+            console.print(
+                f"  {df}: {duration(total['seconds'])} a step, "
+                f"{binary_bytes(total['dram_bytes'])} from DRAM"
+            )

@@ -26,19 +26,61 @@ SPLITTABLE = (nn.Linear, nn.Conv2d)
 # Operations after which a Linear's output features are still split the same way (per feature,
 # or per attention head when reshaped into heads).
 _FEATURE_SAFE = {
-    F.relu, torch.relu, Tensor.relu, F.gelu, F.silu, torch.tanh, Tensor.tanh, torch.sigmoid,
-    Tensor.sigmoid, F.dropout, torch.dropout, Tensor.view, Tensor.reshape, torch.reshape,
-    Tensor.transpose, torch.transpose, Tensor.permute, torch.permute, Tensor.contiguous,
-    Tensor.split, torch.split, Tensor.chunk, torch.chunk, Tensor.__getitem__,
-    F.scaled_dot_product_attention, torch.matmul, Tensor.__matmul__, torch.softmax,
-    F.softmax, Tensor.softmax, Tensor.masked_fill, torch.mul, Tensor.mul, Tensor.__mul__,
-    Tensor.__rmul__, Tensor.__truediv__, Tensor.div, Tensor.float, Tensor.to, Tensor.type_as,
-}  # fmt: skip
+    F.relu,
+    torch.relu,
+    Tensor.relu,
+    F.gelu,
+    F.silu,
+    torch.tanh,
+    Tensor.tanh,
+    torch.sigmoid,
+    Tensor.sigmoid,
+    F.dropout,
+    torch.dropout,
+    Tensor.view,
+    Tensor.reshape,
+    torch.reshape,
+    Tensor.transpose,
+    torch.transpose,
+    Tensor.permute,
+    torch.permute,
+    Tensor.contiguous,
+    Tensor.split,
+    torch.split,
+    Tensor.chunk,
+    torch.chunk,
+    Tensor.__getitem__,
+    F.scaled_dot_product_attention,
+    torch.matmul,
+    Tensor.__matmul__,
+    torch.softmax,
+    F.softmax,
+    Tensor.softmax,
+    Tensor.masked_fill,
+    torch.mul,
+    Tensor.mul,
+    Tensor.__mul__,
+    Tensor.__rmul__,
+    Tensor.__truediv__,
+    Tensor.div,
+    Tensor.float,
+    Tensor.to,
+    Tensor.type_as,
+}
 # Operations after which a convolution's output channels are still split the same way.
 _CHANNEL_SAFE = {
-    F.relu, torch.relu, Tensor.relu, F.dropout, torch.dropout, F.max_pool2d,
-    torch.max_pool2d, F.avg_pool2d, torch._C._nn.avg_pool2d, torch.tanh, Tensor.tanh,
-}  # fmt: skip
+    F.relu,
+    torch.relu,
+    Tensor.relu,
+    F.dropout,
+    torch.dropout,
+    F.max_pool2d,
+    torch.max_pool2d,
+    F.avg_pool2d,
+    torch._C._nn.avg_pool2d,
+    torch.tanh,
+    Tensor.tanh,
+}
 
 
 @dataclass
@@ -107,8 +149,9 @@ class _Tagger(TorchFunctionMode):
             safe = all(self._safe(func, name) for name in tagged)
             # A tensor from elsewhere that carries gradients (the residual stream) needs the
             # whole output; constants such as masks and scales do not.
-            mixes = any(isinstance(v, Tensor) and v.requires_grad and v not in self.tags
-                        for v in flat)  # fmt: skip
+            mixes = any(
+                isinstance(v, Tensor) and v.requires_grad and v not in self.tags for v in flat
+            )
             if safe and not mixes:
                 result = tagged
             else:

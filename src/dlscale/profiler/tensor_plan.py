@@ -80,15 +80,20 @@ class TensorPlan:
         return totals
 
     def to_dict(self) -> dict:
-        return {"degree": self.degree, "source": self.source, "params": self.params,
-                "params_per_device": self.params_per_device,
-                "layers": [asdict(layer) for layer in self.layers]}  # fmt: skip
+        return {
+            "degree": self.degree,
+            "source": self.source,
+            "params": self.params,
+            "params_per_device": self.params_per_device,
+            "layers": [asdict(layer) for layer in self.layers],
+        }
 
     @classmethod
     def from_dict(cls, data: dict) -> TensorPlan:
         layers = [PlannedLayer(**layer) for layer in data["layers"]]
-        return cls(data["degree"], data["source"], layers, data["params"],
-                   data["params_per_device"])  # fmt: skip
+        return cls(
+            data["degree"], data["source"], layers, data["params"], data["params_per_device"]
+        )
 
 
 def auto_styles(flow: Flow, degree: int) -> dict[str, str]:
@@ -97,9 +102,14 @@ def auto_styles(flow: Flow, degree: int) -> dict[str, str]:
     layers = flow.layers
     for consumer in layers.values():
         sources = [layers[name] for name in consumer.inputs_from if name in layers]
-        if (consumer.kind == "Linear" and sources and consumer.name not in styles
-                and not consumer.tied and consumer.in_features % degree == 0
-                and all(_can_split_linear(s, flow, styles, degree) for s in sources)):  # fmt: skip
+        if (
+            consumer.kind == "Linear"
+            and sources
+            and consumer.name not in styles
+            and not consumer.tied
+            and consumer.in_features % degree == 0
+            and all(_can_split_linear(s, flow, styles, degree) for s in sources)
+        ):
             styles.update({source.name: "colwise" for source in sources})
             styles[consumer.name] = "rowwise"
     split_input: set[str] = set()
@@ -121,8 +131,13 @@ def auto_styles(flow: Flow, degree: int) -> dict[str, str]:
 
 
 def _can_split_linear(layer: LayerFlow, flow: Flow, styles: dict, degree: int) -> bool:
-    return (layer.kind == "Linear" and layer.name not in styles and not layer.tied
-            and layer.name not in flow.escaped and layer.out_features % degree == 0)  # fmt: skip
+    return (
+        layer.kind == "Linear"
+        and layer.name not in styles
+        and not layer.tied
+        and layer.name not in flow.escaped
+        and layer.out_features % degree == 0
+    )
 
 
 def _divides_groups(conv: LayerFlow, degree: int) -> bool:
@@ -152,8 +167,11 @@ def make_plan(
     else:
         styles, source = auto_styles(flow, degree), "auto"
     check_styles(styles, flow, degree)
-    rows = [_row(flow.layers[name], style, degree) for name, style in styles.items()
-            if style != "replicate"]  # fmt: skip
+    rows = [
+        _row(flow.layers[name], style, degree)
+        for name, style in styles.items()
+        if style != "replicate"
+    ]
     rows.sort(key=lambda row: flow.layers[row.name].order)
     saved = sum(row.params - row.params_per_device for row in rows)
     return TensorPlan(degree, source, rows, params, params - saved)
@@ -163,32 +181,44 @@ def check_styles(styles: dict[str, str], flow: Flow, degree: int) -> None:
     """One line for a plan that names what is not there or cannot split that way."""
     for name, style in styles.items():
         if style not in STYLES:
-            raise UserError(f"tensor plan: '{name}: {style}' is not a style; use one of "
-                            f"{', '.join(STYLES)}")  # fmt: skip
+            raise UserError(
+                f"tensor plan: '{name}: {style}' is not a style; use one of {', '.join(STYLES)}"
+            )
         layer = flow.layers.get(name)
         if layer is None:
             known = ", ".join(flow.layers) or "none"
-            raise UserError(f"tensor plan names '{name}', which is not a Linear or Conv2d layer "
-                            f"the model runs; those are: {known}")  # fmt: skip
+            raise UserError(
+                f"tensor plan names '{name}', which is not a Linear or Conv2d layer "
+                f"the model runs; those are: {known}"
+            )
         if style == "replicate":
             continue
         if layer.kind == "Linear" and style not in _LINEAR_STYLES:
-            raise UserError(f"tensor plan: '{name}' is a Linear layer; '{style}' is for "
-                            "convolutions")  # fmt: skip
+            raise UserError(
+                f"tensor plan: '{name}' is a Linear layer; '{style}' is for convolutions"
+            )
         split = layer.in_features if style == "rowwise" else layer.out_features
         side = "input" if style == "rowwise" else "output"
         if split % degree:
-            raise UserError(f"tensor plan: '{name}' has {split} {side} features, which do not "
-                            f"split over {degree} devices")  # fmt: skip
+            raise UserError(
+                f"tensor plan: '{name}' has {split} {side} features, which do not "
+                f"split over {degree} devices"
+            )
         if style.startswith("grouped") and layer.groups % degree:
-            raise UserError(f"tensor plan: '{name}' has {layer.groups} groups, which do not "
-                            f"divide among {degree} devices")  # fmt: skip
+            raise UserError(
+                f"tensor plan: '{name}' has {layer.groups} groups, which do not "
+                f"divide among {degree} devices"
+            )
         if layer.tied:
-            raise UserError(f"tensor plan: '{name}' shares its weight with another module; "
-                            "a shared weight stays whole (replicate)")  # fmt: skip
+            raise UserError(
+                f"tensor plan: '{name}' shares its weight with another module; "
+                "a shared weight stays whole (replicate)"
+            )
         if layer.kind == "Conv2d" and getattr(layer.module, "padding_mode", "zeros") != "zeros":
-            raise UserError(f"tensor plan: '{name}' pads with "
-                            f"'{layer.module.padding_mode}'; only zero padding splits")  # fmt: skip
+            raise UserError(
+                f"tensor plan: '{name}' pads with "
+                f"'{layer.module.padding_mode}'; only zero padding splits"
+            )
 
 
 def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
@@ -209,8 +239,17 @@ def _row(layer: LayerFlow, style: str, degree: int) -> PlannedLayer:
         forward, forward_n = "all_gather", outputs
     if style.startswith("colwise") and layer.input_needs_grad:
         backward, backward_n = "all_reduce", inputs
-    return PlannedLayer(layer.name, layer.kind, style, weight + bias, per_device, forward,
-                        forward_n, backward, backward_n)  # fmt: skip
+    return PlannedLayer(
+        layer.name,
+        layer.kind,
+        style,
+        weight + bias,
+        per_device,
+        forward,
+        forward_n,
+        backward,
+        backward_n,
+    )
 
 
 def plans_for(build, sample, params: int, precision: str = "fp32"):

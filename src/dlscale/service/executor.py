@@ -21,7 +21,6 @@ import json
 import os
 import select
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from pathlib import Path
 
 from dlscale.service import cgroups, sandbox
 from dlscale.service.layout import (
+    APPEND,
     CLAIMED,
     INPUTS,
     JOB_FILE,
@@ -72,21 +72,17 @@ class JobLimits:
 
 def lock_held(folder: Path) -> bool:
     """Whether some process holds the job's runner.lock (tried on a fresh descriptor: a lock
-    this process held through another one would not conflict). Never through a link, nor
-    blocking on a fifo a job put there."""
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    this process held through another one would not conflict). Opened as every job-written file
+    the server reads is: never through a link, nor blocking on a fifo a job put there."""
     try:
-        fd = os.open(Path(folder) / LOCK, flags)
-    except OSError:
+        handle = open_plain(Path(folder) / LOCK)
+    except FileNotFoundError:
         return False
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing releases a lock this probe took
+    with handle:  # closing releases a lock this probe took
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
     return False
 
 
@@ -116,7 +112,6 @@ class Executor:
         self.state_dir = Path(state_dir)  # the server's own: records of the sandboxes' pids
         self.hierarchy = hierarchy
         self.sandboxed = sandboxed
-        self.validation_wait_s = validation_wait_s
         self.uid_of = uid_of  # the unprivileged uid a validator's sandbox runs as
         self._children: dict[Path, subprocess.Popen] = {}
         self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -201,8 +196,7 @@ class Executor:
             folder, name, True, limits, self.runner_argv(folder)
         )
         # Not through a link: a job that ran before could have left one in the log's place.
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-        with os.fdopen(os.open(folder / LOG, flags, 0o600), "ab") as log:
+        with os.fdopen(os.open(folder / LOG, APPEND, 0o600), "ab") as log:
             if limits.uid is not None:
                 os.fchown(log.fileno(), limits.uid, limits.uid)
             try:
@@ -355,6 +349,20 @@ class Executor:
     def close(self) -> None:
         """The server stops: its waiting validators go (its jobs run on)."""
         self.validators.close()
+
+
+def end_sandboxes(state_dir: Path) -> None:
+    """Kill every job sandbox the server's records name (still the same process): for a test or
+    a benchmark, which must leave no job behind; a server leaves its jobs running on purpose."""
+    for record in Path(state_dir).glob("*.json"):
+        try:
+            sandbox = json.loads(record.read_text())
+            init = int(sandbox["init"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if init > 1 and start_time(init) == sandbox.get("started"):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(init, signal.SIGKILL)
 
 
 def last_line(path: Path, window_bytes: int = 65536) -> str | None:

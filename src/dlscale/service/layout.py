@@ -39,6 +39,8 @@ TOP_ARTIFACTS = (LOG, METRICS, RESULT)  # beside run/, the files a job's owner m
 _JOB_ID = re.compile(r"[0-9a-f]{16}")
 TAIL_CHUNK_BYTES = 1 << 20  # one read of a log; a longer line is sent in pieces of this size
 MAX_PARSED_BYTES = 4 << 20  # of a job's JSON the server reads: result, run record, metrics
+# Appending to a file in a job's folder, made if missing: never through a link planted there.
+APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def job_dir(data_dir: str | Path, job_id: str) -> Path:

@@ -64,6 +64,9 @@ class JobLoop:
         self._signalled: dict[str, float] = {}  # job id -> when a cancel signal was last sent
         self._first_signal: dict[str, float] = {}  # job id -> when it was first asked to stop
         self._measured: dict[str, float] = {}  # job id -> when its folder was last measured
+        # Deletions asked for while jobs ran: looked for once at start (a crash may have left
+        # some), then only when a job that had one ends.
+        self._deletions_due = True
         self._spawned: dict[str, float] = {}  # job id -> when this server last spawned it
         self._tries: dict[str, int] = {}  # job id -> processes this server spawned for it
         self._stop = threading.Event()
@@ -188,7 +191,8 @@ class JobLoop:
                         )
         for job_id in over_quota:
             self._ask_to_stop(job_id, job_dir(self.config.data_dir, job_id), now)
-        self._delete_ended()
+        if self._deletions_due:
+            self._delete_ended()
         return respawn
 
     def _ask_to_stop(self, job_id: str, folder, now: float) -> None:
@@ -223,6 +227,7 @@ class JobLoop:
 
     def _delete_ended(self) -> None:
         """Delete the jobs whose deletion was asked for while they ran, now that they ended."""
+        self._deletions_due = False
         with self.maker.begin() as db:
             doomed = jobstore.deletable_jobs(db)
         for job_id in doomed:
@@ -284,6 +289,7 @@ class JobLoop:
         job.bytes = size
         jobstore.set_artifacts(db, job, artifacts)
         jobstore.transition(db, job, state, message)
+        self._deletions_due |= bool(job.delete_requested)
         for seen in (self._signalled, self._first_signal, self._measured, self._spawned):
             seen.pop(job.id, None)
         self._tries.pop(job.id, None)

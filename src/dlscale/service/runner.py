@@ -22,6 +22,7 @@ from pathlib import Path
 
 from dlscale.errors import UserError, one_line
 from dlscale.service.layout import (
+    APPEND,
     CLAIMED,
     JOB_FILE,
     LOCK,
@@ -40,10 +41,6 @@ EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 130}
 
 def say(line: str) -> None:
     print(line, flush=True)  # one line at a time: the server streams the log as it grows
-
-
-# The runner's own appends and creations: never through a link planted in the folder.
-APPEND = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class MetricsFile:

@@ -26,7 +26,6 @@ from pathlib import Path
 from dlscale.errors import UserError, one_line
 from dlscale.service.cgroups import Usage
 from dlscale.service.layout import JOB_FILE, SPEC_FILE, open_plain
-from dlscale.service.specs import check_inside
 from dlscale.units import binary_bytes
 
 LOCAL = "on this machine: "
@@ -53,8 +52,8 @@ def check(folder: Path) -> list[str]:
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(f"{JOB_FILE}: unreadable ({exc})") from None
     spec_path = folder / job.get("spec_file", SPEC_FILE)
-    spec, warnings = api.validate(spec_path)  # its model, data, one sample; a sweep's trials
-    check_inside(spec, folder)
+    # Its model, data, one sample; a sweep's trials (its paths were checked by the server).
+    spec, warnings = api.validate(spec_path)
     if job.get("kind") == "sweep" and spec.sweep is None:
         raise UserError("kind sweep: the spec has no sweep: section")
     # In its sandbox the machine is the job's slots (DLSCALE_CPUS, DLSCALE_MEMORY_BYTES): what

@@ -135,7 +135,8 @@ class Validators:
                 self._waiting.append(self._spawn(self.warm))
 
     def _run(self, validator: Validator, folder: Path, limits, timeout_s: float) -> Verdict:
-        _copy_job(folder, validator.folder, validator.uid)
+        _copy_job(folder, validator.folder)
+        self.executor.prepare(validator.folder, validator.uid)
         if self.executor.sandboxed:  # the job's memory and tasks; one CPU still
             group = cgroups.JobCgroup(self.executor.hierarchy, validator.name)
             group.create(cgroups.Limits(1, limits.memory_bytes, limits.pids))
@@ -179,15 +180,9 @@ def _cgroup(token: str) -> str:
     return f"dlscale-validate-{token}"
 
 
-def _copy_job(source: Path, target: Path, uid: int | None) -> None:
-    """What a validation reads of a job, copied into the validator's folder, owned by its uid:
-    the spec, job.json and the inputs (their regular files only)."""
+def _copy_job(source: Path, target: Path) -> None:
+    """What a validation reads of a job, copied into the validator's folder: the spec, job.json
+    and the inputs (their regular files only)."""
     for name in (SPEC_FILE, JOB_FILE):
         shutil.copyfile(source / name, target / name, follow_symlinks=False)
     copy_inputs(source / INPUTS, target / INPUTS)
-    for here, dirs, files in os.walk(target):
-        for name in dirs + files:
-            path = os.path.join(here, name)
-            os.chmod(path, 0o700 if name in dirs else 0o600)
-            if uid is not None:
-                os.lchown(path, uid, uid)

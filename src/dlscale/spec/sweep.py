@@ -25,8 +25,11 @@ class Distribution(Strict):
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Distribution:
-        given = [key for key in ("log_uniform", "uniform", "int_range", "choice")
-                 if getattr(self, key) is not None]  # fmt: skip
+        given = [
+            key
+            for key in ("log_uniform", "uniform", "int_range", "choice")
+            if getattr(self, key) is not None
+        ]
         if len(given) != 1:
             raise ValueError("give exactly one of log_uniform, uniform, int, choice")
         bounds = self.log_uniform or self.uniform or self.int_range
@@ -36,8 +39,11 @@ class Distribution(Strict):
 
     @property
     def kind(self) -> str:
-        return next(key for key in ("log_uniform", "uniform", "int_range", "choice")
-                    if getattr(self, key) is not None)  # fmt: skip
+        return next(
+            key
+            for key in ("log_uniform", "uniform", "int_range", "choice")
+            if getattr(self, key) is not None
+        )
 
 
 class SearchSpec(Strict):

@@ -135,6 +135,12 @@ def run(
     gpus = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     cpus = float(spec.threads or 1)  # a Ray cluster reserves each worker its threads' cores
     return launch(
-        spec, run_dir, resume_from, reporter, launcher, ddp_worker,
-        Resources(cpus=cpus, gpus=gpus), own_gpu=spec.strategy.backend != "gloo",
-    )  # fmt: skip
+        spec,
+        run_dir,
+        resume_from,
+        reporter,
+        launcher,
+        ddp_worker,
+        Resources(cpus=cpus, gpus=gpus),
+        own_gpu=spec.strategy.backend != "gloo",
+    )

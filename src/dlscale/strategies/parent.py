@@ -67,9 +67,15 @@ def launch(
 
     try:
         results = launcher.run(
-            fn, payload, processes, resources, spec.strategy.port, handle, expendable,
+            fn,
+            payload,
+            processes,
+            resources,
+            spec.strategy.port,
+            handle,
+            expendable,
             spec.strategy.heartbeat_warn_s,
-        )  # fmt: skip
+        )
     except WorkerFailed as exc:
         raise WorkerFailed(rename(str(exc))) from None
     record = results[main_rank]

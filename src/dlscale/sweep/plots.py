@@ -51,8 +51,9 @@ def plot_trials(figure: Figure, result: dict) -> None:
         if value is None:
             continue
         colour = STATUS_COLOURS.get(trial["status"], "grey")
-        axes.errorbar(trial["number"], value, yerr=trial["metric_std"] or 0, fmt="o",
-                      color=colour, capsize=3)  # fmt: skip
+        axes.errorbar(
+            trial["number"], value, yerr=trial["metric_std"] or 0, fmt="o", color=colour, capsize=3
+        )
         if trial["status"] == "completed":
             best = value if best is None else pick(best, value)
             best_so_far.append((trial["number"], best))
@@ -116,7 +117,7 @@ def plot_spread(figure: Figure, result: dict) -> None:
                 markersize=12,
                 label="ensemble (averaged predictions)",
             )
-            axes.legend(fontsize=8)  # fmt: skip
+            axes.legend(fontsize=8)
     axes.set_xlabel("trial")
     axes.set_ylabel(_label(result))
     if kind == "kfold":

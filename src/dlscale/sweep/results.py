@@ -113,17 +113,32 @@ def failure_summary(result: dict) -> str | None:
 def write_csv(path: Path, result: dict) -> None:
     """One row per trial: its swept values, status, score and time."""
     params = result["params"]
-    columns = ["trial", *params, "status", result["metric"], f"{result['metric']}_std", "runs",
-               "wall_s", "error"]  # fmt: skip
+    columns = [
+        "trial",
+        *params,
+        "status",
+        result["metric"],
+        f"{result['metric']}_std",
+        "runs",
+        "wall_s",
+        "error",
+    ]
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(columns)
     for trial in result["trials"]:
         writer.writerow(
-            [trial["id"], *(trial["params"].get(p) for p in params), trial["status"],
-             trial["metric"], trial["metric_std"], len(trial["runs"]),
-             round(trial["wall_s"], 3), trial["error"] or ""]
-        )  # fmt: skip
+            [
+                trial["id"],
+                *(trial["params"].get(p) for p in params),
+                trial["status"],
+                trial["metric"],
+                trial["metric_std"],
+                len(trial["runs"]),
+                round(trial["wall_s"], 3),
+                trial["error"] or "",
+            ]
+        )
     write_atomic(path, lambda handle: handle.write(buffer.getvalue().encode()))
 
 

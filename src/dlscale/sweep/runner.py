@@ -13,7 +13,6 @@ Layout of a sweep folder:
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ from dlscale.errors import UserError
 from dlscale.launch.base import Launcher, Resources, TaskDone
 from dlscale.spec import Spec, parse_spec
 from dlscale.sweep import results as res
+from dlscale.sweep.resume import open_folder, restore_run, saved_trials
 from dlscale.sweep.search import EarlyStopping, GridSearch
 from dlscale.sweep.space import config_raw, describe, portable, run_raw
 from dlscale.sweep.space import run_units as units_of
@@ -29,10 +29,6 @@ from dlscale.sweep.trial import CURVE_KEYS, run_trial
 from dlscale.sweep.trials import Run, Trial, evaluation, make_search, search_kind, summarize
 from dlscale.train.files import write_json_atomic
 
-STATE = "sweep.json"
-# What a run's result.json gives back on --resume.
-RESULT_KEYS = ("val_accuracy", "val_loss", "wall_s", "steps", "node", "global_batch_size",
-               "setup_s", "slot", "pid", "began_at", "ended_at")  # fmt: skip
 POLL_S = 0.2
 UPDATE_EVERY_S = 0.5  # the live table is redrawn at most this often
 
@@ -152,10 +148,14 @@ class SweepRunner:
         trial_id = f"t{number:03d}"
         raw = config_raw(self.base_raw, params)
         runs = [
-            Run(f"{trial_id}/{unit.name}", unit, run_raw(raw, unit),
-                self.out_dir / "trials" / trial_id / unit.name)
+            Run(
+                f"{trial_id}/{unit.name}",
+                unit,
+                run_raw(raw, unit),
+                self.out_dir / "trials" / trial_id / unit.name,
+            )
             for unit in self.units
-        ]  # fmt: skip
+        ]
         trial = Trial(trial_id, number, params, raw, runs)
         self.trials.append(trial)
         self.runs.update((run.key, run) for run in runs)
@@ -259,45 +259,16 @@ class SweepRunner:
 
     def _open_folder(self) -> None:
         """A new sweep writes sweep.json; --resume reads back every trial and run it holds."""
-        state_path = self.out_dir / STATE
-        spec_hash = self.spec.spec_hash()
-        if state_path.is_file() and not self.resume:
-            raise UserError(
-                f"{self.out_dir} already holds a sweep: pass --resume to continue it, "
-                "or choose another --out"
-            )
-        if self.resume:
-            if not state_path.is_file():
-                raise UserError(f"nothing to resume: {self.out_dir} holds no sweep ({STATE})")
-            state = json.loads(state_path.read_text())
-            if state.get("spec_hash") != spec_hash:
-                raise UserError(
-                    f"{self.out_dir} holds a sweep of a different spec (hash "
-                    f"{state.get('spec_hash')}, this spec {spec_hash}); start a new sweep with "
-                    "another --out"
-                )
+        if open_folder(self.out_dir, self.spec, self.spec_path, self.started_at, self.resume):
             self._restore()
-        else:
-            write_json_atomic(state_path, {"spec_hash": spec_hash, "spec": self.spec_path,
-                                           "started_at": self.started_at})  # fmt: skip
 
     def _restore(self) -> None:
-        found = sorted(
-            (self.out_dir / "trials").glob("t*/trial.json"),
-            key=lambda path: int(path.parent.name[1:]),
-        )  # t999 before t1000
-        for number, path in enumerate(found):
-            saved = json.loads(path.read_text())
+        for number, (path, saved) in enumerate(saved_trials(self.out_dir)):
             if saved["number"] != number:
                 raise UserError(f"{path}: trial {saved['number']} found where {number} belongs")
             trial = self._trial(number, saved["params"])
             for run in trial.runs:
-                result_path = run.dir / "result.json"
-                if result_path.is_file():
-                    saved_run = json.loads(result_path.read_text())
-                    run.status, run.error = saved_run["status"], saved_run["error"]
-                    run.curve = saved_run["curve"]
-                    run.result = {k: saved_run.get(k) for k in RESULT_KEYS}
+                if restore_run(run):
                     self._restore_stopper(run)
             done = all(run.finished for run in trial.runs)
             if done:
@@ -355,13 +326,18 @@ class SweepRunner:
             "maximize": self.sweep.maximize,
             "counts": counts,
             "slot_gaps_s": res.slot_gaps([run.record() for run in self.runs.values()]),
-            "best": None if best is None else {
-                "id": best["id"], "params": best["params"], "metric": best["metric"],
-                "metric_std": best["metric_std"], "ensemble": best["ensemble"],
+            "best": None
+            if best is None
+            else {
+                "id": best["id"],
+                "params": best["params"],
+                "metric": best["metric"],
+                "metric_std": best["metric_std"],
+                "ensemble": best["ensemble"],
                 "spec": str(self.out_dir / "best.yaml"),
             },
             "trials": trials,
-        }  # fmt: skip
+        }
 
     def write(self) -> dict:
         """results.json and .csv as they stand; best.yaml whenever the best trial changes."""
@@ -371,8 +347,9 @@ class SweepRunner:
             trial = next(t for t in self.trials if t.id == best["id"])
             validated = parse_spec(trial.raw, self.base_dir, f"trial {trial.id}")
             row = next(t for t in result["trials"] if t["id"] == best["id"])
-            res.write_best_spec(self.out_dir / "best.yaml", portable(trial.raw, validated),
-                                row, result)  # fmt: skip
+            res.write_best_spec(
+                self.out_dir / "best.yaml", portable(trial.raw, validated), row, result
+            )
             self.best_id = best["id"]
         res.write_results(self.out_dir, result)
         return result

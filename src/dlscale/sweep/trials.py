@@ -89,15 +89,21 @@ class Trial:
             "ensemble": summary.get("ensemble"),
             "stopped_at": summary.get("stopped_at"),
             "wall_s": summary.get("wall_s", 0.0),
-            "global_batch_size": next((r.result.get("global_batch_size") for r in self.runs
-                                       if r.result.get("global_batch_size")), None),
+            "global_batch_size": next(
+                (
+                    r.result.get("global_batch_size")
+                    for r in self.runs
+                    if r.result.get("global_batch_size")
+                ),
+                None,
+            ),
             "setup_s": sum(r.result.get("setup_s") or 0.0 for r in self.runs),
             "error": summary.get("error"),
             "progress": sum(run.progress() for run in self.runs) / len(self.runs),
             "runs_done": sum(run.finished for run in self.runs),
             "running": [run.unit.name for run in running],
             "runs": [run.record() for run in self.runs],
-        }  # fmt: skip
+        }
 
 
 def search_kind(sweep) -> str:
@@ -133,5 +139,11 @@ def summarize(sweep, trial: Trial) -> dict:
         return res.summarize(sweep, runs)
     except (OSError, RuntimeError, KeyError) as exc:
         wall = sum(run.get("wall_s") or 0.0 for run in runs)
-        return {"status": "failed", "metric": None, "metric_std": None, "values": [],
-                "wall_s": wall, "error": f"scoring failed: {one_line(exc)}"}  # fmt: skip
+        return {
+            "status": "failed",
+            "metric": None,
+            "metric_std": None,
+            "values": [],
+            "wall_s": wall,
+            "error": f"scoring failed: {one_line(exc)}",
+        }

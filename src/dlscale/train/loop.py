@@ -67,18 +67,24 @@ class Trainer:
         self.model = self.exchange.model or self.module  # what the step calls
         if self.exchange.trainers > 1:
             torch.manual_seed(spec.seed + 1 + self.exchange.seed_rank)  # dropout per trainer
-        self.step_fn = TrainStep(self.model, self.optimizer, self.device, spec.precision,
-                                 self.exchange)  # fmt: skip
+        self.step_fn = TrainStep(
+            self.model, self.optimizer, self.device, spec.precision, self.exchange
+        )
         world = self.exchange.data_world
         self.plan = Plan.of(spec, self.data.num_train, world)
         if self.data.streamed:  # the stream yields each rank's batches itself
-            self.sampler = StreamSampler(self.data.train, spec.batch_size,
-                                         self.exchange.data_rank, world)  # fmt: skip
+            self.sampler = StreamSampler(
+                self.data.train, spec.batch_size, self.exchange.data_rank, world
+            )
         else:
             self.sampler = GlobalBatchSampler(
-                self.data.num_train, spec.batch_size, spec.seed, self.exchange.data_rank, world,
+                self.data.num_train,
+                spec.batch_size,
+                spec.seed,
+                self.exchange.data_rank,
+                world,
                 as_lists=spec.loader.workers > 0 or not self.data.in_memory,
-            )  # fmt: skip
+            )
         self.train_loader = train_batches(spec, self.data.train, self.sampler, self.device)
         self.val_loader = val_batches(spec, self.data.val)
         self.step = 0
@@ -148,9 +154,15 @@ class Trainer:
         epoch, batch = divmod(self.step, self.plan.steps_per_epoch)
         where = {"epoch": epoch, "batch": batch}
         if isinstance(self.sampler, StreamSampler):
-            where.update(self.data.train.position(epoch, batch, self.spec.batch_size,
-                                                  self.exchange.data_rank,
-                                                  self.exchange.data_world))  # fmt: skip
+            where.update(
+                self.data.train.position(
+                    epoch,
+                    batch,
+                    self.spec.batch_size,
+                    self.exchange.data_rank,
+                    self.exchange.data_world,
+                )
+            )
         return where
 
     # -------------------------------------------------------------------- loop
@@ -248,8 +260,13 @@ class Trainer:
             self.summaries = self.exchange.finish(self.worker_summary())
 
     def _step_record(self, epoch: int, loss: float | None, split: StepTiming) -> dict:
-        return {"step": self.step, "epoch": epoch + 1, "loss": loss, **asdict(split),
-                "step_s": split.step_s}  # fmt: skip
+        return {
+            "step": self.step,
+            "epoch": epoch + 1,
+            "loss": loss,
+            **asdict(split),
+            "step_s": split.step_s,
+        }
 
     def worker_summary(self) -> dict:
         """This trainer's own figures, gathered into run.json's `workers`."""
@@ -269,12 +286,14 @@ class Trainer:
     def end_epoch(self, epoch: int) -> None:
         """Validate (every trainer calls it: a pipeline evaluates through all its stages)."""
         # The bare module: DDP's forward would wait for the other workers, which do not evaluate.
-        validation = self.exchange.evaluate(self.module, self.val_loader, self.device,
-                                            self.spec.precision)  # fmt: skip
+        validation = self.exchange.evaluate(
+            self.module, self.val_loader, self.device, self.spec.precision
+        )
         if not self.is_main:
             return
-        record = epoch_record(epoch, self.step, self._epoch_losses, validation,
-                              self.history.timing, self.t_start)  # fmt: skip
+        record = epoch_record(
+            epoch, self.step, self._epoch_losses, validation, self.history.timing, self.t_start
+        )
         self.history.epochs.append(record)
         self.reporter.epoch_end(record)
 
@@ -306,31 +325,52 @@ class Trainer:
         peers = 1 if self.summaries else self.exchange.data_world
         spec, data = self.spec, self.data
         record = RunRecord(
-            status=status, name=spec.name, strategy=spec.strategy.name,
-            run_dir=str(self.run_dir), spec_hash=spec.spec_hash(),
-            spec=spec.model_dump(mode="json"), started_at=self.started_at,
+            status=status,
+            name=spec.name,
+            strategy=spec.strategy.name,
+            run_dir=str(self.run_dir),
+            spec_hash=spec.spec_hash(),
+            spec=spec.model_dump(mode="json"),
+            started_at=self.started_at,
             updated_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            resumed_from_step=self.resumed_from, environment=self.environment,
-            model={"name": spec.model.name, "parameters": self.parameters[0],
-                   "trainable_parameters": self.parameters[1]},
-            data={"train_samples": data.num_train, "val_samples": len(data.val),
-                  "input_shape": list(data.input_shape), "num_classes": data.num_classes,
-                  "task": data.task, "source": spec.data.name,
-                  "read_from_disk": not data.in_memory, "streamed": data.streamed,
-                  **({"staging": data.staging} if data.staging else {})},
-            plan=dict(self.plan.__dict__), timing=self.history.timing.summary(),
-            epochs=self.history.epochs, steps=self.history.steps.records,
+            resumed_from_step=self.resumed_from,
+            environment=self.environment,
+            model={
+                "name": spec.model.name,
+                "parameters": self.parameters[0],
+                "trainable_parameters": self.parameters[1],
+            },
+            data={
+                "train_samples": data.num_train,
+                "val_samples": len(data.val),
+                "input_shape": list(data.input_shape),
+                "num_classes": data.num_classes,
+                "task": data.task,
+                "source": spec.data.name,
+                "read_from_disk": not data.in_memory,
+                "streamed": data.streamed,
+                **({"staging": data.staging} if data.staging else {}),
+            },
+            plan=dict(self.plan.__dict__),
+            timing=self.history.timing.summary(),
+            epochs=self.history.epochs,
+            steps=self.history.steps.records,
             warnings=self.warnings,
             checkpoints=[str(p) for _, p in ckpt.list_checkpoints(self.run_dir)],
             final=final_figures(
-                summaries, self.history.epochs[-1] if self.history.epochs else {}, self.step,
+                summaries,
+                self.history.epochs[-1] if self.history.epochs else {},
+                self.step,
                 (time.perf_counter() - self.t_start, self.setup_s, self.first_step_at),
-                self.device, peers,
+                self.device,
+                peers,
             ),
-            workers=[s if s is not None else {"rank": r, "status": "died"}
-                     for r, s in enumerate(summaries)],
+            workers=[
+                s if s is not None else {"rank": r, "status": "died"}
+                for r, s in enumerate(summaries)
+            ],
             **self.exchange.sections(summaries),
-        ).to_json()  # fmt: skip
+        ).to_json()
         with ckpt.naming_intact(self.run_dir):
             write_json_atomic(self.run_dir / "run.json", record)
         return record

@@ -40,8 +40,9 @@ def check_folder(folder: Path) -> bool:
 def folder_problem(folder: Path, exc: OSError) -> str:
     """Why `folder` cannot be made or written, in the words a person acts on."""
     if exc.errno in (errno.ENOTDIR, errno.EEXIST):
-        blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()),
-                       folder)  # fmt: skip
+        blocker = next(
+            (p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder
+        )
         return f"{blocker} is a file, not a folder: choose another --out"
     if exc.errno == errno.EROFS:
         return f"{folder} is on a read-only file system: choose another --out"

@@ -53,7 +53,13 @@ def run(
     split_model(model, data.example(microbatch_size(spec))[0], plan.boundaries)
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     return launch(
-        spec, run_dir, resume_from, reporter, launcher, stage_process,
-        Resources(cpus=float(spec.threads or 1), gpus=gpu), main_rank=strategy.stages - 1,
+        spec,
+        run_dir,
+        resume_from,
+        reporter,
+        launcher,
+        stage_process,
+        Resources(cpus=float(spec.threads or 1), gpus=gpu),
+        main_rank=strategy.stages - 1,
         extra={"boundaries": plan.boundaries, "split": plan.to_dict()},
-    )  # fmt: skip
+    )

@@ -93,14 +93,16 @@ class PipelineExchange(Exchange):
                 dist.new_group([r * stages + s for r in range(replicas)]) for s in range(stages)
             ]
             self.replica_group = same_stage[self.index]
-        stage = PipelineStage(self._autocast(module), self.index, stages, self.device,
-                              group=self.pipe_group)  # fmt: skip
+        stage = PipelineStage(
+            self._autocast(module), self.index, stages, self.device, group=self.pipe_group
+        )
         self._time_calls(stage)
         schedule = Schedule1F1B if self.strategy.schedule == "1f1b" else ScheduleGPipe
         micro = self.strategy.microbatches_run
         self.schedule = schedule(stage, n_microbatches=micro, loss_fn=self._loss)
-        evaluating = PipelineStage(self._autocast(self.eval_module), self.index, stages,
-                                   self.device, group=self.pipe_group)  # fmt: skip
+        evaluating = PipelineStage(
+            self._autocast(self.eval_module), self.index, stages, self.device, group=self.pipe_group
+        )
         self.eval_schedule = ScheduleGPipe(evaluating, n_microbatches=micro, loss_fn=compute_loss)
 
     def _autocast(self, module: nn.Module) -> nn.Module:

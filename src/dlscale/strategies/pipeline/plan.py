@@ -43,9 +43,12 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
     try:
         trace = trace_step(
             lambda: build_model(spec.model.name, spec.model.kwargs, data.model_defaults()),
-            sample, micro, "fp32",
-            lambda params: build_optimizer(params, spec.optimizer), spec.optimizer.name,
-        )  # fmt: skip
+            sample,
+            micro,
+            "fp32",
+            lambda params: build_optimizer(params, spec.optimizer),
+            spec.optimizer.name,
+        )
     except UserError:  # the factory's own failure, already one line
         raise
     except (RuntimeError, ValueError, IndexError, TypeError) as exc:
@@ -59,9 +62,15 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         ) from None
     local = load_catalogue().get("local")
     return plan_split(
-        model, trace, strategy.stages, strategy.schedule, strategy.microbatches_run,
-        split, local, strategy.max_memory_per_worker,
-    )  # fmt: skip
+        model,
+        trace,
+        strategy.stages,
+        strategy.schedule,
+        strategy.microbatches_run,
+        split,
+        local,
+        strategy.max_memory_per_worker,
+    )
 
 
 def split_model(model: nn.Module, example: torch.Tensor, boundaries: list[str]):
@@ -72,9 +81,10 @@ def split_model(model: nn.Module, example: torch.Tensor, boundaries: list[str]):
         with warnings.catch_warnings():  # torch.export's deprecation chatter, not the user's
             warnings.simplefilter("ignore", FutureWarning)
             return pipeline(
-                model, mb_args=(example,),
+                model,
+                mb_args=(example,),
                 split_spec=dict.fromkeys(boundaries, SplitPoint.BEGINNING),
-            )  # fmt: skip
+            )
     except Exception as exc:  # torch.export's many error types: one line for the user
         message = f"the model cannot be split into pipeline stages: {one_line(exc)}"
         raise UserError(message) from None

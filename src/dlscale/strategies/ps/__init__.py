@@ -53,9 +53,13 @@ def serve(context: WorkerContext, payload: dict) -> dict:
     torch.set_num_threads(spec.threads or 1)
     model, _ = initial_model(spec)
     server = ParameterServer(
-        spec, context.rank, list(model.parameters()), payload["shards"][context.rank],
-        Path(payload["run_dir"]), payload["resume_from"] is not None,
-    )  # fmt: skip
+        spec,
+        context.rank,
+        list(model.parameters()),
+        payload["shards"][context.rank],
+        Path(payload["run_dir"]),
+        payload["resume_from"] is not None,
+    )
     del model
     join(context, "gloo", strategy.timeout_s)
     store = dist.distributed_c10d._get_default_store()
@@ -107,11 +111,20 @@ def run(
             start_steps[str(worker)] = min(int(s["worker_steps"].get(key, 0)) for s in states)
     else:  # the starting point: what a bare --resume finds before any shard is saved
         ckpt.save_checkpoint(
-            run_dir, 0, {"spec_hash": spec.spec_hash(), "strategy": "ps",
-                         "model": model.state_dict(), "optimizer": None, "scaler": None,
-                         "rng": [], "history": None, "exchange": {}},
+            run_dir,
+            0,
+            {
+                "spec_hash": spec.spec_hash(),
+                "strategy": "ps",
+                "model": model.state_dict(),
+                "optimizer": None,
+                "scaler": None,
+                "rng": [],
+                "history": None,
+                "exchange": {},
+            },
             spec.checkpoint.keep_last,
-        )  # fmt: skip
+        )
     token = uuid.uuid4().hex[:12]  # names this job's shared buffers
     extra = {
         "servers": strategy.servers,
@@ -133,10 +146,19 @@ def run(
 
     try:
         return launch(
-            spec, run_dir, resume_from, reporter, launcher, ps_process, resources,
-            strategy.servers, extra, expendable, lambda message: role_names(message, name),
+            spec,
+            run_dir,
+            resume_from,
+            reporter,
+            launcher,
+            ps_process,
+            resources,
+            strategy.servers,
+            extra,
+            expendable,
+            lambda message: role_names(message, name),
             own_gpu=False,  # workers share GPUs: their tensors meet on the host
-        )  # fmt: skip
+        )
     finally:  # a job stopped before the servers mapped the workers' buffers leaves their files
         for path in SHM_DIR.glob(f"dlscale-{token}-*") if SHM_DIR.is_dir() else ():
             path.unlink(missing_ok=True)

@@ -94,10 +94,12 @@ class PsExchange(Exchange):
         """Move the host buffers to /dev/shm files that the servers map next."""
         buffers = self.buffers
         mapped = {
-            kind: [map_shared(slot_path(token, self.rank, server, kind), flat.numel())
-                   for server, flat in enumerate(flats)]
+            kind: [
+                map_shared(slot_path(token, self.rank, server, kind), flat.numel())
+                for server, flat in enumerate(flats)
+            ]
             for kind, flats in (("params", buffers.host_params), ("grads", buffers.host_grads))
-        }  # fmt: skip
+        }
         buffers.replace_host(mapped["params"], mapped["grads"])
         self.shared = True
 

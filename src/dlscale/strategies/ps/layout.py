@@ -55,8 +55,9 @@ class FlatShards:
 
     def bind(self) -> None:
         """Make the model's parameters and gradients views of the (device) flat buffers."""
-        for indices, flat, grads in zip(self.shards, self.flat_params, self.flat_grads,
-                                        strict=True):  # fmt: skip
+        for indices, flat, grads in zip(
+            self.shards, self.flat_params, self.flat_grads, strict=True
+        ):
             offset = 0
             for i in indices:
                 param, n = self.params[i], self.params[i].numel()

@@ -52,9 +52,12 @@ def downpour_actions(step: int, accumulated: int, n_push: int, n_fetch: int, las
 
 
 def apply_gradient(
-    flat: torch.nn.Parameter, grad: torch.Tensor, optimizer: torch.optim.Optimizer,
-    base_lrs: list[float], lr_scale: float,
-) -> None:  # fmt: skip
+    flat: torch.nn.Parameter,
+    grad: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    base_lrs: list[float],
+    lr_scale: float,
+) -> None:
     """One server update: the spec's optimizer on the shard with `grad`, at lr × `lr_scale`."""
     for group, lr in zip(optimizer.param_groups, base_lrs, strict=True):
         group["lr"] = lr * lr_scale

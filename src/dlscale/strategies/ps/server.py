@@ -58,8 +58,15 @@ def load_shard(run_dir: Path, shard: int, spec: Spec) -> dict:
 class ParameterServer:
     """One shard of the parameters, its optimizer, and one thread per worker."""
 
-    def __init__(self, spec: Spec, rank: int, params: list[torch.Tensor], indices: list[int],
-                 run_dir: Path, resume: bool):  # fmt: skip
+    def __init__(
+        self,
+        spec: Spec,
+        rank: int,
+        params: list[torch.Tensor],
+        indices: list[int],
+        run_dir: Path,
+        resume: bool,
+    ):
         self.spec, self.strategy = spec, spec.strategy
         self.shard, self.run_dir = rank, Path(run_dir)
         self.servers = self.strategy.servers
@@ -129,8 +136,10 @@ class ParameterServer:
         their names: the mappings stay, and nothing is left in /dev/shm when the job ends."""
         elements = self.flat.numel()
         for worker in self.workers:
-            paths = [slot_path(token, worker - self.servers, self.shard, kind)
-                     for kind in ("params", "grads")]  # fmt: skip
+            paths = [
+                slot_path(token, worker - self.servers, self.shard, kind)
+                for kind in ("params", "grads")
+            ]
             self.slots[worker] = tuple(map_shared(path, elements) for path in paths)
             for path in paths:
                 path.unlink()

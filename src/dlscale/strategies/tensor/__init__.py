@@ -35,8 +35,13 @@ def plan_for(spec: Spec, model, data) -> TensorPlan:
     """The split of `model` for the spec's degree, from one sample's forward."""
     strategy: TensorStrategy = spec.strategy
     flow = record_flow(model, data.example(1)[0], spec.precision)
-    return make_plan(flow, strategy.degree, strategy.plan, count_parameters(model),
-                     getattr(model, "tp_plan", None))  # fmt: skip
+    return make_plan(
+        flow,
+        strategy.degree,
+        strategy.plan,
+        count_parameters(model),
+        getattr(model, "tp_plan", None),
+    )
 
 
 def run(
@@ -62,10 +67,16 @@ def run(
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     degree = strategy.degree
     return launch(
-        spec, run_dir, resume_from, reporter, launcher, shard_process,
+        spec,
+        run_dir,
+        resume_from,
+        reporter,
+        launcher,
+        shard_process,
         Resources(cpus=float(spec.threads or 1), gpus=gpu),
         extra={"tensor_plan": plan.to_dict()},
         rename=lambda text: role_names(
-            text, lambda r: f"shard {r % degree} of replica {r // degree}"),
+            text, lambda r: f"shard {r % degree} of replica {r // degree}"
+        ),
         own_gpu=strategy.backend != "gloo",
-    )  # fmt: skip
+    )

@@ -61,8 +61,9 @@ class TensorExchange(Exchange):
         """Meet the others, build the 2-D mesh, split the planned layers, and check that the
         split model computes what the whole one does."""
         join(self.context, backend_for(device, self.strategy.backend), self.strategy.timeout_s)
-        self.mesh = init_device_mesh(device.type, (self.replicas, self.degree),
-                                     mesh_dim_names=("dp", "tp"))  # fmt: skip
+        self.mesh = init_device_mesh(
+            device.type, (self.replicas, self.degree), mesh_dim_names=("dp", "tp")
+        )
         self.dp_group = self.mesh["dp"].get_group() if self.replicas > 1 else None
         model = model.to(device)
         x = data.example(CHECK_SAMPLES)[0].to(device)
@@ -136,8 +137,10 @@ class TensorExchange(Exchange):
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer):
         saved = optimizer.state_dict()
-        saved["state"] = {index: {key: _whole(value) for key, value in entry.items()}
-                          for index, entry in saved["state"].items()}  # fmt: skip
+        saved["state"] = {
+            index: {key: _whole(value) for key, value in entry.items()}
+            for index, entry in saved["state"].items()
+        }
         return saved if self.is_main else None
 
     def load_optimizer(self, optimizer: torch.optim.Optimizer, saved) -> None:
@@ -147,8 +150,10 @@ class TensorExchange(Exchange):
         state = {}
         for index, entry in saved["state"].items():
             param = params[int(index)]
-            state[index] = {key: _like(param, value) if _same_shape(param, value) else value
-                            for key, value in entry.items()}  # fmt: skip
+            state[index] = {
+                key: _like(param, value) if _same_shape(param, value) else value
+                for key, value in entry.items()
+            }
         optimizer.load_state_dict({**saved, "state": state})
 
     def extra_state(self) -> dict:
@@ -157,12 +162,22 @@ class TensorExchange(Exchange):
     # ---- the record
 
     def describe(self) -> dict:
-        return {"tensor": {**self.plan.to_dict(), "data_parallel": self.replicas,
-                           "batch_size": self.spec.batch_size}}  # fmt: skip
+        return {
+            "tensor": {
+                **self.plan.to_dict(),
+                "data_parallel": self.replicas,
+                "batch_size": self.spec.batch_size,
+            }
+        }
 
     def worker_extras(self) -> dict:
-        return {"role": "shard", "replica": self.replica, "shard": self.shard,
-                "comm_s": self.meter.seconds, "replica_sync_s": self.sync_s}  # fmt: skip
+        return {
+            "role": "shard",
+            "replica": self.replica,
+            "shard": self.shard,
+            "comm_s": self.meter.seconds,
+            "replica_sync_s": self.sync_s,
+        }
 
     def sections(self, summaries: list[dict | None]) -> dict[str, dict]:
         return {"tensor": tensor_section(self, summaries)}
@@ -195,5 +210,6 @@ def _like(target: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
     """`whole` cut as `target` is cut (each trainer keeps its own part; nothing moves)."""
     if not isinstance(target, DTensor):
         return whole
-    return distribute_tensor(whole.to(target.device), target.device_mesh, target.placements,
-                             src_data_rank=None)  # fmt: skip
+    return distribute_tensor(
+        whole.to(target.device), target.device_mesh, target.placements, src_data_rank=None
+    )

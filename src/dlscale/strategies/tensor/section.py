@@ -9,9 +9,10 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
     spec, plan = exchange.spec, exchange.plan
     own = summaries[exchange.rank] or {}
     steps = max(1, exchange.steps_run)
-    measured = {kind: {"count": entry["count"] / steps,
-                       "payload_bytes": entry["payload_bytes"] / steps}
-                for kind, entry in exchange.meter.counts.items()}  # fmt: skip
+    measured = {
+        kind: {"count": entry["count"] / steps, "payload_bytes": entry["payload_bytes"] / steps}
+        for kind, entry in exchange.meter.counts.items()
+    }
     predicted = plan.comm_per_step(spec.batch_size)
     comm_s = exchange.meter.seconds / steps
     sync_s = exchange.sync_s / steps
@@ -29,11 +30,12 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
         "collectives_per_step": measured,
         "predicted_collectives_per_step": predicted,
         "comm_payload_bytes_per_step": sum(e["payload_bytes"] for e in measured.values()),
-        "predicted_comm_payload_bytes_per_step": sum(e["payload_bytes"]
-                                                     for e in predicted.values()),
+        "predicted_comm_payload_bytes_per_step": sum(
+            e["payload_bytes"] for e in predicted.values()
+        ),
         "comm_s_per_step": comm_s,
         # Of this trainer's step time, the share in collectives and the replicas' averaging.
         "comm_share": own.get("comm_share", 0.0),
         "replica_sync_s_per_step": sync_s,
         "replica_sync_bytes_per_step": exchange.sync_bytes / steps,
-    }  # fmt: skip
+    }

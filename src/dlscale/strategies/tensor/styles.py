@@ -56,11 +56,11 @@ class ConvParallel(ParallelStyle):
         rowwise = self.style == "rowwise"
         weight_split = [Shard(1)] if rowwise else [Shard(0)]
         bias_split = [Replicate()] if rowwise else [Shard(0)]
-        module.weight = nn.Parameter(distribute_tensor(module.weight.data, device_mesh,
-                                                       weight_split))  # fmt: skip
+        module.weight = nn.Parameter(
+            distribute_tensor(module.weight.data, device_mesh, weight_split)
+        )
         if module.bias is not None:
-            module.bias = nn.Parameter(distribute_tensor(module.bias.data, device_mesh,
-                                                         bias_split))  # fmt: skip
+            module.bias = nn.Parameter(distribute_tensor(module.bias.data, device_mesh, bias_split))
         style, size = self.style, device_mesh.size()
 
         def forward(x: Tensor) -> Tensor:  # x: (B, C_in or its share, H, W)
@@ -69,8 +69,15 @@ class ConvParallel(ParallelStyle):
             groups = module.groups // size if style.startswith("grouped") else module.groups
             weight = module.weight.to_local()
             bias = module.bias.to_local() if module.bias is not None else None
-            out = F.conv2d(x, weight, None if rowwise else bias, module.stride,
-                           module.padding, module.dilation, groups)  # fmt: skip
+            out = F.conv2d(
+                x,
+                weight,
+                None if rowwise else bias,
+                module.stride,
+                module.padding,
+                module.dilation,
+                groups,
+            )
             if rowwise:
                 out = sum_partials(out, device_mesh)
                 return out if bias is None else out + bias.view(1, -1, 1, 1)

@@ -1,0 +1,75 @@
+"""A sweep folder across runs of `dlscale sweep`: sweep.json names the spec it belongs to, and
+on --resume every trial saved (trials/tNNN/trial.json) and every run's result.json are read
+back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dlscale.errors import UserError
+from dlscale.spec import Spec
+from dlscale.sweep.trials import Run
+from dlscale.train.files import write_json_atomic
+
+STATE = "sweep.json"
+# What a run's result.json gives back on --resume.
+RESULT_KEYS = (
+    "val_accuracy",
+    "val_loss",
+    "wall_s",
+    "steps",
+    "node",
+    "global_batch_size",
+    "setup_s",
+    "slot",
+    "pid",
+    "began_at",
+    "ended_at",
+)
+
+
+def open_folder(out_dir: Path, spec: Spec, spec_path: str, started_at: str, resume: bool) -> bool:
+    """A new sweep's sweep.json written (False); or, to resume, the folder's checked to hold a
+    sweep of this spec (True: its trials are to be read back)."""
+    state_path = out_dir / STATE
+    spec_hash = spec.spec_hash()
+    if state_path.is_file() and not resume:
+        raise UserError(
+            f"{out_dir} already holds a sweep: pass --resume to continue it, or choose "
+            "another --out"
+        )
+    if not resume:
+        state = {"spec_hash": spec_hash, "spec": spec_path, "started_at": started_at}
+        write_json_atomic(state_path, state)
+        return False
+    if not state_path.is_file():
+        raise UserError(f"nothing to resume: {out_dir} holds no sweep ({STATE})")
+    state = json.loads(state_path.read_text())
+    if state.get("spec_hash") != spec_hash:
+        raise UserError(
+            f"{out_dir} holds a sweep of a different spec (hash {state.get('spec_hash')}, this "
+            f"spec {spec_hash}); start a new sweep with another --out"
+        )
+    return True
+
+
+def saved_trials(out_dir: Path) -> list[tuple[Path, dict]]:
+    """(trial.json's path, what it holds) of every trial saved, in trial order."""
+    found = sorted(
+        (out_dir / "trials").glob("t*/trial.json"),
+        key=lambda path: int(path.parent.name[1:]),
+    )  # t999 before t1000
+    return [(path, json.loads(path.read_text())) for path in found]
+
+
+def restore_run(run: Run) -> bool:
+    """A run's status, error, curve and figures from its result.json; False if it has none."""
+    result_path = run.dir / "result.json"
+    if not result_path.is_file():
+        return False
+    saved = json.loads(result_path.read_text())
+    run.status, run.error = saved["status"], saved["error"]
+    run.curve = saved["curve"]
+    run.result = {k: saved.get(k) for k in RESULT_KEYS}
+    return True
