@@ -3,9 +3,10 @@
 For each workload and precision: one process trains on synthetic data of the workload's shape
 on `cuda` (the one loop, the spec's default optimizer), the median of `--steps` timed
 steps after 5 warm-up steps is the measured step; the profiler's prediction for the catalogue
-entry `--hardware` (default: h200-sxm) at the same batch and precision is beside it.
+entry `--hardware` (default: h200-sxm; several, comma-separated, each get a column: `local` is
+what `dlscale bench machine --device cuda` saved) at the same batch and precision is beside it.
 
-    python benchmarks/gpu_predict.py [--hardware h200-sxm] [--steps 20]
+    python benchmarks/gpu_predict.py [--hardware h200-sxm[,local]] [--steps 20]
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("gpu_predict: no CUDA GPU is visible here; nothing was measured")
-    hardware = get_hardware(args.hardware)
-    print(f"measured on {torch.cuda.get_device_name(0)}, predicted for '{hardware.name}'")
-    print(f"{'workload':<28} {'precision':<9} {'measured':>10} {'predicted':>10} {'ratio':>6}")
+    entries = [get_hardware(name) for name in args.hardware.split(",")]
+    print(f"measured on {torch.cuda.get_device_name(0)}")
+    heads = "".join(f" {h.name[:12]:>12} {'ratio':>6}" for h in entries)
+    print(f"{'workload':<28} {'precision':<9} {'measured':>10}{heads}")
     for model, kwargs, shape, tokens, batch in WORKLOADS:
         for precision in ("fp32", "bf16"):
             spec = synthetic_spec(model, kwargs, shape, tokens, batch, batch * 30, "cuda")
@@ -53,10 +55,13 @@ def main() -> None:
             torch.cuda.empty_cache()
             measured = times[len(times) // 2]
             workload = resolve(model, batch, shape, precision, spec.optimizer.name, tokens, kwargs)
-            predicted = profiler.profile(workload, [hardware]).reports[0].prediction.step_s
+            reports = profiler.profile(workload, entries).reports
+            cells = "".join(
+                f" {r.prediction.step_s * 1e3:>10.2f}ms {r.prediction.step_s / measured:>6.2f}"
+                for r in reports
+            )
             label = f"{model} batch {batch}"
-            print(f"{label:<28} {precision:<9} {measured * 1e3:>8.2f}ms {predicted * 1e3:>8.2f}ms "
-                  f"{predicted / measured:>6.2f}")  # fmt: skip
+            print(f"{label:<28} {precision:<9} {measured * 1e3:>8.2f}ms{cells}", flush=True)
 
 
 if __name__ == "__main__":

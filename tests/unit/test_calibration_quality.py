@@ -66,3 +66,17 @@ def test_a_worse_measurement_never_replaces_a_better_one_silently():
     assert plausible.worse(broken, good) == "2 values rejected or doubtful against 0"
     assert plausible.worse(good, noisy) is None  # better replaces worse
     assert plausible.worse(noisy, {"threads": 2}) is None  # an entry from before spreads
+
+
+def test_a_timed_training_step_never_sends_gradients_back_to_the_callers_tensor():
+    """The probes build their input on the host and time it on the device: a gradient that
+    flowed back through the copy would time a device→host copy in every step (on an H200 every
+    elementwise op's share of bandwidth sat at the floor, 0.01, because of it)."""
+    import torch
+
+    x = torch.randn(4, 8, requires_grad=True)
+    model = torch.nn.Linear(8, 2)
+    seconds = calibrate._time_training_step(model, x, torch.device("cpu"), 0.01)
+    assert seconds > 0
+    assert x.grad is None
+    assert model.weight.grad is not None

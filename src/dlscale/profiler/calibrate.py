@@ -121,9 +121,13 @@ CONV_INPUTS = ((2, 8), (16, 8), (8, 32))  # (batch, side): 128, 1024 and 8192 ou
 def _time_training_step(
     model: nn.Module, x: torch.Tensor, device: torch.device, min_time_s: float
 ) -> float:
-    """Seconds of one forward + backward of `model` on `x` (a sum as the loss)."""
+    """Seconds of one forward + backward of `model` on `x` (a sum as the loss).
+
+    `x` is copied to the device as a leaf of its own: a gradient that flowed back through the
+    copy to the caller's tensor would add a device→host copy to every timed step.
+    """
     model = model.to(device)
-    x = x.to(device)
+    x = x.detach().to(device).requires_grad_(x.requires_grad)
 
     def step() -> None:
         model.zero_grad(set_to_none=True)
@@ -259,8 +263,11 @@ class _Probe(nn.Module):
 
 
 PROBES = ("relu", "gelu", "max_pool", "softmax", "add", "layer_norm", "batch_norm")
-PROBE_SHAPE = (16, 64, 64)  # one sample: 256 KiB; batch 8 makes 2 MiB tensors
-PROBE_BATCH = 8
+# One sample is 256 KiB. On a CPU, batch 8 makes 2 MiB tensors, what a small model's layers hold.
+# A GPU streams 2 MiB in about a microsecond, well under one kernel launch, so it is timed on
+# 128 MiB tensors: what its share of bandwidth is when a layer is big enough for bandwidth to count.
+PROBE_SHAPE = (16, 64, 64)
+PROBE_BATCH = {"cpu": 8, "cuda": 512}
 
 
 def op_efficiencies(
@@ -274,11 +281,12 @@ def op_efficiencies(
     """
     found: dict[str, float] = {}
     channels = PROBE_SHAPE[-1]
+    batch = PROBE_BATCH.get(device.type, PROBE_BATCH["cpu"])
     for kind in PROBES:
         step = trace_step(
             lambda k=kind: _Probe(k, channels if k == "layer_norm" else PROBE_SHAPE[0]),
             torch.zeros(PROBE_SHAPE),
-            PROBE_BATCH,
+            batch,
             "fp32",
             torch.optim.SGD,
             "sgd",
@@ -289,7 +297,7 @@ def op_efficiencies(
         by_op = sum((cost.bytes_by_op for cost in costs), Counter())
         ops = sum(cost.ops for cost in costs)
         model = _Probe(kind, channels if kind == "layer_norm" else PROBE_SHAPE[0])
-        x = torch.randn(PROBE_BATCH, *PROBE_SHAPE, requires_grad=True)
+        x = torch.randn(batch, *PROBE_SHAPE, device=device, requires_grad=True)
         seconds = _time_training_step(model, x, device, min_time_s) - ops * overhead_s
         efficiency = sum(by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s
         for op in by_op:
