@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The stamp is remade whenever the dependency files change, so `make` re-installs only then.
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint format clean bench gpu-check image container-test
+.PHONY: setup system-deps demo test lint format clean bench gpu-check image container-test cluster-test
 
 setup: $(STAMP)
 
@@ -50,6 +50,11 @@ image: setup
 
 container-test: image
 	DLSCALE_CONTAINER_TESTS=1 $(BIN)/python -m pytest -q tests/container
+
+# Opt-in, as root: hosts made of network namespaces on this machine, a Ray node on each, and
+# every strategy, fault and the link's prediction across them (tests/cluster; several minutes).
+cluster-test: setup
+	DLSCALE_CLUSTER_TESTS=1 $(BIN)/python -m pytest -q tests/cluster
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -40,6 +40,8 @@ class WorkerContext:
     events: Any = None  # a queue-like object with put(); None when nobody listens
     node: str = ""  # where the worker runs: a host name, or a Ray node id
     gpu: int | None = None  # this worker's GPU as the process sees it; None: it needs none
+    host: str = ""  # the host's name, where the launcher knows it
+    address: str = ""  # the address its host joined the cluster with (Ray's node address)
 
     def send(self, kind: str, *args: Any) -> None:
         if self.events is not None:

@@ -28,6 +28,7 @@ from dlscale.launch.base import (
     per_rank,
 )
 from dlscale.launch.heartbeat import Silence, start_beating
+from dlscale.launch.netbind import Listener, bind_to, reach
 from dlscale.launch.ray_auth import authenticate, forget
 
 CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
@@ -69,12 +70,34 @@ def check_reachable(address: str) -> None:
 
 
 class _RayWorker:
-    """One worker as an actor: reports where it runs, finds a port, runs the worker function."""
+    """One worker as an actor: reports where it runs, finds a port, checks it reaches the other
+    hosts, runs the worker function with its collectives bound to its node's interface."""
 
-    def node(self) -> tuple[str, str]:
+    listener: Listener | None = None
+
+    def node(self) -> tuple[str, str, str]:
+        """(the node's address, Ray's node id, the host's name)."""
         import ray
 
-        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+        return (
+            ray.util.get_node_ip_address(),
+            ray.get_runtime_context().get_node_id(),
+            socket.gethostname(),
+        )
+
+    def listen(self) -> int:
+        self.listener = Listener(self.node()[0])
+        return self.listener.port
+
+    def reach(self, targets: list[tuple[str, int]]) -> list[tuple[str, int, str]]:
+        """The (address, port, why) of each target this host cannot connect to."""
+        failures = [(address, port, reach(address, port)) for address, port in targets]
+        return [(address, port, why) for address, port, why in failures if why]
+
+    def unlisten(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
 
     def free_port(self, wanted: int | None) -> int:
         from dlscale.launch.local import check_port, free_port
@@ -87,6 +110,7 @@ class _RayWorker:
         import torch
 
         torch.set_num_threads(threads)
+        bind_to(context.address)  # gloo/NCCL on the interface its peers reach, not the host name's
         os.environ.update(
             MASTER_ADDR=context.master_addr,
             MASTER_PORT=str(context.master_port),
@@ -146,6 +170,7 @@ class RayLauncher:
             nodes = [
                 self._get(ray, a.node.remote(), r, PLACE_TIMEOUT_S) for r, a in enumerate(actors)
             ]
+            self._check_links(ray, actors, nodes)
             master_addr = nodes[0][0]
             master_port = self._get(ray, actors[0].free_port.remote(port), 0, PLACE_TIMEOUT_S)
             futures = {}
@@ -160,6 +185,8 @@ class RayLauncher:
                     events,
                     nodes[rank][1],
                     0 if each[rank].gpus else None,
+                    host=nodes[rank][2],
+                    address=nodes[rank][0],
                 )
                 threads = max(1, int(each[rank].cpus))
                 futures[actor.run.remote(fn, payload, context, threads)] = rank
@@ -171,6 +198,38 @@ class RayLauncher:
                     ray.kill(actor)
             if connected_here:
                 leave(ray)
+
+    def _check_links(self, ray, actors: list, nodes: list[tuple[str, str, str]]) -> None:
+        """Every host accepts a TCP connection from every other (one actor speaks for its
+        host), or one line names both hosts, their addresses and the port, within seconds."""
+        first = {}  # address -> the rank of its first actor
+        for rank, (address, _, _) in enumerate(nodes):
+            first.setdefault(address, rank)
+        if len(first) < 2:
+            return
+        speakers = [actors[rank] for rank in first.values()]
+        try:
+            ports = ray.get([actor.listen.remote() for actor in speakers], timeout=PLACE_TIMEOUT_S)
+            targets = list(zip(first, ports, strict=True))
+            found = ray.get(
+                [
+                    actor.reach.remote([t for t in targets if t[0] != address])
+                    for actor, address in zip(speakers, first, strict=True)
+                ],
+                timeout=PLACE_TIMEOUT_S,
+            )
+        finally:
+            ray.get([actor.unlisten.remote() for actor in speakers], timeout=PLACE_TIMEOUT_S)
+        by_address = {address: nodes[rank] for address, rank in first.items()}
+        for (source, rank), failures in zip(first.items(), found, strict=True):
+            for target, port, why in failures:
+                target_rank = first[target]
+                raise UserError(
+                    f"host {nodes[rank][2]} ({source}, worker {rank}) cannot reach host "
+                    f"{by_address[target][2]} ({target}, worker {target_rank}) on TCP port "
+                    f"{port}: {why}; the workers' collectives need every TCP port between the "
+                    "hosts (see README: Two machines)"
+                )
 
     def _connect(self, ray) -> bool:
         if ray.is_initialized():
@@ -276,7 +335,8 @@ def _ray_task(fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) ->
     # Trials sharing a node must not each pin their own workers to the node's first cores.
     os.environ.update(DLSCALE_CPUS=str(threads), DLSCALE_PIN="0")
     node = ray.get_runtime_context().get_node_id()
-    return fn(WorkerContext(0, 1, 0, "127.0.0.1", 0, events, node), payload)
+    where = {"host": socket.gethostname(), "address": ray.util.get_node_ip_address()}
+    return fn(WorkerContext(0, 1, 0, "127.0.0.1", 0, events, node, **where), payload)
 
 
 class _SlotActor:

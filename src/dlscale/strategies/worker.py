@@ -81,7 +81,11 @@ def run_trainer(
     try:
         reporter = EventReporter(context) if exchange.is_main else NullReporter()
         trainer = Trainer(spec, Path(payload["run_dir"]), reporter, exchange, device)
-        trainer.worker_info = {"node": context.node}
+        trainer.worker_info = {
+            "node": context.node,
+            "host": context.host,
+            "address": context.address,
+        }
         if payload.get("resume_from"):
             trainer.resume(Path(payload["resume_from"]))
         ready(context)

@@ -20,6 +20,7 @@ RESULT_KEYS = (
     "wall_s",
     "steps",
     "node",
+    "host",
     "global_batch_size",
     "setup_s",
     "slot",

@@ -5,6 +5,7 @@ the figures the sweep ranks by. Ensemble members also save their validation pred
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,7 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
         "setup_s": final["setup_s"],  # data and model ready, before the first step
         "global_batch_size": record["plan"]["global_batch_size"],
         "node": context.node,
+        "host": context.host or socket.gethostname(),
         "pid": os.getpid(),  # the slot process (or Ray actor) that ran it
         "curve": [{key: point.get(key) for key in CURVE_KEYS} for point in record["epochs"]],
         "warnings": record.get("warnings", []),

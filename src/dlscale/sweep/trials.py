@@ -41,6 +41,7 @@ class Run:
             "wall_s": self.result.get("wall_s"),
             "steps": self.result.get("steps"),
             "node": self.result.get("node"),
+            "host": self.result.get("host"),
             "global_batch_size": self.result.get("global_batch_size"),
             "setup_s": self.result.get("setup_s"),
             # Where and when it ran: its pool slot and that slot's clock (seconds since epoch).

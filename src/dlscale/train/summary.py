@@ -20,6 +20,9 @@ def worker_summary(
         "rank": exchange.rank,
         "status": "completed",
         "node": where.get("node") or socket.gethostname(),
+        # The host by name and by the address its peers reach it at (Ray's node address).
+        "host": where.get("host") or socket.gethostname(),
+        **({"address": where["address"]} if where.get("address") else {}),
         "data_rank": exchange.data_rank,
         "steps": timing.steps,
         "samples": timing.samples,

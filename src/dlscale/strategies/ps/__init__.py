@@ -24,6 +24,7 @@ death stops the job like a server's; `--resume` continues from the servers' shar
 
 from __future__ import annotations
 
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -61,6 +62,7 @@ def serve(context: WorkerContext, payload: dict) -> dict:
         payload["resume_from"] is not None,
     )
     del model
+    server.where = {"host": context.host or socket.gethostname(), "address": context.address}
     join(context, "gloo", strategy.timeout_s)
     store = dist.distributed_c10d._get_default_store()
     needed = 2 * strategy.workers * sum(payload["shard_elements"]) * 4

@@ -35,6 +35,8 @@ def ps_sections(strategy: PsStrategy, servers: list[dict], shards: list[list[int
             "per_server": [
                 {
                     "shard": s["shard"],
+                    "host": s.get("host"),  # where the server ran, by name and address
+                    "address": s.get("address"),
                     "tensors": len(indices),
                     "elements": s["elements"],
                     "updates": s["updates"],

@@ -70,6 +70,7 @@ class ParameterServer:
         self.spec, self.strategy = spec, spec.strategy
         self.shard, self.run_dir = rank, Path(run_dir)
         self.servers = self.strategy.servers
+        self.where: dict = {}  # the host it runs on, by name and address, for the run record
         self.workers = list(range(self.servers, self.servers + self.strategy.workers))
         self.main = self.workers[0]  # worker 0 evaluates, writes, and finishes last
         self.flat = nn.Parameter(flatten(params, indices).clone())
@@ -207,6 +208,7 @@ class ParameterServer:
             "dropped_workers": sorted(w - self.servers for w in self.dead),
             "wall_s": wall,
             "peak_memory_bytes": peak_memory(torch.device("cpu"))[0],
+            **self.where,
         }
 
     def drop(self, worker: int, why: str, send_warning) -> None:

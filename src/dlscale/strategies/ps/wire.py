@@ -78,8 +78,12 @@ def choose_data_plane(asked: str, hosts: int, needed_bytes: int) -> tuple[str, s
 
 
 def agree_on_data_plane(store, context: WorkerContext, asked: str, needed_bytes: int) -> str:
-    """Every rank says where it runs; rank 0 chooses the data plane and tells the others."""
-    store.set(f"ps/host/{context.rank}", host_id())
+    """Every rank says where it runs; rank 0 chooses the data plane and tells the others.
+
+    Where it runs is the address its node joined the cluster with, where a launcher placed it
+    (two Ray nodes are two hosts, even when they share a kernel), and the host's name and boot.
+    """
+    store.set(f"ps/host/{context.rank}", f"{context.address}/{host_id()}")
     if context.rank == 0:
         hosts = {store.get(f"ps/host/{rank}") for rank in range(context.world_size)}
         plane, why = choose_data_plane(asked, len(hosts), needed_bytes)
