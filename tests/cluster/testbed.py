@@ -32,6 +32,19 @@ from pathlib import Path
 SUBNET = "10.77.0"
 IFNAME = "dl0"
 RAY_PORT = 6379
+# Every port a Ray node listens on, fixed (Ray picks most at random otherwise), so that a
+# firewall can let Ray through and keep everything else out: README's "Two machines" lists them.
+RAY_NODE_PORTS = [
+    "--node-manager-port=6380",
+    "--object-manager-port=6381",
+    "--dashboard-agent-grpc-port=6382",
+    "--dashboard-agent-listen-port=6383",
+    "--runtime-env-agent-port=6384",
+    "--metrics-export-port=6385",
+    "--min-worker-port=10002",
+    "--max-worker-port=10999",
+]
+RAY_PORTS = "6379:6385,10001:10999"  # the same, for iptables --dports
 
 
 def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -129,6 +142,16 @@ class Testbed:
         tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
         _sh(*ns, "tc", "qdisc", "replace", "dev", IFNAME, "root", *tbf)
 
+    def firewall(self, index: int, closed: bool) -> None:
+        """Host `index` drops every incoming TCP connection except Ray's own ports (or, with
+        `closed` False, accepts everything again)."""
+        ns = ["ip", "netns", "exec", self.hosts[index].netns, "iptables"]
+        _sh(*ns, "-F", "INPUT")
+        if closed:
+            ray_ports = ["-m", "multiport", "--dports", RAY_PORTS]
+            _sh(*ns, "-A", "INPUT", "-i", IFNAME, "-p", "tcp", *ray_ports, "-j", "ACCEPT")
+            _sh(*ns, "-A", "INPUT", "-i", IFNAME, "-p", "tcp", "--syn", "-j", "DROP")
+
     def link(self, index: int, up: bool) -> None:
         """Unplug (or plug back) host `index`'s cable."""
         ns = ["ip", "netns", "exec", self.hosts[index].netns]
@@ -155,21 +178,33 @@ class Testbed:
 
     def start_ray(self, ray: str, env: dict | None = None, timeout: float = 90) -> None:
         """A Ray head on host-a and a worker node on every other host, each with `cpus` CPUs."""
-        env = {**os.environ, **(env or {})}
-        common = ["--num-cpus", str(self.cpus), "--disable-usage-stats", "--block"]
+        self.ray_bin, self.ray_env = ray, {**os.environ, **(env or {})}
         for host in self.hosts:
-            role = (
-                ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
-                if host.index == 0
-                else [f"--address={self.address}"]
-            )
-            log = open(self.root / f"ray-{host.name}.log", "w")  # noqa: SIM115
-            where = [f"--node-ip-address={host.address}", f"--temp-dir={self.root / host.name}"]
-            argv = [ray, "start", *role, *where, *common]
-            self.ray.append(self.popen(host.index, argv, stdout=log, stderr=log, env=env))
+            self.ray.append(self._start_node(host))
             if host.index == 0:
                 self._wait_for_head(timeout)
-        self._wait_for_nodes(ray, env, timeout)
+        self._wait_for_nodes(timeout)
+
+    def restart_ray(self, index: int, timeout: float = 90) -> None:
+        """Host `index`'s Ray node started again (after a fault ended it), joined once more."""
+        self.kill_ray(index)
+        self.kill_all(index)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.ray[index].wait(timeout=15)
+        self.ray[index] = self._start_node(self.hosts[index])
+        self._wait_for_nodes(timeout)
+
+    def _start_node(self, host: Host) -> subprocess.Popen:
+        common = ["--num-cpus", str(self.cpus), "--disable-usage-stats", "--block"]
+        role = (
+            ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
+            if host.index == 0
+            else [f"--address={self.address}"]
+        )
+        log = open(self.root / f"ray-{host.name}.log", "a")  # noqa: SIM115
+        where = [f"--node-ip-address={host.address}", f"--temp-dir={self.root / host.name}"]
+        argv = [self.ray_bin, "start", *role, *where, *common, *RAY_NODE_PORTS]
+        return self.popen(host.index, argv, stdout=log, stderr=log, env=self.ray_env)
 
     def _wait_for_head(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -183,16 +218,21 @@ class Testbed:
             time.sleep(0.5)
         raise RuntimeError(f"the Ray head did not start: {self.log(0)[-2000:]}")
 
-    def _wait_for_nodes(self, ray: str, env: dict, timeout: float) -> None:
-        python = str(Path(ray).with_name("python"))
-        count = (
+    def alive(self) -> list[str] | None:
+        """The addresses of the live Ray nodes, as the head knows them (None: no answer)."""
+        python, env = str(Path(self.ray_bin).with_name("python")), self.ray_env
+        listing = (
             "import ray; ray.init(address='auto', logging_level='ERROR'); "
-            "print(sum(1 for n in ray.nodes() if n['Alive']))"
+            "print(*sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive']))"
         )
+        found = self.run(0, [python, "-c", listing], env={**env, "RAY_ADDRESS": self.address})
+        lines = found.stdout.strip().splitlines()
+        return lines[-1].split() if found.returncode == 0 and lines else None
+
+    def _wait_for_nodes(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = self.run(0, [python, "-c", count], env={**env, "RAY_ADDRESS": self.address})
-            if found.returncode == 0 and found.stdout.strip().endswith(str(self.count)):
+            if self.alive() == sorted(host.address for host in self.hosts):
                 return
             if any(proc.poll() is not None for proc in self.ray):
                 break
@@ -209,6 +249,17 @@ class Testbed:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.ray[index].pid, sig)
 
+    def kill_all(self, index: int) -> None:
+        """Every process host `index` runs, killed (all of them live in its namespace)."""
+        for _ in range(5):
+            pids = self.pids(index)
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.5)
+
     def pids(self, index: int) -> list[int]:
         found = _sh("ip", "netns", "pids", self.hosts[index].netns, check=False)
         return [int(p) for p in found.stdout.split()]
@@ -223,14 +274,7 @@ class Testbed:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=15)
         for host in self.hosts:  # whatever a host still runs (Ray's workers, a driver)
-            for _ in range(3):
-                pids = self.pids(host.index)
-                if not pids:
-                    break
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                time.sleep(0.5)
+            self.kill_all(host.index)
         for proc in self.ray:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)

@@ -14,12 +14,16 @@ __all__ = [
     "DEFAULT_LOADER_STEPS",
     "bench_batch",
     "bench_io",
+    "bench_link",
     "bench_loader",
     "bench_machine",
     "bench_matmul",
     "bench_width",
+    "check_link_cluster",
     "check_out_dir",
+    "link_name",
     "output_dir",
+    "save_link",
     "save_local_hardware",
     "write_outputs",
 ]
@@ -148,3 +152,69 @@ def bench_levels(spec_path: str | Path, steps: int, max_threads: int | None) -> 
     from dlscale.bench.levels import run_levels_bench
 
     return run_levels_bench(spec_path, steps, max_threads, train)
+
+
+def bench_link(
+    cluster: str,
+    address: str | None,
+    hosts: list[str] | None = None,
+    name: str | None = None,
+    quick: bool = False,
+) -> dict:
+    """The link between two hosts of a Ray cluster (the driver's and another, or `hosts`):
+    all-reduce and point-to-point rates, the first as a named link for `dlscale scale`."""
+    from dlscale.bench.link import measure_between
+    from dlscale.errors import UserError
+    from dlscale.launch import make_launcher
+
+    check_link_cluster(cluster)
+    launcher = make_launcher(cluster, address)
+    nodes = launcher.node_addresses()
+    if hosts is None:
+        if len(nodes) < 2:
+            raise UserError(f"the Ray cluster has {len(nodes)} node(s); a link needs two")
+        hosts = nodes[:2]
+    elif len(hosts) != 2 or hosts[0] == hosts[1]:
+        raise UserError(f"--hosts takes two different node addresses, A,B (got {hosts})")
+    else:
+        missing = [host for host in hosts if host not in nodes]
+        if missing:
+            raise UserError(
+                f"no live node at {', '.join(missing)}; the cluster's nodes: {', '.join(nodes)}"
+            )
+    result = measure_between(launcher, hosts[0], hosts[1], quick)
+    result["name"] = name or link_name(hosts)
+    result["address"] = address
+    return result
+
+
+def check_link_cluster(cluster: str) -> None:
+    """One line unless `cluster` has hosts to measure between (Ray)."""
+    from dlscale.errors import UserError
+
+    if cluster != "ray":
+        raise UserError(
+            "bench link measures between two hosts of a cluster: --cluster ray --address "
+            "HEAD:PORT (`bench machine` measures between this machine's processes)"
+        )
+
+
+def link_name(hosts: list[str]) -> str:
+    """The name `bench link` saves a link between two hosts as: link-A-B (addresses sorted)."""
+    return "link-" + "-".join(sorted(h.replace(":", ".") for h in hosts))
+
+
+def save_link(result: dict) -> Path:
+    """A measured link saved as a [[link]] in $DLSCALE_HOME/hardware/NAME.toml, atomically."""
+    from dlscale.hardware.catalogue import user_files
+    from dlscale.hardware.links import link_to_toml, parse_links
+    from dlscale.home import dlscale_home
+    from dlscale.train.files import write_atomic
+
+    user_files()  # the folder every user hardware file is read from
+    path = dlscale_home() / "hardware" / f"{result['name']}.toml"
+    text = link_to_toml(result)
+    parse_links(text, str(path))  # what we write must read back
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, lambda handle: handle.write(text.encode("utf-8")))
+    return path

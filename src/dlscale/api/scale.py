@@ -95,19 +95,38 @@ def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -
 
 
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
-    """Predicted beside measured, when this machine was measured and the runs were local."""
+    """Predicted beside measured, when this machine was measured: over the link between its
+    processes for local runs, over the link `bench link` last saved for a cluster's."""
     from dlscale.bench.scale import add_predictions, predicted_rows
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
     from dlscale.hardware.links import measured_link
 
-    if cluster != "local" or not local_entry_path().is_file():
+    if not local_entry_path().is_file():
         return add_predictions(result, None, None)
     local = get_hardware("local")
-    measured = local.measured.get("link")
-    if not measured:  # an entry saved before the link probe: measure it now (a few seconds)
-        from dlscale.bench.link import measure_link
+    if cluster == "local":
+        measured = local.measured.get("link")
+        if not measured:  # an entry saved before the link probe: measure it now (a few seconds)
+            from dlscale.bench.link import measure_link
 
-        measured = measure_link(quick=True)
-    link = measured_link(measured)
+            measured = measure_link(quick=True)
+        link = measured_link(measured)
+    else:
+        link = saved_cluster_link()
+        if link is None:  # no `bench link` yet: measured only
+            return add_predictions(result, None, None)
     predicted = predicted_rows(str(spec_path), workers, threads, local, link, result["strategy"])
     return add_predictions(result, predicted, link.name)
+
+
+def saved_cluster_link():
+    """The link `dlscale bench link` saved last (its file's time), or None if it never ran."""
+    from dlscale.hardware.links import MEASURED_BY, parse_links
+    from dlscale.home import dlscale_home
+
+    found = sorted((dlscale_home() / "hardware").glob("*.toml"), key=lambda p: p.stat().st_mtime)
+    for path in reversed(found):
+        for link in parse_links(path.read_text(encoding="utf-8"), str(path)):
+            if link.notes.startswith(MEASURED_BY):
+                return link
+    return None

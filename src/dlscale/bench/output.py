@@ -15,6 +15,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dlscale.bench.io_plot import plot_io
+from dlscale.bench.link_plot import plot_link
 from dlscale.bench.run_plots import (
     finish_axes,
     plot_compare,
@@ -226,4 +227,5 @@ PLOTS: dict[str, Callable[[Figure, dict], None]] = {
     "loader": plot_loader,
     "width": plot_width,
     "io": plot_io,
+    "link": plot_link,
 }

@@ -13,6 +13,7 @@ from rich.table import Table
 from dlscale import api
 from dlscale.cli import bench_formats
 from dlscale.cli.bench_io import io_command
+from dlscale.cli.bench_link import link_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
@@ -258,6 +259,7 @@ def loader_table(result: dict) -> Table:
 # ----------------------------------------------------------------------------------- io
 
 app.command(name="io")(io_command)
+app.command(name="link")(link_command)
 
 
 # -------------------------------------------------------------------------------- width

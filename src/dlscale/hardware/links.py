@@ -240,3 +240,29 @@ def measured_link(measured: dict) -> Link:
         efficiency=1.0,  # the measurement is already what an all-reduce reaches
         notes="fitted to timed all-reduces between two local processes",
     )
+
+
+MEASURED_BY = "measured by dlscale bench link"
+
+
+def link_to_toml(measured: dict) -> str:
+    """`dlscale bench link`'s measurement as one [[link]] table: the all-reduce's fit (what the
+    scaling model prices a data-parallel step with); the point-to-point fit in its notes."""
+    allreduce, p2p = measured["allreduce"], measured["p2p"]
+    first, second = measured["hosts"]
+    notes = (
+        f"{MEASURED_BY} between {first} and {second} (gloo): all-reduce "
+        f"{allreduce['bytes_per_s'] / 1e6:.1f} MB/s, point-to-point {p2p['bytes_per_s'] / 1e6:.1f}"
+        f" MB/s and {p2p['latency_s'] * 1e6:.0f} µs a message"
+    )
+    return (
+        "# A link as measured by 'dlscale bench link'; run it again to refresh.\n"
+        "[[link]]\n"
+        f'name = "{measured["name"]}"\n'
+        f'display_name = "{first} ↔ {second} (gloo, measured)"\n'
+        'kind = "ethernet"\n'
+        f"gbs = {allreduce['bytes_per_s'] / 1e9!r}\n"
+        f"latency_us = {allreduce['latency_s'] * 1e6!r}\n"
+        "efficiency = 1.0\n"
+        f'notes = "{notes}"\n'
+    )

@@ -54,6 +54,7 @@ class Resources:
 
     cpus: float = 1.0
     gpus: float = 0.0
+    node: str | None = None  # on a cluster: the address of the node it must run on
 
 
 def per_rank(resources: Resources | list[Resources], num_workers: int) -> list[Resources]:

@@ -10,6 +10,8 @@ launcher warns while the others wait and, when the job then fails, names the sil
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from pathlib import Path
@@ -20,20 +22,43 @@ HEARTBEAT = "heartbeat"  # the event a worker sends every BEAT_INTERVAL_S: (rank
 BEAT_INTERVAL_S = 1.0
 
 
-def start_beating(context: WorkerContext) -> None:
-    """In a worker: send a heartbeat every BEAT_INTERVAL_S until the process ends."""
+def start_beating(context: WorkerContext, orphan_after_s: float | None = None) -> None:
+    """In a worker: send a heartbeat every BEAT_INTERVAL_S until the process ends.
+
+    With `orphan_after_s` (a worker on another host, whose launcher cannot reap it when the
+    link between them is down), a worker whose beats have not got through for that long ends
+    itself: cut off from its job, it would otherwise train on alone.
+    """
     if context.events is None:
         return
+    delivered = [time.monotonic()]
 
     def beat() -> None:
         while True:
             try:
                 context.send(HEARTBEAT, context.rank)
             except Exception:  # the queue is gone: the job is over
+                if orphan_after_s is not None:
+                    orphaned(orphan_after_s)
                 return
+            delivered[0] = time.monotonic()
             time.sleep(BEAT_INTERVAL_S)
 
+    def watch() -> None:
+        while time.monotonic() - delivered[0] < orphan_after_s:
+            time.sleep(BEAT_INTERVAL_S)
+        orphaned(orphan_after_s)
+
     threading.Thread(target=beat, daemon=True, name="dlscale-heartbeat").start()
+    if orphan_after_s is not None:
+        threading.Thread(target=watch, daemon=True, name="dlscale-orphan-watch").start()
+
+
+def orphaned(after_s: float) -> None:
+    """End this worker process at once: its job cannot hear from it."""
+    sys.stderr.write(f"dlscale worker: no heartbeat got through for {after_s:g} s; exiting\n")
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def process_state(pid: int | None) -> str | None:
@@ -58,9 +83,16 @@ class Silence:
     to say whether the kernel holds it stopped.
     """
 
-    def __init__(self, size: int, warn_after_s: float, pids: list[int | None] | None = None):
+    def __init__(
+        self,
+        size: int,
+        warn_after_s: float,
+        pids: list[int | None] | None = None,
+        where: list[str] | None = None,
+    ):
         self.warn_after_s = warn_after_s
         self.pids = pids or [None] * size
+        self.where = where  # each rank's host, where the launcher knows it (Ray)
         self.started = time.monotonic()
         self.last_beat: dict[int, float] = {}
         self.ready: set[int] = set()
@@ -119,6 +151,8 @@ class Silence:
 
     def describe(self, rank: int) -> str:
         pid = self.pids[rank]
+        if self.where is not None:
+            return f"worker {rank} on {self.where[rank]}"
         return f"worker {rank}" if pid is None else f"worker {rank} (pid {pid})"
 
     def why(self, rank: int, hint: bool = True) -> str:

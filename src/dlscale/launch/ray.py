@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import time
 from typing import Any
 
 from dlscale.errors import UserError, one_line
@@ -19,7 +20,6 @@ from dlscale.launch.base import (
     EventHandler,
     LateExpendables,
     Resources,
-    TaskDone,
     WorkerContext,
     WorkerFailed,
     WorkerFn,
@@ -29,44 +29,20 @@ from dlscale.launch.base import (
 )
 from dlscale.launch.heartbeat import Silence, start_beating
 from dlscale.launch.netbind import Listener, bind_to, reach
-from dlscale.launch.ray_auth import authenticate, forget
+from dlscale.launch.ray_cluster import (
+    check_capacity,
+    connect,
+    events_queue,
+    import_ray,
+    leave,
+    own_node,
+)
+from dlscale.launch.ray_pool import RayPool
 
-CONNECT_TIMEOUT_S = 5.0  # a cluster head that does not accept a TCP connection by then is down
+PEER_GRACE_S = 30.0  # Ray tells a dead node from missed health checks within about this
+ORPHAN_AFTER_S = 60.0  # a worker whose heartbeats get nowhere this long ends itself
 PLACE_TIMEOUT_S = 120.0  # actors not started by then (no room, or nodes too slow) fail the job
 POLL_S = 0.1
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise UserError(
-            "--cluster ray needs Ray: pip install 'dlscale[ray]' (or ray) on every node"
-        ) from None
-    return ray
-
-
-def leave(ray) -> None:
-    """Disconnect what _connect connected, and the token mode it may have turned on."""
-    ray.shutdown()
-    forget()
-
-
-def check_reachable(address: str) -> None:
-    """A HOST:PORT address must accept a TCP connection; fail in seconds, not minutes."""
-    if address == "auto":
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise UserError(f"--address must be 'auto' or HOST:PORT of the Ray head (got '{address}')")
-    try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S):
-            pass
-    except OSError as exc:
-        raise UserError(
-            f"the Ray cluster at {address} does not answer ({exc.strerror or exc}); "
-            "is `ray start --head` running there?"
-        ) from None
 
 
 class _RayWorker:
@@ -106,7 +82,7 @@ class _RayWorker:
         return check_port(wanted, host) if wanted else free_port(host)
 
     def run(self, fn: WorkerFn, payload: Any, context: WorkerContext, threads: int) -> Any:
-        start_beating(context)
+        start_beating(context, orphan_after_s=ORPHAN_AFTER_S)
         import torch
 
         torch.set_num_threads(threads)
@@ -125,10 +101,11 @@ class RayLauncher:
 
     def __init__(self, address: str = "auto"):
         self.address = address
+        self.where: list[str] = []  # each rank's host, "name (address)", once placed
 
     def capacity(self, resources: Resources) -> int:
         ray = import_ray()
-        connected_here = self._connect(ray)
+        connected_here = connect(ray, self.address)
         try:
             total = ray.cluster_resources()
         finally:
@@ -139,9 +116,23 @@ class RayLauncher:
             fits.append(total.get("GPU", 0.0) // resources.gpus)
         return int(min(fits))
 
+    def node_addresses(self) -> list[str]:
+        """The addresses of the cluster's live nodes, the head's first."""
+        ray = import_ray()
+        connected_here = connect(ray, self.address)
+        try:
+            nodes = [n for n in ray.nodes() if n.get("Alive")]
+            here = own_node(ray)
+            head = here["NodeManagerAddress"] if here else None
+        finally:
+            if connected_here:
+                leave(ray)
+        addresses = [n["NodeManagerAddress"] for n in nodes]
+        return sorted(set(addresses), key=lambda a: (a != head, a))
+
     def pool(self, slots: int, resources: Resources) -> RayPool:
         ray = import_ray()
-        return RayPool(ray, self._connect(ray), slots, resources)
+        return RayPool(ray, connect(ray, self.address), slots, resources)
 
     def run(
         self,
@@ -155,21 +146,26 @@ class RayLauncher:
         heartbeat_warn_s: float = HEARTBEAT_WARN_S,
     ) -> list[Any]:
         ray = import_ray()
-        connected_here = self._connect(ray)
+        connected_here = connect(ray, self.address)
         actors: list[Any] = []
         each = per_rank(resources, num_workers)
         try:
-            self._check_capacity(ray, each)
-            from ray.util.queue import Queue
-
-            events = Queue()
+            check_capacity(ray, each)
+            events = events_queue(ray)
             actors = [
-                ray.remote(num_cpus=r.cpus, num_gpus=r.gpus, max_restarts=0)(_RayWorker).remote()
+                ray.remote(
+                    num_cpus=r.cpus,
+                    num_gpus=r.gpus,
+                    max_restarts=0,
+                    # Ray gives every node a resource named after its address.
+                    resources={f"node:{r.node}": 0.001} if r.node else None,
+                )(_RayWorker).remote()
                 for r in each
             ]
             nodes = [
                 self._get(ray, a.node.remote(), r, PLACE_TIMEOUT_S) for r, a in enumerate(actors)
             ]
+            self.where = [f"{host} ({address})" for address, _, host in nodes]
             self._check_links(ray, actors, nodes)
             master_addr = nodes[0][0]
             master_port = self._get(ray, actors[0].free_port.remote(port), 0, PLACE_TIMEOUT_S)
@@ -190,7 +186,7 @@ class RayLauncher:
                 )
                 threads = max(1, int(each[rank].cpus))
                 futures[actor.run.remote(fn, payload, context, threads)] = rank
-            silence = Silence(num_workers, heartbeat_warn_s)  # no pids: on other nodes
+            silence = Silence(num_workers, heartbeat_warn_s, where=self.where)
             return self._supervise(ray, futures, events, on_event, expendable, silence)
         finally:
             for actor in actors:
@@ -231,45 +227,20 @@ class RayLauncher:
                     "hosts (see README: Two machines)"
                 )
 
-    def _connect(self, ray) -> bool:
-        if ray.is_initialized():
-            return False
-        check_reachable(self.address)
-        authenticate(self.address)  # a token-authenticated head: its token, or one line why not
-        try:
-            ray.init(address=self.address, log_to_driver=False, logging_level="ERROR")
-        except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
-            forget()
-            raise UserError(
-                f"cannot join the Ray cluster at '{self.address}': {one_line(exc)}"
-            ) from None
-        return True
-
-    @staticmethod
-    def _check_capacity(ray, resources: list[Resources]) -> None:
-        total = ray.cluster_resources()
-        for kind, wanted in (
-            ("CPU", [r.cpus for r in resources]),
-            ("GPU", [r.gpus for r in resources]),
-        ):
-            have, need = total.get(kind, 0.0), sum(wanted)
-            if need > have:
-                users = sum(1 for w in wanted if w)
-                raise UserError(
-                    f"the Ray cluster has {have:g} {kind}s; {users} workers needing {need:g} "
-                    f"{kind}s in all cannot be placed (add nodes, or lower strategy.workers)"
-                )
-
-    @staticmethod
-    def _get(ray, ref, rank: int, timeout: float) -> Any:
+    def _get(self, ray, ref, rank: int, timeout: float) -> Any:
         try:
             return ray.get(ref, timeout=timeout)
         except ray.exceptions.GetTimeoutError:
             raise WorkerFailed(f"worker {rank} did not start within {timeout:g} s") from None
         except ray.exceptions.RayTaskError as exc:
-            _reraise(exc, rank)
+            _reraise(exc, self._name(rank))
         except ray.exceptions.RayActorError as exc:
-            raise WorkerFailed(f"worker {rank} died: {one_line(exc)}") from None
+            raise WorkerFailed(f"{self._name(rank)} died: {actor_death(exc)}") from None
+
+    def _name(self, rank: int) -> str:
+        return (
+            f"worker {rank} on {self.where[rank]}" if rank < len(self.where) else f"worker {rank}"
+        )
 
     def _supervise(
         self, ray, futures: dict, events, on_event: EventHandler | None, expendable, silence
@@ -288,7 +259,10 @@ class RayLauncher:
             if not pending:
                 break
             ready, pending = ray.wait(pending, num_returns=1, timeout=POLL_S)
-            drain_events(events, on_event)
+            try:
+                drain_events(events, on_event)
+            except ray.exceptions.RayError as exc:  # the queue's node (the driver's) failed
+                raise WorkerFailed(f"lost the job's event queue: {one_line(exc)}") from None
             running = [futures[ref] for ref in pending + ready]
             silence.check([futures[ref] for ref in pending], on_event)
             for ref in ready:
@@ -300,123 +274,59 @@ class RayLauncher:
                         results[rank] = None
                         lost_worker(rank, f"failed: {exc}", on_event)
                     else:  # a wait that timed out on a silent peer: name the peer
-                        raise silence.blame(str(exc), rank, running) or exc from None
+                        blamed = silence.blame(str(exc), rank, running)
+                        if blamed is None and lost_peer(str(exc)):
+                            others = [ref for ref in pending if futures[ref] != rank]
+                            watch = (events, on_event, silence)
+                            blamed = self._cause(ray, futures, others, rank, str(exc), watch)
+                        raise blamed or exc from None
         drain_events(events, on_event)
         return [results[rank] for rank in range(len(futures))]
 
+    def _cause(self, ray, futures: dict, others: list, rank: int, failure: str, watch):
+        """`rank` lost its connection to a peer: the peer's host may be gone (its Ray node
+        killed, its cable pulled), which Ray learns a few seconds later from missed health
+        checks. Wait that long for a peer that died or fell silent, and name it first."""
+        events, on_event, silence = watch
+        deadline = time.monotonic() + PEER_GRACE_S
+        while others and time.monotonic() < deadline:
+            ready, others = ray.wait(others, num_returns=1, timeout=0.5)
+            with contextlib.suppress(ray.exceptions.RayError):  # heartbeats, where they come
+                drain_events(events, on_event)
+            for ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except ray.exceptions.RayActorError as exc:
+                    who = self._name(futures[ref])
+                    return WorkerFailed(f"{who} died: {actor_death(exc)}; then {failure}")
+                except Exception:
+                    continue
+            blamed = silence.blame(failure, rank, [futures[ref] for ref in others])
+            if blamed is not None:
+                return blamed
+        return None
 
-def _reraise(exc, rank: int) -> None:
+
+def _reraise(exc, who: str) -> None:
     cause = getattr(exc, "cause", None)
     if isinstance(cause, UserError) and not isinstance(cause, WorkerFailed):
         raise UserError(str(cause)) from None
     detail = one_line(cause) if cause is not None else one_line(exc)
-    raise WorkerFailed(f"worker {rank} failed: {type(cause).__name__}: {detail}") from None
+    raise WorkerFailed(f"{who} failed: {type(cause).__name__}: {detail}") from None
 
 
-# ------------------------------------------------------------------------------ pool
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "EOF")
 
 
-class _TaggedQueue:
-    """A task's view of the pool's one event queue: every event carries the task's key."""
-
-    def __init__(self, queue, key: str):
-        self.queue, self.key = queue, key
-
-    def put(self, item: tuple) -> None:
-        self.queue.put((self.key, item))
+def lost_peer(failure: str) -> bool:
+    """Does a worker's failure say a peer's connection broke (rather than its own error)?"""
+    return any(sign in failure for sign in LOST_PEER)
 
 
-def _ray_task(fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) -> Any:
-    """A pool task in a slot actor: its threads, no core pinning (Ray places, it does not pin)."""
-    import ray
-    import torch
-
-    torch.set_num_threads(threads)
-    # Trials sharing a node must not each pin their own workers to the node's first cores.
-    os.environ.update(DLSCALE_CPUS=str(threads), DLSCALE_PIN="0")
-    node = ray.get_runtime_context().get_node_id()
-    where = {"host": socket.gethostname(), "address": ray.util.get_node_ip_address()}
-    return fn(WorkerContext(0, 1, 0, "127.0.0.1", 0, events, node, **where), payload)
-
-
-class _SlotActor:
-    """One slot of the pool on the cluster: an actor that runs task after task, so torch is
-    imported once per slot, not once per trial (and a sweep's data read once, data/cache.py)."""
-
-    def run(self, fn: WorkerFn, payload: Any, events: _TaggedQueue, threads: int) -> Any:
-        return _ray_task(fn, payload, events, threads)
-
-
-class RayPool:
-    """Pool tasks on `slots` long-lived Ray actors: Ray places each actor (its CPUs and GPUs)
-    on some node of the cluster once, and it runs trial after trial there. An actor whose task
-    failed or was cancelled is replaced; events come back through one Ray queue, tagged with
-    the task's key."""
-
-    def __init__(self, ray, connected_here: bool, slots: int, resources: Resources):
-        from ray.util.queue import Queue
-
-        self.ray, self.connected_here, self.slots = ray, connected_here, slots
-        RayLauncher._check_capacity(ray, [resources])
-        self.events = Queue()
-        self.threads = max(1, int(resources.cpus))
-        self.actor_class = ray.remote(
-            num_cpus=resources.cpus, num_gpus=resources.gpus, max_restarts=0
-        )(_SlotActor)
-        self.idle: list[Any] = []
-        self.refs: dict[Any, tuple[str, Any]] = {}  # task ref -> (key, its actor)
-
-    @property
-    def running(self) -> list[str]:
-        return [key for key, _ in self.refs.values()]
-
-    def submit(self, key: str, fn: WorkerFn, payload: Any) -> None:
-        actor = self.idle.pop() if self.idle else self.actor_class.remote()
-        events = _TaggedQueue(self.events, key)
-        self.refs[actor.run.remote(fn, payload, events, self.threads)] = (key, actor)
-
-    def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
-        ready = []
-        if self.refs:
-            ready, _ = self.ray.wait(list(self.refs), num_returns=len(self.refs), timeout=timeout)
-        # Each event is (key, (kind, args)): drained as a (kind, args) pair, then unpacked.
-        drain_events(self.events, lambda key, event: on_event and on_event(key, *event))
-        done = []
-        for ref in ready:
-            key, actor = self.refs.pop(ref)
-            try:
-                done.append(TaskDone(key, True, self.ray.get(ref)))
-                self.idle.append(actor)
-                continue
-            except self.ray.exceptions.RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, UserError):
-                    why = str(cause)
-                else:
-                    why = f"{type(cause).__name__}: {one_line(cause if cause else exc)}"
-            except self.ray.exceptions.RayError as exc:  # the actor died, or was cancelled
-                why = f"{type(exc).__name__}: {one_line(exc)}"
-            done.append(TaskDone(key, False, why))
-            self._kill(actor)  # a fresh actor for the slot's next task
-        return done
-
-    def cancel(self, key: str) -> None:
-        for ref, (owner, actor) in list(self.refs.items()):
-            if owner == key:
-                del self.refs[ref]
-                self._kill(actor)
-
-    def _kill(self, actor) -> None:
-        with contextlib.suppress(Exception):
-            self.ray.kill(actor)
-
-    def close(self) -> None:
-        for key in self.running:
-            self.cancel(key)
-        for actor in self.idle:
-            self._kill(actor)
-        self.idle.clear()
-        with contextlib.suppress(Exception):
-            self.ray.kill(self.events.actor)
-        if self.connected_here:
-            leave(self.ray)
+def actor_death(exc) -> str:
+    """Why Ray says an actor died, in one line: its node's fate where Ray knows it."""
+    text = str(exc)
+    for line in text.splitlines():
+        if "node was terminated" in line or "node has died" in line:
+            return line.strip().removeprefix("the actor's ").rstrip(".")
+    return one_line(exc)
