@@ -201,3 +201,20 @@ def test_scale_across_hosts_predicts_over_the_measured_link(hosts, tmp_path: Pat
         assert row["predicted_over_measured"] == pytest.approx(
             row["predicted_samples_per_s"] / row["samples_per_s"]
         )
+
+
+def test_an_async_server_waits_for_the_last_reads_over_a_slow_link(hosts, tmp_path: Path):
+    """35 MB of parameters over 100 Mbit/s: the main worker's final reads from the store (which
+    server 0 hosts) outlasted server 0, and the run failed at its very end with `Failed to recv,
+    got 0 bytes` (found by benchmarks/link_prediction.py)."""
+    for index in range(len(hosts.hosts)):
+        hosts.shape(index, "100mbit")
+    try:
+        strategy = {"name": "ps", "mode": "async", "workers": 1, "servers": 1}
+        spec = {"model": {"name": "mlp", "kwargs": {"hidden": [4096, 2048]}}, "steps": 3}
+        placed = train_on(hosts, tmp_path, {**spec, "strategy": strategy}, "slow")
+    finally:
+        for index in range(len(hosts.hosts)):
+            hosts.shape(index, None)
+    assert placed["status"] == "completed" and placed["ps"]["updates"] == 3
+    assert len(set(hosts_of(placed["workers"]) + hosts_of(placed["ps"]["per_server"]))) == 2

@@ -136,9 +136,12 @@ class Testbed:
             if self.rate:
                 self.shape(index, self.rate)
 
-    def shape(self, index: int, rate: str) -> None:
-        """Host `index` sends at most `rate` (tc's units: 100mbit, 1gbit)."""
+    def shape(self, index: int, rate: str | None) -> None:
+        """Host `index` sends at most `rate` (tc's units: 100mbit, 1gbit; None: unshaped)."""
         ns = ["ip", "netns", "exec", self.hosts[index].netns]
+        if rate is None:
+            _sh(*ns, "tc", "qdisc", "del", "dev", IFNAME, "root", check=False)
+            return
         tbf = ["tbf", "rate", rate, "burst", "256kb", "latency", "50ms"]
         _sh(*ns, "tc", "qdisc", "replace", "dev", IFNAME, "root", *tbf)
 

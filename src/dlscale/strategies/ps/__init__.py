@@ -38,7 +38,7 @@ from dlscale.strategies.parent import initial_model, launch, role_names
 from dlscale.strategies.ps.exchange import PsExchange
 from dlscale.strategies.ps.layout import shard_parameters
 from dlscale.strategies.ps.server import ParameterServer, load_shard
-from dlscale.strategies.ps.wire import SHM_DIR, agree_on_data_plane
+from dlscale.strategies.ps.wire import GATHERED, SHM_DIR, agree_on_data_plane
 from dlscale.strategies.worker import join, ready, run_trainer
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
@@ -72,9 +72,23 @@ def serve(context: WorkerContext, payload: dict) -> dict:
         dist.barrier()  # every server has mapped them
     ready(context)
     statistics = server.serve(store, lambda message: context.send("warn", message))
+    if context.rank == 0:  # the store's host: the main worker may still be reading from it
+        wait_for_gathered(store, strategy.timeout_s)
     if not server.dead:  # a dropped worker's receive thread may still be waiting: leave it be
         dist.destroy_process_group()
     return statistics
+
+
+def wait_for_gathered(store, timeout_s: float) -> None:
+    """Until the main worker has read the final records (or it is gone, or `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if store.check([GATHERED]):
+                return
+        except Exception:
+            return
+        time.sleep(0.05)
 
 
 def ps_process(context: WorkerContext, payload: dict) -> dict | None:

@@ -24,6 +24,7 @@ from dlscale.strategies.ps.wire import (
     AVERAGE,
     DONE,
     FINISH,
+    GATHERED,
     PULL,
     PUSH,
     PUSH_PULL,
@@ -265,10 +266,12 @@ class PsExchange(Exchange):
         self._receive_parameters()
         self.server_stats = [get_record(self.store, f"stats/{s}") for s in range(self.servers)]
         dropped = {w for stats in self.server_stats for w in stats["dropped_workers"]}
-        return [
+        summaries = [
             None if index in dropped else get_record(self.store, f"summary/{index}")
             for index in range(self.trainers)
         ]
+        self.store.set(GATHERED, "1")  # server 0 hosts the store: now it may leave
+        return summaries
 
     def worker_extras(self) -> dict:
         return {"role": "worker", "wait_s": self.wait_s, "bytes_moved": self.bytes_moved}

@@ -96,6 +96,11 @@ def agree_on_data_plane(store, context: WorkerContext, asked: str, needed_bytes:
 # ------------------------------------------------------------------------------------ records
 
 
+# Set by the main worker once it has read every record at the end; server 0, whose process
+# hosts the store, waits for it before leaving (a slow link can make the reads outlast it).
+GATHERED = "ps/gathered"
+
+
 def put_record(store, key: str, record: dict) -> None:
     store.set(f"ps/{key}", json.dumps(record))
 
