@@ -17,6 +17,7 @@ from dlscale import api
 from dlscale.hardware.links import load_links
 from dlscale.spec import parse_spec
 from tests.cluster.conftest import BIN, clean_environment
+from tests.cluster.testbed import Testbed
 
 BASE = {
     "model": {"name": "lenet"},
@@ -218,3 +219,17 @@ def test_an_async_server_waits_for_the_last_reads_over_a_slow_link(hosts, tmp_pa
             hosts.shape(index, None)
     assert placed["status"] == "completed" and placed["ps"]["updates"] == 3
     assert len(set(hosts_of(placed["workers"]) + hosts_of(placed["ps"]["per_server"]))) == 2
+
+
+def test_hybrid_replicas_and_stages_over_two_hosts_of_two_cpus(tmp_path: Path):
+    """2 replicas × 2 stages: four processes, two on each host (each has two CPUs), so that
+    activations, gradients or the replicas' all-reduce cross the link; the local run's weights."""
+    strategy = {"name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2}
+    spec = {"strategy": strategy, "steps": 6}
+    with Testbed(hosts=2, cpus_per_host=2) as bed:
+        bed.start_ray(str(BIN / "ray"), env=clean_environment())
+        placed = train_on(bed, tmp_path, spec, "hybrid")
+    assert not bed.leftovers()
+    where = hosts_of(placed["workers"])
+    assert len(where) == 4 and sorted(set(where)) == ["host-a", "host-b"]
+    same_weights(local_run(tmp_path, spec, "hybrid"), placed)
