@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.cluster.testbed import Testbed, why_not_here
 
@@ -27,6 +28,15 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if here in Path(item.fspath).parents:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def same_weights(first: dict, second: dict) -> None:
+    """The last checkpoints of two runs' records hold the same weights (to float rounding)."""
+    a, b = (
+        torch.load(Path(r["checkpoints"][-1]), weights_only=True)["model"] for r in (first, second)
+    )
+    for name, value in a.items():
+        assert torch.allclose(b[name], value, rtol=1e-5, atol=1e-6), name
 
 
 def clean_environment() -> dict:

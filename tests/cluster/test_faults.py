@@ -13,12 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from dlscale import api
 from dlscale.spec import parse_spec
-from tests.cluster.conftest import BIN, clean_environment
+from tests.cluster.conftest import BIN, clean_environment, same_weights
 from tests.cluster.testbed import Testbed
 
 SPEC = {
@@ -111,12 +110,7 @@ def resumes_exactly(bed, tmp_path: Path, uninterrupted: dict) -> None:
     assert code == 0, output[-3000:]
     record = json.loads((out / "run.json").read_text())
     assert record["status"] == "completed"
-    first, second = (
-        torch.load(Path(r["checkpoints"][-1]), weights_only=True)["model"]
-        for r in (uninterrupted, record)
-    )
-    for name, value in first.items():
-        assert torch.allclose(second[name], value, rtol=1e-5, atol=1e-6), name
+    same_weights(uninterrupted, record)
 
 
 def one_line_naming_host_b(output: str) -> str:

@@ -10,13 +10,12 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from dlscale import api
 from dlscale.hardware.links import load_links
 from dlscale.spec import parse_spec
-from tests.cluster.conftest import BIN, clean_environment
+from tests.cluster.conftest import BIN, clean_environment, same_weights
 from tests.cluster.testbed import Testbed
 
 BASE = {
@@ -54,14 +53,6 @@ def train_on(bed, tmp_path: Path, spec: dict, name: str):
 
 def local_run(tmp_path: Path, spec: dict, name: str) -> dict:
     return api.train(parse_spec({**BASE, "name": name, **spec}), out_dir=tmp_path / f"{name}-1")
-
-
-def same_weights(first: dict, second: dict) -> None:
-    a, b = (
-        torch.load(Path(r["checkpoints"][-1]), weights_only=True)["model"] for r in (first, second)
-    )
-    for name, value in a.items():
-        assert torch.allclose(b[name], value, rtol=1e-5, atol=1e-6), name
 
 
 def hosts_of(entries: list[dict]) -> list[str]:

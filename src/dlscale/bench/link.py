@@ -51,23 +51,28 @@ def time_allreduce(sizes: tuple[int, ...], repeats: int) -> dict[int, float]:
         return dict(results)
 
 
-def fit_link(times: dict[int, float], ranks: int = 2) -> dict:
-    """Latency and bandwidth of a ring all-reduce, t = 2(N−1)·latency + 2(N−1)/N · bytes / bw,
-    by least squares over the timed sizes; the relative error of the fit at each size."""
-    steps = 2 * (ranks - 1)
-    xs = [steps / ranks * size for size in times]  # bytes each rank sends
-    ys = list(times.values())
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """(intercept ≥ 0, slope > 0, worst relative error) of y = intercept + slope·x, by least
+    squares."""
     mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
     spread = sum((x - mean_x) ** 2 for x in xs)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
     slope = max(slope, 1e-15)
     intercept = max(0.0, mean_y - slope * mean_x)
-    fitted = [intercept + slope * x for x in xs]
-    errors = [abs(f - y) / y for f, y in zip(fitted, ys, strict=True)]
+    errors = [abs(intercept + slope * x - y) / y for x, y in zip(xs, ys, strict=True)]
+    return intercept, slope, max(errors)
+
+
+def fit_link(times: dict[int, float], ranks: int = 2) -> dict:
+    """Latency and bandwidth of a ring all-reduce, t = 2(N−1)·latency + 2(N−1)/N · bytes / bw,
+    by least squares over the timed sizes; the relative error of the fit at each size."""
+    steps = 2 * (ranks - 1)
+    xs = [steps / ranks * size for size in times]  # bytes each rank sends
+    intercept, slope, worst = fit_line(xs, list(times.values()))
     return {
         "bytes_per_s": 1 / slope,
         "latency_s": intercept / steps,
-        "fit_max_error": max(errors),
+        "fit_max_error": worst,
         "timed": {str(size): seconds for size, seconds in times.items()},
     }
 
@@ -124,17 +129,11 @@ def probe_worker(context: WorkerContext, payload: dict) -> dict | None:
 
 def fit_p2p(times: dict[int, float]) -> dict:
     """Latency and bandwidth of one message, t = latency + bytes / bw, by least squares."""
-    xs, ys = list(times), list(times.values())
-    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-    spread = sum((x - mean_x) ** 2 for x in xs)
-    slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread
-    slope = max(slope, 1e-15)
-    intercept = max(0.0, mean_y - slope * mean_x)
-    errors = [abs(intercept + slope * x - y) / y for x, y in zip(xs, ys, strict=True)]
+    intercept, slope, worst = fit_line([float(size) for size in times], list(times.values()))
     return {
         "bytes_per_s": 1 / slope,
         "latency_s": intercept,
-        "fit_max_error": max(errors),
+        "fit_max_error": worst,
         "timed": {str(size): seconds for size, seconds in times.items()},
     }
 
