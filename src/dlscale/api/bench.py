@@ -19,12 +19,15 @@ __all__ = [
     "bench_machine",
     "bench_matmul",
     "bench_width",
+    "calibration_line",
+    "calibration_problems",
     "check_link_cluster",
     "check_out_dir",
     "link_name",
     "output_dir",
     "save_link",
     "save_local_hardware",
+    "saved_local_measured_at",
     "write_outputs",
 ]
 
@@ -40,7 +43,7 @@ def worse_than_saved(result: dict) -> str | None:
     """Why this measurement is worse than the saved `local` entry (None: not worse, or none
     saved): a worse one never replaces a better one without --force."""
     from dlscale.bench.machine import measured_tables
-    from dlscale.bench.plausible import worse
+    from dlscale.bench.plausible import unreliable, worse
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
 
     if not local_entry_path().is_file():
@@ -49,7 +52,37 @@ def worse_than_saved(result: dict) -> str | None:
         saved = get_hardware("local").measured
     except Exception:  # an unreadable saved entry is no reason to keep it
         return None
+    if unreliable(saved) and not unreliable(result):
+        return None  # a reliable measurement always replaces an unreliable one
     return worse(measured_tables(result), saved)
+
+
+def calibration_problems(result: dict) -> list[str]:
+    """Why this machine measurement cannot be the `local` entry predictions use (empty: it
+    can); kept in the result as `unreliable`, so its JSON says so."""
+    from dlscale.bench.plausible import unreliable
+
+    result["unreliable"] = unreliable(result)
+    return result["unreliable"]
+
+
+def calibration_line(calibration: dict) -> str:
+    """The one line a prediction prints about the measurement it rests on."""
+    from dlscale.bench.plausible import calibration_line as line
+
+    return line(calibration)
+
+
+def saved_local_measured_at() -> str | None:
+    """When the saved `local` entry was measured; None if there is none (or it is unreadable)."""
+    from dlscale.hardware.catalogue import get_hardware, local_entry_path
+
+    if not local_entry_path().is_file():
+        return None
+    try:
+        return str(get_hardware("local").measured.get("measured_at", "an unknown date"))
+    except Exception:  # an unreadable entry: nothing worth naming
+        return None
 
 
 def save_local_hardware(result: dict) -> Path:

@@ -97,6 +97,7 @@ def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
     """Predicted beside measured, when this machine was measured: over the link between its
     processes for local runs, over the link `bench link` last saved for a cluster's."""
+    from dlscale.bench.plausible import calibration
     from dlscale.bench.scale import add_predictions, predicted_rows
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
     from dlscale.hardware.links import measured_link
@@ -116,7 +117,7 @@ def _with_scale_prediction(result: dict, spec_path, workers, threads: int, clust
         if link is None:  # no `bench link` yet: measured only
             return add_predictions(result, None, None)
     predicted = predicted_rows(str(spec_path), workers, threads, local, link, result["strategy"])
-    return add_predictions(result, predicted, link.name)
+    return add_predictions(result, predicted, link.name, calibration(local))
 
 
 def saved_cluster_link():

@@ -15,6 +15,7 @@ import torch
 
 from dlscale import profiler
 from dlscale.bench.machine import available_memory_bytes, bench_device
+from dlscale.bench.plausible import calibration
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import get_hardware, local_entry_path
 from dlscale.profiler.estimate import measure_steps
@@ -84,6 +85,7 @@ def run_batch_bench(
         "device": str(dev),
         "memory_budget_bytes": budget,
         "predicted_on": "local" if local else None,
+        "calibration": calibration(local) if local else None,
         "rows": rows,
     }
 

@@ -273,6 +273,8 @@ def run_machine_bench(
         "cores": os.cpu_count() or 1,
     }
     result["warnings"] = plausible.check(result)
+    # Never the entry predictions use unless forced: `bench machine` reads this before saving.
+    result["unreliable"] = plausible.unreliable(result)
     return result
 
 
@@ -289,7 +291,11 @@ def machine_hardware(result: dict) -> Hardware:
     link = result["host_link"]
     return Hardware(
         name="local",
-        display_name=f"this machine: {result['name']}",
+        display_name=(
+            "this machine"
+            + (" (an unreliable measurement)" if result.get("unreliable") else "")
+            + f": {result['name']}"
+        ),
         kind=result["kind"],
         vendor=result["vendor"],
         peak_flops=dict(result["peak_flops"]),
@@ -339,5 +345,6 @@ def measured_tables(result: dict) -> dict:
         "rejected": result.get("rejected") or None,
         "suspect": result.get("suspect") or None,
         "load": result.get("load"),
+        "unreliable": result.get("unreliable") or None,  # saved anyway, with --force
     }
     return {key: value for key, value in tables.items() if value is not None}

@@ -204,9 +204,16 @@ def predicted_rows(
     ]
 
 
-def add_predictions(result: dict, predicted: list[dict] | None, link_name: str | None) -> dict:
-    """Predicted beside measured in each row, and their ratio (1.0: exact)."""
+def add_predictions(
+    result: dict,
+    predicted: list[dict] | None,
+    link_name: str | None,
+    calibration: dict | None = None,
+) -> dict:
+    """Predicted beside measured in each row, and their ratio (1.0: exact); `calibration`: the
+    measurement of this machine the prediction rests on (plausible.calibration)."""
     result["predicted_on"] = "local" if predicted else None
+    result["calibration"] = calibration if predicted else None
     result["link"] = link_name
     by_workers = {row["workers"]: row for row in predicted or []}
     for row in result["rows"]:

@@ -58,7 +58,10 @@ def machine(
         False, "--no-save", help="Do not save the result as the 'local' hardware entry."
     ),
     force: bool = typer.Option(
-        False, "--force", help="Save even over a saved 'local' entry of better quality."
+        False,
+        "--force",
+        help="Save even an unreliable measurement, or over a saved 'local' entry of better "
+        "quality.",
     ),
     device: str = typer.Option(
         "auto", "--device", help="auto (cuda if visible, else cpu) | cpu | cuda."
@@ -70,9 +73,11 @@ def machine(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
     result = api.bench_machine(quick=quick, device=device)
+    problems = api.calibration_problems(result)  # before the JSON is written: it is marked
     console.print(matmul_sweep_table(result))
     console.print(machine_table(result))
-    print_written(*api.write_outputs("machine", result, out))
+    json_path, png_path = api.write_outputs("machine", result, out)
+    print_written(json_path, png_path)
     for warning in result.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
     spread = result["spread"]
@@ -84,13 +89,27 @@ def machine(
     reason = None if force or no_save else api.worse_than_saved(result)
     if no_save:
         console.print("not saved as hardware 'local' (--no-save)")
+    elif problems and not force:
+        saved = api.saved_local_measured_at()
+        kept = (
+            f"the saved 'local' entry (measured {saved[:16]}) is kept"
+            if saved
+            else "predictions have no 'local' entry until a reliable measurement is saved"
+        )
+        console.print(
+            f"[yellow]not saved as hardware 'local':[/] its readings are unreliable "
+            f"({'; '.join(problems)}); they are kept in {json_path} only, and {kept}. Run "
+            "'dlscale bench machine' again when the machine is idle ('--force' saves these, "
+            "marked unreliable)"
+        )
     elif reason:
         console.print(
             f"[yellow]not saved:[/] this measurement is worse than the saved 'local' entry "
             f"({reason}); the saved one is kept ('--force' saves this one anyway)"
         )
     else:
-        console.print(f"saved as hardware 'local': {api.save_local_hardware(result)}")
+        marked = ", marked unreliable" if problems else ""
+        console.print(f"saved as hardware 'local'{marked}: {api.save_local_hardware(result)}")
 
 
 def matmul_sweep_table(result: dict) -> Table:
@@ -375,5 +394,7 @@ def batch_table(result: dict) -> Table:
         )
     budget = binary_bytes(result["memory_budget_bytes"])
     note = "" if result["predicted_on"] else "; no prediction: run 'dlscale bench machine' first"
+    if result.get("calibration"):
+        note += f"; predicted on {api.calibration_line(result['calibration'])}"
     table.caption = f"memory budget {budget} (a share of free memory){note}"
     return table

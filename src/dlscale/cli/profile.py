@@ -175,5 +175,7 @@ def estimate(
     )
     if predicted:
         console.print(f"roofline / measured step time = {result.ratio:.2f}")
+        if result.calibration:
+            console.print(api.calibration_line(result.calibration))
     else:
         console.print("no roofline prediction: run 'dlscale bench machine' to measure this machine")

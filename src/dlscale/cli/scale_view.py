@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from dlscale.bench.plausible import calibration_line
+
 
 def scale_table(result: dict, cluster: str) -> Table:
     kind = "tensor-parallel" if result["strategy"] == "tensor" else "data-parallel"
@@ -39,6 +41,8 @@ def scale_table(result: dict, cluster: str) -> Table:
         notes.append(
             f"predicted: the roofline on 'local' and {result['strategy']} over {result['link']}"
         )
+        if result.get("calibration"):
+            notes.append(calibration_line(result["calibration"]))
     elif cluster == "local":
         notes.append("no prediction: run 'dlscale bench machine' first")
     table.caption = "; ".join(note for note in notes if note)

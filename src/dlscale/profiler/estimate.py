@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale.bench.plausible import calibration
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
 from dlscale.profiler import profile
@@ -33,6 +34,8 @@ class Estimate:
     total_s: float  # setup + steps × median step + one evaluation per epoch
     predicted_step_s: float | None  # the roofline on `local`, if this machine was measured
     predicted_total_s: float | None
+    # Which measurement of this machine the prediction rests on, and whether to trust it.
+    calibration: dict | None = None
 
     @property
     def ratio(self) -> float | None:
@@ -99,4 +102,5 @@ def estimate(
         total_s=total,
         predicted_step_s=predicted_step,
         predicted_total_s=predicted_total,
+        calibration=calibration(local) if local is not None else None,
     )

@@ -8,6 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from dlscale.bench.plausible import calibration, calibration_line
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.inference_report import render as render_inference
@@ -134,6 +135,8 @@ def _hardware_json(report) -> dict:
         # The calibration's median probe spread (measured entries): the step's relative
         # uncertainty, shown as ±.
         "step_spread": prediction_spread(hw),
+        # Which measurement a measured entry's prediction rests on, and whether to trust it.
+        "calibration": calibration(hw),
         "samples_per_s": pred.samples_per_s,
         "steps_per_epoch": pred.steps_per_epoch,
         "epoch_s": pred.epoch_s,
@@ -198,6 +201,9 @@ def render(result: ProfileResult, console: Console) -> None:
         _print_hardware_table(data["hardware"], console)
         for hw in data["hardware"]:
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
+            if hw["calibration"]:
+                style = "" if hw["calibration"]["reliable"] else "yellow"
+                console.print(Text(calibration_line(hw["calibration"]), style=style))
     if result.scaling:
         render_scaling(result.scaling, console)
     if result.systolic:

@@ -8,8 +8,10 @@ import warnings
 import torch
 from torch import nn
 
+from dlscale.bench.plausible import unreliable
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
+from dlscale.hardware.spec import Hardware
 from dlscale.models import build_model
 from dlscale.models.registry import user_code_failure
 from dlscale.profiler.split import SplitPlan, plan_split
@@ -60,7 +62,6 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         raise UserError(
             f"model '{spec.model.name}' failed on the meta device: {user_code_failure(exc)}"
         ) from None
-    local = load_catalogue().get("local")
     return plan_split(
         model,
         trace,
@@ -68,9 +69,17 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         strategy.schedule,
         strategy.microbatches_run,
         split,
-        local,
+        local_calibration(),
         strategy.max_memory_per_worker,
     )
+
+
+def local_calibration() -> Hardware | None:
+    """The `local` entry to balance stages by time on, or None (balanced by FLOPs) when there is
+    none or its measurement is unreliable: a busy machine's per-op cost once split LeNet as
+    conv1 alone against everything else."""
+    local = load_catalogue().get("local")
+    return local if local is not None and not unreliable(local.measured) else None
 
 
 def split_model(model: nn.Module, example: torch.Tensor, boundaries: list[str]):
