@@ -99,3 +99,64 @@ def test_numeric_options_out_of_range_are_one_line(tmp_path: Path, args, expecte
     out = ["--out", tmp_path / "scale"] if args[0] == "scale" else []
     assert expected in one_line_exit_2(run(*args, *out))
     assert not list(tmp_path.glob("scale/**/*.json"))  # no run started
+
+
+def test_profile_plot_into_a_place_it_cannot_write_is_refused_before_profiling(
+    tmp_path: Path, monkeypatch
+):
+    def refuse(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    result = run("profile", "lenet", "--hardware", "a100-40gb", "--plot", tmp_path / "plots")
+    assert "read-only file system" in one_line_exit_2(result)
+    assert result.stdout == ""  # refused before the profile was printed
+
+
+def test_profile_plots_on_a_full_disk_are_one_line_and_leave_no_partial_file(
+    tmp_path: Path, monkeypatch
+):
+    from dlscale.train import files
+    from tests.faults.test_disk_full import FillingDisk
+
+    real_fdopen = files.os.fdopen
+    monkeypatch.setattr(
+        files.os, "fdopen", lambda fd, mode: FillingDisk(real_fdopen(fd, mode), 1000)
+    )
+    plots = tmp_path / "plots"
+    result = run("profile", "lenet", "--hardware", "a100-40gb", "--plot", plots)
+    assert result.exit_code != 0 and "Traceback" not in result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert f"cannot write {plots / 'working_set.png'}: no space left on device" in lines[0]
+    assert list(plots.iterdir()) == []  # no half-written PNG, no temp file
+
+
+@pytest.mark.parametrize("bench", ["precision", "levels", "sparsity"])
+def test_a_bench_refuses_a_bad_out_before_measuring(tmp_path: Path, monkeypatch, bench):
+    from dlscale import api
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before --out was checked")
+
+    monkeypatch.setattr(api, f"bench_{bench}", measured)
+    taken = tmp_path / "taken"
+    taken.write_text("mine")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: t\nmodel: {name: lenet}\ndata: {name: digits}\nbatch_size: 8\n")
+    line = one_line_exit_2(run("bench", bench, spec, "--out", taken))
+    assert f"{taken} is a file, not a folder" in line and taken.read_text() == "mine"
+
+
+def test_bench_levels_caps_max_threads_at_the_cores_before_measuring(tmp_path: Path, monkeypatch):
+    from dlscale.bench import levels
+
+    def measured(*args, **kwargs):
+        raise AssertionError("measured before --max-threads was checked")
+
+    monkeypatch.setattr(levels, "_steps_in_a_process", measured)
+    monkeypatch.setattr(levels, "machine_facts", lambda: {"cores": 4, "numa_nodes": 1})
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: t\nmodel: {name: lenet}\ndata: {name: digits}\nbatch_size: 8\n")
+    line = one_line_exit_2(run("bench", "levels", spec, "--max-threads", "1000"))
+    assert "--max-threads 1000 is more than the 4 cores here" in line

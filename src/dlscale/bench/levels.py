@@ -107,6 +107,13 @@ def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None,
     top = max_threads or facts["cores"]
     if top < 1:
         raise UserError(f"--max-threads must be at least 1 (got {top})")
+    # Each count is a measurement (and the ddp level starts that many processes): past the
+    # cores they only take turns, and 1000 of them ran for about 50 minutes.
+    if top > facts["cores"]:
+        raise UserError(
+            f"--max-threads {top} is more than the {facts['cores']} cores here: threads and "
+            f"processes past the cores only take turns; give at most {facts['cores']}"
+        )
     spec_path = str(spec_path)
     spec = load_spec(spec_path)
     simd = []

@@ -31,6 +31,7 @@ def precision(
 ) -> None:
     """The model trained at fp32 and bf16 (fp16 on a GPU), and quantized to int8 after
     training: accuracy, latency, model and activation bytes."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     result = api.bench_precision(spec, steps)
     table = Table(
         title=f"{result['model']}: number formats on {result['device']}, "
@@ -79,6 +80,7 @@ def sparsity(
 ) -> None:
     """Magnitude pruning at each level with a short fine-tune: accuracy, latency on dense
     kernels, and the bytes a sparse format would store."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     result = api.bench_sparsity(spec, levels, pattern, finetune_steps, steps)
     table = Table(title=f"{result['model']}: {pattern} pruning on {result['device']}")
     for column in ("pruned", "val accuracy", "inference", "dense weights", "stored sparse"):
@@ -105,11 +107,14 @@ def levels(
     spec: Path = typer.Argument(..., help="Job spec (YAML): its model, data and batch."),
     steps: int = typer.Option(20, "--steps", help="Timed steps per measurement."),
     max_threads: int | None = typer.Option(
-        None, "--max-threads", help="Threads and processes up to (default: the cores)."
+        None,
+        "--max-threads",
+        help="Threads and processes up to (default and most: the cores).",
     ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """SIMD levels, then threads, then processes: speed-up at each level of parallelism."""
+    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     result = api.bench_levels(spec, steps, max_threads)
     facts = result["machine"]
     caches = ", ".join(f"{name} {size}" for name, size in facts["caches"].items())

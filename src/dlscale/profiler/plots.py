@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -12,25 +13,30 @@ import matplotlib.pyplot as plt
 from dlscale.errors import UserError
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.report import layer_kind
-from dlscale.train.files import os_reason
+from dlscale.train.files import os_reason, write_atomic
 
 MIB = 2**20
 
 
 def check_plot_folder(folder: Path) -> None:
-    """One line, before anything is profiled, when `folder` (or a folder above it) is a file."""
+    """One line, before anything is profiled, when `folder` cannot take the plots: it (or a
+    folder above it) is a file, or it cannot be made or written (read-only, forbidden)."""
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UserError(f"--plot: {blocker} is a file, not a folder: give a folder for the plots")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # read-only, forbidden, or a full disk
+        raise UserError(f"--plot: cannot create the folder {folder}: {os_reason(exc)}") from None
+    try:
+        tempfile.TemporaryFile(dir=folder).close()  # a file can be made there
+    except OSError as exc:
+        raise UserError(f"--plot: cannot write into {folder}: {os_reason(exc)}") from None
 
 
 def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
     folder = Path(folder)
     check_plot_folder(folder)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # read-only, forbidden, or a full disk
-        raise UserError(f"--plot: cannot create the folder {folder}: {os_reason(exc)}") from None
     written = [
         _working_set(result, folder / "working_set.png"),
         _memory_pie(result, folder / "memory.png"),
@@ -96,9 +102,12 @@ def _scaling(result: ProfileResult, path: Path) -> Path:
 
 
 def _save(figure, path: Path) -> Path:
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    """Written atomically: a full disk is one line naming the file, and no half a PNG."""
+    try:
+        figure.tight_layout()
+        write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=110))
+    finally:
+        plt.close(figure)
     return path
 
 
