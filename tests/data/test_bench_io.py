@@ -13,7 +13,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from dlscale.bench import io as bench_io
-from dlscale.bench.io import decode_rate, file_pieces, io_verdict, storage_read
+from dlscale.bench.io import decode_rate, file_pieces, storage_read
+from dlscale.bench.io_verdict import io_verdict
 from dlscale.cli.bench_io import io_table
 from dlscale.cli.main import app
 from dlscale.data.lazy import LazyDataset, io_stats
@@ -228,3 +229,43 @@ def test_bench_io_reads_webdataset_shards_as_one_loader_worker_streams_them(tmp_
     assert printed["files_bytes"] == sum((shards / name).stat().st_size for name in train)
     assert printed["decode_one_worker"]["samples"] > 0 and printed["model_step"]["steps"] >= 3
     assert printed["bound"] in ("storage", "decode", "model")
+
+
+def fake_measurement(step_spread: float) -> dict:
+    """What `measure` returns, for a spec with `threads: 1` whose decoding (one worker) and
+    model run at nearly the same rate: the case whose verdict flipped on a busy machine."""
+    storage = {"readers": 1, "read_bytes": 10**8, "pieces_opened": 1, "seconds": 1.0,
+               "read_bytes_per_s": 1e8, "all_read": True}  # fmt: skip
+    return {
+        "device": "cpu", "threads": 1, "files": 1, "files_bytes": 10**8, "filesystem": "ext4",
+        "samples": 1000, "page_cache_dropped": True, "storage_one_reader": storage,
+        "storage_readers": storage, "contention_ratio": 1.0,
+        "decode_one_worker": {"batches": 10, "samples": 100, "seconds": 1.0,
+                              "samples_per_s": 100.0, "read_s_per_sample": 1e-3,
+                              "decode_s_per_sample": 9e-3, "read_bytes_per_sample": 1e5,
+                              "bad_samples": 0, "batch_spread": 0.05},
+        "model_step": {"steps": 20, "step_time_s": 0.04, "samples_per_s": 110.0,
+                       "step_spread": step_spread},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(("load", "step_spread", "noisy"), [(0.1, 0.05, False), (3.5, 0.05, True),
+                                                            (0.1, 0.9, True)])  # fmt: skip
+def test_a_verdict_measured_on_a_busy_machine_says_it_was_noisy(
+    tmp_path: Path, monkeypatch, load, step_spread, noisy
+):
+    spec = write_spec(tmp_path / "spec.yaml", f"{{name: images, path: {tmp_path}}}", workers=1)
+    monkeypatch.setattr(bench_io, "measure", lambda *_: fake_measurement(step_spread))
+    monkeypatch.setattr(bench_io, "load_averages", lambda: [load, load, load])
+    from dlscale.spec import load_spec
+
+    result = bench_io.run_io_bench(load_spec(spec), None, 1.0, cores=2)
+    assert result["bound"] == "decode" and result["runner_up"] == "model"
+    assert result["noisy"] is noisy
+    if noisy:
+        assert "the measurements were noisy" in result["verdict"]
+        assert "model, is within 1.10× of it: the verdict may flip" in result["verdict"]
+        reason = "load average 3.5 on 2 cores" if load > 1 else "model's steps varied by 90%"
+        assert reason in result["verdict"]
+    else:
+        assert result["noise"] == [] and "noisy" not in result["verdict"]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from dlscale.bench.io_verdict import io_noise, io_verdict, relative_spread, with_noise
 from dlscale.bench.memory import load_averages
 from dlscale.data.lazy import IO_FIELDS
 from dlscale.errors import UserError
@@ -159,12 +160,16 @@ def decode_rate(dataset, batch_size: int, seconds: float, seed: int) -> dict:
     """One process reading and decoding batches: what a single loader worker delivers."""
     totals = torch.zeros(len(IO_FIELDS), dtype=torch.float64)
     batches = 0
-    start = time.perf_counter()
+    start = last = time.perf_counter()
+    per_sample_s: list[float] = []  # each batch's wall time a sample
     stream = batches_of(dataset, batch_size, seed)
     for _, _, io in stream:
         totals += io
         batches += 1
-        if time.perf_counter() - start >= seconds:
+        now = time.perf_counter()
+        per_sample_s.append((now - last) / max(1.0, float(io[IO_FIELDS.index("samples")])))
+        last = now
+        if now - start >= seconds:
             break
     stream.close()  # a stream's open shard is closed now, not at garbage collection
     seconds_taken = time.perf_counter() - start
@@ -179,6 +184,7 @@ def decode_rate(dataset, batch_size: int, seconds: float, seed: int) -> dict:
         "decode_s_per_sample": io["decode_s"] / samples,
         "read_bytes_per_sample": io["read_bytes"] / samples,
         "bad_samples": int(io["bad_samples"]),
+        "batch_spread": relative_spread(per_sample_s),
     }
 
 
@@ -202,53 +208,11 @@ def model_rate(trainer: Trainer, seconds: float) -> dict:
         synchronize(trainer.device)
         times.append(time.perf_counter() - t0)
     step_s = sorted(times)[len(times) // 2]
-    return {"steps": len(times), "step_time_s": step_s, "samples_per_s": len(x) / step_s}
-
-
-# ----------------------------------------------------------------------------- verdict
-
-
-def io_verdict(
-    storage_per_s: float, worker_per_s: float, model_per_s: float, workers: int, cores: int
-) -> dict:
-    """Which of storage, decoding (× the loader's workers) or the model bounds training, in
-    samples/s, and the loader workers that would keep up with the model."""
-    running = max(1, workers)  # with no workers the training process decodes itself
-    bounds = {
-        "storage": storage_per_s,
-        "decode": worker_per_s * running,
-        "model": model_per_s,
-    }
-    bound = min(bounds, key=bounds.__getitem__)
-    needed = max(1, math.ceil(model_per_s / worker_per_s)) if worker_per_s > 0 else None
-    rates = {name: f"{rate:,.0f} samples/s" for name, rate in bounds.items()}
-    if bound == "model":
-        text = (
-            f"the model bounds training ({rates['model']}): storage and decoding keep up; "
-            f"{needed} loader worker(s) suffice"
-        )
-    elif bound == "decode":
-        text = (
-            f"decoding bounds training: {running} worker(s) decode {rates['decode']}, the "
-            f"model takes {rates['model']}; set loader.workers: {needed}"
-        )
-        if needed is not None and needed > cores:
-            text += (
-                f" (more than the {cores} cores here: they would take turns; cheaper "
-                "samples or a machine with more cores)"
-            )
-    else:
-        text = (
-            f"storage bounds training: it delivers {rates['storage']}, the model takes "
-            f"{rates['model']}; on shared storage, stage the files to local disk (data.stage: "
-            "DIR); else store fewer bytes a sample (dlscale data convert --image-format "
-            "png)"
-        )
     return {
-        "bound": bound,
-        "bounds_samples_per_s": bounds,
-        "workers_needed": needed,
-        "verdict": text,
+        "steps": len(times),
+        "step_time_s": step_s,
+        "samples_per_s": len(x) / step_s,
+        "step_spread": relative_spread(times),
     }
 
 
@@ -302,6 +266,7 @@ def run_io_bench(
     if readers is not None and readers < 1:
         raise UserError(f"--readers: must be a positive integer (got {readers})")
     check_reads_from_disk(spec)
+    load_before = load_averages()  # before this bench's own readers and threads add to it
     measured = measure(spec, readers or spec.loader.workers or DEFAULT_READERS, seconds)
     decode, model = measured["decode_one_worker"], measured["model_step"]
     # Bytes a sample costs the storage: as the reader counted them, else the files' share.
@@ -318,6 +283,10 @@ def run_io_bench(
         spec.loader.workers,
         cores,
     )
+    noise = io_noise(
+        model["step_spread"], decode["batch_spread"], load_before[0] if load_before else None, cores
+    )
+    verdict = with_noise(verdict, noise)
     return {
         "schema": SCHEMA,
         "spec": spec.name,
