@@ -121,6 +121,8 @@ def test_a_forced_unreliable_entry_says_so_in_every_prediction(home, tmp_path, m
     assert "calibration 'local' (measured 2026-11-27T05:00, --quick): UNRELIABLE" in " ".join(
         text.stdout.split()
     )
+    shown = runner.invoke(app, ["hardware", "show", "local"], env={"COLUMNS": "300"})
+    assert "UNRELIABLE" in shown.stdout and "calibration 'local'" in shown.stdout
     # A datasheet entry has no calibration to name.
     assert plausible.calibration(get_hardware("a100-40gb")) is None
 
