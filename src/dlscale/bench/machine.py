@@ -291,11 +291,7 @@ def machine_hardware(result: dict) -> Hardware:
     link = result["host_link"]
     return Hardware(
         name="local",
-        display_name=(
-            "this machine"
-            + (" (an unreliable measurement)" if result.get("unreliable") else "")
-            + f": {result['name']}"
-        ),
+        display_name=f"this machine: {result['name']}",
         kind=result["kind"],
         vendor=result["vendor"],
         peak_flops=dict(result["peak_flops"]),
@@ -311,7 +307,8 @@ def machine_hardware(result: dict) -> Hardware:
         # bare dispatch of one `torch.add`: that is what the roofline's overhead term models.
         op_overhead_s=result["training_op_overhead_s"],
         sources=(f"measured by dlscale bench machine on {result['measured_at'][:10]}",),
-        notes=f"{result['device']}, torch {result['torch_version']}, {result['threads']} threads",
+        notes=f"{result['device']}, torch {result['torch_version']}, {result['threads']} threads"
+        + ("; an UNRELIABLE measurement, saved with --force" if result.get("unreliable") else ""),
         measured=measured_tables(result),
     )
 
