@@ -170,6 +170,8 @@ def test_a_model_without_trainable_parameters_is_refused_before_training(folder)
         "error: model 'usermodels:nothing' has no trainable parameters: nothing to train"
     )
     assert not (out / "run.json").exists()
+    validated = CliRunner().invoke(app, ["validate", str(folder / "job.yaml")])
+    assert validated.exit_code == 2 and "has no trainable parameters" in validated.stderr
 
 
 def test_an_error_in_dlscales_own_code_keeps_its_traceback(folder, monkeypatch):

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from dlscale.data import build_data
-from dlscale.errors import RunFailed, UserError
+from dlscale.errors import RunFailed
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import Spec
 from dlscale.train import checkpoint as ckpt
@@ -24,7 +24,7 @@ from dlscale.train.faults import loss_diverged, user_code_failed, weights_diverg
 from dlscale.train.files import write_json_atomic
 from dlscale.train.history import History, epoch_record
 from dlscale.train.metrics import StepTiming
-from dlscale.train.plan import Plan, check_model_fits_data
+from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 from dlscale.train.record import RunRecord
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
@@ -58,11 +58,8 @@ class Trainer:
         self.data = build_data(spec.data, spec.seed, stage=True)
         whole = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
         check_model_fits_data(whole, self.data, spec.model.name)
+        check_trainable(whole, spec.model.name)
         self.parameters = (count_parameters(whole), count_parameters(whole, trainable_only=True))
-        if not self.parameters[1]:
-            raise UserError(
-                f"model '{spec.model.name}' has no trainable parameters: nothing to train"
-            )
         self.module = self.exchange.prepare(whole, self.data, self.device)  # what is trained here
         del whole
         trainable = [p for p in self.module.parameters() if p.requires_grad]
