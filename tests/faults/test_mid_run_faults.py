@@ -47,6 +47,26 @@ def flaky(input_size, num_classes, at=25, how="raise"):
     return Flaky(input_size, num_classes, at, how)
 
 
+class FailsToEvaluate(nn.Module):
+    \"\"\"Passes the one-sample check (its first eval-mode forward), fails the evaluation.\"\"\"
+
+    def __init__(self, input_size, num_classes):
+        super().__init__()
+        self.linear = nn.Linear(input_size, num_classes)
+        self.evaluations = 0
+
+    def forward(self, x):
+        if not self.training:
+            self.evaluations += 1
+            if self.evaluations > 1:
+                raise ValueError("no validation today")
+        return self.linear(x.flatten(1))
+
+
+def fails_to_evaluate(input_size, num_classes):
+    return FailsToEvaluate(input_size, num_classes)
+
+
 class Detached(nn.Module):
     def __init__(self, input_size, num_classes):
         super().__init__()
@@ -151,6 +171,17 @@ def test_a_model_that_raises_mid_run_is_one_line_with_the_traceback_in_the_log(f
     assert "Traceback (most recent call last)" in logged and "KeyError: 'no such layer'" in logged
     assert [step for step, _ in list_checkpoints(out)] == [10, 20, 22]
     assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+def test_a_model_that_raises_in_evaluation_is_one_line_naming_the_step(folder):
+    result, out = train(folder, "fails_to_evaluate")
+    assert result.exit_code == 1, result.output
+    assert one_line(result) == (
+        "error: model 'usermodels:fails_to_evaluate' failed at step 22 (evaluating): "
+        f"ValueError: no validation today (usermodels.py, line 41); traceback in "
+        f"{out / 'errors.log'}"
+    )
+    assert [step for step, _ in list_checkpoints(out)] == [10, 20]
 
 
 def test_a_model_whose_logits_are_detached_is_one_line(folder):

@@ -69,11 +69,12 @@ def weights_diverged(state: dict, step: int, run_dir: Path) -> RunFailed | None:
 
 
 def user_code_failed(
-    error: BaseException, model_name: str, step: int, run_dir: Path, rank: int
+    error: BaseException, model_name: str, step: int, run_dir: Path, rank: int, during: str = ""
 ) -> RunFailed | None:
-    """The one line for a step that failed in the user's model, its traceback logged; None
-    for an error that is dlscale's or torch's own (it keeps its traceback)."""
-    head = f"model '{model_name}' failed at step {step}"
+    """The one line for a step (or the evaluation after it: `during`) that failed in the
+    user's model, its traceback logged; None for an error that is dlscale's or torch's own
+    (it keeps its traceback)."""
+    head = f"model '{model_name}' failed at step {step}{during}"
     if isinstance(error, NoGradient):
         return RunFailed(f"{head}: {error}")
     if user_frame(error) is None and not isinstance(error, SystemExit):

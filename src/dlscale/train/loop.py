@@ -228,7 +228,7 @@ class Trainer:
             y = y.to(self.device, non_blocking=non_blocking)
             synchronize(self.device)
             t_copy = time.perf_counter()
-            loss = self._step(x, y)
+            loss = self._user_code(self.step + 1, "", self.step_fn, x, y)
             loss = None if loss is None else float(loss)  # .item() waits: compute is timed
             t_end = time.perf_counter()
             self.step += 1
@@ -262,15 +262,15 @@ class Trainer:
         self._check_starving()
         return self.step % self.plan.steps_per_epoch == 0
 
-    def _step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor | None:
-        """One step; the user's model failing in it is one line (RunFailed), not a trace."""
+    def _user_code(self, step: int, during: str, call, *args):
+        """`call(*args)`, which runs the user's model; its failing is one line (RunFailed)
+        with the traceback logged, unless it is dlscale's or torch's own error."""
         try:
-            return self.step_fn(x, y)
+            return call(*args)
         except (Exception, SystemExit) as exc:
-            failed = user_code_failed(
-                exc, self.spec.model.name, self.step + 1, self.run_dir, self.exchange.rank
-            )
-            if failed is None:  # dlscale's or torch's own error: its traceback is the report
+            name, rank = self.spec.model.name, self.exchange.rank
+            failed = user_code_failed(exc, name, step, self.run_dir, rank, during)
+            if failed is None:  # not the user's: its traceback is the report
                 raise
             raise self._failed(failed) from None
 
@@ -316,8 +316,14 @@ class Trainer:
     def end_epoch(self, epoch: int) -> None:
         """Validate (every trainer calls it: a pipeline evaluates through all its stages)."""
         # The bare module: DDP's forward would wait for the other workers, which do not evaluate.
-        validation = self.exchange.evaluate(
-            self.module, self.val_loader, self.device, self.spec.precision
+        validation = self._user_code(
+            self.step,
+            " (evaluating)",
+            self.exchange.evaluate,
+            self.module,
+            self.val_loader,
+            self.device,
+            self.spec.precision,
         )
         if not self.is_main:
             return
