@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from dlscale.errors import RunFailed, os_reason
+from dlscale.launch.ray import lost_peer
 from dlscale.models.registry import user_code_failure, user_frame
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import write_json_atomic
@@ -77,7 +78,7 @@ def user_code_failed(
     head = f"model '{model_name}' failed at step {step}{during}"
     if isinstance(error, NoGradient):
         return RunFailed(f"{head}: {error}")
-    if user_frame(error) is None and not isinstance(error, SystemExit):
+    if not _is_users(error):
         return None
     log = Path(run_dir) / ERROR_LOG
     trace = "".join(traceback.format_exception(error))
@@ -93,6 +94,17 @@ def user_code_failed(
             f"{log}: {os_reason(exc)})"
         )
     return RunFailed(f"{head}: {user_code_failure(error)}; traceback in {log}")
+
+
+def _is_users(error: BaseException) -> bool:
+    """Raised by the user's code, or by what it called. Not a collective that failed inside
+    the user's forward (tensor-parallel layers, a SyncBatchNorm): that lost a peer, which the
+    launcher names, and a line blaming the model would hide."""
+    if isinstance(error, SystemExit):
+        return True
+    if isinstance(error, torch.distributed.DistError) or lost_peer(str(error)):
+        return False
+    return user_frame(error) is not None
 
 
 def record_failure(run_dir: Path, error: RunFailed) -> None:
