@@ -1,4 +1,5 @@
-"""The two kinds of failure: UserError (bad input, one line, exit 2) and everything else."""
+"""The kinds of failure: UserError (bad input, one line, exit 2), RunFailed (a run that went
+wrong on its own: one line, exit 1) and everything else (dlscale's defects: a traceback)."""
 
 import errno
 
@@ -14,6 +15,15 @@ class UserError(Exception):
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class RunFailed(UserError):
+    """A run that failed through no defect of dlscale's: its loss turned NaN, or the user's
+    model raised at some step. One line, exit 1; the whole job stops, even where a strategy
+    could train on without the worker that met it (every other worker would meet it too)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, exit_code=1)
 
 
 def one_line(text: str, limit: int = 300) -> str:

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from dlscale.errors import UserError
+from dlscale.errors import RunFailed, UserError
 from dlscale.launch import local
 from dlscale.launch.base import READY
 from dlscale.launch.heartbeat import HEARTBEAT, Silence, process_state
@@ -119,7 +119,25 @@ def test_first_cause_names_the_silent_peer_without_the_waiting_workers_traceback
     waiting = SimpleNamespace(exitcode=None, pid=41)
     silent = local.WorkerFailed("worker 1 (pid 42) stopped responding (...); then worker 0 ...")
     trace = "Traceback (most recent call last):\n  RuntimeError: Timed out\n"
-    assert local._first_cause([waiting], 0, "RuntimeError: Timed out", trace, silent) is silent
+    cause = local._first_cause([waiting], NoEvents(), 0, "RuntimeError: Timed out", trace, silent)
+    assert cause is silent
+    assert capsys.readouterr().err == ""
+
+
+def test_first_cause_names_a_peer_whose_run_failed_not_the_waiting_workers_error(
+    monkeypatch, capsys
+):
+    """A worker whose loss diverged leaves the group; its peer, waiting in an all-reduce,
+    fails on the lost connection. The first worker's one line is the cause (issue 34)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(local, "DEATH_NOTICE_S", 0.1)
+    processes = [SimpleNamespace(exitcode=None, pid=41), SimpleNamespace(exitcode=0, pid=42)]
+    diverged = "training diverged at step 3: the loss is nan; no checkpoint was saved before it"
+    results = FakeResults("run_failed", 1, diverged)
+    trace = "Traceback (most recent call last):\n  RuntimeError: Connection closed by peer\n"
+    cause = local._first_cause(processes, results, 0, "RuntimeError: closed", trace)
+    assert isinstance(cause, RunFailed) and str(cause) == diverged and cause.exit_code == 1
     assert capsys.readouterr().err == ""
 
 
@@ -130,6 +148,11 @@ class FakeResults:
         self.reports = [report]
 
     def get(self, timeout):
+        return self.reports.pop()
+
+    def get_nowait(self):
+        if not self.reports:
+            raise queue.Empty
         return self.reports.pop()
 
 

@@ -28,6 +28,7 @@ from dlscale.spec import (
     load_spec,
 )
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.digest import feed_tensor
 
 # Files read in full for the data digest, at most; past it, big files count by size and mtime
 # (hashing a terabyte of shards would take longer than the job).
@@ -40,9 +41,7 @@ def _tensor_digest(digest, name: str, value) -> None:
     if not isinstance(value, torch.Tensor):  # plain extra state: its JSON, keys sorted
         digest.update(json.dumps(value, sort_keys=True, default=repr).encode() + b"\x00")
         return
-    tensor = value.detach().cpu().contiguous()
-    digest.update(f"{tensor.dtype}|{list(tensor.shape)}".encode() + b"\x00")
-    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    feed_tensor(digest, value)
 
 
 def state_digest(state: dict) -> str:

@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any
 
-from dlscale.errors import UserError, one_line
+from dlscale.errors import RunFailed, UserError, one_line
 from dlscale.launch.base import (
     HEARTBEAT_WARN_S,
     RESULT_GRACE_S,
@@ -110,6 +110,8 @@ def _entry(
     )
     try:
         results.put(("ok", context.rank, fn(context, payload)))
+    except RunFailed as exc:  # the run itself failed: the job stops, whoever met it
+        results.put(("run_failed", context.rank, str(exc)))
     except UserError as exc:
         results.put(("user_error", context.rank, str(exc)))
     except BaseException as exc:  # report everything else, traceback included, then fail
@@ -218,6 +220,8 @@ class LocalLauncher:
             running = [other for other in range(len(processes)) if other not in done]
             if status == "ok":
                 done[rank] = value
+            elif status == "run_failed":
+                raise RunFailed(value)
             elif status in ("user_error", "error") and late.may_lose(rank):
                 done[rank] = None
                 lost_worker(
@@ -231,7 +235,7 @@ class LocalLauncher:
                 # Whom a silent peer's blame falls on is judged now: _first_cause's wait below
                 # drains no beats, and every worker would look silent after it.
                 silent = silence.blame(f"worker {rank} failed: {value[0]}", rank, running)
-                raise _first_cause(processes, rank, *value, silent)
+                raise _first_cause(processes, results, rank, *value, silent)
             silence.check(running, on_event)
             for rank, process in enumerate(processes):
                 code = process.exitcode
@@ -266,16 +270,21 @@ def _gpu_indices(resources: list[Resources]) -> list[int | None]:
 
 
 def _first_cause(
-    processes, rank: int, error: str, trace: str, silent: WorkerFailed | None = None
-) -> WorkerFailed:
+    processes, results, rank: int, error: str, trace: str, silent: WorkerFailed | None = None
+) -> UserError:
     """When one worker dies, its peers fail too (their allreduce loses a partner); name the
     dead one first (its exit may trail its peers' error reports by a moment), and leave out
-    the peer's traceback, which only says it lost a partner. Failing with no peer dead but
-    one `silent` (stopped: the collective timed out waiting for it), that one is named. An
-    error of its own, with no peer dead or silent, is a defect: its traceback goes to stderr
-    before the one line."""
+    the peer's traceback, which only says it lost a partner. So too for a peer whose run
+    failed (its loss diverged), which leaves the group while the others wait in it. Failing
+    with no peer dead but one `silent` (stopped: the collective timed out waiting for it),
+    that one is named. An error of its own, with no peer dead or silent, is a defect: its
+    traceback goes to stderr before the one line."""
     deadline = time.monotonic() + DEATH_NOTICE_S
     while time.monotonic() < deadline:
+        with contextlib.suppress(queue.Empty):
+            status, _, value = results.get_nowait()
+            if status == "run_failed":
+                return RunFailed(value)
         for other, process in enumerate(processes):
             code = process.exitcode
             if other != rank and code not in (None, 0):

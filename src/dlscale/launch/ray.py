@@ -13,7 +13,7 @@ import socket
 import time
 from typing import Any
 
-from dlscale.errors import UserError, one_line
+from dlscale.errors import RunFailed, UserError, one_line
 from dlscale.launch.base import (
     HEARTBEAT_WARN_S,
     RESULT_GRACE_S,
@@ -270,7 +270,7 @@ class RayLauncher:
                 try:
                     results[rank] = self._get(ray, ref, rank, timeout=PLACE_TIMEOUT_S)
                 except UserError as exc:
-                    if late.may_lose(rank):
+                    if late.may_lose(rank) and not isinstance(exc, RunFailed):
                         results[rank] = None
                         lost_worker(rank, f"failed: {exc}", on_event)
                     else:  # a wait that timed out on a silent peer: name the peer
@@ -309,6 +309,8 @@ class RayLauncher:
 
 def _reraise(exc, who: str) -> None:
     cause = getattr(exc, "cause", None)
+    if isinstance(cause, RunFailed):
+        raise RunFailed(str(cause)) from None
     if isinstance(cause, UserError) and not isinstance(cause, WorkerFailed):
         raise UserError(str(cause)) from None
     detail = one_line(cause) if cause is not None else one_line(exc)

@@ -160,6 +160,14 @@ def raised_at(error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     if not frames:
         return ""
+    frame = user_frame(error) or frames[-1]
+    return f" ({os.path.basename(frame.filename)}, line {frame.lineno})"
+
+
+def user_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of the user's own code the error passed through; None when it
+    passed through none (it is then torch's, Python's or dlscale's own)."""
+    frames = traceback.extract_tb(error.__traceback__)
     paths = sysconfig.get_paths()
     libraries = tuple(
         os.path.realpath(folder) + os.sep
@@ -171,8 +179,7 @@ def raised_at(error: BaseException) -> str:
         if not f.filename.startswith("<")  # <frozen importlib._bootstrap>, <string>
         and not os.path.realpath(f.filename).startswith(libraries)
     ]
-    frame = (own or frames)[-1]
-    return f" ({os.path.basename(frame.filename)}, line {frame.lineno})"
+    return own[-1] if own else None
 
 
 def user_code_failure(error: BaseException) -> str:

@@ -37,9 +37,10 @@ Bytes = Annotated[PositiveInt, BeforeValidator(parse_bytes)]  # 2048, "512MiB", 
 
 
 class Strict(BaseModel):
-    """Base of every spec section: unknown keys are errors, not silently ignored."""
+    """Base of every spec section: unknown keys are errors, not silently ignored; a float
+    setting must be a number (YAML's `.inf` and `.nan` are floats that train to nothing)."""
 
-    model_config = ConfigDict(extra="forbid", validate_default=True)
+    model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
 
 
 def spec_relative(value: Any, info: ValidationInfo) -> Path:

@@ -11,12 +11,13 @@ from typing import Any
 import torch
 
 from dlscale.data import build_data
-from dlscale.errors import UserError
+from dlscale.errors import RunFailed, UserError
 from dlscale.launch.base import Launcher, Resources, WorkerFailed, WorkerFn, per_rank
 from dlscale.models import build_model
 from dlscale.spec import Spec
 from dlscale.strategies.events import default_launcher, forward_to
 from dlscale.train.checkpoint import naming_intact
+from dlscale.train.faults import record_failure
 from dlscale.train.files import write_json_atomic
 from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
@@ -78,6 +79,9 @@ def launch(
         )
     except WorkerFailed as exc:
         raise WorkerFailed(rename(str(exc))) from None
+    except RunFailed as exc:  # its one line names the step: run.json says it too
+        record_failure(run_dir, exc)
+        raise
     record = results[main_rank]
     missing = [message for message in heard if message not in record["warnings"]]
     if missing:

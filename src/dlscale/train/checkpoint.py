@@ -1,4 +1,5 @@
-"""Checkpoints: written atomically, pruned to the last K, loaded with `weights_only=True`."""
+"""Checkpoints: written atomically with a digest of what they hold, pruned to the last K, loaded
+with `weights_only=True` and checked against their digest."""
 
 from __future__ import annotations
 
@@ -11,9 +12,14 @@ from typing import Any
 import torch
 
 from dlscale.errors import UserError, one_line
+from dlscale.train.digest import content_digest
 from dlscale.train.files import WriteFailed, write_atomic
 
-FORMAT_VERSION = 1
+# Format 2 carries `sha256`, the digest of everything else in it; format 1 (before digests)
+# still loads, unchecked, and a resume says so.
+FORMAT_VERSION = 2
+UNCHECKED_FORMAT = 1
+DIGEST_KEY = "sha256"
 _NAME = re.compile(r"^step-(\d+)\.pt$")
 
 
@@ -41,12 +47,19 @@ def list_checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep_last: int) -> Path:
     """Write `state` as step-N.pt (temp file, fsync, rename), then drop all but the newest K."""
     path = checkpoint_path(run_dir, step)
-    payload = {"format": FORMAT_VERSION, "step": step, **state}
+    payload = sealed({"step": step, **state})
     with naming_intact(run_dir):
         write_atomic(path, lambda handle: torch.save(payload, handle))
     for _, old in list_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
     return path
+
+
+def sealed(state: dict[str, Any]) -> dict[str, Any]:
+    """`state` as a checkpoint file holds it: the format, and the digest that load checks."""
+    payload = {"format": FORMAT_VERSION, **state}
+    payload[DIGEST_KEY] = content_digest(payload)
+    return payload
 
 
 @contextmanager
@@ -74,9 +87,20 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise UserError(f"checkpoint not found: {path}") from None
     except Exception as exc:  # a truncated or foreign file: say which and why, in one line
         raise UserError(f"{path}: not a readable dlscale checkpoint ({one_line(exc)})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT_VERSION:
+    if not isinstance(state, dict) or state.get("format") not in (FORMAT_VERSION, UNCHECKED_FORMAT):
         raise UserError(f"{path}: not a dlscale checkpoint (format {FORMAT_VERSION} expected)")
+    if state["format"] == FORMAT_VERSION:
+        saved = state.pop(DIGEST_KEY, None)
+        if saved != content_digest(state):
+            raise UserError(
+                f"{path}: corrupt: its contents do not match the sha256 digest saved with it"
+            )
     return state
+
+
+def is_unchecked(state: dict[str, Any]) -> bool:
+    """Written before checkpoints carried a digest: loaded as it is, with nothing to check."""
+    return state["format"] == UNCHECKED_FORMAT
 
 
 def check_spec(state: dict[str, Any], path: Path, spec_hash: str) -> None:

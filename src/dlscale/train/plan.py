@@ -68,6 +68,12 @@ def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -
     check_logits(out, y, data, model_name)
 
 
+def check_trainable(model: nn.Module, model_name: str) -> None:
+    """A model with no trainable parameter would fail its first backward inside autograd."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError(f"model '{model_name}' has no trainable parameters: nothing to train")
+
+
 def check_logits(out: object, y: torch.Tensor, data: DataBundle, model_name: str) -> None:
     """Logits the loss and the accuracy can score: (B, classes), or (B, T, vocabulary) for
     labels (B, T); the class dimension may be wider than the data needs, never narrower."""

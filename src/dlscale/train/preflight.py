@@ -9,7 +9,7 @@ from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
 from dlscale.models import build_model
 from dlscale.spec import Spec
-from dlscale.train.plan import check_model_fits_data
+from dlscale.train.plan import check_model_fits_data, check_trainable
 
 
 def preflight(spec: Spec) -> DataBundle:
@@ -24,6 +24,7 @@ def preflight(spec: Spec) -> DataBundle:
         with torch.device("meta"):
             model = build_model(name, spec.model.kwargs, data.model_defaults())
         check_model_fits_data(model, data, name)
+        check_trainable(model, name)
     except UserError as exc:
         if not _needs_real_tensors(exc.__cause__ or exc.__context__):
             raise

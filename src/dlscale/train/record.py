@@ -126,7 +126,8 @@ class Worker(BaseModel):
 
 class RunRecord(_Strict):
     schema_: str = Field(RUN_SCHEMA, alias="schema")
-    status: Literal["running", "completed"]
+    status: Literal["running", "completed", "failed"]
+    error: str | None = None  # a failed run's one line
     name: str
     strategy: str
     run_dir: str
@@ -154,9 +155,8 @@ class RunRecord(_Strict):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     def to_json(self) -> dict:
-        absent = {
-            key for key in ("distributed", "ps", "pipeline", "tensor") if getattr(self, key) is None
-        }
+        optional = ("error", "distributed", "ps", "pipeline", "tensor")
+        absent = {key for key in optional if getattr(self, key) is None}
         record = self.model_dump(mode="json", by_alias=True, exclude=absent | {"workers"})
         # A worker that died has only its rank and status.
         record["workers"] = [w.model_dump(mode="json", exclude_unset=True) for w in self.workers]

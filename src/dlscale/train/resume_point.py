@@ -1,9 +1,10 @@
 """Which checkpoint a resume continues from: the newest that loads, past broken newer ones.
 
 A checkpoint is written whole or not at all, but a disk can still corrupt one after the fact,
-or a copy can truncate it. Resuming then continues from the newest readable checkpoint and says
-which it skipped and why. A skipped file is set aside as `step-N.pt.unreadable`: left in place,
-pruning (which keeps the newest K by step) would keep it over a good one.
+or a copy can truncate it. Resuming then continues from the newest readable checkpoint whose
+contents match their digest, and says which it skipped and why. A skipped file is set aside as
+`step-N.pt.unreadable`: left in place, pruning (which keeps the newest K by step) would keep it
+over a good one.
 """
 
 from __future__ import annotations
@@ -26,11 +27,16 @@ def resume_point(run_dir: Path) -> tuple[Path, list[str]]:
     skipped: list[tuple[Path, str]] = []
     for _, path in reversed(found):
         try:
-            ckpt.load_checkpoint(path)
-        except UserError as exc:  # unreadable: truncated, garbage, not a checkpoint at all
+            state = ckpt.load_checkpoint(path)
+        except UserError as exc:  # unreadable or corrupt: truncated, garbage, a wrong digest
             skipped.append((path, str(exc).removeprefix(f"{path}: ")))
             continue
-        return path, [_set_aside(bad, why, path) for bad, why in skipped]
+        warnings = [_set_aside(bad, why, path) for bad, why in skipped]
+        if ckpt.is_unchecked(state):
+            warnings.append(
+                f"{path} has no digest (written before dlscale saved one): loaded unchecked"
+            )
+        return path, warnings
     reasons = "; ".join(f"{path.name}: {_first_sentence(why)}" for path, why in skipped)
     raise UserError(
         f"nothing to resume: no readable checkpoint in {ckpt.checkpoint_dir(run_dir)} ({reasons})"

@@ -8,6 +8,7 @@ from torch import nn
 from dlscale.spec import OptimizerSpec
 from dlscale.train.device import autocast, grad_scaler
 from dlscale.train.exchange import Exchange
+from dlscale.train.faults import NoGradient
 from dlscale.train.score import compute_loss
 
 
@@ -65,6 +66,8 @@ class TrainStep:
         loss, detached."""
         with autocast(self.device, self.precision):
             loss = compute_loss(self.model(x), y)
+        if not loss.requires_grad:  # backward would fail in autograd, naming no one
+            raise NoGradient()
         self.backward(loss)
         return loss.detach()
 

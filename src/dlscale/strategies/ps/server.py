@@ -104,7 +104,6 @@ class ParameterServer:
     def checkpoint(self) -> None:
         with self.cond:
             state = {
-                "format": ckpt.FORMAT_VERSION,
                 "spec_hash": self.spec.spec_hash(),
                 "shard": self.shard,
                 "flat": self.flat.detach().clone(),
@@ -117,7 +116,8 @@ class ParameterServer:
             }
         path = shard_path(self.run_dir, self.shard)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, lambda handle: torch.save(state, handle))
+        payload = ckpt.sealed(state)  # the digest: outside the lock, over the copies
+        write_atomic(path, lambda handle: torch.save(payload, handle))
 
     def _load(self) -> None:
         state = load_shard(self.run_dir, self.shard, self.spec)

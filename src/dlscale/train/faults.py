@@ -1,0 +1,122 @@
+"""A run that goes wrong after it started, through no defect of dlscale's: its loss or weights
+stop being numbers, or the user's model fails at some step. Each ends the run in one line
+(RunFailed, exit 1) naming the step and what survives; the user's traceback goes to the run
+folder's `errors.log`. An error that passed through no user code is dlscale's (or torch's) and
+keeps its traceback."""
+
+from __future__ import annotations
+
+import json
+import math
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from dlscale.errors import RunFailed, os_reason
+from dlscale.launch.ray import lost_peer
+from dlscale.models.registry import user_code_failure, user_frame
+from dlscale.train import checkpoint as ckpt
+from dlscale.train.files import write_json_atomic
+
+ERROR_LOG = "errors.log"
+
+
+class NoGradient(Exception):
+    """The loss does not depend on any trainable parameter: backward has nothing to reach."""
+
+    def __str__(self) -> str:
+        return (
+            "its loss does not depend on any trainable parameter (logits detached, or "
+            "computed without the parameters)"
+        )
+
+
+def last_good(run_dir: Path) -> str:
+    """What a diverged run leaves: its newest checkpoint, saved before the loss went bad."""
+    found = ckpt.list_checkpoints(run_dir)
+    if not found:
+        return "no checkpoint was saved before it"
+    step, path = found[-1]
+    return f"the last good checkpoint is step {step} ({path})"
+
+
+def loss_diverged(loss: float | None, step: int, run_dir: Path) -> RunFailed | None:
+    """NaN or ±inf: every later step would train on it, so the run stops at the first."""
+    if loss is None or math.isfinite(loss):
+        return None
+    return RunFailed(f"training diverged at step {step}: the loss is {loss}; {last_good(run_dir)}")
+
+
+def weights_diverged(state: dict, step: int, run_dir: Path) -> RunFailed | None:
+    """Before a checkpoint is written: an update can overflow the weights while the loss that
+    led to it was still finite, and such a checkpoint would be no good one to go back to."""
+    bad = next(
+        (
+            name
+            for name, value in state.items()
+            if isinstance(value, torch.Tensor)
+            and value.is_floating_point()
+            and not bool(torch.isfinite(value).all())
+        ),
+        None,
+    )
+    if bad is None:
+        return None
+    return RunFailed(
+        f"training diverged at step {step}: weight {bad} is not finite; {last_good(run_dir)}"
+    )
+
+
+def user_code_failed(
+    error: BaseException, model_name: str, step: int, run_dir: Path, rank: int, during: str = ""
+) -> RunFailed | None:
+    """The one line for a step (or the evaluation after it: `during`) that failed in the
+    user's model, its traceback logged; None for an error that is dlscale's or torch's own
+    (it keeps its traceback)."""
+    head = f"model '{model_name}' failed at step {step}{during}"
+    if isinstance(error, NoGradient):
+        return RunFailed(f"{head}: {error}")
+    if not _is_users(error):
+        return None
+    log = Path(run_dir) / ERROR_LOG
+    trace = "".join(traceback.format_exception(error))
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    try:
+        # Appended, one write: a resumed run's earlier failures stay, and the workers of a
+        # job that all fail each add their own.
+        with open(log, "a") as handle:
+            handle.write(f"--- {stamp} trainer {rank}, {head}\n{trace}\n")
+    except OSError as exc:
+        return RunFailed(
+            f"{head}: {user_code_failure(error)} (its traceback could not be written to "
+            f"{log}: {os_reason(exc)})"
+        )
+    return RunFailed(f"{head}: {user_code_failure(error)}; traceback in {log}")
+
+
+def _is_users(error: BaseException) -> bool:
+    """Raised by the user's code, or by what it called. Not a collective that failed inside
+    the user's forward (tensor-parallel layers, a SyncBatchNorm): that lost a peer, which the
+    launcher names, and a line blaming the model would hide."""
+    if isinstance(error, SystemExit):
+        return True
+    if isinstance(error, torch.distributed.DistError) or lost_peer(str(error)):
+        return False
+    return user_frame(error) is not None
+
+
+def record_failure(run_dir: Path, error: RunFailed) -> None:
+    """run.json says the run failed and why. For the parent of a job's processes, once they
+    are stopped: the trainer that met the fault may not be the one that writes the record,
+    or was stopped writing it. A run that failed before its first record has none."""
+    path = Path(run_dir) / "run.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    if record.get("status") == "running":
+        record.update(status="failed", error=str(error))
+        with ckpt.naming_intact(run_dir):
+            write_json_atomic(path, record)
