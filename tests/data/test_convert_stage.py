@@ -180,6 +180,10 @@ def test_convert_refuses_a_folder_that_holds_data_and_bad_options(shards: Path, 
         (["synthetic", tmp_path / "d", "--shape", "64", "--image-format", "png"], "not images"),
         (["mnist", tmp_path / "e"], "not a source"),
         (["digits", tmp_path / "f", "--format", "zip"], "--format"),
+        (["synthetic", tmp_path / "g", "--seed", "-1"], "--seed: -1 is not between 0 and"),
+        (["digits", tmp_path / "h", "--seed", str(2**32)], "--seed: 4294967296 is not between"),
+        (["synthetic", tmp_path / "i", "--shape", "100000,100000,100000"], "of memory"),
+        (["synthetic", tmp_path / "j", "--shape", "3,10000000000,10000000000"], "of memory"),
     ]
     for args, expected in bad:
         result = cli("data", "convert", *args)

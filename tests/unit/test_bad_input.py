@@ -268,3 +268,19 @@ def test_a_sweep_without_a_completed_trial_is_summarized_in_one_line():
     )
     assert failure_summary({"trials": [*trials, trial(4, "completed")]}) is None
     assert failure_summary({"trials": []}) is None
+
+
+# ------------------------------------------------- issue 34, 9: generated data beyond memory
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"name": "synthetic", "shape": [100_000, 100_000, 100_000], "num_samples": 10},
+        {"name": "synthetic", "kind": "tokens", "seq_len": 10**8, "num_samples": 10**8},
+    ],
+)
+def test_synthetic_data_beyond_memory_is_one_line_before_allocating(data):
+    spec = parse_spec({**SPEC, "data": data})
+    message = refused(build_data, spec.data, spec.seed)
+    assert "of memory to generate; this machine has" in message and "PiB" in message
