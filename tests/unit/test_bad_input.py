@@ -234,7 +234,8 @@ def test_more_folds_than_samples_are_refused_up_front():
     raw = {**SPEC, "sweep": {"kfold": 5000}}
     message = refused(check_space, parse_spec(raw), raw, None, "s.yaml")
     assert message == (
-        "s.yaml: sweep.kfold: 5000 folds need at least 5000 training samples; the data has 1437"
+        "s.yaml: sweep.kfold: 5000 folds need at least 10000 training samples (2 to score each "
+        "fold on); the data has 1437: use at most 718 folds"
     )
 
 
