@@ -16,6 +16,7 @@ from torch.utils.data import (
 )
 
 from dlscale.data.stream import StreamDataset
+from dlscale.launch.local import end_with_parent
 from dlscale.spec import Spec
 from dlscale.train.sampler import GlobalBatchSampler
 
@@ -64,6 +65,13 @@ class _StreamPart(IterableDataset):
         return self.sampler.batches(part)
 
 
+def end_with_trainer(worker_id: int) -> None:
+    """A loader worker's first act: end the moment its trainer does. A forked worker holds a
+    copy of every open file, the run folder's lock among them, and torch's own check of its
+    parent runs every 5 s, so a --resume straight after a SIGKILL found the folder 'in use'."""
+    end_with_parent()
+
+
 def own_generator(seed: int) -> torch.Generator:
     """A DataLoader's own generator. Without one, each `iter(loader)` draws the workers' base
     seed from torch's global generator: the very stream dropout draws from, so a resumed run,
@@ -94,6 +102,7 @@ class StreamBatches:
             num_workers=self.workers,
             pin_memory=self.pin_memory,
             generator=own_generator(self.seed * 1_000_003 + self.sampler.epoch),
+            worker_init_fn=end_with_trainer,
             **extra,
         )
         return iter(loader)
@@ -136,6 +145,7 @@ def train_batches(spec: Spec, dataset, sampler, device: torch.device) -> Iterabl
         num_workers=loader.workers,
         pin_memory=pin,
         generator=own_generator(spec.seed),
+        worker_init_fn=end_with_trainer,
         **extra,
     )
 
@@ -158,5 +168,6 @@ def val_batches(spec: Spec, dataset) -> Iterable:
         batch_size=None,
         num_workers=workers,
         generator=generator,
+        worker_init_fn=end_with_trainer,
         **extra,
     )
