@@ -106,7 +106,7 @@ def test_a_sweep_with_more_folds_than_samples_is_refused_before_any_trial(tmp_pa
     spec.write_text(BASE + "model: {name: mlp}\nsweep: {kfold: 5000}\n")
     for args in (("validate",), ("sweep", "--out", tmp_path / "sweep")):
         line = one_line_exit(run(*args[:1], spec, *args[1:]))
-        assert "5000 folds need at least 5000 training samples; the data has 1437" in line
+        assert "5000 folds need at least 10000 training samples" in line and "1437" in line
     assert not (tmp_path / "sweep").exists()
 
 

@@ -180,6 +180,10 @@ def test_convert_refuses_a_folder_that_holds_data_and_bad_options(shards: Path, 
         (["synthetic", tmp_path / "d", "--shape", "64", "--image-format", "png"], "not images"),
         (["mnist", tmp_path / "e"], "not a source"),
         (["digits", tmp_path / "f", "--format", "zip"], "--format"),
+        (["synthetic", tmp_path / "g", "--seed", "-1"], "--seed: -1 is not between 0 and"),
+        (["digits", tmp_path / "h", "--seed", str(2**32)], "--seed: 4294967296 is not between"),
+        (["synthetic", tmp_path / "i", "--shape", "100000,100000,100000"], "of memory"),
+        (["synthetic", tmp_path / "j", "--shape", "3,10000000000,10000000000"], "of memory"),
     ]
     for args, expected in bad:
         result = cli("data", "convert", *args)
@@ -350,3 +354,47 @@ def test_an_image_spec_with_a_validation_folder_is_staged_in_its_layout(tmp_path
     assert (staged.val_path / "dog" / "1.png").read_bytes() == (
         tmp_path / "photos" / "val" / "dog" / "1.png"
     ).read_bytes()
+
+
+def test_a_bit_flip_that_keeps_size_and_mtime_is_caught(shards: Path, tmp_path: Path):
+    dst = tmp_path / "local"
+    stage(sorted(shards.iterdir()), shards, dst)
+    copy = dst / "train-000002.tar"
+    stat = copy.stat()
+    data = bytearray(copy.read_bytes())
+    data[900] ^= 0x04
+    copy.write_bytes(bytes(data))
+    os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same size, same time
+    with pytest.raises(UserError, match=r"train-000002.tar: the staged copy changed"):
+        stage(sorted(shards.iterdir()), shards, dst)
+    assert not copy.exists()
+
+
+def test_data_stage_rehashes_every_copy_it_reuses(shards: Path, tmp_path: Path):
+    dst = tmp_path / "local"
+    api.stage_data(shards, dst)
+    ledger = json.loads((dst / LEDGER).read_text())
+    ledger["files"]["train-000000.tar"]["sha256"] = "0" * 64  # as if the copy had rotted
+    (dst / LEDGER).write_text(json.dumps(ledger))
+    assert stage(sorted(shards.iterdir()), shards, dst)["copied_files"] == 0  # untouched: cheap
+    result = cli("data", "stage", shards, dst)
+    assert result.exit_code == 2 and "train-000000.tar: the staged copy changed" in result.output
+
+
+def test_data_stage_refuses_a_destination_inside_its_source(shards: Path, tmp_path: Path):
+    for dst in (shards, shards / "local"):
+        result = cli("data", "stage", shards, dst)
+        assert result.exit_code == 2 and "inside the data set it copies" in result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert not (shards / "local").exists() and not (shards / LEDGER).exists()
+
+
+def test_data_stage_refuses_a_folder_that_is_no_data_set(tmp_path: Path):
+    folder = tmp_path / "home"
+    (folder / "notes").mkdir(parents=True)
+    (folder / "notes" / "todo.txt").write_text("x")
+    (folder / "photo.bin").write_bytes(b"y")
+    result = cli("data", "stage", folder, tmp_path / "local")
+    assert result.exit_code == 2 and "not a data set" in result.output, result.output
+    assert "dataset.json" in result.output and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "local").exists()

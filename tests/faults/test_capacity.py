@@ -144,7 +144,10 @@ def test_dataloader_workers_count_as_processes_in_a_run_and_in_the_loader_bench(
 
 def test_validate_says_what_would_stop_the_spec_here_and_still_accepts_it(tmp_path):
     """A spec may be meant for a cluster: on this machine its problems are warnings."""
-    path = write(tmp_path, strategy={"name": "ddp", "workers": 1000})
+    # 1600 training samples: a batch of 1 for each of 1000 workers fits the data (else train
+    # refuses it anywhere, and validate with it)
+    data = {**SMALL["data"], "num_samples": 2000}
+    path = write(tmp_path, strategy={"name": "ddp", "workers": 1000}, batch_size=1, data=data)
     result = invoke("validate", path)
     assert result.exit_code == 0 and "valid" in result.stdout
     said = " ".join(result.stderr.split())  # rich wraps warnings at the terminal's width

@@ -155,3 +155,27 @@ def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, st
     assert_resumes_to_the_uninterrupted_weights(
         spec, killed, killed_at, steps, straight_in_process=True
     )
+
+
+@pytest.mark.slow
+def test_a_killed_stream_with_loader_workers_and_dropout_resumes_exactly(tmp_path: Path):
+    """WebDataset shards read by 2 loader workers, dropout in the model: the resumed run starts
+    its workers mid-epoch, the uninterrupted one at the epoch's start, and neither may move the
+    RNG that dropout draws from (issue 34: up to 0.099 a weight apart)."""
+    from tests.data.test_webdataset import write_shards
+
+    urls = write_shards(tmp_path / "shards")  # 200 samples: 160 train, 16 steps an epoch
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: stream-resume\n"
+        "model: {name: mlp, kwargs: {hidden: [16], dropout: 0.5}}\n"
+        f"data: {{name: webdataset, urls: '{urls}', num_classes: 4, shuffle_buffer: 20}}\n"
+        "batch_size: 10\nepochs: 6\noptimizer: {name: sgd, lr: 0.1}\ndevice: cpu\nseed: 3\n"
+        "loader: {workers: 2}\ncheckpoint: {every_steps: 5, keep_last: 2}\n"
+    )
+    killed = tmp_path / "killed"
+    killed_at = kill_once_checkpointed(spec, killed, 25)
+    assert 25 <= killed_at < 96, "the kill must land mid-run"
+    # --resume at once: the killed trainer's loader workers, which hold its folder's lock
+    # (inherited by fork), must have ended with it
+    assert_resumes_to_the_uninterrupted_weights(spec, killed, killed_at, 96)

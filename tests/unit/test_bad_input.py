@@ -234,7 +234,8 @@ def test_more_folds_than_samples_are_refused_up_front():
     raw = {**SPEC, "sweep": {"kfold": 5000}}
     message = refused(check_space, parse_spec(raw), raw, None, "s.yaml")
     assert message == (
-        "s.yaml: sweep.kfold: 5000 folds need at least 5000 training samples; the data has 1437"
+        "s.yaml: sweep.kfold: 5000 folds need at least 10000 training samples (2 to score each "
+        "fold on); the data has 1437: use at most 718 folds"
     )
 
 
@@ -268,3 +269,19 @@ def test_a_sweep_without_a_completed_trial_is_summarized_in_one_line():
     )
     assert failure_summary({"trials": [*trials, trial(4, "completed")]}) is None
     assert failure_summary({"trials": []}) is None
+
+
+# ------------------------------------------------- issue 34, 9: generated data beyond memory
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"name": "synthetic", "shape": [100_000, 100_000, 100_000], "num_samples": 10},
+        {"name": "synthetic", "kind": "tokens", "seq_len": 10**8, "num_samples": 10**8},
+    ],
+)
+def test_synthetic_data_beyond_memory_is_one_line_before_allocating(data):
+    spec = parse_spec({**SPEC, "data": data})
+    message = refused(build_data, spec.data, spec.seed)
+    assert "of memory to generate; this machine has" in message and "PiB" in message

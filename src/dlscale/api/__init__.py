@@ -138,6 +138,9 @@ def train(
     `cluster` picks where workers run: `local` processes (the default) or a `ray` cluster at
     `address` (`auto`, or HOST:PORT of its head).
     """
+    from dlscale.launch import check_cluster
+
+    check_cluster(cluster, address)
     if not isinstance(spec, Spec):
         spec = load_spec(spec)
     from dlscale.train.device import check_precision, resolve_device
@@ -153,14 +156,14 @@ def train(
 
     if cluster == "local" and spec.strategy.name != "single":
         warm_up()  # the workers' fork server imports torch while the checks below run
-    check_run(spec, cluster, reporter)  # memory, cores, load: before any folder or process
+    early = check_run(spec, cluster, reporter)  # memory, cores, load: before any folder
 
     def start(run_dir: Path, resume_from: Path | None) -> dict:
         launcher = make_launcher(cluster, address)
         return STRATEGIES[spec.strategy.name](spec, run_dir, resume_from, reporter, launcher)
 
     # The folder is this process's from here to the end (a second run into it is refused).
-    return train_in_folder(spec.name, out_dir, resume, reporter, start)
+    return train_in_folder(spec.name, out_dir, resume, reporter, start, early)
 
 
 def exit_quickly() -> None:
@@ -256,7 +259,9 @@ def compare(
 ) -> dict:
     """Train a spec with each strategy at the same worker count; accuracy against wall time."""
     from dlscale.bench.compare import compare_result, compare_row, compare_spec
+    from dlscale.launch import check_cluster
 
+    check_cluster(cluster, address)
     if not strategies:
         raise UserError("--strategies takes strategy names, e.g. ddp,async")
     spec = load_spec(spec_path)
@@ -296,12 +301,13 @@ def sweep(
 ) -> dict:
     """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results
     (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
-    from dlscale.launch import make_launcher
+    from dlscale.launch import check_cluster, make_launcher
     from dlscale.launch.base import Resources
     from dlscale.spec import load_raw, parse_spec
     from dlscale.sweep.runner import NullSweepReporter, SweepRunner
     from dlscale.sweep.space import check_space
 
+    check_cluster(cluster, address)
     base_dir = Path(spec_path).resolve().parent
     raw = load_raw(spec_path)  # read once: the trials derive from the very text validated here
     spec = parse_spec(raw, base_dir, str(spec_path))

@@ -49,18 +49,21 @@ class HostNeed:
         )
 
 
-def check_run(spec: Spec, cluster: str, reporter) -> None:
-    """Refuse a run this machine cannot hold (UserError); warn `reporter` if it will crawl."""
+def check_run(spec: Spec, cluster: str, reporter) -> list[str]:
+    """Refuse a run this machine cannot hold (UserError); warn `reporter` if it will crawl, and
+    return those warnings for the run's record."""
     is_local = cluster == "local"
     cores = local.available_cores()
     if is_local:
         check_process_count(*local_processes(spec), cores)
     check_memory(spec, is_local)
-    if is_local and reporter is not None:
-        threads = spec.threads or default_threads(spec.strategy.processes)
-        load = load_average_1m()
-        for message in slow_start_warnings(spec.strategy.processes, threads, cores, load):
-            reporter.warn(message)
+    if not is_local:
+        return []
+    threads = spec.threads or default_threads(spec.strategy.processes)
+    found = slow_start_warnings(spec.strategy.processes, threads, cores, load_average_1m())
+    for message in found if reporter is not None else []:
+        reporter.warn(message)
+    return found
 
 
 def local_problems(spec: Spec) -> list[str]:

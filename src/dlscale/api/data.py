@@ -54,7 +54,7 @@ def stage_data(source: str | Path, dst: str | Path) -> dict:
     """Copy a data set (a shard pattern, or a folder of shards, an hf dataset or images) into
     `dst`, resumably and verified by sha256; the staging record, with the read rate."""
     files, root = source_files(source)
-    record = stage(files, root, Path(dst))
+    record = stage(files, root, Path(dst), rehash=True)  # the command's promise: hashed now
     seconds = record["seconds"]
     record["copied_bytes_per_s"] = record["copied_bytes"] / seconds if seconds > 0 else None
     return record

@@ -17,10 +17,16 @@ Start = Callable[[Path, Path | None], dict]
 
 
 def train_in_folder(
-    name: str, out_dir: str | Path | None, resume: bool, reporter: Reporter | None, start: Start
+    name: str,
+    out_dir: str | Path | None,
+    resume: bool,
+    reporter: Reporter | None,
+    start: Start,
+    early_warnings: list[str] = (),
 ) -> dict:
     """Hold the run folder (`out_dir`; for a new run by default a new runs/<name>-<timestamp>;
-    for --resume the newest run of `name`), then `start(run_dir, resume_from)`: its record."""
+    for --resume the newest run of `name`), then `start(run_dir, resume_from)`: its record,
+    whose warnings begin with `early_warnings` (said, by the caller, before the run began)."""
     if out_dir is not None:
         owned = claim(Path(out_dir))
     else:
@@ -39,8 +45,9 @@ def train_in_folder(
             if reporter is not None:
                 reporter.warn(message)
         record = start(run_dir, resume_from)
-        if skipped:  # said before the run began, so the run's own record did not have them
-            record["warnings"] = skipped + record["warnings"]
+        before = [*early_warnings, *skipped]
+        if before:  # said before the run began, so the run's own record did not have them
+            record["warnings"] = before + record["warnings"]
             with ckpt.naming_intact(run_dir):
                 write_json_atomic(run_dir / "run.json", record)
         return record

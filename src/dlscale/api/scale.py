@@ -41,8 +41,10 @@ def scale(
         scaled_strategy,
         threads_for,
     )
+    from dlscale.launch import check_cluster
     from dlscale.launch.local import available_cores
 
+    check_cluster(cluster, address)
     if not workers or min(workers) < 1:
         raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
     if steps is not None and steps < 1:

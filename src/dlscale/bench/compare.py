@@ -14,12 +14,15 @@ epoch end whose validation accuracy reached it, or None ("not reached").
 
 from __future__ import annotations
 
+from pydantic import TypeAdapter
+
 from dlscale.errors import UserError
 from dlscale.spec import (
     DdpStrategy,
     PipelineStrategy,
     PsStrategy,
     Spec,
+    StrategySpec,
     TensorStrategy,
     parse_spec,
 )
@@ -116,6 +119,12 @@ def time_to_accuracy(curve: list[dict], target: float | None) -> dict | None:
     return None
 
 
+def trainers(strategy: dict) -> int:
+    """The processes that trained, from a record's strategy section: a pipeline's stages and a
+    tensor group's shards as well as data-parallel workers (a ps job's servers train nothing)."""
+    return TypeAdapter(StrategySpec).validate_python(strategy).trainers
+
+
 def compare_row(name: str, record: dict, run_dir: str, total_s: float | None = None) -> dict:
     """One run's figures: final accuracy, wall time, throughput, and its per-epoch curve.
 
@@ -129,7 +138,7 @@ def compare_row(name: str, record: dict, run_dir: str, total_s: float | None = N
     last = curve[-1] if curve else {"val_accuracy": None, "val_loss": None}
     row = {
         "strategy": name,
-        "workers": record["spec"]["strategy"].get("workers", 1),
+        "workers": trainers(record["spec"]["strategy"]),
         "val_accuracy": last["val_accuracy"],
         "val_loss": last["val_loss"],
         "wall_s": final["wall_s"],

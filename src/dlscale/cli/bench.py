@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
@@ -16,7 +15,7 @@ from dlscale.cli.bench_io import io_command
 from dlscale.cli.bench_link import link_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
-from dlscale.cli.options import parse_int_list
+from dlscale.cli.options import parse_int_list, parse_kwargs
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
 from dlscale.units import binary_bytes
@@ -358,10 +357,7 @@ def batch(
     api.check_out_dir(out)  # a bad --out is one line now, not after the bench
     if steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
-    try:
-        model_kwargs = json.loads(kwargs) if kwargs else None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
+    model_kwargs = parse_kwargs(kwargs)
     result = api.bench_batch(
         model, parse_int_list(batches, "--batches"), model_kwargs, steps, memory_fraction
     )

@@ -1,4 +1,5 @@
-"""Help screens without a type label on on/off flags: Typer 0.29 prints `<bool>` beside each.
+"""The CLI's command groups: help screens without a type label on on/off flags (Typer 0.29
+prints `<bool>` beside each), and no empty argument.
 
 A flag takes no value, so a label there reads as if `--resume <bool>` wanted one. Rich help
 prints an option's metavar in place of its type when one is set: an empty one for every flag
@@ -9,6 +10,9 @@ from __future__ import annotations
 
 from typer.core import TyperGroup
 
+from dlscale.cli.errors import fail
+from dlscale.cli.options import empty_argument
+
 
 def _unlabel_flags(params: list) -> list:
     for param in params:
@@ -18,7 +22,15 @@ def _unlabel_flags(params: list) -> list:
 
 
 class FlagHelpGroup(TyperGroup):
-    """A command group whose own flags, and its commands' flags, show no type in help."""
+    """A command group whose own flags, and its commands' flags, show no type in help, and
+    which refuses an empty argument before any command sees it."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        # The root group parses every argument first, its commands' included.
+        problem = empty_argument(args)
+        if problem is not None:
+            raise fail(problem)
+        return super().parse_args(ctx, args)
 
     def get_params(self, ctx):
         return _unlabel_flags(super().get_params(ctx))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dlscale.errors import UserError
 
 
@@ -20,3 +22,44 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:
             raise UserError(f"{option}: {value} is below the minimum of {minimum}")
         values.append(value)
     return values
+
+
+def empty_argument(args: list[str]) -> str | None:
+    """What is wrong with the first empty argument (`--out ""`, `--out=`), or None.
+
+    A path given as "" becomes Path(""), the current folder, so an empty name quietly meant
+    "here" (a run trained into the folder it was started from); no option takes an empty value.
+    """
+    for index, arg in enumerate(args):
+        if arg.startswith("--") and arg.endswith("="):
+            return f"{arg[:-1]}: an empty value names nothing (for the current folder, give .)"
+        if not arg.strip():
+            option = args[index - 1] if index and args[index - 1].startswith("-") else None
+            if option is not None:
+                return f"{option}: an empty value names nothing (for the current folder, give .)"
+            return "an empty argument names nothing (for the current folder, give .)"
+    return None
+
+
+def parse_kwargs(text: str | None) -> dict | None:
+    """`--kwargs '{"hidden": [64]}'`: a JSON object; one given a key twice is refused, since
+    json.loads keeps the last value silently and the model would be built from a setting its
+    writer may not have meant (as a spec's duplicate YAML keys are refused)."""
+    if not text:
+        return None
+
+    def unique(pairs: list[tuple[str, object]]) -> dict:
+        found: dict = {}
+        for key, value in pairs:
+            if key in found:
+                raise UserError(f"--kwargs: the key '{key}' is given twice")
+            found[key] = value
+        return found
+
+    try:
+        value = json.loads(text, object_pairs_hook=unique)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
+    if not isinstance(value, dict):
+        raise UserError("--kwargs must be a JSON object, e.g. '{\"hidden\": [64]}'")
+    return value

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
-from dlscale.cli.options import parse_int_list
+from dlscale.cli.options import parse_int_list, parse_kwargs
 from dlscale.errors import UserError
 
 console = Console(highlight=False)
@@ -89,12 +89,7 @@ def profile(
         raise UserError(f"--precision must be fp32, bf16, fp16 or int8 (got '{precision}')")
     if optimizer is not None and optimizer not in ("sgd", "momentum", "adam", "adamw"):
         raise UserError(f"--optimizer must be sgd, momentum, adam or adamw (got '{optimizer}')")
-    try:
-        model_kwargs = json.loads(kwargs) if kwargs else None
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--kwargs is not valid JSON: {exc.msg}") from None
-    if model_kwargs is not None and not isinstance(model_kwargs, dict):
-        raise UserError("--kwargs must be a JSON object, e.g. '{\"hidden\": [64]}'")
+    model_kwargs = parse_kwargs(kwargs)
     if plot is not None:
         api.profile_plot_folder(plot)
     result = api.profile(

@@ -8,6 +8,7 @@ samples however far a run got, and no chunk depends on the previous one's state.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import numpy as np
@@ -22,7 +23,7 @@ PIXEL_LEVELS = 255  # uint8: 0..255
 
 def chunk_samples(shape: list[int]) -> int:
     """Samples per chunk for samples of `shape` (at least one)."""
-    return max(1, CHUNK_BYTES // int(np.prod(shape)))
+    return max(1, CHUNK_BYTES // math.prod(shape))  # exact: numpy's int64 product wraps
 
 
 def synthetic_image_chunks(

@@ -7,6 +7,7 @@ next tokens (n, T) for language modelling.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +18,10 @@ import torch
 from dlscale.data.build import build_data
 from dlscale.data.generate import PIXEL_LEVELS, chunk_samples, synthetic_image_chunks
 from dlscale.data.split import num_val_samples
+from dlscale.data.synthetic import check_fits_in_memory
 from dlscale.errors import UserError
 from dlscale.spec import DigitsData, SyntheticData, load_spec
+from dlscale.spec.base import MAX_SEED
 
 NAMED_SOURCES = ("digits", "synthetic")
 DEFAULT_VAL_FRACTION = 0.2
@@ -58,6 +61,8 @@ def open_source(
     Options that do not apply to the source are refused rather than ignored.
     """
     given = {"--samples": samples, "--shape": shape, "--classes": classes}
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise UserError(f"--seed: {seed} is not between 0 and {MAX_SEED} (as a spec's seed)")
     if str(source) == "synthetic":
         return synthetic_source(samples, shape, classes, seed, val_fraction)
     if str(source) == "digits":
@@ -90,6 +95,7 @@ def synthetic_source(
     num_classes = defaults.num_classes if classes is None else classes
     if num_samples < 1 or min(shape) < 1 or num_classes < 2:
         raise UserError("synthetic: --samples and --shape need positive sizes, --classes ≥ 2")
+    _check_generation_memory(shape, num_classes)
     num_val = num_val_samples(num_samples, _fraction(val_fraction), "data 'synthetic'")
     num_train = num_samples - num_val
 
@@ -140,6 +146,14 @@ def _is_image(x: torch.Tensor) -> bool:
     if x.ndim != 4 or not x.is_floating_point() or len(x) == 0:
         return False
     return bool(x.min() >= 0) and bool(x.max() <= 1)
+
+
+def _check_generation_memory(shape: list[int], num_classes: int) -> None:
+    """Generating holds the class prototypes and a chunk of at least one sample as float32
+    (data/generate.py), however many samples are written."""
+    values = (num_classes + chunk_samples(shape)) * math.prod(shape)
+    shown = ",".join(str(d) for d in shape)
+    check_fits_in_memory(4 * values, f"synthetic: --shape {shown} and {num_classes} classes")
 
 
 def _stored(x: torch.Tensor, as_images: bool) -> np.ndarray:

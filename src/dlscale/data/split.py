@@ -66,6 +66,11 @@ def _split_indices(y: torch.Tensor, num_val: int, seed: int) -> tuple[torch.Tens
     return order[:num_val], order[num_val:]
 
 
+# A fold scored on one sample is right or wrong, 0% or 100% (leave-one-out): the sweep would
+# compare configurations by the mean of coin flips, with no spread to tell them apart by.
+MIN_SAMPLES_PER_FOLD = 2
+
+
 def cross_validation_fold(bundle: DataBundle, folds: int, index: int, seed: int) -> DataBundle:
     """Fold `index` of `folds` over the training part: it validates, the other folds train.
 
@@ -82,10 +87,11 @@ def cross_validation_fold(bundle: DataBundle, folds: int, index: int, seed: int)
             "val_path or val_urls instead"
         )
     x, y = bundle.train.tensors
-    if len(y) < folds:
+    if len(y) < MIN_SAMPLES_PER_FOLD * folds:
         raise UserError(
-            f"sweep.kfold: {folds} folds need at least {folds} training samples; "
-            f"the data has {len(y)}"
+            f"sweep.kfold: {folds} folds need at least {MIN_SAMPLES_PER_FOLD * folds} training "
+            f"samples ({MIN_SAMPLES_PER_FOLD} to score each fold on); the data has {len(y)}: "
+            f"use at most {len(y) // MIN_SAMPLES_PER_FOLD} folds"
         )
     counts = torch.bincount(y) if y.ndim == 1 else None
     stratify = counts is not None and int(counts[counts > 0].min()) >= folds

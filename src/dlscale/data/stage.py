@@ -6,8 +6,14 @@ slow read once. `stage()` is safe to call from every trainer of a run: the proce
 on a lock in the destination, the first copies, the others find the ledger and check sizes.
 
 The ledger (`LEDGER` in the destination) records each staged file: the source's size and mtime
-(a source that changed is copied again), the copy's sha256, size and mtime, and the seconds the
-copy took. A copy in progress is `NAME.part`: an interrupted stage continues from its size.
+(a source that changed is copied again), the copy's sha256, size, mtime and ctime, and the
+seconds the copy took. A copy in progress is `NAME.part`: an interrupted stage continues from its
+size.
+
+A copy is reused without reading it while its size, mtime and ctime are the ledger's: any write
+to it moves its ctime, which (unlike its mtime) no user can set back, so a bit flipped by a
+write is hashed and caught. Bytes decayed on the disk itself are not; `rehash=True` (what
+`dlscale data stage` does) reads every copy again, at the local disk's read rate.
 """
 
 from __future__ import annotations
@@ -30,8 +36,9 @@ STAGING_FILES = (LEDGER, LOCK)  # never data: skipped when a folder is listed fo
 COPY_CHUNK_BYTES = 8 * 2**20  # large sequential reads suit network file systems
 
 
-def stage(files: list[Path], src_root: Path, dst_dir: Path) -> dict:
-    """Copy `files` (all under `src_root`) into `dst_dir`, keeping their layout below the root.
+def stage(files: list[Path], src_root: Path, dst_dir: Path, rehash: bool = False) -> dict:
+    """Copy `files` (all under `src_root`) into `dst_dir`, keeping their layout below the root;
+    the copies already there are checked by their ledger entry (`rehash`: by their bytes).
 
     Each copy is verified by sha256: against the `dataset.json` beside the file when it lists
     the file, else against the source's own bytes hashed while copying. Returns the run record:
@@ -40,6 +47,7 @@ def stage(files: list[Path], src_root: Path, dst_dir: Path) -> dict:
     """
     started = time.perf_counter()
     src_root, dst_dir = Path(src_root), Path(dst_dir)
+    check_outside(src_root, dst_dir)
     sources = {str(Path(f).relative_to(src_root)): Path(f) for f in files}
     sizes = {rel: _source_stat(path).st_size for rel, path in sources.items()}
     expected = expected_hashes(list(sources.values()))
@@ -49,7 +57,9 @@ def stage(files: list[Path], src_root: Path, dst_dir: Path) -> dict:
         with _locked(dst_dir):
             ledger = read_ledger(dst_dir)
             for rel, path in sources.items():
-                if _still_staged(ledger.get(rel), path, dst_dir / rel):
+                if _still_staged(ledger.get(rel), path, dst_dir / rel, rehash):
+                    if _remember_times(ledger[rel], dst_dir / rel):
+                        _write_ledger(dst_dir, ledger)  # hashed now: not again until it changes
                     continue
                 entry, written = copy_verified(path, dst_dir / rel, expected.get(path))
                 ledger[rel] = entry
@@ -109,6 +119,7 @@ def copy_verified(src: Path, dst: Path, expected: str | None) -> tuple[dict, int
         "mtime_ns": source.st_mtime_ns,
         "sha256": digest,
         "staged_mtime_ns": copied.st_mtime_ns,
+        "staged_ctime_ns": copied.st_ctime_ns,
         "seconds": time.perf_counter() - started,
     }
     return entry, source.st_size - offset
@@ -153,16 +164,29 @@ def read_ledger(dst_dir: Path) -> dict[str, dict]:
         return {}
 
 
-def _still_staged(entry: dict | None, src: Path, dst: Path) -> bool:
-    """Whether dst is the verified copy of src's current version (sizes and times only, unless
-    the copy's were touched: then its bytes are hashed against the ledger)."""
+def check_outside(src_root: Path, dst_dir: Path) -> None:
+    """One line when the destination is the data set's folder or inside it: the copies would
+    land on the storage they are meant to spare, and join the data set's own files."""
+    src, dst = Path(src_root).resolve(), Path(dst_dir).resolve()
+    if dst.is_relative_to(src):
+        raise UserError(
+            f"{dst_dir} is inside the data set it copies ({src_root}): stage into a folder "
+            "outside it, on the local disk"
+        )
+
+
+def _still_staged(entry: dict | None, src: Path, dst: Path, rehash: bool) -> bool:
+    """Whether dst is the verified copy of src's current version: by its size and times
+    (see the module docstring), else, or with `rehash`, by its bytes hashed again."""
     if entry is None or not dst.is_file():
         return False
     source = src.stat()
     if (source.st_size, source.st_mtime_ns) != (entry["size"], entry["mtime_ns"]):
         return False  # the source changed since: stage the new version
     copy = dst.stat()
-    if (copy.st_size, copy.st_mtime_ns) == (entry["size"], entry["staged_mtime_ns"]):
+    seen = (copy.st_size, copy.st_mtime_ns, copy.st_ctime_ns)
+    recorded = (entry["size"], entry["staged_mtime_ns"], entry.get("staged_ctime_ns"))
+    if seen == recorded and not rehash:
         return True
     with open(dst, "rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
@@ -173,6 +197,15 @@ def _still_staged(entry: dict | None, src: Path, dst: Path) -> bool:
             f"{entry['sha256'][:12]}…); it was removed: stage again to copy {src} anew"
         )
     return True
+
+
+def _remember_times(entry: dict, dst: Path) -> bool:
+    """Put a verified copy's current times in its ledger entry; whether they were new."""
+    copy = dst.stat()
+    times = {"staged_mtime_ns": copy.st_mtime_ns, "staged_ctime_ns": copy.st_ctime_ns}
+    changed = any(entry.get(key) != value for key, value in times.items())
+    entry.update(times)
+    return changed
 
 
 def _hash_prefix(path: Path, size: int):

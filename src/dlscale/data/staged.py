@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from dlscale.data.images import list_images
 from dlscale.data.shards import expand_pattern
-from dlscale.data.stage import PART_SUFFIX, STAGING_FILES, stage
+from dlscale.data.stage import PART_SUFFIX, STAGING_FILES, check_outside, stage
 from dlscale.errors import UserError
 from dlscale.spec import HfData, ImagesData, StoredData, WebDatasetData
 
@@ -29,7 +30,8 @@ def stage_spec(spec: StoredData) -> tuple[StoredData, dict]:
     elif isinstance(spec, HfData | ImagesData):
         folders = [p for p in (spec.path, getattr(spec, "val_path", None)) if p is not None]
         root = _common_root(folders)
-        files = [f for folder in folders for f in tree_files(folder, skip=dst)]
+        check_outside(root, dst)  # before listing: a stage folder inside would be listed too
+        files = [f for folder in folders for f in tree_files(folder)]
         update = {"path": Path(_moved(str(spec.path), root, dst))}
         if isinstance(spec, ImagesData) and spec.val_path is not None:
             update["val_path"] = Path(_moved(str(spec.val_path), root, dst))
@@ -44,6 +46,7 @@ def source_files(source: str | Path) -> tuple[list[Path], Path]:
     text = str(source)
     if Path(text).is_dir():
         folder = Path(text).resolve()
+        check_data_set(folder)
         return tree_files(folder), folder
     if Path(text).is_file() or any(mark in text for mark in "{}*?["):
         files = pattern_files(str(Path(text).absolute()))
@@ -61,13 +64,34 @@ def pattern_files(pattern: str) -> list[Path]:
     return files + sorted(p for p in listings if p.is_file())
 
 
-def tree_files(folder: Path, skip: Path | None = None) -> list[Path]:
-    """Every file under `folder` (not staging's own files, nor a stage folder inside it)."""
+# What marks a folder as a data set `data stage` copies whole: convert's listing of its shards,
+# and the files `datasets.save_to_disk` writes for a Dataset and for a DatasetDict.
+DATA_SET_MARKERS = ("dataset.json", "state.json", "dataset_dict.json")
+
+
+def check_data_set(folder: Path) -> None:
+    """One line unless `folder` is a data set dlscale reads: shards (with dataset.json, or
+    .tar files), a Hugging Face dataset saved to disk, or class folders of images."""
+    if any((folder / name).is_file() for name in DATA_SET_MARKERS):
+        return
+    if any(path.suffix == ".tar" for path in folder.iterdir() if path.is_file()):
+        return
+    try:
+        list_images(folder)
+    except UserError as exc:
+        raise UserError(
+            f"{folder}: not a data set, so nothing was copied: expected a folder of shards "
+            "(.tar files, or dataset.json from `dlscale data convert`), a Hugging Face "
+            "dataset saved to disk (dataset_info.json and state.json, or dataset_dict.json), "
+            f"or class folders of images ({exc})"
+        ) from None
+
+
+def tree_files(folder: Path) -> list[Path]:
+    """Every file under `folder` (not staging's own files)."""
     found = []
     for path in sorted(Path(folder).rglob("*")):
         if not path.is_file() or path.name in STAGING_FILES or path.name.endswith(PART_SUFFIX):
-            continue
-        if skip is not None and path.resolve().is_relative_to(Path(skip).resolve()):
             continue
         found.append(path)
     if not found:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.utils.data import TensorDataset
 
+from dlscale.bench.memory import available_memory_bytes
 from dlscale.data.bundle import DataBundle
 from dlscale.data.split import num_val_samples
 from dlscale.errors import UserError
 from dlscale.spec import SyntheticData
+from dlscale.units import binary_bytes
 
 # Noise around each class prototype, uniform in ±IMAGE_NOISE_HALF_WIDTH (std 0.14; uniform because
 # it is ~1.6× faster to draw than normal noise). Prototypes are uniform in [0, 1], so two of them
@@ -22,6 +26,23 @@ SUCCESSORS_PER_TOKEN = 2
 FOLLOW_PROB = 0.9
 
 
+def check_fits_in_memory(need_bytes: int, what: str) -> None:
+    """One line, before numpy or torch try the allocation and fail in a traceback, when
+    generating `what` needs more memory than this machine has free."""
+    free_bytes = available_memory_bytes(torch.device("cpu"))
+    if need_bytes > free_bytes:
+        raise UserError(
+            f"{what} need {binary_bytes(need_bytes)} of memory to generate; this machine has "
+            f"{binary_bytes(free_bytes)} free"
+        )
+
+
+def _check_sequences_fit(spec: SyntheticData, source: str) -> None:
+    # int64 tokens, each sequence one longer: next-token labels are cut from it
+    tokens = spec.num_samples * (spec.seq_len + 1)
+    check_fits_in_memory(8 * tokens, f"{source}: {spec.num_samples} sequences of {spec.seq_len}")
+
+
 def make_synthetic(spec: SyntheticData, seed: int) -> DataBundle:
     """Generate `spec.num_samples` samples with `seed` (same spec and seed → same tensors)."""
     generator = torch.Generator().manual_seed(seed)
@@ -31,12 +52,17 @@ def make_synthetic(spec: SyntheticData, seed: int) -> DataBundle:
             raise UserError(
                 f"{source}: task '{spec.task}' needs kind: tokens (kind: image is classification)"
             )
+        shown = "×".join(str(d) for d in spec.shape)
+        values = (spec.num_samples + spec.num_classes) * math.prod(spec.shape)  # + prototypes
+        check_fits_in_memory(4 * values, f"{source}: {spec.num_samples} samples of {shown}")
         x, y = synthetic_images(spec.num_samples, spec.shape, spec.num_classes, generator)
         num_classes, vocab_size = spec.num_classes, None
     elif spec.task == "language_modeling":
+        _check_sequences_fit(spec, source)
         x, y = markov_next_tokens(spec.num_samples, spec.seq_len, spec.vocab_size, generator)
         num_classes, vocab_size = spec.vocab_size, spec.vocab_size
     else:
+        _check_sequences_fit(spec, source)
         x, y = markov_classes(
             spec.num_samples, spec.seq_len, spec.vocab_size, spec.num_classes, generator
         )

@@ -73,11 +73,16 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
+def end_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
+    end_with_parent()
     # Forked from the fork server, the kernel's parent is that server, which exits with the
     # launcher (and then PR_SET_PDEATHSIG ends this process); the watch asks about the launcher.
     if not parent_alive(parent_pid):

@@ -31,7 +31,15 @@ def _seed_in_range(value: int) -> int:
     return value
 
 
-Seed = Annotated[int, AfterValidator(_seed_in_range)]
+def refuse_bool(value: Any) -> Any:
+    """pydantic reads `true` as the integer 1 where an int is expected: `seed: true` trained
+    with seed 1. A count or a seed is a number, never a yes/no."""
+    if isinstance(value, bool):
+        raise ValueError(f"must be a whole number, not a boolean (got {str(value).lower()})")
+    return value
+
+
+Seed = Annotated[int, BeforeValidator(refuse_bool), AfterValidator(_seed_in_range)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
 Bytes = Annotated[PositiveInt, BeforeValidator(parse_bytes)]  # 2048, "512MiB", "1.5GB"
 

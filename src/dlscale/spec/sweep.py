@@ -5,9 +5,16 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
 
-from dlscale.spec.base import Strict
+from dlscale.spec.base import Strict, refuse_bool
 
 MAX_RUNS = 10_000  # trainings in one sweep: trials × folds (or ensemble members)
 
@@ -73,8 +80,8 @@ class SweepSpec(Strict):
     grid: dict[str, list[Any]] | None = None
     random: SearchSpec | None = None
     tpe: SearchSpec | None = None
-    kfold: Annotated[int, Field(ge=2)] | None = None
-    ensemble: Annotated[int, Field(ge=2)] | None = None
+    kfold: Annotated[int, BeforeValidator(refuse_bool), Field(ge=2)] | None = None
+    ensemble: Annotated[int, BeforeValidator(refuse_bool), Field(ge=2)] | None = None
     metric: Literal["val_accuracy", "val_loss"] = "val_accuracy"
     early_stopping: EarlyStoppingSpec | None = None
 

@@ -14,4 +14,13 @@ STRATEGIES: dict[str, Callable[..., dict]] = {
     "tensor": tensor.run,
 }
 
-__all__ = ["STRATEGIES"]
+# name -> check(spec, meta_model, data): what its run refuses before any process starts, for
+# `validate` to find too (the model built on the meta device); strategies with nothing to plan
+# have none.
+CHECKS: dict[str, Callable[..., None]] = {
+    "pipeline": pipeline.check,
+    "hybrid": pipeline.check,
+    "tensor": tensor.check,
+}
+
+__all__ = ["CHECKS", "STRATEGIES"]

@@ -16,6 +16,7 @@ from torch.utils.data import (
 )
 
 from dlscale.data.stream import StreamDataset
+from dlscale.launch.local import end_with_parent
 from dlscale.spec import Spec
 from dlscale.train.sampler import GlobalBatchSampler
 
@@ -64,15 +65,32 @@ class _StreamPart(IterableDataset):
         return self.sampler.batches(part)
 
 
+def end_with_trainer(worker_id: int) -> None:
+    """A loader worker's first act: end the moment its trainer does. A forked worker holds a
+    copy of every open file, the run folder's lock among them, and torch's own check of its
+    parent runs every 5 s, so a --resume straight after a SIGKILL found the folder 'in use'."""
+    end_with_parent()
+
+
+def own_generator(seed: int) -> torch.Generator:
+    """A DataLoader's own generator. Without one, each `iter(loader)` draws the workers' base
+    seed from torch's global generator: the very stream dropout draws from, so a resumed run,
+    which starts its loader mid-epoch, would shift every later dropout mask."""
+    return torch.Generator().manual_seed(seed)
+
+
 class StreamBatches:
     """A stream's batches of the sampler's epoch: read here, or by loader worker processes
     (started for each epoch, since the epoch and start batch change what they read)."""
 
-    def __init__(self, sampler: StreamSampler, workers: int, prefetch: int | None, pin: bool):
+    def __init__(
+        self, sampler: StreamSampler, workers: int, prefetch: int | None, pin: bool, seed: int
+    ):
         self.sampler = sampler
         self.workers = workers
         self.prefetch = prefetch
         self.pin_memory = pin
+        self.seed = seed
 
     def __iter__(self) -> Iterator:
         if self.workers == 0 and not self.pin_memory:
@@ -83,6 +101,8 @@ class StreamBatches:
             batch_size=None,
             num_workers=self.workers,
             pin_memory=self.pin_memory,
+            generator=own_generator(self.seed * 1_000_003 + self.sampler.epoch),
+            worker_init_fn=end_with_trainer,
             **extra,
         )
         return iter(loader)
@@ -112,7 +132,7 @@ def train_batches(spec: Spec, dataset, sampler, device: torch.device) -> Iterabl
     loader = spec.loader
     pin = loader.pin_memory and device.type == "cuda"
     if isinstance(sampler, StreamSampler):
-        return StreamBatches(sampler, loader.workers, loader.prefetch, pin)
+        return StreamBatches(sampler, loader.workers, loader.prefetch, pin, spec.seed)
     if loader.workers == 0 and not pin:
         return InProcessBatches(dataset, sampler)
     extra = {}
@@ -124,8 +144,8 @@ def train_batches(spec: Spec, dataset, sampler, device: torch.device) -> Iterabl
         batch_size=None,
         num_workers=loader.workers,
         pin_memory=pin,
-        # Its own generator: creating an iterator must not draw from the global RNG.
-        generator=torch.Generator().manual_seed(spec.seed),
+        generator=own_generator(spec.seed),
+        worker_init_fn=end_with_trainer,
         **extra,
     )
 
@@ -133,12 +153,21 @@ def train_batches(spec: Spec, dataset, sampler, device: torch.device) -> Iterabl
 def val_batches(spec: Spec, dataset) -> Iterable:
     """Every validation sample once, in order, in batches of at least 256."""
     size = max(256, spec.batch_size)
+    generator = own_generator(spec.seed)  # validating must not move the training RNG either
     if isinstance(dataset, TensorDataset):
-        return DataLoader(dataset, batch_size=size)
+        return DataLoader(dataset, batch_size=size, generator=generator)
     if getattr(dataset, "streamed", False):
-        return DataLoader(_WholeStream(dataset, size), batch_size=None)
+        return DataLoader(_WholeStream(dataset, size), batch_size=None, generator=generator)
     # Data read from disk: a batch of indices at a time, decoded by the loader's workers.
     batches = BatchSampler(SequentialSampler(dataset), size, drop_last=False)
     workers = spec.loader.workers
     extra = {"persistent_workers": True} if workers else {}
-    return DataLoader(dataset, sampler=batches, batch_size=None, num_workers=workers, **extra)
+    return DataLoader(
+        dataset,
+        sampler=batches,
+        batch_size=None,
+        num_workers=workers,
+        generator=generator,
+        worker_init_fn=end_with_trainer,
+        **extra,
+    )

@@ -1,5 +1,6 @@
 """A spec tried without training: its data read, its model built on the meta device (no memory)
-and given one sample, so `validate` finds what `train` would stop on in its first second."""
+and given one sample, and its strategy's plan made (a pipeline's split, a tensor plan), so
+`validate` finds what `train` would stop on in its first second."""
 
 from __future__ import annotations
 
@@ -8,27 +9,46 @@ import torch
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
 from dlscale.models import build_model
-from dlscale.spec import Spec
-from dlscale.train.plan import check_model_fits_data, check_trainable
+from dlscale.spec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, TensorStrategy
+from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 
 
 def preflight(spec: Spec) -> DataBundle:
-    """Read the data and try the model on one sample; every problem is a one-line UserError.
+    """Read the data, try the model on one sample and plan the strategy; every problem is a
+    one-line UserError.
 
     A factory or forward that needs real tensors (it reads a value, loads weights) cannot run
     on the meta device; that is no fault of the spec, so it is left for `train` to try.
     """
     data = build_data(spec.data, spec.seed)  # where it is: trying a spec copies nothing
+    Plan.of(spec, data.num_train, data_world(spec))  # a global batch larger than the data
     name = spec.model.name
     try:
         with torch.device("meta"):
             model = build_model(name, spec.model.kwargs, data.model_defaults())
         check_model_fits_data(model, data, name)
         check_trainable(model, name)
+        from dlscale.strategies import CHECKS  # strategies build on the training loop
+
+        if spec.strategy.name in CHECKS:
+            CHECKS[spec.strategy.name](spec, model, data)
     except UserError as exc:
         if not _needs_real_tensors(exc.__cause__ or exc.__context__):
             raise
     return data
+
+
+def data_world(spec: Spec) -> int:
+    """How many shares every global batch is cut into: one per data-parallel trainer (a
+    pipeline's stages, a tensor group's shards and a ps job's servers share one)."""
+    strategy = spec.strategy
+    if isinstance(strategy, PipelineStrategy):
+        return strategy.replicas
+    if isinstance(strategy, TensorStrategy):
+        return strategy.data_parallel
+    if isinstance(strategy, DdpStrategy | PsStrategy):
+        return strategy.workers
+    return 1
 
 
 def _needs_real_tensors(error: BaseException | None) -> bool:

@@ -34,6 +34,12 @@ def stage_process(context: WorkerContext, payload: dict) -> dict | None:
     )
 
 
+def check(spec: Spec, meta_model, data) -> None:
+    """What `run` refuses before any process starts, for `validate`: microbatches that do not
+    divide the batch, no split that fits max_memory_per_worker (planned on the meta device)."""
+    plan_stages(spec, meta_model, data, spec.strategy.split)
+
+
 def run(
     spec: Spec,
     run_dir: Path,

@@ -32,16 +32,31 @@ def shard_process(context: WorkerContext, payload: dict) -> dict | None:
 
 
 def plan_for(spec: Spec, model, data) -> TensorPlan:
-    """The split of `model` for the spec's degree, from one sample's forward."""
+    """The split of `model` for the spec's degree, from one sample's forward on the model's
+    device (the meta device, for `check`); one line when nothing splits."""
     strategy: TensorStrategy = spec.strategy
-    flow = record_flow(model, data.example(1)[0], spec.precision)
-    return make_plan(
+    device = next(model.parameters()).device
+    flow = record_flow(model, data.example(1)[0].to(device), spec.precision)
+    plan = make_plan(
         flow,
         strategy.degree,
         strategy.plan,
         count_parameters(model),
         getattr(model, "tp_plan", None),
     )
+    if not plan.layers:
+        raise UserError(
+            f"tensor plan: nothing in model '{spec.model.name}' splits over {strategy.degree} "
+            "devices (no Linear pair or convolution whose features divide by the degree); "
+            "use another degree, name the layers in strategy.plan, or another strategy"
+        )
+    return plan
+
+
+def check(spec: Spec, meta_model, data) -> None:
+    """What `run` refuses before any process starts, for `validate`: a plan that splits
+    nothing (planned on the meta device: no memory)."""
+    plan_for(spec, meta_model, data)
 
 
 def run(
@@ -58,12 +73,6 @@ def run(
     if resume_from is not None:  # the plan the run began with
         saved = ckpt.load_checkpoint(resume_from).get("exchange", {}).get("tensor_plan")
     plan = TensorPlan.from_dict(saved) if saved else plan_for(spec, model, data)
-    if not plan.layers:
-        raise UserError(
-            f"tensor plan: nothing in model '{spec.model.name}' splits over {strategy.degree} "
-            "devices (no Linear pair or convolution whose features divide by the degree); "
-            "use another degree, name the layers in strategy.plan, or another strategy"
-        )
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     degree = strategy.degree
     return launch(
