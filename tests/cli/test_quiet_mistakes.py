@@ -63,10 +63,15 @@ def test_an_empty_out_is_refused_and_nothing_lands_in_the_current_folder(
         ("seed: true\n", "seed"),
         ("data: {name: digits, seed: false}\n", "data.seed"),
         ("sweep: {kfold: true}\n", "sweep.kfold"),
+        # Every number in a spec, not just the seeds: pydantic reads true as 1 and 1.0.
+        ("epochs: true\n", "epochs"),
+        ("optimizer: {name: sgd, lr: true}\n", "optimizer.lr"),
+        ("strategy: {name: ddp, workers: true}\n", "strategy.workers"),
     ],
 )
 def test_a_boolean_where_a_number_belongs_is_refused(tmp_path: Path, extra: str, where: str):
     base = BASE.replace("data: {name: digits}\n", "") if extra.startswith("data") else BASE
+    base = base.replace("steps: 2\n", "") if extra.startswith("epochs") else base
     refused(run("validate", spec_file(tmp_path, extra, base)), where, "not a boolean")
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 from pydantic import (
     AfterValidator,
@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     PositiveInt,
     ValidationInfo,
+    model_validator,
 )
 
 from dlscale.units import parse_bytes
@@ -31,15 +32,14 @@ def _seed_in_range(value: int) -> int:
     return value
 
 
-def refuse_bool(value: Any) -> Any:
-    """pydantic reads `true` as the integer 1 where an int is expected: `seed: true` trained
-    with seed 1. A count or a seed is a number, never a yes/no."""
-    if isinstance(value, bool):
-        raise ValueError(f"must be a whole number, not a boolean (got {str(value).lower()})")
-    return value
+def _takes_bool(annotation: Any) -> bool:
+    """Whether a field's type admits true/false anywhere in it (`bool`, `bool | None`, `Any`)."""
+    if annotation is bool or annotation is Any or annotation is object:
+        return True
+    return any(_takes_bool(arg) for arg in get_args(annotation))
 
 
-Seed = Annotated[int, BeforeValidator(refuse_bool), AfterValidator(_seed_in_range)]
+Seed = Annotated[int, AfterValidator(_seed_in_range)]
 Fraction = Annotated[float, Field(gt=0.0, lt=1.0)]
 Bytes = Annotated[PositiveInt, BeforeValidator(parse_bytes)]  # 2048, "512MiB", "1.5GB"
 
@@ -49,6 +49,32 @@ class Strict(BaseModel):
     setting must be a number (YAML's `.inf` and `.nan` are floats that train to nothing)."""
 
     model_config = ConfigDict(extra="forbid", validate_default=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, data: Any) -> Any:
+        """pydantic reads `true` as 1 where a number is expected: `seed: true` trained with seed
+        1, `epochs: true` for one epoch. A count, a rate or a seed is never a yes/no, so such a
+        value is wrapped where no number validator takes it, and fails at its own field."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        flagged = {
+            key: BooleanGiven(value)
+            for key, value in data.items()
+            if isinstance(value, bool) and key in fields and not _takes_bool(fields[key].annotation)
+        }
+        return {**data, **flagged} if flagged else data
+
+
+class BooleanGiven:
+    """A true/false given where a number belongs (see Strict); the spec loader words its error."""
+
+    def __init__(self, value: bool):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return str(self.value).lower()
 
 
 def spec_relative(value: Any, info: ValidationInfo) -> Path:

@@ -9,6 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dlscale.errors import UserError
+from dlscale.spec.base import BooleanGiven
 from dlscale.spec.job import Spec
 from dlscale.spec.strict_yaml import load_yaml
 
@@ -64,6 +65,8 @@ def describe_validation_error(exc: ValidationError) -> str:
             text = f"unknown {field} name '{ctx['tag']}' (choose from: {choices})"
         else:
             text = f"{field}.name is missing; it picks the kind of {field}"
+    elif isinstance(first.get("input"), BooleanGiven):
+        text = f"{field}: must be a number, not a boolean (got {first['input']!r})"
     else:
         message = first["msg"].removeprefix("Value error, ")
         shown = _short_input(first.get("input")) if kind != "value_error" else ""

@@ -6,7 +6,6 @@ import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BeforeValidator,
     ConfigDict,
     Field,
     PositiveFloat,
@@ -14,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from dlscale.spec.base import Strict, refuse_bool
+from dlscale.spec.base import Strict
 
 MAX_RUNS = 10_000  # trainings in one sweep: trials × folds (or ensemble members)
 
@@ -80,8 +79,8 @@ class SweepSpec(Strict):
     grid: dict[str, list[Any]] | None = None
     random: SearchSpec | None = None
     tpe: SearchSpec | None = None
-    kfold: Annotated[int, BeforeValidator(refuse_bool), Field(ge=2)] | None = None
-    ensemble: Annotated[int, BeforeValidator(refuse_bool), Field(ge=2)] | None = None
+    kfold: Annotated[int, Field(ge=2)] | None = None
+    ensemble: Annotated[int, Field(ge=2)] | None = None
     metric: Literal["val_accuracy", "val_loss"] = "val_accuracy"
     early_stopping: EarlyStoppingSpec | None = None
 
