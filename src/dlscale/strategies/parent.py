@@ -16,7 +16,7 @@ from dlscale.launch.base import Launcher, Resources, WorkerFailed, WorkerFn, per
 from dlscale.models import build_model
 from dlscale.spec import Spec
 from dlscale.strategies.events import default_launcher, forward_to
-from dlscale.train.checkpoint import list_checkpoints, naming_intact
+from dlscale.train.checkpoint import naming_intact
 from dlscale.train.files import write_json_atomic
 from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
@@ -77,7 +77,7 @@ def launch(
             spec.strategy.heartbeat_warn_s,
         )
     except WorkerFailed as exc:
-        raise WorkerFailed(rename(str(exc)) + resume_hint(run_dir)) from None
+        raise WorkerFailed(rename(str(exc))) from None
     record = results[main_rank]
     missing = [message for message in heard if message not in record["warnings"]]
     if missing:
@@ -86,14 +86,6 @@ def launch(
             write_json_atomic(Path(run_dir) / "run.json", record)
     reporter.finish(record)
     return record
-
-
-def resume_hint(run_dir: Path) -> str:
-    """What a stopped job can do next: its checkpoints are kept, and --resume continues it."""
-    saved = list_checkpoints(run_dir)
-    if not saved:
-        return ""
-    return f"; its checkpoints are kept: continue with --resume --out {run_dir}"
 
 
 def check_gpus(spec: Spec, needed: int) -> None:
