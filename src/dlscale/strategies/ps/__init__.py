@@ -62,18 +62,8 @@ def serve(context: WorkerContext, payload: dict) -> dict:
         Path(payload["run_dir"]),
         payload["resume_from"] is not None,
     )
-    newer = payload["weights_from"]
-    if newer is not None:  # an epoch checkpoint newer than the shards: continue from it
-        model.load_state_dict(ckpt.load_checkpoint(Path(newer["path"]))["model"])
-        server.continue_from(flatten(list(model.parameters()), indices), payload["start_steps"])
-        if context.rank == 0:
-            context.send(
-                "warn",
-                f"--resume: the checkpoint at step {newer['step']} is newer than the servers' "
-                f"saved shards (step {newer['shard_step']}; they save every "
-                f"{strategy.checkpoint_every_s:g} s): training continues from the checkpoint "
-                f"at step {newer['step']}",
-            )
+    if payload["weights_from"] is not None:
+        continue_from_checkpoint(server, model, indices, payload, context)
     del model
     server.where = {"host": context.host or socket.gethostname(), "address": context.address}
     join(context, "gloo", strategy.timeout_s)
@@ -90,6 +80,28 @@ def serve(context: WorkerContext, payload: dict) -> dict:
     if not server.dead:  # a dropped worker's receive thread may still be waiting: leave it be
         dist.destroy_process_group()
     return statistics
+
+
+def continue_from_checkpoint(
+    server: ParameterServer,
+    model: torch.nn.Module,
+    indices: list[int],
+    payload: dict,
+    context: WorkerContext,
+) -> None:
+    """An epoch checkpoint newer than the shards (see resume_points): its weights for this
+    shard, every worker at its step; server 0 says so."""
+    newer = payload["weights_from"]
+    model.load_state_dict(ckpt.load_checkpoint(Path(newer["path"]))["model"])
+    server.continue_from(flatten(list(model.parameters()), indices), payload["start_steps"])
+    if context.rank == 0:
+        context.send(
+            "warn",
+            f"--resume: the checkpoint at step {newer['step']} is newer than the servers' saved "
+            f"shards (step {newer['shard_step']}; they save every "
+            f"{server.strategy.checkpoint_every_s:g} s): training continues from the checkpoint "
+            f"at step {newer['step']}",
+        )
 
 
 def wait_for_gathered(store, timeout_s: float) -> None:
