@@ -25,8 +25,9 @@ from tests.conftest import RecordingReporter, alive
 
 STEPS = 60
 # Where worker 2 (the last process: servers 0 and 1, then workers 0..2) is killed: at a share of
-# worker 0's steps, or once a key of the end-of-run protocol is in the store. For the keys, worker
-# 2 is first held back (SIGSTOP at half of worker 0's steps), so that it is still alive when worker
+# worker 0's steps, or once a key of the end-of-run protocol is in the store. Worker 2 is a
+# straggler (worker 0 also validates and saves), so it is alive at each share. For the keys, it
+# is also held back (SIGSTOP at half of worker 0's steps), so that it is still alive when worker
 # 0 ends: at `summary/0` worker 0 waits for the servers' final answer (worker 2 is killed while
 # stopped); for `summary/2` it is let go then and killed as it settles its last push; at
 # `final/1` (worker 0 reads the final records) and `gathered` (the teardown) the servers have
@@ -103,6 +104,7 @@ def test_async_job_survives_losing_a_worker_at_any_point(tmp_path: Path, point, 
         "data": {"name": "synthetic", "shape": [1, 8, 8], "num_samples": 2000},
         "batch_size": 16, "steps": STEPS, "optimizer": {"name": "sgd", "lr": 0.05},
         "strategy": {"name": "ps", "mode": "async", "workers": 3, "servers": 2, "port": port,
+                     "straggler": {"worker": 2, "factor": 3.0},
                      "heartbeat_timeout_s": 2 if point in ("final/1", "gathered") else 10},
     })  # fmt: skip
     pids: list[int] = []  # the job's processes in rank order, as the launcher started them
