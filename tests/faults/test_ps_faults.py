@@ -212,3 +212,40 @@ def test_a_killed_async_job_resumes_from_its_last_shard_save_and_says_which_step
 
 def _version(shard: Path) -> int:
     return int(torch.load(shard, weights_only=True)["version"])
+
+
+@pytest.mark.slow
+def test_a_ps_job_killed_before_any_shard_save_resumes_from_its_epoch_checkpoint(tmp_path: Path):
+    """The defect: killed before the servers' first periodic save (30 s by default), --resume
+    started over at step 0 although worker 0 had saved epoch checkpoints. Now the newer of the
+    two is resumed: the servers start from the epoch checkpoint's weights at its step."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        SERVER_FAULT.replace("num_samples: 8000", "num_samples: 800")
+        .replace("steps: 600", "steps: 200")
+        .replace("checkpoint_every_s: 0.5", "checkpoint_every_s: 3600, data_plane: gloo")
+    )  # 20 steps an epoch; no periodic shard save within the run
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen([DLSCALE, "train", str(spec), "--out", str(run_dir)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + 120
+    while not [step for step, _ in list_checkpoints(run_dir) if step > 0]:
+        assert job.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline, "no epoch checkpoint within 120 s"
+        time.sleep(0.01)
+    job.send_signal(signal.SIGKILL)
+    job.wait(timeout=30)
+    epoch_step = list_checkpoints(run_dir)[-1][0]
+    assert epoch_step > 0 and epoch_step % 20 == 0
+    assert _version(run_dir / "checkpoints" / "ps-shard-0.pt") == 0  # the servers saved nothing
+
+    resumed = train(spec, run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    words = " ".join(resumed.stdout.split())
+    assert f"resuming at step {epoch_step} " in words
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["resumed_from_step"] == epoch_step
+    assert list_checkpoints(run_dir)[-1][0] == 200
+    warnings = " ".join(record["warnings"])
+    assert "holds no trained step" not in warnings
+    assert f"from the checkpoint at step {epoch_step}" in warnings

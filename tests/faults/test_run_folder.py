@@ -128,3 +128,30 @@ def test_every_output_folder_is_owned_by_one_process(tmp_path: Path, command):
     assert result.exit_code == 2, result.output
     assert f"{out} is in use by another dlscale run (pid {os.getpid()})" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_a_failed_job_with_checkpoints_says_how_to_continue(tmp_path: Path):
+    """A job stopped by a dead or failed process (any launcher) names the way back: --resume into
+    the same folder, where there is something to resume; none where nothing was saved."""
+    from dlscale.api.rundir import train_in_folder
+    from dlscale.launch.base import WorkerFailed
+    from dlscale.train.checkpoint import checkpoint_path
+
+    def dies(run_dir: Path, resume_from) -> dict:
+        raise WorkerFailed("worker 1 (pid 42) was killed by SIGKILL (out of memory, or killed)")
+
+    def saves_then_dies(run_dir: Path, resume_from) -> dict:
+        checkpoint_path(run_dir, 20).parent.mkdir(parents=True)
+        checkpoint_path(run_dir, 20).write_bytes(b"")  # listed by its name; never loaded here
+        dies(run_dir, resume_from)
+
+    with pytest.raises(WorkerFailed) as bare:
+        train_in_folder("x", tmp_path / "new", False, None, dies)
+    assert str(bare.value).endswith("(out of memory, or killed)")
+    with pytest.raises(WorkerFailed) as kept:
+        train_in_folder("x", tmp_path / "saved", False, None, saves_then_dies)
+    assert str(kept.value) == (
+        "worker 1 (pid 42) was killed by SIGKILL (out of memory, or killed); its checkpoints "
+        f"are kept: continue with --resume --out {tmp_path / 'saved'}"
+    )
+    assert kept.value.exit_code == 1

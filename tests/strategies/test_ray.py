@@ -184,3 +184,46 @@ def ray_nodes(address: str) -> list[dict]:
         return [node for node in ray.nodes() if node["Alive"]]
     finally:
         ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_killed_worker_actor_is_named_with_the_signal_and_the_resume_hint(cluster, tmp_path):
+    """The defect: `worker 0 on ... died: The actor died unexpectedly before finishing this
+    task...`, without the signal that a local run names, nor how to continue."""
+    import signal
+
+    from dlscale.launch.base import WorkerFailed
+    from tests.conftest import RecordingReporter, alive
+
+    class Killer(RecordingReporter):
+        killed: int | None = None
+
+        def step(self, step, epoch, loss, samples_per_s):
+            super().step(step, epoch, loss, samples_per_s)
+            if self.killed is None and list(tmp_path.glob("checkpoints/step-*.pt")):
+                self.killed = min(actor_pids())  # one of the two workers
+                os.kill(self.killed, signal.SIGKILL)
+
+    spec = parse_spec({**SPEC, "name": "ray-kill", "epochs": 20})
+    killer = Killer()
+    with pytest.raises(WorkerFailed) as failed:
+        api.train(spec, out_dir=tmp_path, cluster="ray", address=cluster.address, reporter=killer)
+    message = str(failed.value)
+    assert killer.killed is not None and not alive(killer.killed)
+    assert "died" in message and "SIGKILL" in message, message
+    assert message.endswith(f"continue with --resume --out {tmp_path}"), message
+    assert "\n" not in message
+
+
+def actor_pids() -> list[int]:
+    """This machine's processes running a dlscale worker actor (Ray names them by the task)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes().startswith(
+                b"ray::_RayWorker.run"
+            ):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dlscale.errors import UserError
+from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import DEFAULT_RUNS_DIR, write_json_atomic
 from dlscale.train.ownership import claim, claim_new
@@ -44,7 +45,14 @@ def train_in_folder(
         for message in skipped:
             if reporter is not None:
                 reporter.warn(message)
-        record = start(run_dir, resume_from)
+        try:
+            record = start(run_dir, resume_from)
+        except WorkerFailed as exc:  # a process died or failed: what was saved can continue
+            if not ckpt.list_checkpoints(run_dir):
+                raise
+            raise WorkerFailed(
+                f"{exc}; its checkpoints are kept: continue with --resume --out {run_dir}"
+            ) from None
         before = [*early_warnings, *skipped]
         if before:  # said before the run began, so the run's own record did not have them
             record["warnings"] = before + record["warnings"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import time
 from typing import Any
@@ -325,10 +326,24 @@ def lost_peer(failure: str) -> bool:
     return any(sign in failure for sign in LOST_PEER)
 
 
+# How Ray words the death of an actor whose process ended without a word: it reaps the process
+# but reports no exit status, only that the connection broke, so the signal is inferred.
+UNEXPECTED_EXIT = ("unexpectedly exits", "died unexpectedly", "connection error", "End of file")
+
+
 def actor_death(exc) -> str:
-    """Why Ray says an actor died, in one line: its node's fate where Ray knows it."""
+    """Why Ray says an actor died, in one line: its node's fate where Ray knows it; a process
+    that ended unexpectedly on a live node was killed (SIGKILL) or crashed, as a local run
+    names it."""
     text = str(exc)
     for line in text.splitlines():
         if "node was terminated" in line or "node has died" in line:
             return line.strip().removeprefix("the actor's ").rstrip(".")
+    if any(sign in text for sign in UNEXPECTED_EXIT):
+        pid = re.search(r"^\s*pid: (\d+)", text, re.MULTILINE)
+        process = f"its process (pid {pid.group(1)})" if pid else "its process"
+        return (
+            f"{process} was killed by SIGKILL (out of memory, kill -9, or ray stop --force) "
+            "or crashed (Ray reports no exit status)"
+        )
     return one_line(exc)

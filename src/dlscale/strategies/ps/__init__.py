@@ -36,7 +36,7 @@ from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.spec import PsStrategy, Spec, parse_spec
 from dlscale.strategies.parent import initial_model, launch, role_names
 from dlscale.strategies.ps.exchange import PsExchange
-from dlscale.strategies.ps.layout import shard_parameters
+from dlscale.strategies.ps.layout import flatten, shard_parameters
 from dlscale.strategies.ps.server import ParameterServer, load_shard
 from dlscale.strategies.ps.wire import GATHERED, SHM_DIR, agree_on_data_plane
 from dlscale.strategies.worker import join, ready, run_trainer
@@ -53,14 +53,17 @@ def serve(context: WorkerContext, payload: dict) -> dict:
     strategy: PsStrategy = spec.strategy
     torch.set_num_threads(spec.threads or 1)
     model, _ = initial_model(spec)
+    indices = payload["shards"][context.rank]
     server = ParameterServer(
         spec,
         context.rank,
         list(model.parameters()),
-        payload["shards"][context.rank],
+        indices,
         Path(payload["run_dir"]),
         payload["resume_from"] is not None,
     )
+    if payload["weights_from"] is not None:
+        continue_from_checkpoint(server, model, indices, payload, context)
     del model
     server.where = {"host": context.host or socket.gethostname(), "address": context.address}
     join(context, "gloo", strategy.timeout_s)
@@ -79,6 +82,28 @@ def serve(context: WorkerContext, payload: dict) -> dict:
     return statistics
 
 
+def continue_from_checkpoint(
+    server: ParameterServer,
+    model: torch.nn.Module,
+    indices: list[int],
+    payload: dict,
+    context: WorkerContext,
+) -> None:
+    """An epoch checkpoint newer than the shards (see resume_points): its weights for this
+    shard, every worker at its step; server 0 says so."""
+    newer = payload["weights_from"]
+    model.load_state_dict(ckpt.load_checkpoint(Path(newer["path"]))["model"])
+    server.continue_from(flatten(list(model.parameters()), indices), payload["start_steps"])
+    if context.rank == 0:
+        context.send(
+            "warn",
+            f"--resume: the checkpoint at step {newer['step']} is newer than the servers' saved "
+            f"shards (step {newer['shard_step']}; they save every "
+            f"{server.strategy.checkpoint_every_s:g} s): training continues from the checkpoint "
+            f"at step {newer['step']}",
+        )
+
+
 def wait_for_gathered(store, timeout_s: float) -> None:
     """Until the main worker has read the final records (or it is gone, or `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
@@ -89,6 +114,28 @@ def wait_for_gathered(store, timeout_s: float) -> None:
         except Exception:
             return
         time.sleep(0.05)
+
+
+def resume_points(
+    spec: Spec, run_dir: Path, resume_from: Path
+) -> tuple[dict[str, int], dict | None]:
+    """Each worker's step to resume at, and the checkpoint the servers take their weights from
+    (None: their shards). The shards hold each worker's step when they were last saved (every
+    `checkpoint_every_s`); worker 0 saves a checkpoint at each epoch's end. A job killed between
+    the two resumes from the newer: from an epoch checkpoint, every worker starts at its step."""
+    strategy: PsStrategy = spec.strategy
+    states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
+    steps = {
+        str(worker): min(
+            int(s["worker_steps"].get(str(strategy.servers + worker), 0)) for s in states
+        )
+        for worker in range(strategy.workers)
+    }
+    saved_step = int(ckpt.load_checkpoint(resume_from)["step"])
+    if saved_step <= steps["0"]:
+        return steps, None
+    newer = {"path": str(resume_from), "step": saved_step, "shard_step": steps["0"]}
+    return dict.fromkeys(steps, saved_step), newer
 
 
 def ps_process(context: WorkerContext, payload: dict) -> dict | None:
@@ -120,11 +167,9 @@ def run(
     params = list(model.parameters())
     shards = shard_parameters([p.numel() for p in params], strategy.servers)
     start_steps: dict[str, int] = {}
+    weights_from = None  # an epoch checkpoint newer than the servers' shards
     if resume_from is not None:
-        states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
-        for worker in range(strategy.workers):
-            key = str(strategy.servers + worker)
-            start_steps[str(worker)] = min(int(s["worker_steps"].get(key, 0)) for s in states)
+        start_steps, weights_from = resume_points(spec, run_dir, resume_from)
     else:  # the starting point: what a bare --resume finds before any shard is saved
         ckpt.save_checkpoint(
             run_dir,
@@ -148,6 +193,7 @@ def run(
         "start_steps": start_steps,
         "shard_elements": [sum(params[i].numel() for i in shard) for shard in shards],
         "token": token,
+        "weights_from": weights_from,
     }
     gpu = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
     cpus = float(spec.threads or 1)  # a Ray cluster reserves each process its threads' cores

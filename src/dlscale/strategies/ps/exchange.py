@@ -36,7 +36,7 @@ from dlscale.strategies.ps.wire import (
     put_record,
     slot_path,
 )
-from dlscale.strategies.worker import join
+from dlscale.strategies.worker import join, ready
 from dlscale.train.exchange import Exchange
 from dlscale.train.plan import Plan
 
@@ -66,6 +66,7 @@ class PsExchange(Exchange):
         self.shared = False
         self.wait_s, self.bytes_moved = 0.0, 0
         self.heartbeat_stop = threading.Event()
+        self.heartbeat: threading.Thread | None = None
         self.server_stats: list[dict] = []
 
     # ---- setting up
@@ -89,7 +90,11 @@ class PsExchange(Exchange):
             self._share(self.payload["token"])
             dist.barrier()  # every worker's buffers exist
             dist.barrier()  # every server has mapped them
-        threading.Thread(target=self._heartbeat, daemon=True, name="ps-heartbeat").start()
+        self.heartbeat = threading.Thread(target=self._heartbeat, daemon=True, name="ps-heartbeat")
+        self.heartbeat.start()
+        # Every process has met the others and the servers serve this worker: from now on they
+        # train on without it if it dies (worker 0 may step before this trainer is built).
+        ready(self.context)
 
     def _share(self, token: str) -> None:
         """Move the host buffers to /dev/shm files that the servers map next."""
@@ -110,6 +115,14 @@ class PsExchange(Exchange):
                 self.store.add(f"ps/beat/{self.context.rank}", 1)
             except Exception:  # the store went away: the job is ending
                 return
+
+    def _stop_heartbeat(self) -> None:
+        """Beats stop mattering once the servers hear DONE or FINISH (they watch live workers
+        only), and a beat sent after server 0 has left (with the store it hosts) fails with a
+        C++ traceback on stderr: stop them before, and wait for one under way."""
+        self.heartbeat_stop.set()
+        if self.heartbeat is not None:
+            self.heartbeat.join(timeout=self.strategy.timeout_s)
 
     def start(self) -> None:
         self.pull()  # everyone starts from the servers' parameters
@@ -254,6 +267,7 @@ class PsExchange(Exchange):
             self.accumulated = 0
         self.gradients_free()
         put_record(self.store, f"summary/{self.rank}", summary)
+        self._stop_heartbeat()
         if not self.is_main:
             for server in range(self.servers):
                 dist.send(self._header(DONE), dst=server)

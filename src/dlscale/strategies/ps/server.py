@@ -127,6 +127,13 @@ class ParameterServer:
         self.version, self.updates = state["version"], state["updates"]
         self.worker_steps = {int(k): v for k, v in state["worker_steps"].items()}
 
+    def continue_from(self, flat: torch.Tensor, start_steps: dict[str, int]) -> None:
+        """Resume from a checkpoint newer than the shard: its weights for this shard, and each
+        worker's step there (the optimizer state stays the shard's)."""
+        with torch.no_grad():
+            self.flat.copy_(flat)
+        self.worker_steps = {w: start_steps[str(w - self.servers)] for w in self.workers}
+
     # ---- serving
 
     def live(self) -> list[int]:
