@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -177,11 +178,16 @@ def _refuse_inside_held(folder: Path, within: Path | None) -> None:
 def _holder_of(folder: Path) -> str | None:
     """' (pid 123)' (or '') if a live process holds `folder`'s lock; None if none does. Looks
     by taking a shared lock for a moment: a holder's exclusive one refuses it."""
+    # O_NONBLOCK: a fifo under the lock's name must not block the open (a service job's
+    # folder is its tenant's to fill).
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(folder / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(folder / LOCK_NAME, flags)
     except OSError:  # no lock file (the usual case), or one this user cannot read
         return None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except BlockingIOError:
         return _holder(fd)
