@@ -155,3 +155,56 @@ def test_a_failed_job_with_checkpoints_says_how_to_continue(tmp_path: Path):
         f"are kept: continue with --resume --out {tmp_path / 'saved'}"
     )
     assert kept.value.exit_code == 1
+
+
+# ------------------------------------------------- folders inside a held folder
+
+HOLD = (
+    "import sys\n"
+    "from dlscale.train.ownership import claim\n"
+    "with claim(sys.argv[1]):\n"
+    "    print('held', flush=True)\n"
+    "    sys.stdin.read()\n"
+)
+
+
+def hold_elsewhere(folder: Path) -> subprocess.Popen:
+    """Another process that holds `folder` until its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(folder)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline() == "held\n"
+    return holder
+
+
+def test_a_run_folder_inside_a_live_runs_folder_is_refused(tmp_path: Path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SHORT)
+    outer = tmp_path / "outer"
+    inner = outer / "sub" / "run"
+    holder = hold_elsewhere(outer)
+    try:
+        result = invoke("train", spec, "--out", inner)
+        resumed = invoke("train", spec, "--out", outer / "sub", "--resume")
+    finally:
+        holder.communicate("")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (
+        f"error: {inner} is inside {outer.resolve()}, which is in use by another dlscale run "
+        f"(pid {holder.pid}): wait for it to end, or choose another --out"
+    )
+    assert resumed.exit_code == 2 and "in use by another dlscale run" in resumed.stderr
+    assert not inner.exists()
+    assert invoke("train", spec, "--out", inner).exit_code == 0  # once the outer run ended
+
+
+def test_compare_trains_inside_the_folder_it_holds(tmp_path: Path):
+    """The holder of a folder may nest its own runs in it (compare, scale): no refusal."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SHORT)
+    with claim(tmp_path / "outer"):
+        result = invoke("train", spec, "--out", tmp_path / "outer" / "run")
+    assert result.exit_code == 0, result.output

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dlscale.errors import UserError
+from dlscale.launch.signals import Terminated
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -22,7 +23,8 @@ def fail(message: str, exit_code: int = 2) -> typer.Exit:
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn UserError into 'error: ...' + exit 2, and Ctrl-C into a hint + exit 130."""
+    """Turn UserError into 'error: ...' + exit 2, and Ctrl-C into a hint + exit 130 (SIGTERM,
+    raised as Terminated: the same hint, exit 143)."""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -30,6 +32,9 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(*args, **kwargs)
         except UserError as exc:
             raise fail(str(exc), exc.exit_code) from None
+        except Terminated:
+            stderr.print("[yellow]terminated (SIGTERM)[/]: continue later with --resume")
+            raise typer.Exit(Terminated.exit_code) from None
         except KeyboardInterrupt:
             stderr.print("[yellow]interrupted[/]: continue later with --resume", markup=True)
             raise typer.Exit(130) from None

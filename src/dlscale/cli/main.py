@@ -12,15 +12,17 @@ from rich.table import Table
 from dlscale import __version__, api
 from dlscale.cli.bench import app as bench_app
 from dlscale.cli.data import app as data_app
-from dlscale.cli.errors import user_errors
+from dlscale.cli.errors import stderr, user_errors
 from dlscale.cli.hardware import app as hardware_app
 from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.pipes import guard_streams, stdout_closed
 from dlscale.cli.profile import estimate as estimate_command
 from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
 from dlscale.cli.remote import app as remote_app
 from dlscale.cli.serve import app as serve_app
 from dlscale.cli.sweep import sweep as sweep_command
+from dlscale.launch.signals import stop_on_sigterm
 
 app = typer.Typer(
     name="dlscale",
@@ -73,11 +75,13 @@ def train(
     """Train a spec: progress bar, summary table, DIR/run.json and checkpoints."""
     reporter = RichReporter(console)
     try:
-        api.train(
+        record = api.train(
             spec, out_dir=out, resume=resume, reporter=reporter, cluster=cluster, address=address
         )
     finally:
         reporter.close()
+    if stdout_closed():  # the summary went nowhere: say on stderr where the result is
+        stderr.print(f"training finished: {record['run_dir']}/run.json")
 
 
 @app.command()
@@ -265,6 +269,8 @@ app.command(name="sweep")(sweep_command)
 
 def main() -> None:
     api.exit_quickly()  # about 1 s sooner back at the prompt, once torch was imported
+    stop_on_sigterm()  # `kill PID` stops a run as Ctrl-C does (launch/signals.py)
+    guard_streams()  # `| head -1` does not stop a run (cli/pipes.py)
     app()
 
 

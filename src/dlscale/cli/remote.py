@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.pipes import stdout_closed
 from dlscale.cli.remote_client import DEFAULT_SERVER, Remote, token_from_environment
 from dlscale.errors import UserError
 from dlscale.units import binary_bytes, duration
@@ -227,13 +228,15 @@ def logs(
             for event in remote.events(_job_path(job, "logs"), job, follow):
                 if event.kind == "log":
                     print(event.data, flush=True)
+                    if stdout_closed():  # `| head`: following on would print to no one
+                        return
                 elif event.kind == "end" and follow:
                     console.print(f"[dim]job {escape(job)} {escape(event.data)}[/]")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             # Ctrl-C ends the watching, not the job (the CLI's usual hint is about --resume).
             hint = f"stopped following; job {job} goes on (dlscale remote cancel {job} stops it)"
             Console(stderr=True, highlight=False).print(f"[yellow]{escape(hint)}[/]")
-            raise typer.Exit(130) from None
+            raise typer.Exit(getattr(stop, "exit_code", 130)) from None  # SIGTERM: 143
 
 
 @app.command()

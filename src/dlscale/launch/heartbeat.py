@@ -89,10 +89,12 @@ class Silence:
         warn_after_s: float,
         pids: list[int | None] | None = None,
         where: list[str] | None = None,
+        label: str = "worker",
     ):
         self.warn_after_s = warn_after_s
         self.pids = pids or [None] * size
         self.where = where  # each rank's host, where the launcher knows it (Ray)
+        self.label = label  # what a rank is called: a job's worker, a pool's slot
         self.started = time.monotonic()
         self.last_beat: dict[int, float] = {}
         self.ready: set[int] = set()
@@ -111,6 +113,14 @@ class Silence:
                 on_event(kind, args)
 
         return handle
+
+    def restart(self, rank: int, pid: int | None) -> None:
+        """`rank` begins anew (a pool slot's next task, maybe in a new process `pid`): silent
+        from now, not ready, not warned about."""
+        self.pids[rank] = pid
+        self.last_beat[rank] = time.monotonic()
+        self.ready.discard(rank)
+        self.warned.pop(rank, None)
 
     def silent_s(self, rank: int) -> float:
         """Seconds since `rank`'s last beat, or since the launch if it has sent none."""
@@ -132,7 +142,7 @@ class Silence:
             if rank in self.warned:
                 if self.last_beat.get(rank) != self.warned[rank]:
                     del self.warned[rank]
-                    say(on_event, f"worker {rank} sends heartbeats again")
+                    say(on_event, f"{self.label} {rank} sends heartbeats again")
             elif self.suspect(rank):
                 self.warned[rank] = self.last_beat.get(rank)
                 say(on_event, f"waiting for {self.describe(rank)}: {self.why(rank)}")
@@ -152,8 +162,8 @@ class Silence:
     def describe(self, rank: int) -> str:
         pid = self.pids[rank]
         if self.where is not None:
-            return f"worker {rank} on {self.where[rank]}"
-        return f"worker {rank}" if pid is None else f"worker {rank} (pid {pid})"
+            return f"{self.label} {rank} on {self.where[rank]}"
+        return f"{self.label} {rank}" if pid is None else f"{self.label} {rank} (pid {pid})"
 
     def why(self, rank: int, hint: bool = True) -> str:
         """How long it is silent and, for a local process the kernel stopped, that it is; with

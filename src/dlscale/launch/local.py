@@ -36,6 +36,7 @@ from dlscale.launch.base import (
     per_rank,
 )
 from dlscale.launch.heartbeat import Silence, start_beating
+from dlscale.launch.signals import end_by_signal, stop_once
 from dlscale.launch.start import adopt, environment, parent_alive, wait_for_parent_exit
 from dlscale.launch.start import context as start_context
 
@@ -114,11 +115,14 @@ def _entry(
         LOCAL_RANK=str(context.local_rank),
     )
     try:
+        stop_once()  # a stop unwinds the run: a checkpoint being written is discarded whole
         results.put(("ok", context.rank, fn(context, payload)))
     except RunFailed as exc:  # the run itself failed: the job stops, whoever met it
         results.put(("run_failed", context.rank, str(exc)))
     except UserError as exc:
         results.put(("user_error", context.rank, str(exc)))
+    except KeyboardInterrupt as stop:  # told to stop, not failed: no traceback, no report
+        end_by_signal(stop)
     except BaseException as exc:  # report everything else, traceback included, then fail
         line = f"{type(exc).__name__}: {one_line(exc)}"
         results.put(("error", context.rank, (line, traceback.format_exc())))

@@ -20,13 +20,22 @@ import multiprocessing.connection as mp_connection
 import os
 import signal
 import socket
+import threading
 import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
 from dlscale.errors import UserError, one_line
-from dlscale.launch.base import WORKER_EXIT_GRACE_S, Resources, TaskDone, WorkerContext, WorkerFn
+from dlscale.launch.base import (
+    HEARTBEAT_WARN_S,
+    WORKER_EXIT_GRACE_S,
+    Resources,
+    TaskDone,
+    WorkerContext,
+    WorkerFn,
+)
+from dlscale.launch.heartbeat import BEAT_INTERVAL_S, HEARTBEAT, Silence
 from dlscale.launch.local import (
     LOOPBACK,
     available_cores,
@@ -35,22 +44,44 @@ from dlscale.launch.local import (
     stop_processes,
     thread_env,
 )
+from dlscale.launch.signals import end_by_signal, stop_on_sigterm
 from dlscale.launch.start import adopt, environment
 from dlscale.launch.start import context as start_context
+
+TASK_STARTED = "start"  # a sweep trial's first event: its training set up (train/reporter.py)
 
 
 class _PipeEvents:
     """A task's events travel on its slot's own pipe: a task killed mid-send (a pruned sweep
-    trial) can only garble its own channel, never another slot's, as a shared queue could."""
+    trial) can only garble its own channel, never another slot's, as a shared queue could.
+    The slot's heartbeat thread sends on it too, so every send holds the lock."""
 
     def __init__(self, conn):
         self.conn = conn
+        self.lock = threading.Lock()
+        self.busy = threading.Event()  # a task runs: the slot beats (an idle one's pipe is unread)
 
     def put(self, item: tuple) -> None:
-        self.conn.send(("event", item))
+        self.send(("event", item))
+
+    def send(self, message: tuple) -> None:
+        with self.lock:
+            self.conn.send(message)
 
 
-def _slot_main(conn, parent_pid: int, threads: int, cores, gpu, env: dict) -> None:
+def _beat(channel: _PipeEvents, index: int) -> None:
+    """The slot's heartbeat while a task runs, as a launcher's workers beat (launch/heartbeat.py):
+    a slot that stops (SIGSTOP) is named while the sweep waits for it."""
+    while True:
+        time.sleep(BEAT_INTERVAL_S)
+        if channel.busy.is_set():
+            try:
+                channel.put((HEARTBEAT, (index,)))
+            except (OSError, ValueError):  # the pipe is gone: so is the pool
+                return
+
+
+def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env: dict) -> None:
     """A slot process: its cores and threads once, then each task sent to it, until told to
     stop (None) or its pipe closes. A task's result goes back with when it began and ended."""
     adopt(env)
@@ -66,23 +97,34 @@ def _slot_main(conn, parent_pid: int, threads: int, cores, gpu, env: dict) -> No
     import torch
 
     torch.set_num_threads(threads)
+    channel = _PipeEvents(conn)
+    threading.Thread(target=_beat, args=(channel, index), daemon=True, name="dlscale-beat").start()
+    # A cancelled task (pruned, or its sweep stopped) unwinds: no half-written checkpoint stays.
+    stop_on_sigterm()
     while True:
         try:
             message = conn.recv()
-        except (EOFError, OSError):
+        except (EOFError, OSError, KeyboardInterrupt):  # stopped between two tasks: nothing to undo
             return
         if message is None:
             return
         fn, payload = message
         began = time.time()
-        context = WorkerContext(0, 1, 0, LOOPBACK, 0, _PipeEvents(conn), socket.gethostname())
+        context = WorkerContext(0, 1, 0, LOOPBACK, 0, channel, socket.gethostname())
+        channel.busy.set()
         try:
-            conn.send(("ok", fn(context, payload), (began, time.time())))
+            result = fn(context, payload)
+            channel.busy.clear()
+            channel.send(("ok", result, (began, time.time())))
         except UserError as exc:
-            conn.send(("failed", str(exc), (began, time.time())))
+            channel.busy.clear()
+            channel.send(("failed", str(exc), (began, time.time())))
             return  # a fresh process for the next task
+        except KeyboardInterrupt as stop:  # cancelled: the pool knows, and nothing failed
+            end_by_signal(stop)
         except BaseException as exc:
-            conn.send(("failed", f"{type(exc).__name__}: {one_line(exc)}", (began, time.time())))
+            channel.busy.clear()
+            channel.send(("failed", f"{type(exc).__name__}: {one_line(exc)}", (began, time.time())))
             traceback.print_exc()
             raise SystemExit(1) from None
 
@@ -115,6 +157,7 @@ class LocalPool:
             shares = [None] * slots
         self.gpus_per_task = math.ceil(resources.gpus)
         self._slots = [_Slot(i, shares[i]) for i in range(slots)]
+        self.silence = Silence(slots, HEARTBEAT_WARN_S, label="slot")
         self.started = 0  # slot processes started, replacements included
         self.ctx = start_context()
 
@@ -130,6 +173,7 @@ class LocalPool:
             self._start(slot)
         slot.conn.send((fn, payload))
         slot.key = key
+        self.silence.restart(slot.index, slot.process.pid)
 
     def _start(self, slot: _Slot) -> None:
         self._retire(slot)
@@ -139,6 +183,7 @@ class LocalPool:
                 target=_slot_main,
                 args=(
                     theirs,
+                    slot.index,
                     os.getpid(),
                     self.threads,
                     slot.cores,
@@ -175,18 +220,34 @@ class LocalPool:
             if ended is not None:
                 done.append(ended)
                 slot.key = None
+        for slot in busy:
+            if slot.key is not None:
+                self.silence.check([slot.index], self._forward(slot, on_event))
         return done
+
+    def _forward(self, slot: _Slot, on_event):
+        """The slot's events as the pool's caller takes them (with the task's key); its beats
+        kept here. Its task's first event ('start': set up, about to train) counts as READY:
+        from then on a silence is suspect, before it only a stopped process (Silence)."""
+
+        def forward(kind: str, args: tuple) -> None:
+            if kind == TASK_STARTED:
+                self.silence.ready.add(slot.index)
+            if on_event is not None:
+                on_event(slot.key, kind, args)
+
+        return self.silence.watch(forward)
 
     def _drain(self, slot: _Slot, on_event) -> TaskDone | None:
         """Hand over the slot's events; its task's end, if it has come."""
+        forward = self._forward(slot, on_event)
         while _poll(slot.conn):
             try:
                 message = slot.conn.recv()
             except (EOFError, OSError):
                 return None
             if message[0] == "event":
-                if on_event is not None:
-                    on_event(slot.key, *message[1])
+                forward(*message[1])
                 continue
             status, value, (began, ended) = message
             if status != "ok":  # the process leaves after a failure: the next task gets a new one

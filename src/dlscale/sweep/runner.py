@@ -127,6 +127,7 @@ class SweepRunner:
             "base_dir": str(self.base_dir),
             "source": f"{self.spec_path}: trial {run.key}",
             "run_dir": str(run.dir),
+            "sweep_dir": str(self.out_dir),  # held by this process: a trial locks only its own
             "predict": run.unit.kind == "member",
         }
 

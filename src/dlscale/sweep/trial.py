@@ -21,6 +21,7 @@ from dlscale.strategies.events import EventReporter
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
 from dlscale.train.files import write_atomic
+from dlscale.train.ownership import claim
 from dlscale.train.resume_point import resume_point
 from dlscale.train.score import predict
 
@@ -36,15 +37,18 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
     from dlscale.launch.local import LocalLauncher  # a trial's own workers run beside it
 
     reporter = EventReporter(context)
-    resume_from = None
-    if ckpt.list_checkpoints(run_dir):  # left by an interrupted sweep; a broken one is skipped
-        resume_from, skipped = resume_point(run_dir)
-        for message in skipped:
-            reporter.warn(message)
-    run = STRATEGIES[spec.strategy.name]
-    record = run(spec, run_dir, resume_from, reporter, LocalLauncher())
-    if job.get("predict"):
-        save_predictions(spec, run_dir)
+    # The trial's folder is its own while it trains, as a `train --out` folder is: a `train
+    # --resume` into it is refused. The sweep's folder above it is its sweep's.
+    with claim(run_dir, within=job.get("sweep_dir")):
+        resume_from = None
+        if ckpt.list_checkpoints(run_dir):  # left by an interrupted sweep; a broken one is skipped
+            resume_from, skipped = resume_point(run_dir)
+            for message in skipped:
+                reporter.warn(message)
+        run = STRATEGIES[spec.strategy.name]
+        record = run(spec, run_dir, resume_from, reporter, LocalLauncher())
+        if job.get("predict"):
+            save_predictions(spec, run_dir)
     final = record["final"]
     return {
         "val_accuracy": final["val_accuracy"],

@@ -5,6 +5,11 @@ the second is refused instead. The lock is an flock on a file in the folder: the
 when the holder exits, however it exits (SIGKILL included), so a crash never leaves it stuck.
 Spawned workers do not inherit it (Python opens files non-inheritable), and need not: they
 live no longer than the process that holds it.
+
+A folder inside a held one is refused too (`--out` under a live run's folder, where its
+checkpoints and run.json are written and pruned), except where the holder of the outer folder
+is the one asking: `compare` and `scale` train their runs inside the folder they hold, and a
+sweep's trials (other processes) each hold their own folder inside the sweep's.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import errno
 import fcntl
 import os
 import socket
+import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +28,12 @@ from dlscale.errors import UserError
 from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir, os_reason
 
 LOCK_NAME = ".dlscale.lock"
+# Another process may hold a folder's lock for a moment without running there: one that looks
+# whether the folder is in use (_holder_of, for a folder nested inside it). Taking the lock is
+# tried this often, this far apart, before the folder counts as in use.
+LOCK_TRIES = 5
+_held_here: set[Path] = set()  # folders this process holds: its own runs nest inside them
+LOCK_RETRY_S = 0.02
 
 
 def check_folder(folder: Path) -> bool:
@@ -51,13 +64,14 @@ def folder_problem(folder: Path, exc: OSError) -> str:
     return f"cannot create the folder {folder}: {os_reason(exc)}"
 
 
-def claim(folder: Path) -> contextlib.AbstractContextManager[Path]:
+def claim(folder: Path, within: Path | None = None) -> contextlib.AbstractContextManager[Path]:
     """Hold `folder` for as long as the block runs: made if missing, refused in one line if it
-    cannot be a folder or another process holds it. On leaving, the lock file goes, and so
-    does the folder if it was made here and nothing was written into it (a run refused before
-    it started leaves no empty folder behind)."""
+    cannot be a folder, or another process holds it or a folder it is inside. `within`: a folder
+    above it that the caller's own job holds (a sweep's, for a trial), not checked. On leaving,
+    the lock file goes, and so does the folder if it was made here and nothing was written
+    into it (a run refused before it started leaves no empty folder behind)."""
     folder = Path(folder)
-    return _held(folder, made=check_folder(folder))
+    return _held(folder, made=check_folder(folder), within=within)
 
 
 def claim_new(name: str, root: Path = DEFAULT_RUNS_DIR) -> contextlib.AbstractContextManager[Path]:
@@ -75,11 +89,15 @@ def claim_new(name: str, root: Path = DEFAULT_RUNS_DIR) -> contextlib.AbstractCo
 
 
 @contextlib.contextmanager
-def _held(folder: Path, made: bool) -> Iterator[Path]:
+def _held(folder: Path, made: bool, within: Path | None = None) -> Iterator[Path]:
     fd = _lock(folder)
+    key = folder.resolve()
     try:
+        _refuse_inside_held(folder, within)
+        _held_here.add(key)
         yield folder
     finally:
+        _held_here.discard(key)
         with contextlib.suppress(OSError):  # while still held: no one can have it half-removed
             (folder / LOCK_NAME).unlink()
             if made:
@@ -96,7 +114,7 @@ def _lock(folder: Path) -> int:
         except OSError as exc:
             raise UserError(folder_problem(folder, exc)) from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _flock_soon(fd)
         except BlockingIOError:
             holder = _holder(fd)
             os.close(fd)
@@ -129,3 +147,52 @@ def _holder(fd: int) -> str:
         return ""
     on = f" on {words[1]}" if len(words) > 1 and words[1] != socket.gethostname() else ""
     return f" (pid {words[0]}{on})"
+
+
+def _flock_soon(fd: int) -> None:
+    """The exclusive lock, tried LOCK_TRIES times: BlockingIOError if it stays held."""
+    for attempt in range(LOCK_TRIES):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == LOCK_TRIES - 1:
+                raise
+            time.sleep(LOCK_RETRY_S)
+
+
+def _refuse_inside_held(folder: Path, within: Path | None) -> None:
+    """One line if a folder above `folder` (below `within`, if given) is held by a live run."""
+    stop = Path(within).resolve() if within is not None else None
+    for outer in Path(folder).resolve().parents:
+        if outer in _held_here or (stop is not None and stop.is_relative_to(outer)):
+            return  # this job's own folder, and what is above it was checked when it was taken
+        holder = _holder_of(outer)
+        if holder is not None:
+            raise UserError(
+                f"{folder} is inside {outer}, which is in use by another dlscale run{holder}: "
+                "wait for it to end, or choose another --out"
+            )
+
+
+def _holder_of(folder: Path) -> str | None:
+    """' (pid 123)' (or '') if a live process holds `folder`'s lock; None if none does. Looks
+    by taking a shared lock for a moment: a holder's exclusive one refuses it."""
+    # O_NONBLOCK: a fifo under the lock's name must not block the open (a service job's
+    # folder is its tenant's to fill).
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(folder / LOCK_NAME, flags)
+    except OSError:  # no lock file (the usual case), or one this user cannot read
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _holder(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)  # and with it the shared lock, if it was taken
+    return None

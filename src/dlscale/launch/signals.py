@@ -1,0 +1,57 @@
+"""SIGTERM stops a dlscale process the way Ctrl-C does: an exception that unwinds the run.
+
+`kill PID`, systemd, Slurm, Docker and `timeout` all send SIGTERM before they SIGKILL. Its default
+action ends the process on the spot: a checkpoint it was writing stays behind as a `.tmp` file,
+its workers are orphaned for a moment, and the shell only says 143. Raised as `Terminated` (a
+KeyboardInterrupt), the stop takes Ctrl-C's path instead: an atomic write under way is discarded
+(train/files.py), the run folder's lock goes, the launcher stops its workers, and the command
+says how to resume.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import NoReturn
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process stood; the command's exit code is the shell's 143."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+def stop_on_sigterm() -> None:
+    """From now on SIGTERM raises Terminated in this process's main thread, once: a second one
+    while the first unwinds is ignored, so it cannot cut the cleanup short (SIGKILL still ends
+    the process). The `dlscale` command and every local worker and sweep slot set it."""
+    signal.signal(signal.SIGTERM, _terminated)
+
+
+def stop_once() -> None:
+    """In a worker: the first SIGINT or SIGTERM raises (KeyboardInterrupt, Terminated), and both
+    are ignored from then on. Ctrl-C at a terminal reaches every process of the group, and the
+    launcher then SIGTERMs its workers to be sure: that second signal would otherwise land in
+    the middle of the first one's cleanup (a half-written file being removed)."""
+    signal.signal(signal.SIGINT, _interrupted_once)
+    signal.signal(signal.SIGTERM, _interrupted_once)
+
+
+def _terminated(signum, frame) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated
+
+
+def _interrupted_once(signum, frame) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def end_by_signal(stop: KeyboardInterrupt) -> NoReturn:
+    """End this process by the signal that stopped it, once its run has unwound: its parent
+    reads the exit as 'killed by SIGTERM' (or SIGINT), as it did before the unwinding."""
+    signum = signal.SIGTERM if isinstance(stop, Terminated) else signal.SIGINT
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # not reached: the signal's default action ends the process
