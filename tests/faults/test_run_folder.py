@@ -14,6 +14,8 @@ from typer.testing import CliRunner
 
 from dlscale.cli.main import app
 from dlscale.errors import UserError
+from dlscale.launch.base import WorkerFailed
+from dlscale.launch.signals import Terminated
 from dlscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from dlscale.train.ownership import LOCK_NAME, claim
 from tests.conftest import default_sigint
@@ -208,3 +210,28 @@ def test_compare_trains_inside_the_folder_it_holds(tmp_path: Path):
     with claim(tmp_path / "outer"):
         result = invoke("train", spec, "--out", tmp_path / "outer" / "run")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    "stop, status, said",
+    [
+        (KeyboardInterrupt(), "interrupted", "stopped by Ctrl-C"),
+        (Terminated(), "interrupted", "stopped by SIGTERM"),
+        (WorkerFailed("worker 1 (pid 42) was killed by SIGKILL"), "failed", "worker 1 (pid 42)"),
+    ],
+)
+def test_a_stopped_run_leaves_a_record_that_says_so(tmp_path: Path, stop, status, said):
+    """A run.json written while the run went on must not say `running` for ever once it stopped:
+    Ctrl-C, SIGTERM and a dead worker each leave their status and why."""
+    from dlscale.api.rundir import train_in_folder
+    from dlscale.train.files import write_json_atomic
+
+    def stops(run_dir: Path, resume_from) -> dict:
+        write_json_atomic(run_dir / "run.json", {"status": "running", "name": "x"})
+        raise stop
+
+    with pytest.raises(type(stop)):
+        train_in_folder("x", tmp_path / "run", False, None, stops)
+    record = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert record["status"] == status and said in record["error"]
+    assert record["name"] == "x"

@@ -74,6 +74,9 @@ def test_sigterm_ends_like_ctrl_c_with_no_half_written_file(tmp_path: Path, stra
     assert not any(Path(f"/proc/{pid}").exists() for pid in workers), "a worker outlived it"
     saved = load_checkpoint(latest_checkpoint(out))  # the newest one is whole
     assert saved["step"] >= 2
+    if (out / "run.json").exists():  # written at an epoch's end: it must not say running
+        record = json.loads((out / "run.json").read_text())
+        assert (record["status"], record["error"]) == ("interrupted", "stopped by SIGTERM")
 
 
 PIPED = """

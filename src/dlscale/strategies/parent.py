@@ -17,7 +17,7 @@ from dlscale.models import build_model
 from dlscale.spec import Spec
 from dlscale.strategies.events import default_launcher, forward_to
 from dlscale.train.checkpoint import naming_intact
-from dlscale.train.faults import record_failure
+from dlscale.train.faults import record_end
 from dlscale.train.files import write_json_atomic
 from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
@@ -80,7 +80,7 @@ def launch(
     except WorkerFailed as exc:
         raise WorkerFailed(rename(str(exc))) from None
     except RunFailed as exc:  # its one line names the step: run.json says it too
-        record_failure(run_dir, exc)
+        record_end(run_dir, "failed", str(exc))
         raise
     record = results[main_rank]
     missing = [message for message in heard if message not in record["warnings"]]

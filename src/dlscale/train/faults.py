@@ -107,16 +107,17 @@ def _is_users(error: BaseException) -> bool:
     return user_frame(error) is not None
 
 
-def record_failure(run_dir: Path, error: RunFailed) -> None:
-    """run.json says the run failed and why. For the parent of a job's processes, once they
-    are stopped: the trainer that met the fault may not be the one that writes the record,
-    or was stopped writing it. A run that failed before its first record has none."""
+def record_end(run_dir: Path, status: str, reason: str) -> None:
+    """run.json says the run ended (`failed`, `interrupted`) and why, where it still says
+    `running`. For the parent of a job's processes, once they are stopped: the trainer that met
+    the fault may not be the one that writes the record, or was stopped writing it. A run that
+    ended before its first record has none."""
     path = Path(run_dir) / "run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if record.get("status") == "running":
-        record.update(status="failed", error=str(error))
+        record.update(status=status, error=reason)
         with ckpt.naming_intact(run_dir):
             write_json_atomic(path, record)

@@ -126,8 +126,8 @@ class Worker(BaseModel):
 
 class RunRecord(_Strict):
     schema_: str = Field(RUN_SCHEMA, alias="schema")
-    status: Literal["running", "completed", "failed"]
-    error: str | None = None  # a failed run's one line
+    status: Literal["running", "completed", "failed", "interrupted"]
+    error: str | None = None  # why a failed or interrupted run ended, in one line
     name: str
     strategy: str
     run_dir: str
