@@ -25,7 +25,7 @@ def stop_on_sigterm() -> None:
     """From now on SIGTERM raises Terminated in this process's main thread, once: a second one
     while the first unwinds is ignored, so it cannot cut the cleanup short (SIGKILL still ends
     the process). The `dlscale` command and every local worker and sweep slot set it."""
-    signal.signal(signal.SIGTERM, _terminated)
+    _unless_ignored(signal.SIGTERM, _terminated)
 
 
 def stop_once() -> None:
@@ -33,8 +33,16 @@ def stop_once() -> None:
     are ignored from then on. Ctrl-C at a terminal reaches every process of the group, and the
     launcher then SIGTERMs its workers to be sure: that second signal would otherwise land in
     the middle of the first one's cleanup (a half-written file being removed)."""
-    signal.signal(signal.SIGINT, _interrupted_once)
-    signal.signal(signal.SIGTERM, _interrupted_once)
+    _unless_ignored(signal.SIGINT, _interrupted_once)
+    _unless_ignored(signal.SIGTERM, _interrupted_once)
+
+
+def _unless_ignored(signum: int, handler) -> None:
+    """A signal this process was started with ignored stays ignored: `dlscale train ... &` from a
+    script ignores SIGINT, and so do sweep slots on purpose; a worker that took Ctrl-C anyway
+    would die of it while its parent carries on and blames it."""
+    if signal.getsignal(signum) is not signal.SIG_IGN:
+        signal.signal(signum, handler)
 
 
 def _terminated(signum, frame) -> None:
