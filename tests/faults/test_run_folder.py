@@ -218,6 +218,8 @@ def test_compare_trains_inside_the_folder_it_holds(tmp_path: Path):
         (KeyboardInterrupt(), "interrupted", "stopped by Ctrl-C"),
         (Terminated(), "interrupted", "stopped by SIGTERM"),
         (WorkerFailed("worker 1 (pid 42) was killed by SIGKILL"), "failed", "worker 1 (pid 42)"),
+        (UserError("no space left on device: run.json"), "failed", "no space left on device"),
+        (RuntimeError("a defect\nits second line"), "failed", "a defect"),
     ],
 )
 def test_a_stopped_run_leaves_a_record_that_says_so(tmp_path: Path, stop, status, said):

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
-from dlscale.launch.signals import Terminated
 from dlscale.train import checkpoint as ckpt
-from dlscale.train.faults import record_end
+from dlscale.train.faults import ending_recorded
 from dlscale.train.files import DEFAULT_RUNS_DIR, write_json_atomic
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
@@ -48,13 +47,9 @@ def train_in_folder(
             if reporter is not None:
                 reporter.warn(message)
         try:
-            record = start(run_dir, resume_from)
-        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the record must not say running
-            by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
-            record_end(run_dir, "interrupted", f"stopped by {by}")
-            raise
+            with ending_recorded(run_dir):
+                record = start(run_dir, resume_from)
         except WorkerFailed as exc:  # a process died or failed: what was saved can continue
-            record_end(run_dir, "failed", str(exc))
             if not ckpt.list_checkpoints(run_dir):
                 raise
             raise WorkerFailed(

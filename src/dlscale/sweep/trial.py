@@ -20,6 +20,7 @@ from dlscale.strategies import STRATEGIES
 from dlscale.strategies.events import EventReporter
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
+from dlscale.train.faults import ending_recorded
 from dlscale.train.files import write_atomic
 from dlscale.train.ownership import claim
 from dlscale.train.resume_point import resume_point
@@ -46,7 +47,8 @@ def run_trial(context: WorkerContext, job: dict[str, Any]) -> dict[str, Any]:
             for message in skipped:
                 reporter.warn(message)
         run = STRATEGIES[spec.strategy.name]
-        record = run(spec, run_dir, resume_from, reporter, LocalLauncher())
+        with ending_recorded(run_dir):  # a pruned or failed trial's record says so
+            record = run(spec, run_dir, resume_from, reporter, LocalLauncher())
         if job.get("predict"):
             save_predictions(spec, run_dir)
     final = record["final"]

@@ -6,9 +6,11 @@ keeps its traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import traceback
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 
 from dlscale.errors import RunFailed, os_reason
 from dlscale.launch.ray import lost_peer
+from dlscale.launch.signals import Terminated
 from dlscale.models.registry import user_code_failure, user_frame
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import write_json_atomic
@@ -121,3 +124,18 @@ def record_end(run_dir: Path, status: str, reason: str) -> None:
         record.update(status=status, error=reason)
         with ckpt.naming_intact(run_dir):
             write_json_atomic(path, record)
+
+
+@contextlib.contextmanager
+def ending_recorded(run_dir: Path) -> Iterator[None]:
+    """However the run inside stops short, its run.json stops saying `running`: Ctrl-C and
+    SIGTERM leave `interrupted`, any error `failed`, each with its one line; then it re-raises."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        by = "SIGTERM" if isinstance(stop, Terminated) else "Ctrl-C"
+        record_end(run_dir, "interrupted", f"stopped by {by}")
+        raise
+    except Exception as exc:  # a lost worker, a failed write, a timeout, a defect
+        record_end(run_dir, "failed", (str(exc).splitlines() or [type(exc).__name__])[0])
+        raise
