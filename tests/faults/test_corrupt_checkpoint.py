@@ -130,3 +130,15 @@ def test_a_checkpoint_from_before_digests_still_resumes_with_a_note(trained):
     assert "".join(note.split()) in said
     record = json.loads((out / "run.json").read_text())
     assert record["resumed_from_step"] == 40 and any("no digest" in w for w in record["warnings"])
+
+
+def test_a_digest_is_checked_even_when_the_format_says_there_is_none(trained):
+    """A flipped byte may land on `format` itself (2 becomes 1): a file that holds a digest is
+    checked against it whatever its format says."""
+    _, out = trained
+    path = checkpoint_path(out, 40)
+    state = torch.load(path, weights_only=True)
+    state["step"] = 41  # its contents changed ...
+    torch.save({**state, "format": 1}, path)  # ... and its format reads "before digests"
+    with pytest.raises(UserError, match="do not match the sha256 digest"):
+        load_checkpoint(path)

@@ -89,7 +89,8 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise UserError(f"{path}: not a readable dlscale checkpoint ({one_line(exc)})") from None
     if not isinstance(state, dict) or state.get("format") not in (FORMAT_VERSION, UNCHECKED_FORMAT):
         raise UserError(f"{path}: not a dlscale checkpoint (format {FORMAT_VERSION} expected)")
-    if state["format"] == FORMAT_VERSION:
+    # Checked whenever a digest is there: a flipped byte in `format` must not skip the check.
+    if state["format"] == FORMAT_VERSION or DIGEST_KEY in state:
         saved = state.pop(DIGEST_KEY, None)
         if saved != content_digest(state):
             raise UserError(

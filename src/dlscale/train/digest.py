@@ -18,7 +18,7 @@ def feed_tensor(digest, tensor: torch.Tensor) -> None:
     """Its dtype, shape and raw bytes (any dtype, bf16 too; a GPU tensor is copied first)."""
     tensor = tensor.detach().cpu().contiguous()
     digest.update(f"{tensor.dtype}|{list(tensor.shape)}".encode() + b"\x00")
-    digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # its buffer, not a copy
 
 
 def _feed(digest, value: Any) -> None:
