@@ -194,8 +194,9 @@ def test_a_model_whose_logits_are_detached_is_one_line(folder):
     assert list_checkpoints(out) == []
 
 
-def test_a_model_without_trainable_parameters_is_refused_before_training(folder):
-    result, out = train(folder, "nothing")
+@pytest.mark.parametrize("strategy", ["", "strategy: {name: tensor, degree: 2}"])
+def test_a_model_without_trainable_parameters_is_refused_before_training(folder, strategy):
+    result, out = train(folder, "nothing", strategy=strategy)
     assert result.exit_code == 2, result.output
     assert one_line(result) == (
         "error: model 'usermodels:nothing' has no trainable parameters: nothing to train"

@@ -22,6 +22,7 @@ from dlscale.strategies.tensor.exchange import TensorExchange
 from dlscale.strategies.worker import run_trainer
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
+from dlscale.train.plan import check_trainable
 from dlscale.train.reporter import Reporter
 
 
@@ -35,6 +36,7 @@ def plan_for(spec: Spec, model, data) -> TensorPlan:
     """The split of `model` for the spec's degree, from one sample's forward on the model's
     device (the meta device, for `check`); one line when nothing splits."""
     strategy: TensorStrategy = spec.strategy
+    check_trainable(model, spec.model.name)  # planned in the parent, before any worker checks
     device = next(model.parameters()).device
     flow = record_flow(model, data.example(1)[0].to(device), spec.precision)
     plan = make_plan(
