@@ -346,6 +346,7 @@ def test_an_image_spec_with_a_validation_folder_is_staged_in_its_layout(tmp_path
     spec = ImagesData(name="images", path=tmp_path / "photos" / "train",
                       val_path=tmp_path / "photos" / "val", stage=tmp_path / "local")  # fmt: skip
     staged, record = stage_spec(spec)
+    assert str(staged.val_urls).startswith(str(tmp_path / "local"))
     assert (staged.path, staged.val_path) == (
         tmp_path / "local" / "train",
         tmp_path / "local" / "val",
@@ -398,3 +399,27 @@ def test_data_stage_refuses_a_folder_that_is_no_data_set(tmp_path: Path):
     assert result.exit_code == 2 and "not a data set" in result.output, result.output
     assert "dataset.json" in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "local").exists()
+
+
+def test_staging_train_and_val_from_separate_trees_is_allowed(shards: Path, tmp_path: Path):
+    """Train shards in one tree and validation shards in another: their common root may hold
+    the destination (here tmp_path), which is inside neither source folder."""
+    import shutil
+
+    train, val = tmp_path / "nfs" / "train", tmp_path / "scratch" / "val"
+    train.mkdir(parents=True)
+    val.mkdir(parents=True)
+    for name in ("train-000000.tar", "train-000001.tar"):
+        shutil.copy(shards / name, train / name)
+    shutil.copy(shards / "val-000000.tar", val / "val-000000.tar")
+    spec = WebDatasetData(
+        name="webdataset",
+        urls=str(train / "train-{000000..000001}.tar"),
+        val_urls=str(val / "val-000000.tar"),
+        stage=tmp_path / "local",
+    )
+    staged, record = stage_spec(spec)
+    assert str(staged.val_urls).startswith(str(tmp_path / "local"))
+    assert record["copied_files"] == 3
+    with pytest.raises(UserError, match="inside the data set it copies"):
+        stage_spec(spec.model_copy(update={"stage": train / "copy"}))

@@ -36,9 +36,17 @@ STAGING_FILES = (LEDGER, LOCK)  # never data: skipped when a folder is listed fo
 COPY_CHUNK_BYTES = 8 * 2**20  # large sequential reads suit network file systems
 
 
-def stage(files: list[Path], src_root: Path, dst_dir: Path, rehash: bool = False) -> dict:
+def stage(
+    files: list[Path],
+    src_root: Path,
+    dst_dir: Path,
+    rehash: bool = False,
+    sources: list[Path] | None = None,
+) -> dict:
     """Copy `files` (all under `src_root`) into `dst_dir`, keeping their layout below the root;
     the copies already there are checked by their ledger entry (`rehash`: by their bytes).
+    `dst_dir` must lie outside each of the data set's `sources` folders (by default the root:
+    train and validation folders in separate trees have a common root that may hold it).
 
     Each copy is verified by sha256: against the `dataset.json` beside the file when it lists
     the file, else against the source's own bytes hashed while copying. Returns the run record:
@@ -47,7 +55,7 @@ def stage(files: list[Path], src_root: Path, dst_dir: Path, rehash: bool = False
     """
     started = time.perf_counter()
     src_root, dst_dir = Path(src_root), Path(dst_dir)
-    check_outside(src_root, dst_dir)
+    check_outside(sources or [src_root], dst_dir)
     sources = {str(Path(f).relative_to(src_root)): Path(f) for f in files}
     sizes = {rel: _source_stat(path).st_size for rel, path in sources.items()}
     expected = expected_hashes(list(sources.values()))
@@ -164,15 +172,16 @@ def read_ledger(dst_dir: Path) -> dict[str, dict]:
         return {}
 
 
-def check_outside(src_root: Path, dst_dir: Path) -> None:
-    """One line when the destination is the data set's folder or inside it: the copies would
-    land on the storage they are meant to spare, and join the data set's own files."""
-    src, dst = Path(src_root).resolve(), Path(dst_dir).resolve()
-    if dst.is_relative_to(src):
-        raise UserError(
-            f"{dst_dir} is inside the data set it copies ({src_root}): stage into a folder "
-            "outside it, on the local disk"
-        )
+def check_outside(folders: list[Path], dst_dir: Path) -> None:
+    """One line when the destination is one of the data set's folders or inside one: the copies
+    would land on the storage they are meant to spare, and join the data set's own files."""
+    dst = Path(dst_dir).resolve()
+    for folder in folders:
+        if dst.is_relative_to(Path(folder).resolve()):
+            raise UserError(
+                f"{dst_dir} is inside the data set it copies ({folder}): stage into a folder "
+                "outside it, on the local disk"
+            )
 
 
 def _still_staged(entry: dict | None, src: Path, dst: Path, rehash: bool) -> bool:

@@ -25,19 +25,20 @@ def stage_spec(spec: StoredData) -> tuple[StoredData, dict]:
     if isinstance(spec, WebDatasetData):
         patterns = [p for p in (spec.urls, spec.val_urls) if p is not None]
         files = [f for pattern in patterns for f in pattern_files(pattern)]
-        root = _common_root([f.parent for f in files])
+        folders = sorted({f.parent for f in files})
+        root = _common_root(folders)
         update = {name: _moved(getattr(spec, name), root, dst) for name in ("urls", "val_urls")}
     elif isinstance(spec, HfData | ImagesData):
         folders = [p for p in (spec.path, getattr(spec, "val_path", None)) if p is not None]
         root = _common_root(folders)
-        check_outside(root, dst)  # before listing: a stage folder inside would be listed too
+        check_outside(folders, dst)  # before listing: a stage folder inside would be listed too
         files = [f for folder in folders for f in tree_files(folder)]
         update = {"path": Path(_moved(str(spec.path), root, dst))}
         if isinstance(spec, ImagesData) and spec.val_path is not None:
             update["val_path"] = Path(_moved(str(spec.val_path), root, dst))
     else:  # the spec's union admits only the kinds above as StoredData
         raise AssertionError(f"no staging layout for {type(spec).__name__}")
-    record = stage(sorted(set(files)), root, dst)
+    record = stage(sorted(set(files)), root, dst, sources=folders)
     return spec.model_copy(update=update), record
 
 
