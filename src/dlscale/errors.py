@@ -41,3 +41,11 @@ def os_reason(exc: OSError) -> str:
     words = exc.strerror or str(exc)
     code = errno.errorcode.get(exc.errno or 0)
     return words[:1].lower() + words[1:] + (f" ({code})" if code else "")
+
+
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "EOF")
+
+
+def lost_peer(failure: str) -> bool:
+    """Does a worker's failure say a peer's connection broke (rather than its own error)?"""
+    return any(sign in failure for sign in LOST_PEER)

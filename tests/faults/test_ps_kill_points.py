@@ -92,21 +92,32 @@ class Killer(RecordingReporter):
                     return
             except Exception:  # the job ended (its store went with it) without the key
                 return
-            time.sleep(0.002)
+            time.sleep(0.01)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("point", KILL_POINTS, ids=str)
 def test_async_job_survives_losing_a_worker_at_any_point(tmp_path: Path, point, monkeypatch):
     port = local.free_port()
-    spec = parse_spec({
-        "name": "ps-kill-points", "model": {"name": "mlp"},
-        "data": {"name": "synthetic", "shape": [1, 8, 8], "num_samples": 2000},
-        "batch_size": 16, "steps": STEPS, "optimizer": {"name": "sgd", "lr": 0.05},
-        "strategy": {"name": "ps", "mode": "async", "workers": 3, "servers": 2, "port": port,
-                     "straggler": {"worker": 2, "factor": 3.0},
-                     "heartbeat_timeout_s": 2 if point in ("final/1", "gathered") else 10},
-    })  # fmt: skip
+    spec = parse_spec(
+        {
+            "name": "ps-kill-points",
+            "model": {"name": "mlp"},
+            "data": {"name": "synthetic", "shape": [1, 8, 8], "num_samples": 2000},
+            "batch_size": 16,
+            "steps": STEPS,
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "strategy": {
+                "name": "ps",
+                "mode": "async",
+                "workers": 3,
+                "servers": 2,
+                "port": port,
+                "straggler": {"worker": 2, "factor": 3.0},
+                "heartbeat_timeout_s": 5 if point in ("final/1", "gathered") else 15,
+            },
+        }
+    )
     pids: list[int] = []  # the job's processes in rank order, as the launcher started them
 
     class Watched(local.Silence):

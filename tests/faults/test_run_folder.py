@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
-from dlscale.launch.signals import Terminated
+from dlscale.signals import Terminated
 from dlscale.train.checkpoint import latest_checkpoint, load_checkpoint
 from dlscale.train.ownership import LOCK_NAME, claim
 from tests.conftest import default_sigint

@@ -135,6 +135,7 @@ def test_a_peer_that_lost_its_partner_is_one_line_and_a_defect_keeps_its_traceba
     """The survivors of a killed worker fail too ('connection closed by peer'): the job names
     the dead one in one line, without the survivor's traceback (which once reached the user's
     terminal when the survivor reported first). A failure with no dead peer shows its trace."""
+    import queue
     from types import SimpleNamespace
 
     from dlscale.launch import local
@@ -142,9 +143,12 @@ def test_a_peer_that_lost_its_partner_is_one_line_and_a_defect_keeps_its_traceba
     monkeypatch.setattr(local, "DEATH_NOTICE_S", 0.2)
     dead, survivor = SimpleNamespace(exitcode=-9, pid=41), SimpleNamespace(exitcode=1, pid=42)
     trace = "Traceback (most recent call last):\n  RuntimeError: closed by peer\n"
-    failed = local._first_cause([dead, survivor], 1, "RuntimeError: closed by peer", trace)
+    no_results = queue.Queue()  # no other worker reported: the dead peer is the cause
+    failed = local._first_cause(
+        [dead, survivor], no_results, 1, "RuntimeError: closed by peer", trace
+    )
     assert str(failed).startswith("worker 0 (pid 41) was killed by SIGKILL")
     assert capsys.readouterr().err == ""
-    failed = local._first_cause([survivor], 0, "ValueError: a defect", trace)
+    failed = local._first_cause([survivor], no_results, 0, "ValueError: a defect", trace)
     assert str(failed) == "worker 0 failed: ValueError: a defect"
     assert capsys.readouterr().err == trace

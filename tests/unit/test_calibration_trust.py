@@ -15,7 +15,7 @@ from dlscale import api
 from dlscale.bench import plausible
 from dlscale.bench.machine import machine_hardware
 from dlscale.cli.main import app
-from dlscale.hardware import get_hardware, local_entry_path, save_local
+from dlscale.hardware import get_hardware, local_entry_path, save_local, trust
 
 runner = CliRunner()
 IDLE = {"training_op_overhead_s": 20e-6, "spread": {"median": 0.02, "worst": 0.08, "probes": 40}}
@@ -72,15 +72,15 @@ def bench_machine(monkeypatch, readings: dict, *args: str):
 
 
 def test_the_verdict_on_a_calibration_reads_its_own_figures():
-    assert plausible.unreliable(machine_result(IDLE)) == []
-    reasons = plausible.unreliable(machine_result(BUSY))
+    assert trust.unreliable(machine_result(IDLE)) == []
+    reasons = trust.unreliable(machine_result(BUSY))
     assert len(reasons) == 2 and all("\n" not in reason for reason in reasons)
     assert "100000 µs" in reasons[0] and "100000× a bare op's" in reasons[0]
     assert "median spread 45%" in reasons[1]
     # A saved entry's tables carry the same figures: an entry saved before this check is judged
     # the same way when a prediction reads it.
     saved = machine_hardware(machine_result(BUSY)).measured
-    assert plausible.unreliable(saved) == reasons
+    assert trust.unreliable(saved) == reasons
 
 
 def test_an_unreliable_measurement_is_never_saved_as_local(home, tmp_path, monkeypatch):
@@ -93,7 +93,7 @@ def test_an_unreliable_measurement_is_never_saved_as_local(home, tmp_path, monke
     assert "Run 'dlscale bench machine' again when the machine is idle" in said
     assert "--force" in said and str(out / "machine.json") in said
     kept = json.loads((out / "machine.json").read_text())
-    assert kept["unreliable"] == plausible.unreliable(machine_result(BUSY))
+    assert kept["unreliable"] == trust.unreliable(machine_result(BUSY))
 
 
 def test_an_unreliable_measurement_keeps_the_saved_local_entry(home, tmp_path, monkeypatch):
@@ -111,7 +111,7 @@ def test_a_forced_unreliable_entry_says_so_in_every_prediction(home, tmp_path, m
     forced = bench_machine(monkeypatch, BUSY, "--force", "--out", str(tmp_path / "o"))
     assert "saved as hardware 'local', marked unreliable" in " ".join(forced.stdout.split())
     local = get_hardware("local")
-    calibration = plausible.calibration(local)
+    calibration = trust.calibration(local)
     assert calibration["entry"] == "local" and calibration["reliable"] is False
     assert calibration["measured_at"] == "2026-11-27T05:00:00+00:00"
     shown = api.profile_json(api.profile("lenet", hardware=["local"]))["hardware"][0]
@@ -124,12 +124,12 @@ def test_a_forced_unreliable_entry_says_so_in_every_prediction(home, tmp_path, m
     shown = runner.invoke(app, ["hardware", "show", "local"], env={"COLUMNS": "300"})
     assert "UNRELIABLE" in shown.stdout and "calibration 'local'" in shown.stdout
     # A datasheet entry has no calibration to name.
-    assert plausible.calibration(get_hardware("a100-40gb")) is None
+    assert trust.calibration(get_hardware("a100-40gb")) is None
 
 
 def test_a_trusted_calibration_is_named_with_its_spread(home):
     save_local(machine_hardware(machine_result(IDLE)))
-    line = plausible.calibration_line(plausible.calibration(get_hardware("local")))
+    line = trust.calibration_line(trust.calibration(get_hardware("local")))
     expected = "calibration 'local' (measured 2026-11-27T05:00, --quick): trusted, probes spread 2%"
     assert line == expected
 
@@ -156,5 +156,5 @@ def test_estimate_and_bench_batch_name_the_calibration_they_used(home, tmp_path)
         estimate.stdout.split()
     )
     batch = run_batch_bench("lenet", [2], None, 1)
-    assert batch["calibration"] == plausible.calibration(get_hardware("local"))
+    assert batch["calibration"] == trust.calibration(get_hardware("local"))
     assert batch["calibration"]["reliable"] is False

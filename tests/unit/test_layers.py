@@ -10,15 +10,21 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 
 # package -> the dlscale modules it may import (besides itself). Every package of the source
 # tree is listed (a test below checks it), so a new one must state its place.
-# home: where per-user state lives ($DLSCALE_HOME), for every layer (data caches, hardware).
+# home: where per-user state lives ($DLSCALE_HOME), for every layer (data caches, hardware);
+# signals: how a dlscale process stops (SIGTERM as Ctrl-C, with its parent), for the command,
+# its workers and their data loaders alike; free_memory: what a new allocation can take now,
+# for every layer that refuses work that would not fit (a bench's sizes, synthetic data).
 BASE = {"dlscale.errors", "dlscale.units", "dlscale.home", "dlscale.__version__"}
+BASE |= {"dlscale.signals", "dlscale.free_memory"}
 TRAIN = BASE | {"dlscale.spec", "dlscale.models", "dlscale.data", "dlscale.train"}
 ALLOWED = {
     "errors": set(),
     "home": set(),
     "units": set(),
+    "signals": set(),
+    "free_memory": set(),
     "models": {"dlscale.errors"},
-    "data": {"dlscale.errors", "dlscale.home", "dlscale.spec"},
+    "data": BASE | {"dlscale.spec"},
     "spec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)
     "hardware": BASE | {"dlscale.train.files"},
     "train": TRAIN,

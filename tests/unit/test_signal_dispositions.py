@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from dlscale.launch.signals import stop_on_sigterm, stop_once
+from dlscale.signals import stop_on_sigterm, stop_once
 
 
 @pytest.fixture

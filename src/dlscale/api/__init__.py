@@ -22,6 +22,7 @@ from dlscale.api.bench import (
     calibration_problems,
     check_link_cluster,
     check_out_dir,
+    hardware_calibration,
     link_name,
     output_dir,
     save_link,
@@ -46,7 +47,7 @@ from dlscale.errors import UserError
 from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
 from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.spec import Spec, load_spec
-from dlscale.strategies import STRATEGIES
+from dlscale.strategies import CHECKS, STRATEGIES
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
 from dlscale.train.ownership import claim, claim_new
@@ -80,6 +81,7 @@ __all__ = [
     "environment",
     "estimate",
     "hardware",
+    "hardware_calibration",
     "link_name",
     "links",
     "models",
@@ -116,7 +118,9 @@ def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
         raise UserError(f"{spec_path}: model: {exc}") from None
     from dlscale.train.preflight import preflight
 
-    preflight(spec)  # the data read, and the model given one sample on the meta device
+    preflight(
+        spec, CHECKS.get(spec.strategy.name)
+    )  # the data read, and the model given one sample on the meta device
     if spec.sweep is not None:
         from dlscale.spec import load_raw
         from dlscale.sweep.space import check_space

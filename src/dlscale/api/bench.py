@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
+from dlscale.hardware import Hardware
 from dlscale.spec import load_spec
 
 __all__ = [
@@ -43,8 +44,9 @@ def worse_than_saved(result: dict) -> str | None:
     """Why this measurement is worse than the saved `local` entry (None: not worse, or none
     saved): a worse one never replaces a better one without --force."""
     from dlscale.bench.machine import measured_tables
-    from dlscale.bench.plausible import unreliable, worse
+    from dlscale.bench.plausible import worse
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
+    from dlscale.hardware.trust import unreliable
 
     if not local_entry_path().is_file():
         return None
@@ -60,7 +62,7 @@ def worse_than_saved(result: dict) -> str | None:
 def calibration_problems(result: dict) -> list[str]:
     """Why this machine measurement cannot be the `local` entry predictions use (empty: it
     can); kept in the result as `unreliable`, so its JSON says so."""
-    from dlscale.bench.plausible import unreliable
+    from dlscale.hardware.trust import unreliable
 
     result["unreliable"] = unreliable(result)
     return result["unreliable"]
@@ -68,9 +70,17 @@ def calibration_problems(result: dict) -> list[str]:
 
 def calibration_line(calibration: dict) -> str:
     """The one line a prediction prints about the measurement it rests on."""
-    from dlscale.bench.plausible import calibration_line as line
+    from dlscale.hardware.trust import calibration_line as line
 
     return line(calibration)
+
+
+def hardware_calibration(hardware: Hardware) -> dict | None:
+    """Which measurement predictions on `hardware` rest on, and how far to trust it (None: a
+    datasheet entry)."""
+    from dlscale.hardware.trust import calibration
+
+    return calibration(hardware)
 
 
 def saved_local_measured_at() -> str | None:

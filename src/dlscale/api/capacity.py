@@ -7,9 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dlscale.bench.memory import available_memory_bytes, load_averages
+from dlscale.bench.memory import load_averages
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
+from dlscale.free_memory import available_memory_bytes
 from dlscale.launch import local
 from dlscale.models import build_model
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION, split_advice

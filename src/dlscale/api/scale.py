@@ -99,10 +99,10 @@ def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
     """Predicted beside measured, when this machine was measured: over the link between its
     processes for local runs, over the link `bench link` last saved for a cluster's."""
-    from dlscale.bench.plausible import calibration
     from dlscale.bench.scale import add_predictions, predicted_rows
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
     from dlscale.hardware.links import measured_link
+    from dlscale.hardware.trust import calibration
 
     if not local_entry_path().is_file():
         return add_predictions(result, None, None)

@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 
 from dlscale import profiler
-from dlscale.bench.machine import available_memory_bytes, bench_device
-from dlscale.bench.plausible import calibration
+from dlscale.bench.machine import bench_device
 from dlscale.errors import UserError
+from dlscale.free_memory import available_memory_bytes
 from dlscale.hardware.catalogue import get_hardware, local_entry_path
+from dlscale.hardware.trust import calibration
 from dlscale.profiler.estimate import measure_steps
 from dlscale.profiler.target import resolve
 from dlscale.spec import Spec, parse_spec

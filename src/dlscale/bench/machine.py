@@ -17,10 +17,11 @@ import torch
 
 from dlscale.bench import plausible
 from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
-from dlscale.bench.memory import available_memory_bytes
 from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
+from dlscale.free_memory import available_memory_bytes
 from dlscale.hardware.spec import Hardware
+from dlscale.hardware.trust import unreliable
 from dlscale.profiler.calibrate import (
     attention_rates,
     conv_rates,
@@ -274,7 +275,7 @@ def run_machine_bench(
     }
     result["warnings"] = plausible.check(result)
     # Never the entry predictions use unless forced: `bench machine` reads this before saving.
-    result["unreliable"] = plausible.unreliable(result)
+    result["unreliable"] = unreliable(result)
     return result
 
 

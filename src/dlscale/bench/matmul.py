@@ -8,8 +8,9 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch.utils.benchmark import Timer
 
-from dlscale.bench.memory import available_memory_bytes, over_share
+from dlscale.bench.memory import over_share
 from dlscale.errors import UserError, one_line
+from dlscale.free_memory import available_memory_bytes
 
 SCHEMA = "dlscale.bench.matmul/1"
 DTYPES = {

@@ -211,7 +211,7 @@ def add_predictions(
     calibration: dict | None = None,
 ) -> dict:
     """Predicted beside measured in each row, and their ratio (1.0: exact); `calibration`: the
-    measurement of this machine the prediction rests on (plausible.calibration)."""
+    measurement of this machine the prediction rests on (hardware/trust.py)."""
     result["predicted_on"] = "local" if predicted else None
     result["calibration"] = calibration if predicted else None
     result["link"] = link_name

@@ -13,8 +13,9 @@ import torch
 
 from dlscale.bench.machine import bench_device, last_level_cache_bytes
 from dlscale.bench.matmul import median_time_s
-from dlscale.bench.memory import available_memory_bytes, over_share
+from dlscale.bench.memory import over_share
 from dlscale.errors import UserError
+from dlscale.free_memory import available_memory_bytes
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import OptimizerSpec
 from dlscale.train.step import TrainStep, build_optimizer

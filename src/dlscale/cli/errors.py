@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dlscale.errors import UserError
-from dlscale.launch.signals import Terminated
+from dlscale.signals import Terminated
 
 stderr = Console(stderr=True, highlight=False, soft_wrap=True)
 

@@ -12,7 +12,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from dlscale import api
-from dlscale.bench.plausible import calibration, calibration_line
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 
@@ -169,9 +168,9 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
         ("sources", "\n".join(device.sources) or "—"),
         ("notes", device.notes or "—"),
     ]
-    found = calibration(device)
+    found = api.hardware_calibration(device)
     if found:
-        rows.append(("calibration", calibration_line(found)))
+        rows.append(("calibration", api.calibration_line(found)))
     if device.measured:
         rows.append(("measured", json.dumps(device.measured, indent=2)))
     return rows

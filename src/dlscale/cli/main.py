@@ -22,7 +22,7 @@ from dlscale.cli.progress import RichReporter
 from dlscale.cli.remote import app as remote_app
 from dlscale.cli.serve import app as serve_app
 from dlscale.cli.sweep import sweep as sweep_command
-from dlscale.launch.signals import stop_on_sigterm
+from dlscale.signals import stop_on_sigterm
 
 app = typer.Typer(
     name="dlscale",
@@ -269,7 +269,7 @@ app.command(name="sweep")(sweep_command)
 
 def main() -> None:
     api.exit_quickly()  # about 1 s sooner back at the prompt, once torch was imported
-    stop_on_sigterm()  # `kill PID` stops a run as Ctrl-C does (launch/signals.py)
+    stop_on_sigterm()  # `kill PID` stops a run as Ctrl-C does (signals.py)
     guard_streams()  # `| head -1` does not stop a run (cli/pipes.py)
     app()
 

@@ -7,10 +7,10 @@ import math
 import torch
 from torch.utils.data import TensorDataset
 
-from dlscale.bench.memory import available_memory_bytes
 from dlscale.data.bundle import DataBundle
 from dlscale.data.split import num_val_samples
 from dlscale.errors import UserError
+from dlscale.free_memory import available_memory_bytes
 from dlscale.spec import SyntheticData
 from dlscale.units import binary_bytes
 

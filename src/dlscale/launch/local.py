@@ -8,7 +8,6 @@ others get SIGTERM, then SIGKILL), and every child kills itself if the parent di
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
 import queue
@@ -36,9 +35,9 @@ from dlscale.launch.base import (
     per_rank,
 )
 from dlscale.launch.heartbeat import Silence, start_beating
-from dlscale.launch.signals import end_by_signal, stop_once
 from dlscale.launch.start import adopt, environment, parent_alive, wait_for_parent_exit
 from dlscale.launch.start import context as start_context
+from dlscale.signals import end_by_signal, end_with_parent, stop_once
 
 LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
@@ -74,13 +73,6 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
-def end_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere nothing)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 def die_with_parent(parent_pid: int) -> None:
     """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
     end_with_parent()
@@ -114,19 +106,31 @@ def _entry(
         WORLD_SIZE=str(context.world_size),
         LOCAL_RANK=str(context.local_rank),
     )
+    failed = False
     try:
-        stop_once()  # a stop unwinds the run: a checkpoint being written is discarded whole
-        results.put(("ok", context.rank, fn(context, payload)))
-    except RunFailed as exc:  # the run itself failed: the job stops, whoever met it
-        results.put(("run_failed", context.rank, str(exc)))
-    except UserError as exc:
-        results.put(("user_error", context.rank, str(exc)))
-    except KeyboardInterrupt as stop:  # told to stop, not failed: no traceback, no report
+        try:
+            stop_once()  # a stop unwinds the run: a checkpoint being written is discarded whole
+            results.put(("ok", context.rank, fn(context, payload)))
+        except KeyboardInterrupt:
+            raise
+        except RunFailed as exc:  # the run itself failed: the job stops, whoever met it
+            results.put(("run_failed", context.rank, str(exc)))
+        except UserError as exc:
+            results.put(("user_error", context.rank, str(exc)))
+        except BaseException as exc:  # report everything else, traceback included, then fail
+            line = f"{type(exc).__name__}: {one_line(exc)}"
+            results.put(("error", context.rank, (line, traceback.format_exc())))
+            failed = True
+        # Reported: this process only exits now. The launcher's SIGTERM, sent the moment it
+        # reads a failure (or the last result), must not raise in the exit and print a trace.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except KeyboardInterrupt as stop:
+        # Told to stop, not failed: no traceback, no report. So too when the stop lands while
+        # this worker reports its own failure (its peer died; the launcher is stopping all).
         end_by_signal(stop)
-    except BaseException as exc:  # report everything else, traceback included, then fail
-        line = f"{type(exc).__name__}: {one_line(exc)}"
-        results.put(("error", context.rank, (line, traceback.format_exc())))
-        raise SystemExit(1) from None
+    if failed:
+        raise SystemExit(1)
 
 
 def available_cores() -> int:

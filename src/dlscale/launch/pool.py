@@ -44,9 +44,9 @@ from dlscale.launch.local import (
     stop_processes,
     thread_env,
 )
-from dlscale.launch.signals import end_by_signal, stop_on_sigterm
 from dlscale.launch.start import adopt, environment
 from dlscale.launch.start import context as start_context
+from dlscale.signals import end_by_signal, stop_on_sigterm
 
 TASK_STARTED = "start"  # a sweep trial's first event: its training set up (train/reporter.py)
 

@@ -14,7 +14,7 @@ import socket
 import time
 from typing import Any
 
-from dlscale.errors import RunFailed, UserError, one_line
+from dlscale.errors import RunFailed, UserError, lost_peer, one_line
 from dlscale.launch.base import (
     HEARTBEAT_WARN_S,
     RESULT_GRACE_S,
@@ -316,14 +316,6 @@ def _reraise(exc, who: str) -> None:
         raise UserError(str(cause)) from None
     detail = one_line(cause) if cause is not None else one_line(exc)
     raise WorkerFailed(f"{who} failed: {type(cause).__name__}: {detail}") from None
-
-
-LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "EOF")
-
-
-def lost_peer(failure: str) -> bool:
-    """Does a worker's failure say a peer's connection broke (rather than its own error)?"""
-    return any(sign in failure for sign in LOST_PEER)
 
 
 # How Ray words the death of an actor whose process ended without a word: it reaps the process

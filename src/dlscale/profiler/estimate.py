@@ -8,9 +8,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dlscale.bench.plausible import calibration
 from dlscale.errors import UserError
 from dlscale.hardware.spec import Hardware
+from dlscale.hardware.trust import calibration
 from dlscale.profiler import profile
 from dlscale.profiler.target import resolve
 from dlscale.spec import load_spec

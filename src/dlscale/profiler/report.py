@@ -8,7 +8,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from dlscale.bench.plausible import calibration, calibration_line
+from dlscale.hardware.trust import calibration, calibration_line
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.inference_report import render as render_inference

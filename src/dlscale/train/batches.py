@@ -16,7 +16,7 @@ from torch.utils.data import (
 )
 
 from dlscale.data.stream import StreamDataset
-from dlscale.launch.local import end_with_parent
+from dlscale.signals import end_with_parent
 from dlscale.spec import Spec
 from dlscale.train.sampler import GlobalBatchSampler
 

@@ -10,16 +10,15 @@ import contextlib
 import json
 import math
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
 
-from dlscale.errors import RunFailed, os_reason
-from dlscale.launch.ray import lost_peer
-from dlscale.launch.signals import Terminated
+from dlscale.errors import RunFailed, lost_peer, os_reason
 from dlscale.models.registry import user_code_failure, user_frame
+from dlscale.signals import Terminated
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import write_json_atomic
 
@@ -108,6 +107,52 @@ def _is_users(error: BaseException) -> bool:
     if isinstance(error, torch.distributed.DistError) or lost_peer(str(error)):
         return False
     return user_frame(error) is not None
+
+
+class Faults:
+    """One trainer's faults, each raised as its one line once run.json says the run failed and
+    why: `write_record` (the trainer's method, on the main trainer; None elsewhere) writes it."""
+
+    def __init__(
+        self,
+        model_name: str,
+        run_dir: Path,
+        rank: int,
+        write_record: Callable[[str, str], object] | None,
+    ):
+        self.model_name, self.run_dir, self.rank = model_name, Path(run_dir), rank
+        self.write_record = write_record
+
+    def failed(self, error: RunFailed) -> RunFailed:
+        """`error`, once run.json says the run failed and why."""
+        if self.write_record is not None:
+            # The record must not hide the fault: a failure to write it goes unsaid.
+            with contextlib.suppress(Exception):
+                self.write_record("failed", str(error))
+        return error
+
+    def user_code(self, step: int, during: str, call: Callable, *args):
+        """`call(*args)`, which runs the user's model; its failing is one line (RunFailed)
+        with the traceback logged, unless it is dlscale's or torch's own error."""
+        try:
+            return call(*args)
+        except (Exception, SystemExit) as exc:
+            failed = user_code_failed(exc, self.model_name, step, self.run_dir, self.rank, during)
+            if failed is None:  # not the user's: its traceback is the report
+                raise
+            raise self.failed(failed) from None
+
+    def check_loss(self, loss: float | None, step: int) -> None:
+        """Stops the run at the first loss that is not a number (see `loss_diverged`)."""
+        diverged = loss_diverged(loss, step, self.run_dir)
+        if diverged is not None:
+            raise self.failed(diverged)
+
+    def check_weights(self, state: dict, step: int) -> None:
+        """Refuses to checkpoint weights that are not numbers (see `weights_diverged`)."""
+        diverged = weights_diverged(state, step, self.run_dir)
+        if diverged is not None:
+            raise self.failed(diverged)
 
 
 def record_end(run_dir: Path, status: str, reason: str) -> None:

@@ -3,7 +3,6 @@ resume and the run record. A strategy changes only the Exchange it hands in."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -12,7 +11,6 @@ from pathlib import Path
 import torch
 
 from dlscale.data import build_data
-from dlscale.errors import RunFailed
 from dlscale.models import build_model, count_parameters
 from dlscale.spec import Spec
 from dlscale.train import checkpoint as ckpt
@@ -20,7 +18,7 @@ from dlscale.train.batches import StreamSampler, train_batches, val_batches
 from dlscale.train.device import check_precision, reset_peak_memory, resolve_device, synchronize
 from dlscale.train.env import environment
 from dlscale.train.exchange import Exchange
-from dlscale.train.faults import loss_diverged, user_code_failed, weights_diverged
+from dlscale.train.faults import Faults
 from dlscale.train.files import write_json_atomic
 from dlscale.train.history import History, epoch_record
 from dlscale.train.metrics import StepTiming
@@ -50,6 +48,8 @@ class Trainer:
         self.exchange = exchange or Exchange()
         self.is_main = self.exchange.is_main  # reports, evaluates and writes files
         self.reporter = reporter or NullReporter()
+        write = self._write_record if self.is_main else None
+        self.faults = Faults(spec.model.name, self.run_dir, self.exchange.rank, write)
         self.started_at = datetime.now(UTC).isoformat(timespec="seconds")
         self.t_start = time.perf_counter()
         self.device = device or resolve_device(spec.device)
@@ -139,9 +139,7 @@ class Trainer:
         rngs = exchange.gather(ckpt.rng_state(self.device))
         if not self.is_main:
             return None
-        diverged = weights_diverged(model, self.step, self.run_dir)
-        if diverged is not None:
-            raise self._failed(diverged)
+        self.faults.check_weights(model, self.step)
         state = {
             "spec_hash": self.spec.spec_hash(),
             "strategy": self.spec.strategy.name,
@@ -228,13 +226,11 @@ class Trainer:
             y = y.to(self.device, non_blocking=non_blocking)
             synchronize(self.device)
             t_copy = time.perf_counter()
-            loss = self._user_code(self.step + 1, "", self.step_fn, x, y)
+            loss = self.faults.user_code(self.step + 1, "", self.step_fn, x, y)
             loss = None if loss is None else float(loss)  # .item() waits: compute is timed
             t_end = time.perf_counter()
             self.step += 1
-            diverged = loss_diverged(loss, self.step, self.run_dir)
-            if diverged is not None:
-                raise self._failed(diverged)
+            self.faults.check_loss(loss, self.step)
             if self.first_step_at is None:
                 self.first_step_at = time.time()  # wall clock: comparable across processes
             comm_after, bytes_after = self.exchange.comm_totals()
@@ -261,26 +257,6 @@ class Trainer:
         self._epoch_losses = epoch_losses
         self._check_starving()
         return self.step % self.plan.steps_per_epoch == 0
-
-    def _user_code(self, step: int, during: str, call, *args):
-        """`call(*args)`, which runs the user's model; its failing is one line (RunFailed)
-        with the traceback logged, unless it is dlscale's or torch's own error."""
-        try:
-            return call(*args)
-        except (Exception, SystemExit) as exc:
-            name, rank = self.spec.model.name, self.exchange.rank
-            failed = user_code_failed(exc, name, step, self.run_dir, rank, during)
-            if failed is None:  # not the user's: its traceback is the report
-                raise
-            raise self._failed(failed) from None
-
-    def _failed(self, error: RunFailed) -> RunFailed:
-        """`error`, once run.json says the run failed and why (written by the main trainer)."""
-        if self.is_main:
-            # The record must not hide the fault: a failure to write it goes unsaid.
-            with contextlib.suppress(Exception):
-                self._write_record("failed", str(error))
-        return error
 
     def _finish(self) -> None:
         """Training is over for this trainer: the exchange settles (a ps worker tells the
@@ -316,7 +292,7 @@ class Trainer:
     def end_epoch(self, epoch: int) -> None:
         """Validate (every trainer calls it: a pipeline evaluates through all its stages)."""
         # The bare module: DDP's forward would wait for the other workers, which do not evaluate.
-        validation = self._user_code(
+        validation = self.faults.user_code(
             self.step,
             " (evaluating)",
             self.exchange.evaluate,

@@ -4,6 +4,8 @@ and given one sample, and its strategy's plan made (a pipeline's split, a tensor
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from dlscale.data import DataBundle, build_data
@@ -12,8 +14,12 @@ from dlscale.models import build_model
 from dlscale.spec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, TensorStrategy
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 
+# A strategy's plan for a model on the meta device and the data (strategies.CHECKS): one
+# UserError where `train` would refuse it.
+StrategyCheck = Callable[[Spec, torch.nn.Module, DataBundle], None]
 
-def preflight(spec: Spec) -> DataBundle:
+
+def preflight(spec: Spec, plan_strategy: StrategyCheck | None = None) -> DataBundle:
     """Read the data, try the model on one sample and plan the strategy; every problem is a
     one-line UserError.
 
@@ -28,10 +34,8 @@ def preflight(spec: Spec) -> DataBundle:
             model = build_model(name, spec.model.kwargs, data.model_defaults())
         check_model_fits_data(model, data, name)
         check_trainable(model, name)
-        from dlscale.strategies import CHECKS  # strategies build on the training loop
-
-        if spec.strategy.name in CHECKS:
-            CHECKS[spec.strategy.name](spec, model, data)
+        if plan_strategy is not None:  # the strategy's own check, given by the caller above
+            plan_strategy(spec, model, data)
     except UserError as exc:
         if not _needs_real_tensors(exc.__cause__ or exc.__context__):
             raise

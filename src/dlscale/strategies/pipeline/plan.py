@@ -8,10 +8,10 @@ import warnings
 import torch
 from torch import nn
 
-from dlscale.bench.plausible import unreliable
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.hardware.spec import Hardware
+from dlscale.hardware.trust import unreliable
 from dlscale.models import build_model
 from dlscale.models.registry import user_code_failure
 from dlscale.profiler.split import SplitPlan, plan_split

@@ -1,4 +1,5 @@
-"""SIGTERM stops a dlscale process the way Ctrl-C does: an exception that unwinds the run.
+"""How a dlscale process stops: SIGTERM as Ctrl-C does (an exception that unwinds the run), and
+with the process that started it. Every layer uses it, as it uses errors.py.
 
 `kill PID`, systemd, Slurm, Docker and `timeout` all send SIGTERM before they SIGKILL. Its default
 action ends the process on the spot: a checkpoint it was writing stays behind as a `.tmp` file,
@@ -10,6 +11,8 @@ says how to resume.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 from typing import NoReturn
@@ -63,3 +66,11 @@ def end_by_signal(stop: KeyboardInterrupt) -> NoReturn:
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
     os._exit(128 + signum)  # not reached: the signal's default action ends the process
+
+
+def end_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere nothing):
+    a worker, or a data loader's worker, must not outlive the process that started it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
