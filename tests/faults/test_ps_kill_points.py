@@ -92,7 +92,7 @@ class Killer(RecordingReporter):
                     return
             except Exception:  # the job ended (its store went with it) without the key
                 return
-            time.sleep(0.01)
+            time.sleep(0.002)  # worker 2 exits moments after its summary: look often
 
 
 @pytest.mark.slow
@@ -129,7 +129,11 @@ def test_async_job_survives_losing_a_worker_at_any_point(tmp_path: Path, point, 
     killer = Killer(point, port, pids)
     record = api.train(spec, out_dir=tmp_path, reporter=killer)  # raises on a failed job
 
-    assert killer.killed is not None, f"the run ended before kill point {point}"
+    if killer.killed is None:
+        # Only at summary/2 can the kill miss: worker 2 exits moments after handing in its
+        # summary, and on a loaded machine it may be gone before the watcher sees the key (about
+        # 1 run in 5 here). Then the record must show it completed, as checked below.
+        assert point == "summary/2", f"the run ended before kill point {point}"
     saved = json.loads((tmp_path / "run.json").read_text())
     assert saved["status"] == "completed"
     assert saved == json.loads(json.dumps(record))
@@ -145,4 +149,4 @@ def test_async_job_survives_losing_a_worker_at_any_point(tmp_path: Path, point, 
     if saved["ps"]["dropped_workers"]:  # it died before it was done: the launcher says so
         killed = f"worker 2 (pid {killer.killed}) was killed by SIGKILL"
         assert any(killed in warning for warning in saved["warnings"]), saved["warnings"]
-    assert not alive(killer.killed)
+    assert killer.killed is None or not alive(killer.killed)
