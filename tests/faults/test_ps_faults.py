@@ -200,14 +200,19 @@ def test_a_killed_async_job_resumes_from_its_last_shard_save_and_says_which_step
     worker_0_step = saved["worker_steps"]["1"]  # rank 1: the first worker after server 0
     assert (saved["version"] > 0 and worker_0_step > 0) == (every_s < 60)
 
-    resumed = train(spec, run_dir, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    words = " ".join(resumed.stdout.split())
-    assert f"resuming at step {worker_0_step} " in words
-    record = json.loads((run_dir / "run.json").read_text())
-    assert record["resumed_from_step"] == worker_0_step
+    record = resumed_at(spec, run_dir, worker_0_step)
     said_nothing_saved = any("holds no trained step" in w for w in record["warnings"])
     assert said_nothing_saved == (worker_0_step == 0)
+
+
+def resumed_at(spec: Path, run_dir: Path, step: int) -> dict:
+    """`train --resume` into `run_dir`: it must succeed, say and record `step`; its record."""
+    resumed = train(spec, run_dir, "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming at step {step} " in " ".join(resumed.stdout.split())
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["resumed_from_step"] == step
+    return record
 
 
 def _version(shard: Path) -> int:
@@ -226,8 +231,11 @@ def test_a_ps_job_killed_before_any_shard_save_resumes_from_its_epoch_checkpoint
         .replace("checkpoint_every_s: 0.5", "checkpoint_every_s: 3600, data_plane: gloo")
     )  # 20 steps an epoch; no periodic shard save within the run
     run_dir = tmp_path / "run"
-    job = subprocess.Popen([DLSCALE, "train", str(spec), "--out", str(run_dir)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 120
     while not [step for step, _ in list_checkpoints(run_dir) if step > 0]:
         assert job.poll() is None, "training ended before it could be killed"
@@ -239,12 +247,7 @@ def test_a_ps_job_killed_before_any_shard_save_resumes_from_its_epoch_checkpoint
     assert epoch_step > 0 and epoch_step % 20 == 0
     assert _version(run_dir / "checkpoints" / "ps-shard-0.pt") == 0  # the servers saved nothing
 
-    resumed = train(spec, run_dir, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    words = " ".join(resumed.stdout.split())
-    assert f"resuming at step {epoch_step} " in words
-    record = json.loads((run_dir / "run.json").read_text())
-    assert record["resumed_from_step"] == epoch_step
+    record = resumed_at(spec, run_dir, epoch_step)
     assert list_checkpoints(run_dir)[-1][0] == 200
     warnings = " ".join(record["warnings"])
     assert "holds no trained step" not in warnings

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dlscale.errors import RunFailed, lost_peer, os_reason
+from dlscale.errors import RunFailed, lost_peer, one_line, os_reason
 from dlscale.models.registry import user_code_failure, user_frame
 from dlscale.signals import Terminated
 from dlscale.train import checkpoint as ckpt
@@ -182,5 +182,5 @@ def ending_recorded(run_dir: Path) -> Iterator[None]:
         record_end(run_dir, "interrupted", f"stopped by {by}")
         raise
     except Exception as exc:  # a lost worker, a failed write, a timeout, a defect
-        record_end(run_dir, "failed", (str(exc).splitlines() or [type(exc).__name__])[0])
+        record_end(run_dir, "failed", one_line(exc) or type(exc).__name__)
         raise
