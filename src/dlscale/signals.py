@@ -74,3 +74,15 @@ def end_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def interrupt_behind(exc: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt (or Terminated) `exc` is, or replaced: a stop that lands in
+    torch's C++ code while it calls back into Python (a torch.save write) comes back as its own
+    RuntimeError ('unexpected pos ...'), and must still end the run as interrupted."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__context__
+    return None

@@ -93,6 +93,44 @@ def test_a_failed_write_of_any_file_names_the_file_and_the_cause(tmp_path: Path)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
+class InterruptedDisk(FillingDisk):
+    """A file whose write is where Ctrl-C lands: inside torch.save, called back from its C++
+    writer, which turns the KeyboardInterrupt into 'unexpected pos ...' (a RuntimeError)."""
+
+    def write(self, data) -> int:
+        if len(data) > self.free_bytes:
+            raise KeyboardInterrupt
+        return super().write(data)
+
+
+def test_ctrl_c_inside_a_checkpoint_write_stays_an_interrupt(tmp_path: Path, monkeypatch):
+    weights = {"model": {"w": torch.ones(10_000)}}
+    ckpt.save_checkpoint(tmp_path, 10, weights, keep_last=2)
+    real_fdopen = files.os.fdopen
+    monkeypatch.setattr(
+        files.os, "fdopen", lambda fd, mode: InterruptedDisk(real_fdopen(fd, mode), 1000)
+    )
+    # The run ends as interrupted (exit 130, resume hint), not with torch's error (exit 1).
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, 20, weights, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000010.pt"]
+
+
+def test_ctrl_c_while_a_checkpoint_loads_does_not_blame_the_file(tmp_path: Path, monkeypatch):
+    path = ckpt.save_checkpoint(tmp_path, 10, {"model": {"w": torch.ones(3)}}, keep_last=2)
+
+    def interrupted_in_cpp(*args, **kwargs):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            raise RuntimeError("PytorchStreamReader failed reading file data/0") from None
+
+    monkeypatch.setattr(ckpt.torch, "load", interrupted_in_cpp)
+    # --resume sets an unreadable checkpoint aside: an interrupted load must not look like one
+    with pytest.raises(KeyboardInterrupt):
+        load_checkpoint(path)
+
+
 def limit_file_size(pids: list[int], limit_bytes: int) -> None:
     """From now on no file these processes write may grow past `limit_bytes` (EFBIG): a disk
     that fills up mid-run, without root or a small file system."""

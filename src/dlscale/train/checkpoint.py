@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from dlscale.errors import UserError, one_line
+from dlscale.signals import interrupt_behind
 from dlscale.train.digest import content_digest
 from dlscale.train.files import WriteFailed, write_atomic
 
@@ -86,6 +87,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     except FileNotFoundError:
         raise UserError(f"checkpoint not found: {path}") from None
     except Exception as exc:  # a truncated or foreign file: say which and why, in one line
+        stop = interrupt_behind(exc)
+        if stop is not None:  # Ctrl-C while loading: the file is not to blame
+            raise stop from None
         raise UserError(f"{path}: not a readable dlscale checkpoint ({one_line(exc)})") from None
     if not isinstance(state, dict) or state.get("format") not in (FORMAT_VERSION, UNCHECKED_FORMAT):
         raise UserError(f"{path}: not a dlscale checkpoint (format {FORMAT_VERSION} expected)")

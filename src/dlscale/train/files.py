@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dlscale.errors import UserError, os_reason
+from dlscale.signals import interrupt_behind
 
 DEFAULT_RUNS_DIR = Path("runs")
 
@@ -60,6 +61,9 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp_name)
+        stop = interrupt_behind(exc)
+        if stop is not None:  # Ctrl-C or SIGTERM: the run stops as interrupted, not failed
+            raise stop from None
         cause = recorder.error if recorder is not None and recorder.error else exc
         if isinstance(exc, Exception) and isinstance(cause, OSError):
             raise WriteFailed(f"cannot write {path}: {os_reason(cause)}") from None
