@@ -71,8 +71,8 @@ def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path: Path):
             assert processes[winner].poll() is None, processes[winner].communicate()[1]
             time.sleep(0.05)
         processes[winner].send_signal(signal.SIGINT)
-        processes[winner].wait(timeout=60)
-        assert processes[winner].returncode == 130
+        _, err = processes[winner].communicate(timeout=60)
+        assert processes[winner].returncode == 130, err
     finally:
         for process in processes.values():
             if process.poll() is None:
