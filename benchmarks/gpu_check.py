@@ -21,7 +21,7 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.errors import UserError
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dlscale.models import build_model
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from dlscale.train.loop import Trainer
 from dlscale.train.step import build_optimizer
 

@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from dlscale.api import train
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 STAGES = 2
 BATCH = 256

@@ -52,7 +52,7 @@ import torch.multiprocessing as mp
 
 from dlscale.api import train
 from dlscale.launch.local import free_port
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 GOAL_RATIO = 0.6
 WORKERS = 2

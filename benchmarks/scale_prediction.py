@@ -25,13 +25,13 @@ GOAL = 0.30
 
 
 def ps_spec(steps: int):
-    from dlscale.spec import load_spec
+    from dlscale.jobspec import load_spec
 
     spec = load_spec(SPEC)
     # gloo: the link the model prices (on one host `auto` would pick shared memory)
     strategy = {"name": "ps", "mode": "async", "workers": 2, "servers": 1, "data_plane": "gloo"}
     data = spec.model_dump(mode="json") | {"strategy": strategy, "steps": steps, "epochs": None}
-    from dlscale.spec import parse_spec
+    from dlscale.jobspec import parse_spec
 
     return parse_spec(data)
 

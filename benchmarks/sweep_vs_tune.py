@@ -45,8 +45,8 @@ DLSCALE = ROOT / ".venv" / "bin" / "dlscale"
 
 def run_specs() -> list[tuple[dict, int, dict]]:
     """(the configuration's values, its fold, the run's spec) for every run of the grid."""
-    from dlscale.spec import load_spec
-    from dlscale.spec.load import load_raw
+    from dlscale.jobspec import load_spec
+    from dlscale.jobspec.load import load_raw
     from dlscale.sweep.space import config_raw, grid_points, run_raw, run_units
 
     raw = {k: v for k, v in load_raw(EXAMPLE).items() if k != "sweep"}
@@ -64,7 +64,7 @@ def tune_trial(config: dict) -> None:
     import torch
     from ray import tune
 
-    from dlscale.spec import parse_spec
+    from dlscale.jobspec import parse_spec
     from dlscale.train.loop import Trainer
 
     torch.set_num_threads(1)

@@ -21,7 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.data import build_data
 from dlscale.models import build_model
-from dlscale.spec import SyntheticData
+from dlscale.jobspec import SyntheticData
 from dlscale.train.metrics import WARMUP_STEPS
 
 

@@ -5,7 +5,7 @@ with the process that started it. Every layer uses it, as it uses errors.py.
 action ends the process on the spot: a checkpoint it was writing stays behind as a `.tmp` file,
 its workers are orphaned for a moment, and the shell only says 143. Raised as `Terminated` (a
 KeyboardInterrupt), the stop takes Ctrl-C's path instead: an atomic write under way is discarded
-(train/files.py), the run folder's lock goes, the launcher stops its workers, and the command
+(atomic.py), the run folder's lock goes, the launcher stops its workers, and the command
 says how to resume.
 """
 

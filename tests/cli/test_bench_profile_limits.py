@@ -116,12 +116,12 @@ def test_profile_plot_into_a_place_it_cannot_write_is_refused_before_profiling(
 def test_profile_plots_on_a_full_disk_are_one_line_and_leave_no_partial_file(
     tmp_path: Path, monkeypatch
 ):
-    from dlscale.train import files
+    from dlscale import atomic
     from tests.faults.test_disk_full import FillingDisk
 
-    real_fdopen = files.os.fdopen
+    real_fdopen = atomic.os.fdopen
     monkeypatch.setattr(
-        files.os, "fdopen", lambda fd, mode: FillingDisk(real_fdopen(fd, mode), 1000)
+        atomic.os, "fdopen", lambda fd, mode: FillingDisk(real_fdopen(fd, mode), 1000)
     )
     plots = tmp_path / "plots"
     result = run("profile", "lenet", "--hardware", "a100-40gb", "--plot", plots)

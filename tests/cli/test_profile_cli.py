@@ -126,7 +126,7 @@ def test_estimate_measures_and_extrapolates(tmp_path: Path, monkeypatch):
 
 def test_estimate_shows_the_roofline_when_this_machine_was_measured(tmp_path: Path, monkeypatch):
     from dlscale.hardware.catalogue import save_local
-    from dlscale.hardware.spec import Hardware
+    from dlscale.hardware.device import Hardware
 
     monkeypatch.setenv("DLSCALE_HOME", str(tmp_path))
     save_local(

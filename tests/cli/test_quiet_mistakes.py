@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from dlscale import api
 from dlscale.bench.compare import compare_row
 from dlscale.cli.main import app
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 runner = CliRunner()
 BASE = "name: t\nmodel: {name: mlp}\ndata: {name: digits}\nbatch_size: 32\nsteps: 2\ndevice: cpu\n"

@@ -16,7 +16,7 @@ from dlscale import api
 from dlscale.bench.scale import scale_note
 from dlscale.cli.main import app
 from dlscale.cli.progress import RichReporter, ps_rows, summary_table
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 runner = CliRunner()
 

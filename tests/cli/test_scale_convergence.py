@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from dlscale.bench.scale import convergence, lr_factor
 from dlscale.cli.main import app
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 SPEC = """name: converge
 model: {name: mlp, kwargs: {hidden: [32]}}

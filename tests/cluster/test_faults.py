@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from dlscale import api
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from tests.cluster.conftest import BIN, clean_environment, same_weights
 from tests.cluster.testbed import Testbed
 

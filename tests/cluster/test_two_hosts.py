@@ -14,7 +14,7 @@ import yaml
 
 from dlscale import api
 from dlscale.hardware.links import load_links
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from tests.cluster.conftest import BIN, clean_environment, same_weights
 from tests.cluster.testbed import Testbed
 

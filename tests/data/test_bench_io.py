@@ -194,7 +194,7 @@ def test_one_worker_decodes_a_seeded_shuffle_or_the_stream_and_splits_read_from_
 
 
 def test_profiling_a_spec_read_from_disk_gives_the_rate_and_points_to_bench_io(tmp_path: Path):
-    from dlscale.hardware.spec import Hardware
+    from dlscale.hardware.device import Hardware
     from dlscale.profiler import profile
     from dlscale.profiler.target import resolve
 
@@ -257,7 +257,7 @@ def test_a_verdict_measured_on_a_busy_machine_says_it_was_noisy(
     spec = write_spec(tmp_path / "spec.yaml", f"{{name: images, path: {tmp_path}}}", workers=1)
     monkeypatch.setattr(bench_io, "measure", lambda *_: fake_measurement(step_spread))
     monkeypatch.setattr(bench_io, "load_averages", lambda: [load, load, load])
-    from dlscale.spec import load_spec
+    from dlscale.jobspec import load_spec
 
     result = bench_io.run_io_bench(load_spec(spec), None, 1.0, cores=2)
     assert result["bound"] == "decode" and result["runner_up"] == "model"

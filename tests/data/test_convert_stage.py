@@ -18,11 +18,11 @@ from typer.testing import CliRunner
 from dlscale import api
 from dlscale.cli.main import app
 from dlscale.data import build_data
+from dlscale.data.dataset_files import stage_spec
 from dlscale.data.generate import synthetic_image_chunks
 from dlscale.data.stage import LEDGER, stage
-from dlscale.data.staged import stage_spec
 from dlscale.errors import UserError
-from dlscale.spec import DigitsData, HfData, ImagesData, WebDatasetData, load_spec
+from dlscale.jobspec import DigitsData, HfData, ImagesData, WebDatasetData, load_spec
 
 runner = CliRunner()
 

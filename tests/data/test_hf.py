@@ -16,7 +16,7 @@ from dlscale import api
 from dlscale.data import build_data
 from dlscale.data.lazy import DataError
 from dlscale.errors import UserError
-from dlscale.spec import HfData, parse_spec
+from dlscale.jobspec import HfData, parse_spec
 
 
 def png(value: int, size_hw=(5, 6)) -> bytes:

@@ -13,7 +13,7 @@ from dlscale import api
 from dlscale.data import build_data
 from dlscale.data.lazy import DataError
 from dlscale.errors import UserError
-from dlscale.spec import ImagesData, parse_spec
+from dlscale.jobspec import ImagesData, parse_spec
 
 CLASSES = ("cat", "dog", "emu")  # sorted: indices 0, 1, 2
 

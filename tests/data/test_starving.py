@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 
 from dlscale import api
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from dlscale.train.metrics import StepTiming, TimingTotals, starving_advice
 
 

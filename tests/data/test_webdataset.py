@@ -19,7 +19,7 @@ from dlscale.data.build import build_data
 from dlscale.data.lazy import DataError
 from dlscale.data.tar_index import _fast_starts, _tarfile_starts
 from dlscale.data.wds import WebDatasetStream
-from dlscale.spec import WebDatasetData, parse_spec
+from dlscale.jobspec import WebDatasetData, parse_spec
 from dlscale.train.checkpoint import list_checkpoints, load_checkpoint
 
 SHARDS, PER_SHARD = 4, 50  # 200 samples: 20 held out (val_fraction 0.1), 180 train

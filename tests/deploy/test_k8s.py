@@ -101,7 +101,7 @@ def test_training_runs_on_a_kuberay_cluster_with_dlscale_train_cluster_ray():
     mount = next(m for m in train["volumeMounts"] if m["mountPath"] == str(spec_path.parent))
     config_map = next(v for v in job_pod["volumes"] if v["name"] == mount["name"])["configMap"]
     spec_text = docs[f"ConfigMap/{config_map['name']}"]["data"][spec_path.name]
-    from dlscale.spec import parse_spec
+    from dlscale.jobspec import parse_spec
 
     spec = parse_spec(yaml.safe_load(spec_text))  # the spec the Job trains is valid
     assert spec.strategy.name == "ddp"

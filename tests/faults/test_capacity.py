@@ -13,9 +13,9 @@ from dlscale import api
 from dlscale.api import capacity
 from dlscale.cli.main import app
 from dlscale.errors import UserError
+from dlscale.jobspec import parse_spec
 from dlscale.launch import local
 from dlscale.profiler.memory import ModelState
-from dlscale.spec import parse_spec
 from dlscale.units import binary_bytes
 
 SMALL = {

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from dlscale import atomic
 from dlscale.errors import UserError
 from dlscale.train import checkpoint as ckpt
-from dlscale.train import files
 from dlscale.train.checkpoint import list_checkpoints, load_checkpoint
 from tests.conftest import worker_pids
 
@@ -64,9 +64,9 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_older_ones_survive(
 ):
     weights = {"model": {"w": torch.ones(10_000)}}
     ckpt.save_checkpoint(tmp_path, 10, weights, keep_last=2)
-    real_fdopen = files.os.fdopen
+    real_fdopen = atomic.os.fdopen
     monkeypatch.setattr(
-        files.os, "fdopen", lambda fd, mode: FillingDisk(real_fdopen(fd, mode), 1000)
+        atomic.os, "fdopen", lambda fd, mode: FillingDisk(real_fdopen(fd, mode), 1000)
     )
     with pytest.raises(UserError) as caught:
         ckpt.save_checkpoint(tmp_path, 20, weights, keep_last=2)
@@ -88,8 +88,8 @@ def test_a_failed_write_of_any_file_names_the_file_and_the_cause(tmp_path: Path)
         handle.write(b"half")
         raise OSError(errno.EIO, "Input/output error")
 
-    with pytest.raises(files.WriteFailed, match=f"cannot write {target}: input/output error"):
-        files.write_atomic(target, fail)
+    with pytest.raises(atomic.WriteFailed, match=f"cannot write {target}: input/output error"):
+        atomic.write_atomic(target, fail)
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == [target.name]
 
 
@@ -106,9 +106,9 @@ class InterruptedDisk(FillingDisk):
 def test_ctrl_c_inside_a_checkpoint_write_stays_an_interrupt(tmp_path: Path, monkeypatch):
     weights = {"model": {"w": torch.ones(10_000)}}
     ckpt.save_checkpoint(tmp_path, 10, weights, keep_last=2)
-    real_fdopen = files.os.fdopen
+    real_fdopen = atomic.os.fdopen
     monkeypatch.setattr(
-        files.os, "fdopen", lambda fd, mode: InterruptedDisk(real_fdopen(fd, mode), 1000)
+        atomic.os, "fdopen", lambda fd, mode: InterruptedDisk(real_fdopen(fd, mode), 1000)
     )
     # The run ends as interrupted (exit 130, resume hint), not with torch's error (exit 1).
     with pytest.raises(KeyboardInterrupt):

@@ -110,8 +110,8 @@ def test_a_silent_worker_is_dropped_by_heartbeat_and_the_job_still_ends(tmp_path
     import threading
 
     from dlscale import api
+    from dlscale.jobspec import parse_spec
     from dlscale.launch import local
-    from dlscale.spec import parse_spec
     from tests.conftest import RecordingReporter
 
     monkeypatch.setattr(local, "RESULT_GRACE_S", 2.0)

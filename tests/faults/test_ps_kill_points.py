@@ -19,8 +19,8 @@ import pytest
 import torch.distributed as dist
 
 from dlscale import api
+from dlscale.jobspec import parse_spec
 from dlscale.launch import local
-from dlscale.spec import parse_spec
 from tests.conftest import RecordingReporter, alive
 
 STEPS = 60

@@ -226,7 +226,7 @@ def test_a_stopped_run_leaves_a_record_that_says_so(tmp_path: Path, stop, status
     """A run.json written while the run went on must not say `running` for ever once it stopped:
     Ctrl-C, SIGTERM and a dead worker each leave their status and why."""
     from dlscale.api.rundir import train_in_folder
-    from dlscale.train.files import write_json_atomic
+    from dlscale.atomic import write_json_atomic
 
     def stops(run_dir: Path, resume_from) -> dict:
         write_json_atomic(run_dir / "run.json", {"status": "running", "name": "x"})

@@ -11,7 +11,7 @@ import torch
 
 from dlscale import api
 from dlscale.errors import UserError
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 pytestmark = [
     pytest.mark.gpu,

@@ -18,7 +18,7 @@ from dlscale.bench.compare import (
 from dlscale.bench.output import write_outputs
 from dlscale.cli.main import app
 from dlscale.errors import UserError
-from dlscale.spec import DdpStrategy, PsStrategy, SingleStrategy, parse_spec
+from dlscale.jobspec import DdpStrategy, PsStrategy, SingleStrategy, parse_spec
 
 BASE = {
     "name": "compare-tiny",

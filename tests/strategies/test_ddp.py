@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from dlscale import api
 from dlscale.cli.main import app
 from dlscale.errors import UserError
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from tests.conftest import EXAMPLES
 
 BASE = {

@@ -8,7 +8,7 @@ import torch
 
 from dlscale import api
 from dlscale.errors import UserError
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 
 BASE = {
     "name": "devices",

@@ -8,10 +8,10 @@ import torch
 
 from dlscale import api
 from dlscale.errors import UserError
+from dlscale.jobspec import parse_spec
 from dlscale.models import build_model, count_parameters
-from dlscale.profiler.split import candidate_names, in_flight, partition, plan_split
+from dlscale.profiler.pipeline_split import candidate_names, in_flight, partition, plan_split
 from dlscale.profiler.trace import trace_step
-from dlscale.spec import parse_spec
 from dlscale.strategies.pipeline.plan import predicted_bubble
 
 LENET = {

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from dlscale import api
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from dlscale.train.record import RunRecord
 from tests.conftest import RecordingReporter
 

@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 from dlscale import api
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from dlscale.train import loop
 
 SMALL = {

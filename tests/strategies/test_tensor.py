@@ -9,10 +9,10 @@ import torch
 
 from dlscale import api
 from dlscale.errors import UserError
+from dlscale.jobspec import parse_spec
 from dlscale.models import build_model, count_parameters
 from dlscale.profiler.tensor_flow import record_flow
 from dlscale.profiler.tensor_plan import make_plan
-from dlscale.spec import parse_spec
 from tests.strategies.test_pipeline import GPT, LENET, assert_same_weights
 
 MLP = {

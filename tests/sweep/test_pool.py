@@ -31,7 +31,7 @@ def sleep(context, payload):
 def load_digits(context, payload):
     from dlscale.data import build_data
     from dlscale.data.cache import counts, keep_loaded
-    from dlscale.spec import parse_spec
+    from dlscale.jobspec import parse_spec
 
     keep_loaded()  # as a sweep trial does
     data = {"name": "digits", "fold": {"folds": 3, "index": payload}}

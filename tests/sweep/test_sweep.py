@@ -13,7 +13,7 @@ import torch
 import yaml
 
 from dlscale import api
-from dlscale.spec import load_spec
+from dlscale.jobspec import load_spec
 from tests.conftest import EXAMPLES, alive, default_sigint, worker_pids
 
 DLSCALE = Path(sys.executable).parent / "dlscale"

@@ -4,7 +4,7 @@ of layer appears only when those layers behave that way, and a zoo model's data 
 import torch
 from torch import nn
 
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.profiler import profile
 from dlscale.profiler.advice import verdict
 from dlscale.profiler.memory import training_memory

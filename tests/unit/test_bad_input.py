@@ -12,10 +12,10 @@ from torch import nn
 
 from dlscale.data import build_data
 from dlscale.errors import UserError
+from dlscale.jobspec import load_raw, load_spec, parse_spec
+from dlscale.jobspec.base import MAX_SEED
+from dlscale.jobspec.job import Spec
 from dlscale.models import build_model
-from dlscale.spec import load_raw, load_spec, parse_spec
-from dlscale.spec.base import MAX_SEED
-from dlscale.spec.job import Spec
 from dlscale.sweep.space import check_space
 from dlscale.train.plan import check_model_fits_data
 

@@ -30,9 +30,9 @@ from dlscale.bench.width import (
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware import get_hardware, local_entry_path, save_local
+from dlscale.jobspec import parse_spec
 from dlscale.models import build_model
 from dlscale.profiler.calibrate import update_seconds_in_step
-from dlscale.spec import parse_spec
 from dlscale.train.score import compute_loss
 
 MiB = 2**20

@@ -13,9 +13,9 @@ import torch
 
 from dlscale.data import build_data
 from dlscale.data.build import READERS
-from dlscale.data.split import split_train_val
+from dlscale.data.holdout import split_train_val
 from dlscale.errors import UserError
-from dlscale.spec import (
+from dlscale.jobspec import (
     Cifar10Data,
     DataSpec,
     DigitsData,

@@ -100,7 +100,7 @@ def test_a_failure_blames_the_silent_peer_not_the_worker_whose_wait_timed_out(st
 
 
 def test_the_warning_threshold_is_a_spec_setting_above_the_beat_interval():
-    from dlscale.spec import parse_spec
+    from dlscale.jobspec import parse_spec
 
     base = {"name": "t", "model": {"name": "lenet"}, "data": {"name": "digits"}, "batch_size": 8}
     for name in ("ddp", "ps", "pipeline", "hybrid"):

@@ -13,20 +13,22 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 # home: where per-user state lives ($DLSCALE_HOME), for every layer (data caches, hardware);
 # signals: how a dlscale process stops (SIGTERM as Ctrl-C, with its parent), for the command,
 # its workers and their data loaders alike; free_memory: what a new allocation can take now,
-# for every layer that refuses work that would not fit (a bench's sizes, synthetic data).
+# for every layer that refuses work that would not fit (a bench's sizes, synthetic data);
+# atomic: writes that land whole or not at all, for every layer that writes files.
 BASE = {"dlscale.errors", "dlscale.units", "dlscale.home", "dlscale.__version__"}
-BASE |= {"dlscale.signals", "dlscale.free_memory"}
-TRAIN = BASE | {"dlscale.spec", "dlscale.models", "dlscale.data", "dlscale.train"}
+BASE |= {"dlscale.signals", "dlscale.free_memory", "dlscale.atomic"}
+TRAIN = BASE | {"dlscale.jobspec", "dlscale.models", "dlscale.data", "dlscale.train"}
 ALLOWED = {
     "errors": set(),
     "home": set(),
     "units": set(),
     "signals": set(),
     "free_memory": set(),
+    "atomic": {"dlscale.errors", "dlscale.signals"},
     "models": {"dlscale.errors"},
-    "data": BASE | {"dlscale.spec"},
-    "spec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)
-    "hardware": BASE | {"dlscale.train.files"},
+    "data": BASE | {"dlscale.jobspec"},
+    "jobspec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)
+    "hardware": BASE,
     "train": TRAIN,
     # Launchers start and supervise processes; they know nothing of training.
     "launch": BASE,
@@ -46,13 +48,13 @@ ALLOWED = {
     "cli": BASE | {"dlscale.api", "dlscale.service"},
     # The service is a front door like the CLI: its routes and job processes call the verbs
     # (its scheduler stays pure bookkeeping over tenants, slots and specs).
-    "service": BASE | {"dlscale.spec", "dlscale.api"},
+    "service": BASE | {"dlscale.jobspec", "dlscale.api"},
 }
 # What each layer must not import at all (the train step stays free of the cluster engine).
 NEVER = {
     "models": ("ray", "torch.distributed"),
     "train": ("ray",),
-    "spec": ("torch",),
+    "jobspec": ("torch",),
     "service": ("torch", "ray"),
 }
 

@@ -3,7 +3,7 @@ spec is refused in one line naming the setting, before anything trains."""
 
 import pytest
 
-from dlscale.spec import load_spec, parse_spec
+from dlscale.jobspec import load_spec, parse_spec
 from tests.unit.test_bad_input import SPEC, refused
 
 

@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from dlscale.errors import UserError
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.models import ZOO, build_model
 from dlscale.profiler import attention, profile, trace_workload
 from dlscale.profiler.advice import verdict

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dlscale import api
-from dlscale.spec import parse_spec
+from dlscale.jobspec import parse_spec
 from dlscale.train.checkpoint import checkpoint_path, latest_checkpoint, load_checkpoint
 from tests.conftest import RecordingReporter
 

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import load_catalogue
+from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
-from dlscale.hardware.spec import Hardware
 from dlscale.profiler.roofline import predict
 from dlscale.profiler.scaling import (
     BUCKET_BYTES,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from dlscale.errors import UserError
-from dlscale.spec import load_spec, parse_spec
+from dlscale.jobspec import load_spec, parse_spec
 from tests.conftest import EXAMPLES
 
 BASE = {"name": "t", "model": {"name": "lenet"}, "data": {"name": "digits"}, "batch_size": 32}

@@ -7,7 +7,7 @@ import torch
 
 from dlscale.data import build_data
 from dlscale.errors import UserError
-from dlscale.spec import EarlyStoppingSpec, parse_spec
+from dlscale.jobspec import EarlyStoppingSpec, parse_spec
 from dlscale.sweep import results as res
 from dlscale.sweep.search import EarlyStopping, OptunaSearch
 from dlscale.sweep.space import (

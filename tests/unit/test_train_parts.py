@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dlscale.errors import UserError
-from dlscale.spec import OptimizerSpec, parse_spec
+from dlscale.jobspec import OptimizerSpec, parse_spec
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.metrics import (
     STEP_TIMES_KEPT,

@@ -45,8 +45,8 @@ from dlscale.api.rundir import train_in_folder
 from dlscale.api.scale import check_scale_options, scale
 from dlscale.errors import UserError
 from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
+from dlscale.jobspec import Spec, load_spec
 from dlscale.models import ZOO, check_model, parameter_count_meta
-from dlscale.spec import Spec, load_spec
 from dlscale.strategies import CHECKS, STRATEGIES
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
@@ -122,7 +122,7 @@ def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
         spec, CHECKS.get(spec.strategy.name)
     )  # the data read, and the model given one sample on the meta device
     if spec.sweep is not None:
-        from dlscale.spec import load_raw
+        from dlscale.jobspec import load_raw
         from dlscale.sweep.space import check_space
 
         check_space(spec, load_raw(spec_path), Path(spec_path).resolve().parent, str(spec_path))
@@ -305,9 +305,9 @@ def sweep(
 ) -> dict:
     """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results
     (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
+    from dlscale.jobspec import load_raw, parse_spec
     from dlscale.launch import check_cluster, make_launcher
     from dlscale.launch.base import Resources
-    from dlscale.spec import load_raw, parse_spec
     from dlscale.sweep.runner import NullSweepReporter, SweepRunner
     from dlscale.sweep.space import check_space
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
 from dlscale.hardware import Hardware
-from dlscale.spec import load_spec
+from dlscale.jobspec import load_spec
 
 __all__ = [
     "DEFAULT_BATCHES",
@@ -249,10 +249,10 @@ def link_name(hosts: list[str]) -> str:
 
 def save_link(result: dict) -> Path:
     """A measured link saved as a [[link]] in $DLSCALE_HOME/hardware/NAME.toml, atomically."""
+    from dlscale.atomic import write_atomic
     from dlscale.hardware.catalogue import user_files
     from dlscale.hardware.links import link_to_toml, parse_links
     from dlscale.home import dlscale_home
-    from dlscale.train.files import write_atomic
 
     user_files()  # the folder every user hardware file is read from
     path = dlscale_home() / "hardware" / f"{result['name']}.toml"

@@ -11,11 +11,11 @@ from dlscale.bench.memory import load_averages
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
+from dlscale.jobspec import LoaderSpec, PipelineStrategy, PsStrategy, SingleStrategy, Spec
 from dlscale.launch import local
 from dlscale.models import build_model
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION, split_advice
 from dlscale.profiler.memory import ModelState, model_state
-from dlscale.spec import LoaderSpec, PipelineStrategy, PsStrategy, SingleStrategy, Spec
 from dlscale.train.device import resolve_device
 from dlscale.train.step import build_optimizer
 from dlscale.units import binary_bytes as _b

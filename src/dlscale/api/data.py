@@ -6,8 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dlscale.data.convert import convert
+from dlscale.data.dataset_files import source_files
 from dlscale.data.stage import stage
-from dlscale.data.staged import source_files
 from dlscale.errors import UserError
 from dlscale.units import parse_bytes
 

@@ -16,9 +16,9 @@ import torch
 
 from dlscale import __version__
 from dlscale.data import build_data
+from dlscale.data.dataset_files import pattern_files, tree_files
 from dlscale.data.stage import expected_hashes
-from dlscale.data.staged import pattern_files, tree_files
-from dlscale.spec import (
+from dlscale.jobspec import (
     Cifar10Data,
     HfData,
     IdxData,

@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.faults import ending_recorded
-from dlscale.train.files import DEFAULT_RUNS_DIR, write_json_atomic
+from dlscale.train.files import DEFAULT_RUNS_DIR
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 from dlscale.train.resume_point import resume_point

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from dlscale.api.capacity import check_trials
 from dlscale.errors import UserError
-from dlscale.spec import load_spec
+from dlscale.jobspec import load_spec
 from dlscale.train.ownership import claim
 
 LR_SCALINGS = ("none", "linear", "sqrt")

@@ -19,9 +19,9 @@ from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
 from dlscale.hardware.catalogue import get_hardware, local_entry_path
 from dlscale.hardware.trust import calibration
+from dlscale.jobspec import Spec, parse_spec
 from dlscale.profiler.estimate import measure_steps
 from dlscale.profiler.target import resolve
-from dlscale.spec import Spec, parse_spec
 from dlscale.train.loop import Trainer
 
 SCHEMA = "dlscale.bench.batch/1"

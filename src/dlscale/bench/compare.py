@@ -17,7 +17,7 @@ from __future__ import annotations
 from pydantic import TypeAdapter
 
 from dlscale.errors import UserError
-from dlscale.spec import (
+from dlscale.jobspec import (
     DdpStrategy,
     PipelineStrategy,
     PsStrategy,

@@ -27,8 +27,8 @@ from dlscale.bench.io_verdict import io_noise, io_verdict, relative_spread, with
 from dlscale.bench.memory import load_averages
 from dlscale.data.lazy import IO_FIELDS
 from dlscale.errors import UserError
-from dlscale.spec import Spec
-from dlscale.spec.data import StoredData
+from dlscale.jobspec import Spec
+from dlscale.jobspec.data import StoredData
 from dlscale.train.device import synchronize
 from dlscale.train.loop import Trainer
 from dlscale.train.threads import intra_op_threads

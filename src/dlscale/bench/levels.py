@@ -83,8 +83,8 @@ def measure_here(spec_path: str, steps: int, threads: int) -> float:
     """In this process: samples/s of the spec on one process with `threads` threads."""
     import torch
 
+    from dlscale.jobspec import SingleStrategy, load_spec
     from dlscale.profiler.estimate import measure_steps
-    from dlscale.spec import SingleStrategy, load_spec
     from dlscale.train.loop import Trainer
 
     torch.set_num_threads(threads)
@@ -99,7 +99,7 @@ def measure_here(spec_path: str, steps: int, threads: int) -> float:
 def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None, train) -> dict:
     """`train(spec, out_dir=...)` runs the ddp level (the api's verb: a bench does not start
     strategies itself)."""
-    from dlscale.spec import DdpStrategy, load_spec
+    from dlscale.jobspec import DdpStrategy, load_spec
 
     if steps < 3:
         raise UserError(f"--steps: at least 3 timed steps (got {steps})")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
 from dlscale.errors import UserError
-from dlscale.spec import CheckpointSpec, LoaderSpec, Spec, parse_spec
+from dlscale.jobspec import CheckpointSpec, LoaderSpec, Spec, parse_spec
 from dlscale.train.batches import train_batches
 from dlscale.train.device import resolve_device
 from dlscale.train.loop import Trainer

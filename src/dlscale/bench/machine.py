@@ -20,7 +20,7 @@ from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
 from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.hardware.trust import unreliable
 from dlscale.profiler.calibrate import (
     attention_rates,

@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dlscale.atomic import write_atomic, write_json_atomic
 from dlscale.bench.io_plot import plot_io
 from dlscale.bench.link_plot import plot_link
 from dlscale.bench.run_plots import (
@@ -24,7 +25,7 @@ from dlscale.bench.run_plots import (
     plot_scale,
     plot_sparsity,
 )
-from dlscale.train.files import new_run_dir, write_atomic, write_json_atomic
+from dlscale.train.files import new_run_dir
 from dlscale.train.ownership import check_folder, claim
 
 GIGA = 1e9

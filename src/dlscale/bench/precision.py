@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from dlscale.errors import UserError, one_line
-from dlscale.spec import SingleStrategy, Spec, load_spec
+from dlscale.jobspec import SingleStrategy, Spec, load_spec
 from dlscale.train.device import autocast, resolve_device
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate

@@ -18,7 +18,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from dlscale.spec import DdpStrategy, Spec, TensorStrategy
+from dlscale.jobspec import DdpStrategy, Spec, TensorStrategy
 
 SCHEMA = "dlscale.bench.scale/1"
 

@@ -22,7 +22,7 @@ from torch.nn.utils import prune
 
 from dlscale.bench.precision import latency_s
 from dlscale.errors import UserError
-from dlscale.spec import SingleStrategy, load_spec
+from dlscale.jobspec import SingleStrategy, load_spec
 from dlscale.train.device import resolve_device
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate

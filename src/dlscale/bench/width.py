@@ -16,8 +16,8 @@ from dlscale.bench.matmul import median_time_s
 from dlscale.bench.memory import over_share
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
+from dlscale.jobspec import OptimizerSpec
 from dlscale.models import build_model, count_parameters
-from dlscale.spec import OptimizerSpec
 from dlscale.train.step import TrainStep, build_optimizer
 
 SCHEMA = "dlscale.bench.width/1"

@@ -8,16 +8,16 @@ from typing import Any
 from dlscale.data.bundle import DataBundle
 from dlscale.data.cache import loaded
 from dlscale.data.cifar import read_cifar10
+from dlscale.data.dataset_files import stage_spec
 from dlscale.data.digits import read_digits
 from dlscale.data.hf import read_hf
+from dlscale.data.holdout import cross_validation_fold
 from dlscale.data.idx import read_idx
 from dlscale.data.images import read_images
 from dlscale.data.npz import read_npz
-from dlscale.data.split import cross_validation_fold
-from dlscale.data.staged import stage_spec
 from dlscale.data.synthetic import make_synthetic
 from dlscale.data.wds import read_webdataset
-from dlscale.spec import (
+from dlscale.jobspec import (
     Cifar10Data,
     DataSpec,
     DigitsData,

@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from dlscale.data.bundle import DataBundle
-from dlscale.data.split import split_train_val
+from dlscale.data.holdout import split_train_val
 from dlscale.errors import UserError, one_line
-from dlscale.spec import Cifar10Data
+from dlscale.jobspec import Cifar10Data
 
 # https://www.cs.toronto.edu/~kriz/cifar.html, "Binary version".
 CIFAR_CHANNELS = 3

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from dlscale.data.bundle import DataBundle
-from dlscale.data.split import split_train_val
-from dlscale.spec import DigitsData
+from dlscale.data.holdout import split_train_val
+from dlscale.jobspec import DigitsData
 
 DIGITS_SIZE_PX = 8  # load_digits images are 8×8
 DIGITS_MAX_VALUE = 16.0  # pixel values are counts 0..16 (ink in a 4×4 block of the scan)

@@ -17,11 +17,11 @@ import torch
 
 from dlscale.data.bundle import DataBundle
 from dlscale.data.hf_columns import Columns, inspect_columns, load_split
+from dlscale.data.holdout import _split_indices, num_val_samples
 from dlscale.data.lazy import DataError, LazyDataset, to_tensor
 from dlscale.data.pixels import ImageLayout, array_image, layout_of, open_image, to_chw
-from dlscale.data.split import _split_indices, num_val_samples
 from dlscale.errors import one_line
-from dlscale.spec import HfData
+from dlscale.jobspec import HfData
 
 BYTE_VOCAB_SIZE = 256  # text is read as UTF-8 bytes: one token per byte
 

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dlscale.errors import UserError, one_line
-from dlscale.spec import HfData
+from dlscale.jobspec import HfData
 
 Kind = Literal["image", "image_array", "array", "text", "tokens"]
 MAX_TOKEN_ID = 2**31 - 1  # token ids become int64 tensors; larger ones are not a vocabulary

@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from dlscale.data.bundle import DataBundle
-from dlscale.data.split import split_train_val
+from dlscale.data.holdout import split_train_val
 from dlscale.errors import UserError, one_line
-from dlscale.spec import IdxData
+from dlscale.jobspec import IdxData
 
 # IDX format (http://yann.lecun.com/exdb/mnist/): magic = 0x00 0x00 <dtype code> <ndim>, then
 # ndim big-endian uint32 sizes, then the values in C order.

@@ -15,11 +15,11 @@ import numpy as np
 import torch
 
 from dlscale.data.bundle import DataBundle
+from dlscale.data.holdout import _split_indices, num_val_samples
 from dlscale.data.lazy import DataError, LazyDataset, to_tensor
 from dlscale.data.pixels import IMAGE_SUFFIXES, ImageLayout, layout_of, open_image, to_chw
-from dlscale.data.split import _split_indices, num_val_samples
 from dlscale.errors import UserError
-from dlscale.spec import ImagesData
+from dlscale.jobspec import ImagesData
 
 
 class ImageFiles(LazyDataset):

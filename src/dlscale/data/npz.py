@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import TensorDataset
 
 from dlscale.data.bundle import DataBundle
-from dlscale.data.split import split_train_val
+from dlscale.data.holdout import split_train_val
 from dlscale.errors import UserError, one_line
-from dlscale.spec import NpzData
+from dlscale.jobspec import NpzData
 
 PIXEL_MAX_VALUE = 255.0
 ZIP_MAGIC = b"PK"  # every zip record signature starts with Phil Katz's initials

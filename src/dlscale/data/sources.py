@@ -17,11 +17,11 @@ import torch
 
 from dlscale.data.build import build_data
 from dlscale.data.generate import PIXEL_LEVELS, chunk_samples, synthetic_image_chunks
-from dlscale.data.split import num_val_samples
+from dlscale.data.holdout import num_val_samples
 from dlscale.data.synthetic import check_fits_in_memory
 from dlscale.errors import UserError
-from dlscale.spec import DigitsData, SyntheticData, load_spec
-from dlscale.spec.base import MAX_SEED
+from dlscale.jobspec import DigitsData, SyntheticData, load_spec
+from dlscale.jobspec.base import MAX_SEED
 
 NAMED_SOURCES = ("digits", "synthetic")
 DEFAULT_VAL_FRACTION = 0.2

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from dlscale.data.split import num_val_samples
+from dlscale.data.holdout import num_val_samples
 
 # Tags keep the random streams drawn from one seed apart (numpy's SeedSequence mixes them in).
 _SHARD_ORDER, _BUFFER, _HOLD_OUT = 0, 1, 2

@@ -8,10 +8,10 @@ import torch
 from torch.utils.data import TensorDataset
 
 from dlscale.data.bundle import DataBundle
-from dlscale.data.split import num_val_samples
+from dlscale.data.holdout import num_val_samples
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
-from dlscale.spec import SyntheticData
+from dlscale.jobspec import SyntheticData
 from dlscale.units import binary_bytes
 
 # Noise around each class prototype, uniform in ±IMAGE_NOISE_HALF_WIDTH (std 0.14; uniform because

@@ -32,7 +32,7 @@ from dlscale.data.shards import (
 from dlscale.data.stream import StreamDataset
 from dlscale.data.wds_sample import SampleDecoder
 from dlscale.errors import one_line, os_reason
-from dlscale.spec import WebDatasetData
+from dlscale.jobspec import WebDatasetData
 
 SKIP_HINT = " (data.skip_bad: true skips and counts such samples)"
 

@@ -9,7 +9,7 @@ from dlscale.hardware.catalogue import (
     parse_hardware_list,
     save_local,
 )
-from dlscale.hardware.spec import PRECISIONS, Hardware
+from dlscale.hardware.device import PRECISIONS, Hardware
 
 __all__ = [
     "PRECISIONS",

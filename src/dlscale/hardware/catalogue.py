@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dlscale.atomic import write_atomic
 from dlscale.errors import UserError
-from dlscale.hardware.spec import PRECISIONS, Hardware
+from dlscale.hardware.device import PRECISIONS, Hardware
 from dlscale.home import dlscale_home  # moved to dlscale.home; still importable from here
-from dlscale.train.files import write_atomic
 
 KINDS = ("cpu", "gpu", "tpu")
 GIB = 2**30

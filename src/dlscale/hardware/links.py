@@ -19,7 +19,7 @@ from typing import Any
 
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import user_files
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 
 KINDS = ("pcie", "nvlink", "infinity-fabric", "ici", "infiniband", "ethernet", "loopback")
 SHIPPED_LABEL = "dlscale/hardware/links.toml"

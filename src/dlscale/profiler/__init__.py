@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from dlscale.errors import UserError, one_line
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.models.registry import user_code_failure
 from dlscale.profiler.advice import Verdict, verdict
 from dlscale.profiler.memory import TrainingMemory, training_memory

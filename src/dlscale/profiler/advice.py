@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.profiler.memory import TrainingMemory
 from dlscale.profiler.roofline import Prediction
 from dlscale.units import binary_bytes as _b

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.errors import UserError
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.hardware.trust import calibration
+from dlscale.jobspec import load_spec
 from dlscale.profiler import profile
 from dlscale.profiler.target import resolve
-from dlscale.spec import load_spec
 from dlscale.train.device import synchronize
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate

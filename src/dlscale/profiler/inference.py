@@ -18,7 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from dlscale.errors import UserError
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.memory import ELEMENT_BYTES
 from dlscale.profiler.recorder import PhaseCost

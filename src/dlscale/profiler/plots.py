@@ -10,10 +10,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from dlscale.errors import UserError
+from dlscale.atomic import write_atomic
+from dlscale.errors import UserError, os_reason
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.report import layer_kind
-from dlscale.train.files import os_reason, write_atomic
 
 MIB = 2**20
 

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link
-from dlscale.hardware.spec import Hardware
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.memory import FP32_BYTES, training_memory
+from dlscale.profiler.pipeline_split import in_flight, partition
 from dlscale.profiler.roofline import Prediction, predict
-from dlscale.profiler.split import in_flight, partition
 from dlscale.profiler.trace import LOSS, StepTrace
 
 STRATEGIES = ("ddp", "pipeline", "ps", "hybrid", "tensor")

@@ -9,8 +9,8 @@ from rich.console import Console
 
 from dlscale import units
 from dlscale.errors import UserError
+from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
-from dlscale.hardware.spec import Hardware
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.memory import training_memory

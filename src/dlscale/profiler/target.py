@@ -13,8 +13,8 @@ from torch import nn
 
 from dlscale.data import build_data
 from dlscale.errors import UserError
+from dlscale.jobspec import OptimizerSpec, load_spec
 from dlscale.models import ZOO, build_model, check_model
-from dlscale.spec import OptimizerSpec, load_spec
 
 DEFAULT_BATCH = 32
 DEFAULT_OPTIMIZER = "adam"

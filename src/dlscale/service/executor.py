@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale.atomic import write_json_atomic
 from dlscale.service import cgroups, sandbox
 from dlscale.service.layout import (
     APPEND,
@@ -40,7 +41,6 @@ from dlscale.service.layout import (
     SPEC_FILE,
     open_plain,
     read_result,
-    write_json_atomic,
 )
 from dlscale.service.validate import Verdict
 from dlscale.service.validators import Validators

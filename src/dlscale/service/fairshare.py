@@ -4,7 +4,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from dlscale.errors import UserError
-from dlscale.service.jobs import Running
+from dlscale.service.scheduler_types import Running
 
 # Usage a tenant earned an hour ago counts half as much as usage earned now (Slurm's
 # PriorityDecayHalfLife plays the same part; its default is a week, but a group sharing one

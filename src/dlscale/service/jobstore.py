@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from dlscale.errors import UserError
 from dlscale.service.db import serialize
 from dlscale.service.db.models import Artifact, Job, JobEvent, Membership, Tenant, User
-from dlscale.service.jobs import Request
+from dlscale.service.scheduler_types import Request
 
 KINDS = ("train", "sweep", "profile")
 ENDED = ("succeeded", "failed", "cancelled")

@@ -16,10 +16,10 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError
 
 JOBS = "jobs"
@@ -60,22 +60,6 @@ def check_input_name(name: str) -> str:
     if bad:
         raise UserError(f"input '{name}': give a plain file name (no folders, no leading dot)")
     return name
-
-
-def write_json_atomic(path: str | Path, obj) -> None:
-    """Write JSON so a reader sees the old file or the whole new one: temp file, fsync, rename."""
-    path = Path(path)
-    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(obj, handle, indent=2)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        Path(temp).unlink(missing_ok=True)
-        raise
 
 
 def write_job(

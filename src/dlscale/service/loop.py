@@ -27,8 +27,6 @@ from dlscale.service.db import serialize
 from dlscale.service.db.models import Job, Tenant
 from dlscale.service.executor import Executor
 from dlscale.service.fairshare import charge
-from dlscale.service.jobs import Machine, Request, Running
-from dlscale.service.jobs import Tenant as TenantQuota
 from dlscale.service.layout import (
     CLAIMED,
     LOG,
@@ -39,6 +37,8 @@ from dlscale.service.layout import (
     remove_job_dir,
 )
 from dlscale.service.scheduler import plan
+from dlscale.service.scheduler_types import Machine, Request, Running
+from dlscale.service.scheduler_types import Tenant as TenantQuota
 
 CANCEL_RESEND_S = 5.0
 START_TRIES = 3  # processes spawned for a job that never claims it before it is failed

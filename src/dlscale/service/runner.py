@@ -20,6 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError, one_line
 from dlscale.service.layout import (
     APPEND,
@@ -32,7 +33,6 @@ from dlscale.service.layout import (
     RESULT,
     RUN,
     SPEC_FILE,
-    write_json_atomic,
 )
 
 PROGRESS_EVERY_S = 2.0  # a step line in the log at most this often

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dlscale.service.fairshare import held_usage, shares, slot_cost
-from dlscale.service.jobs import Machine, Request, Running, Tenant
+from dlscale.service.scheduler_types import Machine, Request, Running, Tenant
 
 __all__ = ["Decision", "Machine", "Request", "Running", "Tenant", "check_fits", "plan"]
 

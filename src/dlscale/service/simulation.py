@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from dlscale.service.fairshare import HALF_LIFE_S, Usage, charge, slot_cost
-from dlscale.service.jobs import Machine, Request, Running, Tenant
 from dlscale.service.scheduler import Decision, check_fits, plan
+from dlscale.service.scheduler_types import Machine, Request, Running, Tenant
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from dlscale.errors import UserError
 from dlscale.service import auth
 from dlscale.service.db.models import AuditEntry, Membership, Tenant, Token, User, WebSession
-from dlscale.service.jobs import Tenant as TenantQuota
-from dlscale.service.jobs import _count
+from dlscale.service.scheduler_types import Tenant as TenantQuota
+from dlscale.service.scheduler_types import _count
 
 SESSION_TTL_S = 12 * 3600
 # Names appear in URLs, CLI arguments and folder listings: keep them plain.

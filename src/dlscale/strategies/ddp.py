@@ -17,8 +17,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dlscale.jobspec import Spec
 from dlscale.launch.base import Launcher, Resources, WorkerContext
-from dlscale.spec import Spec
 from dlscale.strategies.parent import launch
 from dlscale.strategies.worker import backend_for, join, run_trainer
 from dlscale.train.device import resolve_device

@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
+from dlscale.atomic import write_json_atomic
 from dlscale.data import build_data
 from dlscale.errors import RunFailed, UserError
+from dlscale.jobspec import Spec
 from dlscale.launch.base import Launcher, Resources, WorkerFailed, WorkerFn, per_rank
 from dlscale.models import build_model
-from dlscale.spec import Spec
 from dlscale.strategies.events import default_launcher, forward_to
 from dlscale.train.checkpoint import naming_intact
 from dlscale.train.faults import record_end
-from dlscale.train.files import write_json_atomic
 from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dlscale.spec import Spec
+from dlscale.jobspec import Spec
 from dlscale.train.loop import Trainer
 from dlscale.train.reporter import Reporter
 from dlscale.train.threads import intra_op_threads

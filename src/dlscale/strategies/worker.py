@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dlscale.jobspec import Spec, parse_spec
 from dlscale.launch.base import READY, WorkerContext
-from dlscale.spec import Spec, parse_spec
 from dlscale.strategies.events import EventReporter
 from dlscale.train.device import resolve_device
 from dlscale.train.exchange import Exchange

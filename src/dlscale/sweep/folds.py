@@ -7,7 +7,7 @@ import json
 
 from dlscale.data import build_data
 from dlscale.errors import UserError
-from dlscale.spec import Spec
+from dlscale.jobspec import Spec
 
 
 def check_folds(runs: list[Spec], source: str) -> None:

@@ -9,8 +9,8 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from dlscale.atomic import write_atomic
 from dlscale.sweep.space import show
-from dlscale.train.files import write_atomic
 
 STATUS_COLOURS = {"completed": "tab:blue", "pruned": "tab:orange", "failed": "tab:red"}
 

@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import yaml
 
-from dlscale.spec import SweepSpec
+from dlscale.atomic import write_atomic, write_json_atomic
+from dlscale.jobspec import SweepSpec
 from dlscale.sweep.space import describe, show
 from dlscale.sweep.trial import load_predictions
-from dlscale.train.files import write_atomic, write_json_atomic
 
 SCHEMA = "dlscale.sweep/1"
 FINAL = ("completed", "failed", "pruned", "skipped")

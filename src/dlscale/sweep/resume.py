@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError
-from dlscale.spec import Spec
+from dlscale.jobspec import Spec
 from dlscale.sweep.trials import Run
-from dlscale.train.files import write_json_atomic
 
 STATE = "sweep.json"
 # What a run's result.json gives back on --resume.

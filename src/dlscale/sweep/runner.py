@@ -17,9 +17,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError
+from dlscale.jobspec import Spec, parse_spec
 from dlscale.launch.base import Launcher, Resources, TaskDone
-from dlscale.spec import Spec, parse_spec
 from dlscale.sweep import results as res
 from dlscale.sweep.resume import open_folder, restore_run, saved_trials
 from dlscale.sweep.search import EarlyStopping, GridSearch
@@ -27,7 +28,6 @@ from dlscale.sweep.space import config_raw, describe, portable, run_raw
 from dlscale.sweep.space import run_units as units_of
 from dlscale.sweep.trial import CURVE_KEYS, run_trial
 from dlscale.sweep.trials import Run, Trial, evaluation, make_search, search_kind, summarize
-from dlscale.train.files import write_json_atomic
 
 POLL_S = 0.2
 UPDATE_EVERY_S = 0.5  # the live table is redrawn at most this often

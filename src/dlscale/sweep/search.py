@@ -11,7 +11,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from dlscale.spec import Distribution, EarlyStoppingSpec, SearchSpec
+from dlscale.jobspec import Distribution, EarlyStoppingSpec, SearchSpec
 
 
 class GridSearch:

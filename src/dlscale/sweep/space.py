@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UserError
-from dlscale.spec import Spec, SweepSpec
+from dlscale.jobspec import Spec, SweepSpec
 
 
 def set_path(raw: dict, path: str, value: Any) -> dict:
@@ -130,8 +130,8 @@ def check_space(spec: Spec, base: dict, base_dir: Path | None, source: str) -> l
     """Validate the runs a sweep will train (see probe_points) before any starts; a bad path or
     value is one line naming the configuration, as are more folds than the data has samples.
     Returns the validated specs."""
+    from dlscale.jobspec import parse_spec
     from dlscale.models import check_model
-    from dlscale.spec import parse_spec
     from dlscale.sweep.folds import check_folds
 
     checked = []

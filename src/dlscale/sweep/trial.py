@@ -11,17 +11,17 @@ from typing import Any
 
 import torch
 
+from dlscale.atomic import write_atomic
 from dlscale.data import build_data
 from dlscale.data.cache import keep_loaded
+from dlscale.jobspec import Spec, parse_spec
 from dlscale.launch.base import WorkerContext
 from dlscale.models import build_model
-from dlscale.spec import Spec, parse_spec
 from dlscale.strategies import STRATEGIES
 from dlscale.strategies.events import EventReporter
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import resolve_device
 from dlscale.train.faults import ending_recorded
-from dlscale.train.files import write_atomic
 from dlscale.train.ownership import claim
 from dlscale.train.resume_point import resume_point
 from dlscale.train.score import predict

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import one_line
-from dlscale.spec import Spec
+from dlscale.jobspec import Spec
 from dlscale.sweep import results as res
 from dlscale.sweep.search import GridSearch, OptunaSearch
 from dlscale.sweep.space import RunUnit, grid_points

@@ -16,8 +16,8 @@ from torch.utils.data import (
 )
 
 from dlscale.data.stream import StreamDataset
+from dlscale.jobspec import Spec
 from dlscale.signals import end_with_parent
-from dlscale.spec import Spec
 from dlscale.train.sampler import GlobalBatchSampler
 
 

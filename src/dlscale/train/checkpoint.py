@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
+from dlscale.atomic import WriteFailed, write_atomic
 from dlscale.errors import UserError, one_line
 from dlscale.signals import interrupt_behind
 from dlscale.train.digest import content_digest
-from dlscale.train.files import WriteFailed, write_atomic
 
 # Format 2 carries `sha256`, the digest of everything else in it; format 1 (before digests)
 # still loads, unchecked, and a resume says so.

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import RunFailed, lost_peer, one_line, os_reason
 from dlscale.models.registry import user_code_failure, user_frame
 from dlscale.signals import Terminated
 from dlscale.train import checkpoint as ckpt
-from dlscale.train.files import write_json_atomic
 
 ERROR_LOG = "errors.log"
 

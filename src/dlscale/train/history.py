@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from dlscale.spec import LoaderSpec
+from dlscale.jobspec import LoaderSpec
 from dlscale.train.metrics import StepSampler, TimingTotals, starving_advice
 
 

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import torch
 
+from dlscale.atomic import write_json_atomic
 from dlscale.data import build_data
+from dlscale.jobspec import Spec
 from dlscale.models import build_model, count_parameters
-from dlscale.spec import Spec
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.batches import StreamSampler, train_batches, val_batches
 from dlscale.train.device import check_precision, reset_peak_memory, resolve_device, synchronize
 from dlscale.train.env import environment
 from dlscale.train.exchange import Exchange
 from dlscale.train.faults import Faults
-from dlscale.train.files import write_json_atomic
 from dlscale.train.history import History, epoch_record
 from dlscale.train.metrics import StepTiming
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable

@@ -24,8 +24,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from dlscale.errors import UserError
-from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir, os_reason
+from dlscale.errors import UserError, os_reason
+from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
 
 LOCK_NAME = ".dlscale.lock"
 # Another process may hold a folder's lock for a moment without running there: one that looks

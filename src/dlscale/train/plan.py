@@ -11,8 +11,8 @@ from torch import nn
 
 from dlscale.data import DataBundle
 from dlscale.errors import UserError, one_line
+from dlscale.jobspec import Spec
 from dlscale.models.registry import user_code_failure
-from dlscale.spec import Spec
 
 
 @dataclass

@@ -10,8 +10,8 @@ import torch
 
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
+from dlscale.jobspec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, TensorStrategy
 from dlscale.models import build_model
-from dlscale.spec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, TensorStrategy
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 
 # A strategy's plan for a model on the meta device and the data (strategies.CHECKS): one

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dlscale.spec import OptimizerSpec
+from dlscale.jobspec import OptimizerSpec
 from dlscale.train.device import autocast, grad_scaler
 from dlscale.train.exchange import Exchange
 from dlscale.train.faults import NoGradient

@@ -13,7 +13,7 @@ from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 
-from dlscale.service import jobstore, specs, store
+from dlscale.service import intake, jobstore, store
 from dlscale.service.auth import ROLES
 from dlscale.service.db.models import Job
 from dlscale.service.deps import Principal, admin, job_access, principal, service
@@ -133,7 +133,7 @@ def jobs_page(request: Request) -> HTMLResponse:
             who,
             jobs=listed,
             tenants=submit_to,
-            kinds=specs.KINDS,
+            kinds=intake.KINDS,
             example=EXAMPLE_SPEC,
         )
 

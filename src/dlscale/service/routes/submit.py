@@ -1,5 +1,5 @@
 """Submitting jobs: a new spec (with its data files and the tenant's own code), or a rerun of an
-earlier one. A submission is checked in two steps: its structure here (specs.py: strict YAML,
+earlier one. A submission is checked in two steps: its structure here (intake.py: strict YAML,
 the spec schema, paths, slots, quotas), then everything that needs its model, data or code in a
 validation job inside the job sandbox (executor.validate); either refusal is a 422 in one line.
 """
@@ -18,10 +18,10 @@ from fastapi import APIRouter, Depends, File, Form, HTTPException, Request, Uplo
 
 from dlscale import __version__
 from dlscale.errors import UserError
-from dlscale.service import jobstore, specs, store
+from dlscale.jobspec import load_spec
+from dlscale.service import intake, jobstore, store
 from dlscale.service.auth import ROLES
 from dlscale.service.deps import Principal, client_address, job_access, service, writer
-from dlscale.service.jobs import Request as SlotRequest
 from dlscale.service.layout import (
     INPUTS,
     SPEC_FILE,
@@ -33,9 +33,9 @@ from dlscale.service.layout import (
 )
 from dlscale.service.loop import quota_of
 from dlscale.service.scheduler import check_fits
+from dlscale.service.scheduler_types import Request as SlotRequest
 from dlscale.service.uploads import check_name, copy_inputs, unpack_zip
 from dlscale.service.validators import ExecutorBusy
-from dlscale.spec import load_spec
 
 router = APIRouter()
 CHUNK_BYTES = 1 << 20
@@ -103,10 +103,10 @@ def _validated(request: Request, folder: Path, kind: str, parallel: int | None, 
     and then its validation job accept it; UserError with the one line that refuses it."""
     state = service(request)
     spec = load_spec(folder / SPEC_FILE)  # the schema only: no model, no data, no code
-    specs.check_inside(spec, folder)
+    intake.check_inside(spec, folder)
     if kind == "sweep" and spec.sweep is None:
         raise UserError("kind sweep: the spec has no sweep: section")
-    cpu, gpu = specs.slots(spec, kind, parallel, state.config.gpu_slots)
+    cpu, gpu = intake.slots(spec, kind, parallel, state.config.gpu_slots)
     never = check_fits(
         SlotRequest(job_id, tenant.name, cpu, gpu), quota_of(tenant), state.loop.machine
     )
@@ -145,8 +145,8 @@ def _create(
     queue it (one transaction); `fill(folder)` puts the inputs in place and returns the
     reproduction record's facts about them."""
     state = service(request)
-    if kind not in specs.KINDS:
-        raise HTTPException(422, f"kind: '{kind}' is not one of {', '.join(specs.KINDS)}")
+    if kind not in intake.KINDS:
+        raise HTTPException(422, f"kind: '{kind}' is not one of {', '.join(intake.KINDS)}")
     if parallel is not None and not 1 <= parallel <= 64:
         raise HTTPException(422, "parallel: must be between 1 and 64")
     _check_queue(request, tenant)
@@ -224,7 +224,7 @@ def submit(
     with state.maker.begin() as db:
         owner = _tenant_for(db, who, tenant)
     try:
-        submitted = specs.with_seed(spec.file.read(specs.MAX_SPEC_BYTES + 1))
+        submitted = intake.with_seed(spec.file.read(intake.MAX_SPEC_BYTES + 1))
         names = _check_names(files)
     except UserError as exc:
         raise _unprocessable(str(exc)) from None

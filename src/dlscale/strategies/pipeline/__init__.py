@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlscale.jobspec import PipelineStrategy, Spec
 from dlscale.launch.base import Launcher, Resources, WorkerContext
-from dlscale.spec import PipelineStrategy, Spec
 from dlscale.strategies.parent import initial_model, launch
 from dlscale.strategies.pipeline.exchange import PipelineExchange
 from dlscale.strategies.pipeline.plan import microbatch_size, plan_stages, split_model

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dlscale.jobspec import PipelineStrategy, Spec
 from dlscale.launch.base import WorkerContext
-from dlscale.spec import PipelineStrategy, Spec
 from dlscale.strategies.pipeline.plan import microbatch_size, split_model, tied_groups
 from dlscale.strategies.pipeline.section import pipeline_sections
 from dlscale.strategies.worker import average_gradients, backend_for, join

@@ -10,13 +10,13 @@ from torch import nn
 
 from dlscale.errors import UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.hardware.trust import unreliable
+from dlscale.jobspec import PipelineStrategy, Spec
 from dlscale.models import build_model
 from dlscale.models.registry import user_code_failure
-from dlscale.profiler.split import SplitPlan, plan_split
+from dlscale.profiler.pipeline_split import SplitPlan, plan_split
 from dlscale.profiler.trace import trace_step
-from dlscale.spec import PipelineStrategy, Spec
 from dlscale.train.step import build_optimizer
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dlscale.spec import PipelineStrategy
+from dlscale.jobspec import PipelineStrategy
 from dlscale.strategies.pipeline.plan import predicted_bubble
 
 MEASURED = ("forward_s", "backward_s", "busy_s", "schedule_s", "sync_s", "sent_bytes", "bubble")

@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from dlscale.jobspec import PsStrategy, Spec, parse_spec
 from dlscale.launch.base import Launcher, Resources, WorkerContext
-from dlscale.spec import PsStrategy, Spec, parse_spec
 from dlscale.strategies.parent import initial_model, launch, role_names
 from dlscale.strategies.ps.exchange import PsExchange
 from dlscale.strategies.ps.layout import flatten, shard_parameters

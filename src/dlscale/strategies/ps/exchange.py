@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dlscale.jobspec import Spec
 from dlscale.launch.base import WorkerContext
-from dlscale.spec import Spec
 from dlscale.strategies.ps import rules
 from dlscale.strategies.ps.layout import FlatShards
 from dlscale.strategies.ps.section import ps_sections

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dlscale.spec import PsStrategy
+from dlscale.jobspec import PsStrategy
 
 
 def ps_sections(strategy: PsStrategy, servers: list[dict], shards: list[list[int]]) -> dict:

@@ -17,8 +17,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dlscale.atomic import write_atomic
 from dlscale.errors import UserError
-from dlscale.spec import Spec
+from dlscale.jobspec import Spec
 from dlscale.strategies.ps import rules
 from dlscale.strategies.ps.layout import flatten
 from dlscale.strategies.ps.wire import (
@@ -36,7 +37,6 @@ from dlscale.strategies.ps.wire import (
 )
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
-from dlscale.train.files import write_atomic
 from dlscale.train.step import build_optimizer
 
 HEARTBEAT_S = 1.0

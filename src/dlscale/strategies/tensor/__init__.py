@@ -12,11 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from dlscale.errors import UserError
+from dlscale.jobspec import Spec, TensorStrategy
 from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.models import count_parameters
 from dlscale.profiler.tensor_flow import record_flow
 from dlscale.profiler.tensor_plan import TensorPlan, make_plan
-from dlscale.spec import Spec, TensorStrategy
 from dlscale.strategies.parent import initial_model, launch, role_names
 from dlscale.strategies.tensor.exchange import TensorExchange
 from dlscale.strategies.worker import run_trainer

@@ -20,9 +20,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from dlscale.errors import UserError
+from dlscale.jobspec import Spec, TensorStrategy
 from dlscale.launch.base import WorkerContext
 from dlscale.profiler.tensor_plan import TensorPlan
-from dlscale.spec import Spec, TensorStrategy
 from dlscale.strategies.tensor.meter import CommMeter
 from dlscale.strategies.tensor.section import tensor_section
 from dlscale.strategies.tensor.styles import apply_plan

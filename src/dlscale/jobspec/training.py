@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
-from dlscale.spec.base import Strict
+from dlscale.jobspec.base import Strict
 
 
 class ModelSpec(Strict):

@@ -14,7 +14,7 @@ from pydantic import (
     model_validator,
 )
 
-from dlscale.spec.base import Fraction, Seed, Strict, resolve_path, spec_relative
+from dlscale.jobspec.base import Fraction, Seed, Strict, resolve_path, spec_relative
 
 
 class FoldSpec(Strict):

@@ -10,26 +10,26 @@ import pytest
 import yaml
 
 from dlscale.errors import UserError
-from dlscale.service import specs
+from dlscale.jobspec import load_spec
+from dlscale.service import intake
 from dlscale.service.limits import FailureLimiter
-from dlscale.spec import load_spec
 
 BASE = "name: t\nmodel: {name: mlp}\ndata: {name: digits}\nbatch_size: 8\n"
 
 
 def test_a_spec_without_a_seed_gets_one_drawn_and_appended_keeping_its_bytes():
-    submitted = specs.with_seed(BASE.encode())
+    submitted = intake.with_seed(BASE.encode())
     assert submitted.seed_drawn and submitted.original == BASE
     assert submitted.text.startswith(BASE)
     assert yaml.safe_load(submitted.text)["seed"] == submitted.seed
-    seeded = specs.with_seed((BASE + "seed: 9\n").encode())
+    seeded = intake.with_seed((BASE + "seed: 9\n").encode())
     assert not seeded.seed_drawn and seeded.seed == 9 and seeded.text == BASE + "seed: 9\n"
-    flow = specs.with_seed(b"{name: t, model: {name: mlp}, data: {name: digits}}")
+    flow = intake.with_seed(b"{name: t, model: {name: mlp}, data: {name: digits}}")
     assert yaml.safe_load(flow.text)["seed"] == flow.seed
 
 
 def test_two_drawn_seeds_differ():
-    assert len({specs.with_seed(BASE.encode()).seed for _ in range(5)}) > 1
+    assert len({intake.with_seed(BASE.encode()).seed for _ in range(5)}) > 1
 
 
 def test_an_alias_bomb_is_refused_without_expanding_it():
@@ -37,11 +37,11 @@ def test_an_alias_bomb_is_refused_without_expanding_it():
     for i in range(1, 12):  # 10**12 nodes if expanded
         lines.append(f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}" if i > 1 else "*a"] * 10) + "]")
     with pytest.raises(UserError, match="YAML nodes"):
-        specs.parse("\n".join(lines))
+        intake.parse("\n".join(lines))
 
 
 def test_merge_keys_and_a_few_aliases_are_fine():
-    raw = specs.parse(BASE + "base: &b {lr: 0.1}\noptimizer: {<<: *b, name: sgd}\n")
+    raw = intake.parse(BASE + "base: &b {lr: 0.1}\noptimizer: {<<: *b, name: sgd}\n")
     assert raw["optimizer"] == {"lr": 0.1, "name": "sgd"}
 
 
@@ -59,27 +59,27 @@ def test_merge_keys_and_a_few_aliases_are_fine():
 )
 def test_paths_and_code_references_are_refused(value, message):
     with pytest.raises(UserError, match=message):
-        specs.parse(BASE + f"extra: {{where: '{value}'}}\n")
+        intake.parse(BASE + f"extra: {{where: '{value}'}}\n")
 
 
 def test_ordinary_values_pass():
-    specs.parse(BASE + "device: 'cuda:0'\nnote: 'lr 0.1: fast'\nfile: inputs/a.npz\n")
+    intake.parse(BASE + "device: 'cuda:0'\nnote: 'lr 0.1: fast'\nfile: inputs/a.npz\n")
 
 
 def test_the_tenants_own_modules_may_be_named():
-    raw = specs.parse(BASE.replace("{name: mlp}", "{name: 'inputs.mynet:build'}"))
+    raw = intake.parse(BASE.replace("{name: mlp}", "{name: 'inputs.mynet:build'}"))
     assert raw["model"]["name"] == "inputs.mynet:build"
-    specs.parse(BASE + "model_inputs: inputs.pkg.shapes:make\n")
+    intake.parse(BASE + "model_inputs: inputs.pkg.shapes:make\n")
 
 
 def test_an_unquoted_date_is_text_and_only_plain_data_is_built():
-    raw = specs.parse(BASE + "note: 2024-01-01\n")
+    raw = intake.parse(BASE + "note: 2024-01-01\n")
     assert raw["note"] == "2024-01-01"
     for tagged in ("!!binary aGk=", "!!timestamp 2024-01-01", "!!omap [a: 1]", "!custom x"):
         with pytest.raises(UserError, match="is not allowed"):
-            specs.parse(BASE + f"note: {tagged}\n")
+            intake.parse(BASE + f"note: {tagged}\n")
     with pytest.raises(UserError, match="is not a spec value"):
-        specs.check_untrusted({"note": b"os:system"})  # bytes are never turned into text
+        intake.check_untrusted({"note": b"os:system"})  # bytes are never turned into text
 
 
 def test_a_swept_staging_path_is_refused_too():
@@ -88,19 +88,19 @@ def test_a_swept_staging_path_is_refused_too():
         "sweep: {random: {trials: 2, space: {data.stage: {choice: [x, y]}}}}\n",
     ):
         with pytest.raises(UserError, match="staging"):
-            specs.parse(BASE + sweep)
+            intake.parse(BASE + sweep)
 
 
 def test_staging_is_refused():
     with pytest.raises(UserError, match="staging"):
-        specs.parse(BASE.replace("{name: digits}", "{name: digits, stage: inputs}"))
+        intake.parse(BASE.replace("{name: digits}", "{name: digits, stage: inputs}"))
 
 
 def test_size_and_encoding():
     with pytest.raises(UserError, match="bytes"):
-        specs.decode(b"x" * (specs.MAX_SPEC_BYTES + 1))
+        intake.decode(b"x" * (intake.MAX_SPEC_BYTES + 1))
     with pytest.raises(UserError, match=r"not UTF-8.*byte 2"):
-        specs.decode(b"ab\xffcd")
+        intake.decode(b"ab\xffcd")
 
 
 def test_resolved_paths_must_stay_in_the_job_folder(tmp_path):
@@ -111,7 +111,7 @@ def test_resolved_paths_must_stay_in_the_job_folder(tmp_path):
     (job / "inputs" / "link.npz").symlink_to(outside)
     spec = Path(job / "spec.yaml")
     spec.write_text(BASE)
-    specs.check_inside(load_spec(spec), job)  # digits: no paths at all
+    intake.check_inside(load_spec(spec), job)  # digits: no paths at all
 
     class Holder:
         model_fields: ClassVar[dict] = {"path": None}
@@ -119,20 +119,20 @@ def test_resolved_paths_must_stay_in_the_job_folder(tmp_path):
         def __init__(self, path):
             self.path = path
 
-    specs.check_inside(Holder(job / "inputs" / "a.npz"), job)
+    intake.check_inside(Holder(job / "inputs" / "a.npz"), job)
     with pytest.raises(UserError, match="outside the job"):
-        specs.check_inside(Holder(job / "inputs" / "link.npz"), job)
+        intake.check_inside(Holder(job / "inputs" / "link.npz"), job)
 
 
 def test_slots_count_processes_trials_and_gpus(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text(BASE + "device: cpu\nstrategy: {name: ddp, workers: 3}\n")
     spec = load_spec(path)
-    assert specs.slots(spec, "train", None, 0) == (3, 0)
-    assert specs.slots(spec, "sweep", 2, 0) == (6, 0)
-    assert specs.slots(spec, "profile", None, 0) == (1, 0)
+    assert intake.slots(spec, "train", None, 0) == (3, 0)
+    assert intake.slots(spec, "sweep", 2, 0) == (6, 0)
+    assert intake.slots(spec, "profile", None, 0) == (1, 0)
     path.write_text(BASE + "device: cuda\nstrategy: {name: ddp, workers: 2}\n")
-    assert specs.slots(load_spec(path), "train", None, 0) == (2, 2)
+    assert intake.slots(load_spec(path), "train", None, 0) == (2, 2)
 
 
 def test_failed_attempts_are_limited_within_a_window():

@@ -1,7 +1,7 @@
 """A spec sent to the service: its structure checked, kept inside its job folder, sized in slots.
 
 A client's spec is untrusted text, and the server only checks its structure: UTF-8, a size, the
-plain-data YAML of `dlscale.spec.strict_yaml` (no `!!binary`, `!!timestamp`, `!!set` or python
+plain-data YAML of `dlscale.jobspec.strict_yaml` (no `!!binary`, `!!timestamp`, `!!set` or python
 tags; duplicate keys refused) nested and expanded within bounds checked before it is built, and
 then the spec schema itself. Refused too: absolute or `..` paths (a tenant's spec reads only the
 files uploaded with it), data staging (a path on the server), and code references other than the
@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from dlscale.errors import UserError
-from dlscale.spec.strict_yaml import load_yaml
+from dlscale.jobspec.strict_yaml import load_yaml
 
 MAX_SPEC_BYTES = 64 * 1024
 MAX_DEPTH = 32

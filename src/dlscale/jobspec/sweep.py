@@ -13,7 +13,7 @@ from pydantic import (
     model_validator,
 )
 
-from dlscale.spec.base import Strict
+from dlscale.jobspec.base import Strict
 
 MAX_RUNS = 10_000  # trainings in one sweep: trials × folds (or ensemble members)
 

@@ -5,7 +5,7 @@ Every section is a strict pydantic model (unknown keys are rejected). Sections t
 added to its union.
 """
 
-from dlscale.spec.data import (
+from dlscale.jobspec.data import (
     DATA_KINDS,
     Cifar10Data,
     DataSection,
@@ -20,9 +20,9 @@ from dlscale.spec.data import (
     SyntheticData,
     WebDatasetData,
 )
-from dlscale.spec.job import Spec
-from dlscale.spec.load import describe_validation_error, load_raw, load_spec, parse_spec
-from dlscale.spec.strategy import (
+from dlscale.jobspec.job import Spec
+from dlscale.jobspec.load import describe_validation_error, load_raw, load_spec, parse_spec
+from dlscale.jobspec.strategy import (
     DdpStrategy,
     HybridStrategy,
     PipelineStrategy,
@@ -32,8 +32,8 @@ from dlscale.spec.strategy import (
     StrategySpec,
     TensorStrategy,
 )
-from dlscale.spec.sweep import Distribution, EarlyStoppingSpec, SearchSpec, SweepSpec
-from dlscale.spec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
+from dlscale.jobspec.sweep import Distribution, EarlyStoppingSpec, SearchSpec, SweepSpec
+from dlscale.jobspec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
 
 __all__ = [
     "DATA_KINDS",

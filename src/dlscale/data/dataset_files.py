@@ -14,7 +14,7 @@ from dlscale.data.images import list_images
 from dlscale.data.shards import expand_pattern
 from dlscale.data.stage import PART_SUFFIX, STAGING_FILES, check_outside, stage
 from dlscale.errors import UserError
-from dlscale.spec import HfData, ImagesData, StoredData, WebDatasetData
+from dlscale.jobspec import HfData, ImagesData, StoredData, WebDatasetData
 
 
 def stage_spec(spec: StoredData) -> tuple[StoredData, dict]:

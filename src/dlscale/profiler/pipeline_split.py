@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 from torch import nn
 
 from dlscale.errors import UserError
-from dlscale.hardware.spec import Hardware
+from dlscale.hardware.device import Hardware
 from dlscale.profiler.memory import FP32_BYTES
 from dlscale.profiler.roofline import predict
 from dlscale.profiler.trace import LOSS, StepTrace

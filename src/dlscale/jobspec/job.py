@@ -9,8 +9,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field, PositiveInt, field_validator, model_validator
 
-from dlscale.spec.base import Seed, Strict
-from dlscale.spec.data import (
+from dlscale.jobspec.base import Seed, Strict
+from dlscale.jobspec.data import (
     Cifar10Data,
     DataSpec,
     IdxData,
@@ -18,9 +18,9 @@ from dlscale.spec.data import (
     StoredData,
     SyntheticData,
 )
-from dlscale.spec.strategy import PipelineStrategy, PsStrategy, SingleStrategy, StrategySpec
-from dlscale.spec.sweep import SweepSpec
-from dlscale.spec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
+from dlscale.jobspec.strategy import PipelineStrategy, PsStrategy, SingleStrategy, StrategySpec
+from dlscale.jobspec.sweep import SweepSpec
+from dlscale.jobspec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
 
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 

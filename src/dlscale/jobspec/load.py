@@ -9,9 +9,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dlscale.errors import UserError
-from dlscale.spec.base import BooleanGiven
-from dlscale.spec.job import Spec
-from dlscale.spec.strict_yaml import load_yaml
+from dlscale.jobspec.base import BooleanGiven
+from dlscale.jobspec.job import Spec
+from dlscale.jobspec.strict_yaml import load_yaml
 
 
 def load_spec(path: str | Path) -> Spec:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from dlscale.spec.base import Bytes, Strict
+from dlscale.jobspec.base import Bytes, Strict
 
 # Processes beat once a second (launch.heartbeat): a shorter wait would name healthy ones.
 HeartbeatWarnS = Annotated[float, Field(ge=2.0)]
