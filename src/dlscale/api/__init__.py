@@ -151,14 +151,15 @@ def train(
 
     # Before any process starts: a device this machine lacks, fp16 without a GPU.
     check_precision(spec.precision, resolve_device(spec.device))
-    if cluster != "local" and spec.strategy.name == "single":
+    if cluster != "local" and spec.strategy.in_process:
         raise UserError(
-            f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
+            f"--cluster {cluster} places parallel workers; strategy '{spec.strategy.name}' runs "
+            "in this process"
         )
     from dlscale.launch import make_launcher
     from dlscale.launch.start import warm_up
 
-    if cluster == "local" and spec.strategy.name != "single":
+    if cluster == "local" and not spec.strategy.in_process:
         warm_up()  # the workers' fork server imports torch while the checks below run
     early = check_run(spec, cluster, reporter)  # memory, cores, load: before any folder
 
@@ -273,9 +274,11 @@ def compare(
     # Every problem is found before the first run starts, not after an hour of training.
     specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
     check_trials(list(specs.values()), cluster, "a run")
-    if cluster != "local" and "single" in specs:
+    in_process = [name for name, run in specs.items() if run.strategy.in_process]
+    if cluster != "local" and in_process:
         raise UserError(
-            f"--cluster {cluster} places parallel workers; strategy 'single' runs in this process"
+            f"--cluster {cluster} places parallel workers; strategy '{in_process[0]}' runs in "
+            "this process"
         )
     rows = []
     with claim(out):  # one compare or scale into a folder at a time

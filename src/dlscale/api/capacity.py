@@ -11,7 +11,7 @@ from dlscale.bench.memory import load_averages
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
-from dlscale.jobspec import LoaderSpec, PipelineStrategy, PsStrategy, SingleStrategy, Spec
+from dlscale.jobspec import LoaderSpec, SingleStrategy, Spec
 from dlscale.launch import local
 from dlscale.models import build_model
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION, split_advice
@@ -85,8 +85,8 @@ def local_processes(spec: Spec) -> tuple[int, str]:
     loaders = spec.loader.workers
     if not loaders:
         return strategy.processes, what
-    trainers = strategy.workers if isinstance(strategy, PsStrategy) else strategy.processes
-    return strategy.processes + trainers * loaders, f"{what} with loader.workers: {loaders}"
+    processes = strategy.processes + strategy.trainers * loaders
+    return processes, f"{what} with loader.workers: {loaders}"
 
 
 def check_process_count(processes: int, what: str, cores: int) -> None:
@@ -151,28 +151,17 @@ def data_bytes(data: DataBundle, batch_size: int, loader: LoaderSpec) -> int:
     return buffered * data.sample_bytes
 
 
-def replicas(spec: Spec) -> int:
-    """Whole model states a run's processes hold: one per data-parallel trainer; a parameter
-    server's shards together make one more, and a pipeline's stages share one."""
-    strategy = spec.strategy
-    if isinstance(strategy, PsStrategy):
-        return strategy.workers + 1
-    if isinstance(strategy, PipelineStrategy):
-        return strategy.replicas
-    return strategy.processes
-
-
 def host_need(spec: Spec, state: ModelState, data: int, is_local: bool, device) -> HostNeed:
     """On a cluster, this machine holds the parent's starting model and data; locally, every
     process's. A GPU run keeps each process's weights on the host while it builds its model."""
     if not is_local:
         return HostNeed(1, state.weights_bytes, "weights", 1, data, 0)
     processes = spec.strategy.processes
-    new = 0 if isinstance(spec.strategy, SingleStrategy) else processes
+    new = 0 if spec.strategy.in_process else processes
     if device.type == "cuda":
         return HostNeed(processes, state.weights_bytes, "weights", processes, data, new)
     kind = "weights, gradients and optimizer state"
-    return HostNeed(replicas(spec), state.total_bytes, kind, processes, data, new)
+    return HostNeed(spec.strategy.model_states, state.total_bytes, kind, processes, data, new)
 
 
 def host_error(spec: Spec, host: HostNeed, available: int) -> UserError:
@@ -204,7 +193,7 @@ def host_error(spec: Spec, host: HostNeed, available: int) -> UserError:
 
 def check_gpu(spec: Spec, state: ModelState, device: torch.device) -> None:
     """Each GPU holds a whole model state, or for a pipeline at least its stage's share."""
-    stages = spec.strategy.stages if isinstance(spec.strategy, PipelineStrategy) else 1
+    stages = spec.strategy.stages
     properties = torch.cuda.get_device_properties(device)
     # The profiler's share of a device that training can use (no CUDA context is made here:
     # mem_get_info would hold one in this process on the workers' GPU for the whole run).

@@ -6,6 +6,7 @@ strategy changes (and the length, with `--epochs`). `ddp` is synchronous data pa
 into `--workers` stages; `hybrid` runs `--workers` / 2 replicas of a 2-stage pipeline (the spec's
 own pipeline settings are kept where it has them); `tensor` splits layers over `--workers`
 devices (its plan and data_parallel kept where the spec has them); `single` is one process.
+Each strategy's spec section builds itself at `--workers` (jobspec/strategy.py: `compared`).
 
 Time to accuracy: the target is TARGET_FRACTION (0.95) × the best final validation accuracy among
 the runs, and a run's time to it is the `elapsed_s` (seconds since that run's start) of the first
@@ -17,29 +18,15 @@ from __future__ import annotations
 from pydantic import TypeAdapter
 
 from dlscale.errors import UserError
-from dlscale.jobspec import (
-    DdpStrategy,
-    PipelineStrategy,
-    PsStrategy,
-    Spec,
-    StrategySpec,
-    TensorStrategy,
-    parse_spec,
-)
+from dlscale.jobspec import STRATEGY_KINDS, Spec, StrategySpec, parse_spec
 
 SCHEMA = "dlscale.bench.compare/1"
-PS_MODES = ("averaging", "async", "downpour")
-MODEL_PARALLEL = ("pipeline", "hybrid")
-STRATEGY_CHOICES = ("single", "ddp", *PS_MODES, *MODEL_PARALLEL, "tensor")
+# name -> the strategy section it runs, in the spec's order (the ps modes by their own names).
+COMPARED = {name: section for kind in STRATEGY_KINDS for name, section in kind.variants().items()}
+STRATEGY_CHOICES = tuple(COMPARED)
 TARGET_FRACTION = 0.95
 TARGET_RULE = "0.95 × the best final validation accuracy (each run's curve's last point)"
 
-# The user's ps settings that a mode ignores are not carried into it (they would only warn).
-_UNUSED_BY_MODE = {
-    "averaging": ("n_fetch", "n_push", "staleness_lr", "max_staleness"),
-    "async": ("local_steps", "n_fetch", "n_push"),
-    "downpour": ("local_steps",),
-}
 _CURVE_KEYS = ("epoch", "elapsed_s", "val_accuracy", "val_loss", "train_loss")
 
 
@@ -76,36 +63,11 @@ def compare_spec(spec: Spec, strategy_name: str, workers: int, epochs: int | Non
     if epochs is not None and epochs < 1:
         raise UserError(f"--epochs: {epochs} is below the minimum of 1")
     raw = spec.model_dump(mode="json", exclude_unset=True)
-    raw["strategy"] = _strategy(spec, strategy_name, workers)
+    raw["strategy"] = COMPARED[strategy_name].compared(workers, spec.strategy, spec.batch_size)
     if epochs is not None:
         raw["epochs"] = epochs
         raw.pop("steps", None)
     return parse_spec(raw, source=f"--strategies {strategy_name}")
-
-
-def _strategy(spec: Spec, name: str, workers: int) -> dict:
-    current = spec.strategy
-    if name == "single":
-        return {"name": "single"}
-    if name in MODEL_PARALLEL:
-        return _model_parallel(spec, name, workers)
-    if name == "tensor":
-        kept = current.model_dump(mode="json", exclude_unset=True)
-        kept = kept if isinstance(current, TensorStrategy) else {}
-        replicas = kept.get("data_parallel", 1)
-        if workers % replicas:
-            raise UserError(
-                f"--workers {workers}: the spec's tensor strategy has "
-                f"{replicas} data-parallel replicas; give a multiple of {replicas}"
-            )
-        return {**kept, "name": "tensor", "degree": workers // replicas}
-    kind = DdpStrategy if name == "ddp" else PsStrategy
-    kept = current.model_dump(mode="json", exclude_unset=True) if isinstance(current, kind) else {}
-    if name == "ddp":
-        return {**kept, "name": "ddp", "workers": workers}
-    for key in _UNUSED_BY_MODE[name]:
-        kept.pop(key, None)
-    return {**kept, "name": "ps", "mode": name, "workers": workers}
 
 
 def time_to_accuracy(curve: list[dict], target: float | None) -> dict | None:
@@ -194,27 +156,3 @@ def compare_result(
         "rows": table,
         "curves": curves,
     }
-
-
-def _model_parallel(spec: Spec, name: str, workers: int) -> dict:
-    """`pipeline`: `workers` stages; `hybrid`: `workers` // stages replicas (stages: the spec's, or
-    2). Microbatches: the spec's, else the most of 4, 2, 1 that divides the batch."""
-    current = spec.strategy
-    kept = (
-        current.model_dump(mode="json", exclude_unset=True)
-        if isinstance(current, PipelineStrategy)
-        else {}
-    )
-    kept.pop("data_parallel", None)
-    kept.setdefault("microbatches", next(m for m in (4, 2, 1) if spec.batch_size % m == 0))
-    if name == "pipeline":
-        if kept.get("split") not in (None, "auto") and len(kept["split"]) != workers - 1:
-            kept.pop("split")  # a split for another stage count
-        return {**kept, "name": "pipeline", "stages": workers}
-    stages = kept.get("stages", 2)
-    if workers < stages or workers % stages:
-        raise UserError(
-            f"--workers {workers}: hybrid runs replicas of a {stages}-stage pipeline, so give a "
-            f"multiple of {stages}"
-        )
-    return {**kept, "name": "hybrid", "stages": stages, "data_parallel": workers // stages}

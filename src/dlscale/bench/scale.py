@@ -18,14 +18,15 @@ import contextlib
 import os
 from collections.abc import Iterator
 
-from dlscale.jobspec import DdpStrategy, Spec, TensorStrategy
+from dlscale.jobspec import Spec
 
 SCHEMA = "dlscale.bench.scale/1"
 
 
 def scaled_strategy(spec: Spec) -> str:
-    """What `scale` varies: a tensor-parallel spec's degree, else ddp's workers."""
-    return "tensor" if isinstance(spec.strategy, TensorStrategy) else "ddp"
+    """The strategy `scale` runs: its section says (a tensor-parallel spec's degree grows, any
+    other runs as ddp's workers)."""
+    return spec.strategy.scaled(1).name
 
 
 def lr_factor(rule: str, workers: int, base_workers: int) -> float:
@@ -37,12 +38,7 @@ def lr_factor(rule: str, workers: int, base_workers: int) -> float:
 
 
 def scaled_spec(spec: Spec, workers: int, steps: int | None, lr_factor: float = 1.0) -> Spec:
-    if scaled_strategy(spec) == "tensor":
-        strategy = spec.strategy.model_copy(update={"degree": workers})
-    else:
-        strategy = spec.strategy if isinstance(spec.strategy, DdpStrategy) else None
-        strategy = (strategy or DdpStrategy(name="ddp")).model_copy(update={"workers": workers})
-    changes = {"strategy": strategy}
+    changes = {"strategy": spec.strategy.scaled(workers)}
     if lr_factor != 1.0:
         changes["optimizer"] = spec.optimizer.model_copy(
             update={"lr": spec.optimizer.lr * lr_factor}

@@ -23,12 +23,14 @@ from dlscale.jobspec.data import (
 from dlscale.jobspec.job import Spec
 from dlscale.jobspec.load import describe_validation_error, load_raw, load_spec, parse_spec
 from dlscale.jobspec.strategy import (
+    STRATEGY_KINDS,
     DdpStrategy,
     HybridStrategy,
     PipelineStrategy,
     PsStrategy,
     SingleStrategy,
     StragglerSpec,
+    StrategySection,
     StrategySpec,
     TensorStrategy,
 )
@@ -37,6 +39,7 @@ from dlscale.jobspec.training import CheckpointSpec, LoaderSpec, ModelSpec, Opti
 
 __all__ = [
     "DATA_KINDS",
+    "STRATEGY_KINDS",
     "CheckpointSpec",
     "Cifar10Data",
     "DataSection",
@@ -61,6 +64,7 @@ __all__ = [
     "Spec",
     "StoredData",
     "StragglerSpec",
+    "StrategySection",
     "StrategySpec",
     "SweepSpec",
     "SyntheticData",

@@ -18,7 +18,7 @@ from dlscale.jobspec.data import (
     StoredData,
     SyntheticData,
 )
-from dlscale.jobspec.strategy import PipelineStrategy, PsStrategy, SingleStrategy, StrategySpec
+from dlscale.jobspec.strategy import SingleStrategy, StrategySpec
 from dlscale.jobspec.sweep import SweepSpec
 from dlscale.jobspec.training import CheckpointSpec, LoaderSpec, ModelSpec, OptimizerSpec
 
@@ -61,15 +61,8 @@ class Spec(Strict):
         return self
 
     @model_validator(mode="after")
-    def _tensor_precision(self) -> Spec:
-        # GradScaler unscales every gradient of a device and type in one foreach kernel, which
-        # cannot take a split layer's (DTensor) gradients beside the whole layers' (torch 2.13;
-        # seen on an H200).
-        if self.strategy.name == "tensor" and self.precision == "fp16":
-            raise ValueError(
-                "strategy tensor trains in fp32 or bf16: fp16's loss scaling cannot "
-                "unscale split and whole layers' gradients together; use bf16"
-            )
+    def _strategy_precision(self) -> Spec:
+        self.strategy.check_precision(self.precision)
         return self
 
     def warnings(self) -> list[str]:
@@ -80,29 +73,7 @@ class Spec(Strict):
             found.append(f"optimizer.momentum is ignored by optimizer '{opt.name}'")
         if "betas" in opt.model_fields_set and opt.name not in ("adam", "adamw"):
             found.append(f"optimizer.betas is ignored by optimizer '{opt.name}'")
-        strategy = self.strategy
-        if isinstance(strategy, PsStrategy):
-            unused = {
-                "averaging": ("n_fetch", "n_push", "staleness_lr", "max_staleness"),
-                "async": ("local_steps", "n_fetch", "n_push"),
-                "downpour": ("local_steps",),
-            }[strategy.mode]
-            found += [
-                f"strategy.{key} is ignored by ps mode '{strategy.mode}'"
-                for key in unused
-                if key in strategy.model_fields_set
-            ]
-            if strategy.mode != "averaging" and opt.name not in ("sgd", "adagrad", "momentum"):
-                found.append(
-                    f"ps mode '{strategy.mode}' applies optimizer '{opt.name}' on the server, "
-                    "across every worker's gradients; sgd or adagrad are the classic choices"
-                )
-        if (
-            isinstance(strategy, PipelineStrategy)
-            and strategy.schedule == "naive"
-            and "microbatches" in strategy.model_fields_set
-        ):
-            found.append("strategy.microbatches is ignored by schedule 'naive' (whole batches)")
+        found += self.strategy.warnings(opt.name)
         if self.sweep is not None:
             found.append(
                 "the sweep section is read by `dlscale sweep`; `train` runs the spec as is"

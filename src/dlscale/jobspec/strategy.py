@@ -1,34 +1,120 @@
-"""The `strategy` section: how gradients and weights move; a union discriminated by `name`."""
+"""The `strategy` section: how gradients and weights move, and the facts the rest of dlscale asks
+of each kind (processes, replicas, stages, how it scales); a union discriminated by `name`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from abc import abstractmethod
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
+from dlscale.errors import UserError
 from dlscale.jobspec.base import Bytes, Strict
 
 # Processes beat once a second (launch.heartbeat): a shorter wait would name healthy ones.
 HeartbeatWarnS = Annotated[float, Field(ge=2.0)]
+PsMode = Literal["averaging", "async", "downpour"]
+# The settings each ps mode ignores: the spec warns when they are given, and `compare` does
+# not carry them into that mode.
+IGNORED_BY_MODE: dict[str, tuple[str, ...]] = {
+    "averaging": ("n_fetch", "n_push", "staleness_lr", "max_staleness"),
+    "async": ("local_steps", "n_fetch", "n_push"),
+    "downpour": ("local_steps",),
+}
 
 
-class SingleStrategy(Strict):
+class StrategySection(Strict):
+    """What the rest of dlscale asks a strategy, so that no caller switches on its kind. The
+    counts without a default must be stated (a section that forgets one cannot be made); the
+    rest default to what most strategies are. Each kind also answers `stages`: the pipeline
+    stages one model state is split over, a GPU holding 1/stages of it (a field of the pipeline
+    kinds, so not declared here: a field may not shadow its parent's property)."""
+
+    name: str
+
+    @property
+    @abstractmethod
+    def processes(self) -> int:
+        """Processes the strategy runs, each wanting a core."""
+
+    @property
+    def trainers(self) -> int:
+        """Processes that run the training loop: each on one GPU when the spec runs on CUDA,
+        each with its own DataLoader workers."""
+        return self.processes
+
+    @property
+    @abstractmethod
+    def replicas(self) -> int:
+        """Data-parallel replicas: the shares every global batch is cut into (a pipeline's
+        stages and a tensor group's shards share one; a ps job's servers train nothing)."""
+
+    @property
+    def model_states(self) -> int:
+        """Whole model states (weights, gradients, optimizer state) its processes hold in this
+        machine's memory when it trains on the CPU: one per replica."""
+        return self.replicas
+
+    @property
+    def in_process(self) -> bool:
+        """Trains in the calling process: no worker to start, none to place on a cluster."""
+        return False
+
+    def scaled(self, workers: int) -> StrategySection:
+        """What `dlscale scale` runs at `workers` workers: ddp, unless the strategy grows itself."""
+        return DdpStrategy(name="ddp").model_copy(update={"workers": workers})
+
+    @abstractmethod
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        """This strategy's section for a `dlscale compare` run at `workers` workers, keeping the
+        user's `current` settings where they are of its kind."""
+
+    @classmethod
+    def variants(cls) -> dict[str, StrategySection]:
+        """The names `dlscale compare` runs it by, each with its section's defaults."""
+        name = get_args(cls.model_fields["name"].annotation)[0]
+        return {name: cls(name=name)}
+
+    def warnings(self, optimizer: str) -> list[str]:
+        """Settings given that will have no effect, and choices worth a word, with the spec's
+        `optimizer`."""
+        return []
+
+    def check_precision(self, precision: str) -> None:
+        """A ValueError for a precision the strategy cannot train in."""
+
+
+def _settings(current: StrategySection) -> dict:
+    """The settings the user gave a section (not its defaults)."""
+    return current.model_dump(mode="json", exclude_unset=True)
+
+
+class SingleStrategy(StrategySection):
     """One process, one device."""
 
     name: Literal["single"] = "single"
 
     @property
     def processes(self) -> int:
-        """Processes (each wanting a core) the strategy runs."""
         return 1
 
     @property
-    def trainers(self) -> int:
-        """Processes that run the training loop, each on one GPU when the spec runs on CUDA."""
+    def replicas(self) -> int:
         return 1
 
+    @property
+    def in_process(self) -> bool:
+        return True
 
-class DdpStrategy(Strict):
+    @property
+    def stages(self) -> int:
+        return 1
+
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        return {"name": "single"}
+
+
+class DdpStrategy(StrategySection):
     """Synchronous data parallel: N workers, a shard of every global batch each, allreduce."""
 
     name: Literal["ddp"]
@@ -43,8 +129,19 @@ class DdpStrategy(Strict):
         return self.workers
 
     @property
-    def trainers(self) -> int:
+    def replicas(self) -> int:
         return self.workers
+
+    @property
+    def stages(self) -> int:
+        return 1
+
+    def scaled(self, workers: int) -> StrategySection:
+        return self.model_copy(update={"workers": workers})
+
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        kept = _settings(current) if isinstance(current, DdpStrategy) else {}
+        return {**kept, "name": "ddp", "workers": workers}
 
 
 class StragglerSpec(Strict):
@@ -54,7 +151,7 @@ class StragglerSpec(Strict):
     factor: Annotated[float, Field(ge=1.0)] = 2.0
 
 
-class PsStrategy(Strict):
+class PsStrategy(StrategySection):
     """Parameter servers: `servers` processes hold the parameters (sharded by size), `workers`
     train on their shards of the data. `averaging`: synchronous parameter averaging every
     `local_steps`; `async`: every gradient applied at once; `downpour`: fetch every `n_fetch`
@@ -62,7 +159,7 @@ class PsStrategy(Strict):
     spec's optimizer (sgd or adagrad, as in Downpour); averaging workers step it locally."""
 
     name: Literal["ps"]
-    mode: Literal["averaging", "async", "downpour"] = "async"
+    mode: PsMode = "async"
     workers: PositiveInt = 2
     servers: PositiveInt = 1
     local_steps: PositiveInt = 1  # averaging: local steps between averages
@@ -90,6 +187,42 @@ class PsStrategy(Strict):
         """The workers; servers hold their shards in host memory and need no GPU."""
         return self.workers
 
+    @property
+    def replicas(self) -> int:
+        return self.workers
+
+    @property
+    def model_states(self) -> int:
+        """One per worker; the servers' shards together make one more."""
+        return self.workers + 1
+
+    @property
+    def stages(self) -> int:
+        return 1
+
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        kept = _settings(current) if isinstance(current, PsStrategy) else {}
+        for key in IGNORED_BY_MODE[self.mode]:  # they would only warn
+            kept.pop(key, None)
+        return {**kept, "name": "ps", "mode": self.mode, "workers": workers}
+
+    @classmethod
+    def variants(cls) -> dict[str, StrategySection]:
+        return {mode: cls(name="ps", mode=mode) for mode in get_args(PsMode)}
+
+    def warnings(self, optimizer: str) -> list[str]:
+        found = [
+            f"strategy.{key} is ignored by ps mode '{self.mode}'"
+            for key in IGNORED_BY_MODE[self.mode]
+            if key in self.model_fields_set
+        ]
+        if self.mode != "averaging" and optimizer not in ("sgd", "adagrad", "momentum"):
+            found.append(
+                f"ps mode '{self.mode}' applies optimizer '{optimizer}' on the server, "
+                "across every worker's gradients; sgd or adagrad are the classic choices"
+            )
+        return found
+
     @model_validator(mode="after")
     def _straggler_exists(self) -> PsStrategy:
         if self.straggler is not None and self.straggler.worker >= self.workers:
@@ -100,7 +233,7 @@ class PsStrategy(Strict):
         return self
 
 
-class PipelineStrategy(Strict):
+class PipelineStrategy(StrategySection):
     """Model parallelism: the model's layers split into `stages` contiguous stages, one process
     each; activations flow forward and gradients back. `naive` runs whole batches (one stage busy
     at a time); `gpipe` and `1f1b` cut each batch into `microbatches` (torch.distributed.pipelining
@@ -135,13 +268,30 @@ class PipelineStrategy(Strict):
         return self.stages * self.replicas
 
     @property
-    def trainers(self) -> int:
-        return self.processes
-
-    @property
     def microbatches_run(self) -> int:
         """Microbatches per step: `naive` runs each batch whole."""
         return 1 if self.schedule == "naive" else self.microbatches
+
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        """`workers` stages (a split kept only when it names that many)."""
+        kept = _pipeline_settings(current, batch_size)
+        if kept.get("split") not in (None, "auto") and len(kept["split"]) != workers - 1:
+            kept.pop("split")  # a split for another stage count
+        return {**kept, "name": "pipeline", "stages": workers}
+
+    def warnings(self, optimizer: str) -> list[str]:
+        if self.schedule == "naive" and "microbatches" in self.model_fields_set:
+            return ["strategy.microbatches is ignored by schedule 'naive' (whole batches)"]
+        return []
+
+
+def _pipeline_settings(current: StrategySection, batch_size: int) -> dict:
+    """A compared pipeline's or hybrid's settings: the user's pipeline settings (either kind's),
+    microbatches the user's or the most of 4, 2, 1 that divides the batch."""
+    kept = _settings(current) if isinstance(current, PipelineStrategy) else {}
+    kept.pop("data_parallel", None)
+    kept.setdefault("microbatches", next(m for m in (4, 2, 1) if batch_size % m == 0))
+    return kept
 
 
 class HybridStrategy(PipelineStrategy):
@@ -155,6 +305,17 @@ class HybridStrategy(PipelineStrategy):
     def replicas(self) -> int:
         return self.data_parallel
 
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        """`workers` // stages replicas of the user's stages (or 2)."""
+        kept = _pipeline_settings(current, batch_size)
+        stages = kept.get("stages", 2)
+        if workers < stages or workers % stages:
+            raise UserError(
+                f"--workers {workers}: hybrid runs replicas of a {stages}-stage pipeline, so "
+                f"give a multiple of {stages}"
+            )
+        return {**kept, "name": "hybrid", "stages": stages, "data_parallel": workers // stages}
+
 
 # How one Linear or Conv2d is split (profiler/tensor_plan.py says what each moves).
 TensorStyle = Literal[
@@ -162,7 +323,7 @@ TensorStyle = Literal[
 ]
 
 
-class TensorStrategy(Strict):
+class TensorStrategy(StrategySection):
     """Tensor parallel: single layers split across `degree` devices (torch's DeviceMesh,
     ColwiseParallel and RowwiseParallel), `data_parallel` replicas of that group (a 2-D mesh:
     degree × data_parallel processes), each replica on its share of every global batch.
@@ -183,11 +344,46 @@ class TensorStrategy(Strict):
         return self.degree * self.data_parallel
 
     @property
-    def trainers(self) -> int:
+    def replicas(self) -> int:
+        return self.data_parallel
+
+    @property
+    def model_states(self) -> int:
+        """One per process: each builds the whole model before its layers are split."""
         return self.processes
+
+    @property
+    def stages(self) -> int:
+        return 1
+
+    def scaled(self, workers: int) -> StrategySection:
+        """The degree grows: the same batch split over more devices (strong scaling)."""
+        return self.model_copy(update={"degree": workers})
+
+    def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
+        kept = _settings(current) if isinstance(current, TensorStrategy) else {}
+        replicas = kept.get("data_parallel", 1)
+        if workers % replicas:
+            raise UserError(
+                f"--workers {workers}: the spec's tensor strategy has "
+                f"{replicas} data-parallel replicas; give a multiple of {replicas}"
+            )
+        return {**kept, "name": "tensor", "degree": workers // replicas}
+
+    def check_precision(self, precision: str) -> None:
+        # GradScaler unscales every gradient of a device and type in one foreach kernel, which
+        # cannot take a split layer's (DTensor) gradients beside the whole layers' (torch 2.13;
+        # seen on an H200).
+        if precision == "fp16":
+            raise ValueError(
+                "strategy tensor trains in fp32 or bf16: fp16's loss scaling cannot "
+                "unscale split and whole layers' gradients together; use bf16"
+            )
 
 
 StrategySpec = Annotated[
     SingleStrategy | DdpStrategy | PsStrategy | PipelineStrategy | HybridStrategy | TensorStrategy,
     Field(discriminator="name"),
 ]
+# Every kind of section, in the union's order (`compare` lists them so).
+STRATEGY_KINDS: tuple[type[StrategySection], ...] = get_args(get_args(StrategySpec)[0])

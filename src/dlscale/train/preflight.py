@@ -10,7 +10,7 @@ import torch
 
 from dlscale.data import DataBundle, build_data
 from dlscale.errors import UserError
-from dlscale.jobspec import DdpStrategy, PipelineStrategy, PsStrategy, Spec, TensorStrategy
+from dlscale.jobspec import Spec
 from dlscale.models import build_model
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 
@@ -27,7 +27,8 @@ def preflight(spec: Spec, plan_strategy: StrategyCheck | None = None) -> DataBun
     on the meta device; that is no fault of the spec, so it is left for `train` to try.
     """
     data = build_data(spec.data, spec.seed)  # where it is: trying a spec copies nothing
-    Plan.of(spec, data.num_train, data_world(spec))  # a global batch larger than the data
+    # A global batch larger than the data, cut into one share per data-parallel replica.
+    Plan.of(spec, data.num_train, spec.strategy.replicas)
     name = spec.model.name
     try:
         with torch.device("meta"):
@@ -40,19 +41,6 @@ def preflight(spec: Spec, plan_strategy: StrategyCheck | None = None) -> DataBun
         if not _needs_real_tensors(exc.__cause__ or exc.__context__):
             raise
     return data
-
-
-def data_world(spec: Spec) -> int:
-    """How many shares every global batch is cut into: one per data-parallel trainer (a
-    pipeline's stages, a tensor group's shards and a ps job's servers share one)."""
-    strategy = spec.strategy
-    if isinstance(strategy, PipelineStrategy):
-        return strategy.replicas
-    if isinstance(strategy, TensorStrategy):
-        return strategy.data_parallel
-    if isinstance(strategy, DdpStrategy | PsStrategy):
-        return strategy.workers
-    return 1
 
 
 def _needs_real_tensors(error: BaseException | None) -> bool:
