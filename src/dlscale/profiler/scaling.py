@@ -147,13 +147,9 @@ def predict_scaling(
     points = []
     for count in devices:
         for strategy in strategies:
-            if strategy == "tensor":
-                plan = tensor_plans(count) if tensor_plans is not None and count > 1 else None
-                point = _tensor(trace, hardware, single, plan, link) if plan else None
-            else:
-                point = _POINT[strategy](
-                    trace, hardware, single, count, link, nodes, network, ps_servers
-                )
+            point = _POINT[strategy](
+                trace, hardware, single, count, link, nodes, network, ps_servers, tensor_plans
+            )
             if point is None:
                 continue
             efficiency = point["samples_per_s"] / (count * baseline)
@@ -169,7 +165,7 @@ def _usable(hardware: Hardware) -> float:
     return hardware.memory_bytes * USABLE_MEMORY_FRACTION
 
 
-def _ddp(trace, hardware, single, count, link, nodes, network, _servers):
+def _ddp(trace, hardware, single, count, link, nodes, network, _servers, _plans):
     p = single.prediction
     backward = single.compute(p.backward_s)
     fixed = single.compute(p.forward_s + p.optimizer_s + p.h2d_s)
@@ -248,7 +244,7 @@ def microbatches(trace: StepTrace, stages: int) -> int:
     return max(1, min(MICROBATCHES_PER_STAGE * stages, trace.batch_size))
 
 
-def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers):
+def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers, _plans):
     if count < 2:
         return None
     step = _pipeline_step(trace, hardware, single, count, link, microbatches(trace, count))
@@ -269,7 +265,7 @@ def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers):
     }
 
 
-def _ps(trace, hardware, single, count, link, nodes, network, servers):
+def _ps(trace, hardware, single, count, link, nodes, network, servers, _plans):
     over = network if nodes > 1 and network is not None else link
     grad_bytes = trace.trainable_params * FP32_BYTES
     # Each way at once (full duplex): a worker sends its gradients and receives the weights; a
@@ -292,7 +288,7 @@ def _ps(trace, hardware, single, count, link, nodes, network, servers):
     }
 
 
-def _hybrid(trace, hardware, single, count, link, nodes, network, _servers):
+def _hybrid(trace, hardware, single, count, link, nodes, network, _servers, _plans):
     stages = HYBRID_STAGES
     if count < 2 * stages or count % stages:
         return None
@@ -315,9 +311,6 @@ def _hybrid(trace, hardware, single, count, link, nodes, network, _servers):
         "fits": fits,
         "detail": {**detail, "replicas": replicas, "replica_sync_s": sync},
     }
-
-
-_POINT = {"ddp": _ddp, "pipeline": _pipeline, "ps": _ps, "hybrid": _hybrid}
 
 
 def all_gather_s(nbytes: float, ranks: int, link: Link) -> float:
@@ -359,6 +352,16 @@ def _tensor(trace, hardware, single, plan, link):
             "collectives": plan.comm_per_step(trace.batch_size),
         },
     }
+
+
+def _tensor_at(trace, hardware, single, count, link, _nodes, _network, _servers, plans):
+    """Where `plans` (degree -> TensorPlan or None) has a plan for `count` devices."""
+    plan = plans(count) if plans is not None and count > 1 else None
+    return _tensor(trace, hardware, single, plan, link) if plan else None
+
+
+# strategy -> its point at a device count, or None where it cannot run there
+_POINT = {"ddp": _ddp, "pipeline": _pipeline, "ps": _ps, "hybrid": _hybrid, "tensor": _tensor_at}
 
 
 def split_layers(trace: StepTrace, plan) -> set[str]:
