@@ -1,4 +1,6 @@
-"""One run record for every strategy: the same schema, checked on a few steps of each."""
+"""One run record for every strategy: the same schema, checked on a few steps of each kind the
+spec's strategy union holds (every registered strategy: tests/unit/test_strategy_facts.py), each
+ps mode too, so that a new strategy cannot skip it."""
 
 import itertools
 import json
@@ -7,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from dlscale import api
-from dlscale.jobspec import parse_spec
+from dlscale.jobspec import STRATEGY_KINDS, parse_spec
 from dlscale.train.record import RunRecord
 from tests.conftest import RecordingReporter
 
@@ -20,21 +22,31 @@ BASE = {
     "optimizer": {"name": "sgd", "lr": 0.05},
     "device": "cpu",
 }
-STRATEGIES = {
-    "single": ({"name": "single"}, None),
-    "ddp": ({"name": "ddp", "workers": 2}, "distributed"),
-    "ps-async": ({"name": "ps", "mode": "async", "workers": 2}, "ps"),
-    "ps-averaging": ({"name": "ps", "mode": "averaging", "workers": 2, "servers": 2}, "ps"),
-    "pipeline": ({"name": "pipeline", "stages": 2, "microbatches": 2}, "pipeline"),
-    "hybrid": ({"name": "hybrid", "stages": 2, "data_parallel": 2, "microbatches": 2},
-               "pipeline"),
-}  # fmt: skip
+# Every strategy as `compare` runs it (its section's defaults: two workers, stages or shards),
+# the ps modes each by name.
+VARIANTS = {name: s for kind in STRATEGY_KINDS for name, s in kind.variants().items()}
+# Settings beyond the defaults, to try more than one shape of a kind.
+EXTRA = {
+    "averaging": {"servers": 2},
+    "pipeline": {"microbatches": 2},
+    "hybrid": {"microbatches": 2},
+}
+# The record's own section of each strategy (a new one says which it writes, or the test fails).
+RECORD_SECTION = {
+    "single": None,
+    "ddp": "distributed",
+    "ps": "ps",
+    "pipeline": "pipeline",
+    "hybrid": "pipeline",
+    "tensor": "tensor",
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", list(STRATEGIES))
-def test_every_strategy_writes_the_one_schema(tmp_path: Path, kind: str):
-    strategy, section = STRATEGIES[kind]
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_strategy_writes_the_one_schema(tmp_path: Path, variant: str):
+    strategy = {**VARIANTS[variant].model_dump(exclude_unset=True), **EXTRA.get(variant, {})}
+    section = RECORD_SECTION[strategy["name"]]
     said = RecordingReporter()
     returned = api.train(
         parse_spec({**BASE, "strategy": strategy}), out_dir=tmp_path, reporter=said
@@ -48,7 +60,7 @@ def test_every_strategy_writes_the_one_schema(tmp_path: Path, kind: str):
     # the record may hold, first.
     early = list(itertools.takewhile(lambda event: event[0] == "warn", said.events))
     assert record.warnings == [message for _, message in early]
-    sections = {key for key in ("distributed", "ps", "pipeline") if key in on_disk}
+    sections = {key for key in set(RECORD_SECTION.values()) - {None} if key in on_disk}
     assert sections == ({section} if section else set())
     # The same figures mean the same thing everywhere.
     final, timing, plan = record.final, record.timing, record.plan
@@ -56,9 +68,7 @@ def test_every_strategy_writes_the_one_schema(tmp_path: Path, kind: str):
     assert final.val_accuracy == record.epochs[-1].val_accuracy  # the curve ends at the final
     assert timing.warmup_steps == 3 and timing.steady_steps == 9 and timing.steps == 12
     assert timing.median_step_s is not None and timing.median_step_s > 0
-    trainers = strategy.get("workers", 1) * strategy.get("data_parallel", 1)
-    trainers *= strategy.get("stages", 1)
-    assert len(record.workers) == trainers
+    assert len(record.workers) == parse_spec({**BASE, "strategy": strategy}).strategy.trainers
     assert all(w.status == "completed" and w.steps == 12 for w in record.workers)
     # All data-parallel workers together, each counted once: a pipeline replica's stages train
     # the same samples, at the pace of the slowest.
