@@ -33,7 +33,8 @@ SUBNET = "10.77.0"
 IFNAME = "dl0"
 RAY_PORT = 6379
 # Every port a Ray node listens on, fixed (Ray picks most at random otherwise), so that a
-# firewall can let Ray through and keep everything else out: README's "Two machines" lists them.
+# firewall can let Ray through and keep everything else out: "Two machines" in docs/cluster.md
+# lists them.
 RAY_NODE_PORTS = [
     "--node-manager-port=6380",
     "--object-manager-port=6381",

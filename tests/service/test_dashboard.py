@@ -2,7 +2,7 @@
 real server: log in, see an invalid spec's one-line message, submit jobs through the form, watch
 one finish (log, chart, time split, reproduction record, artifacts) and cancel one while it runs;
 every request stays on 127.0.0.1 and the page logs no errors. Screenshots go to the test's
-folder and, with DLSCALE_SCREENSHOTS=DIR, to DIR as well (the README's pictures)."""
+folder and, with DLSCALE_SCREENSHOTS=DIR, to DIR as well (the pictures in docs/service.md)."""
 
 from __future__ import annotations
 
