@@ -12,7 +12,7 @@ from dlscale.errors import UserError
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
-from dlscale.profiler.request import ScalingRequest, parse_duration
+from dlscale.profiler.request import ProfileRequest, ScalingRequest, parse_duration
 from dlscale.profiler.roofline import predict
 from dlscale.profiler.scaling import (
     BUCKET_BYTES,
@@ -189,6 +189,27 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
         result = runner.invoke(app, [*args, *bad])
         assert result.exit_code == 2, (bad, result.output)
         assert message in result.output and "Traceback" not in result.output
+
+
+def test_the_requests_are_refused_when_made_before_any_trace():
+    """The checks run once, in the requests: a bad option costs no model trace."""
+    for bad, message in [
+        ({"strategies": ("ddp",)}, "need --devices"),
+        ({"devices": (2,), "epochs": 0}, "--epochs must be a positive number"),
+        ({"devices": (2,), "deadline": "soon"}, "--deadline must be a duration"),
+        ({"devices": (0, 2)}, r"--devices must be positive counts, e.g. 1,2,4,8 \(got \[0, 2\]\)"),
+        ({"devices": (3,), "nodes": 2, "network": "ib-hdr"}, r"--devices \[3\]"),
+        ({"devices": (2,), "strategies": ("zz",)}, "--strategies: unknown 'zz'"),
+        ({"devices": (2,), "nodes": 2}, "--nodes above 1 needs --network"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            ScalingRequest(**bad)
+    assert ScalingRequest((2,), deadline="2h").deadline_s == 7200
+    assert ScalingRequest((2,)).strategy_names == ("ddp", "pipeline", "ps", "hybrid", "tensor")
+    with pytest.raises(UserError, match="--precision int8 is for inference"):
+        ProfileRequest("mlp", precision="int8")
+    with pytest.raises(UserError, match="--optimizer must be sgd, momentum, adam or adamw"):
+        ProfileRequest("mlp", optimizer="lion")
 
 
 def test_hardware_links_lists_the_catalogue():

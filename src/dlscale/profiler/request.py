@@ -74,7 +74,7 @@ class ScalingRequest:
             parse_duration(self.deadline)  # one that is no duration: refused now, not after a trace
         if not self.devices:
             return
-        devices = list(self.devices)
+        devices = list(self.devices)  # shown as the messages always showed them: [2, 4]
         if min(devices) < 1:
             raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
         if self.nodes < 1 or any(count % self.nodes for count in devices):
