@@ -34,6 +34,7 @@ from dlscale.api import train
 from dlscale.jobspec import parse_spec
 from dlscale.models import build_model
 from dlscale.profiler.memory import FP32_BYTES
+from dlscale.profiler.request import ScalingRequest
 from dlscale.profiler.scaling import predict_scaling
 from dlscale.profiler.trace import trace_step
 from dlscale.train.step import build_optimizer
@@ -100,8 +101,8 @@ def predicted_payloads() -> dict[str, float]:
                            {"name": "single"}, 1, 1)).optimizer), "adamw")  # fmt: skip
     link = measured_link({"bytes_per_s": 1e9, "latency_s": 1e-5})
     plans = plans_for(factory, sample, trace.params)
-    points = predict_scaling(trace, _any_hardware(), [2], link,
-                             strategies=("pipeline", "tensor"), tensor_plans=plans)  # fmt: skip
+    request = ScalingRequest((2,), strategies=("pipeline", "tensor"))
+    points = predict_scaling(trace, _any_hardware(), request, link, tensor_plans=plans)
     pipe = next(p for p in points if p.strategy == "pipeline")
     tensor = next(p for p in points if p.strategy == "tensor")
     micro = pipe.detail["microbatches"]

@@ -18,7 +18,7 @@ HARDWARE = ["a100-40gb", "i7-7700k"]
 @pytest.fixture(scope="module")
 def resnet():
     """ResNet-18: 60-odd layers, nested names, figures from bytes to giga-FLOPs."""
-    return api.profile("resnet18", hardware=HARDWARE)
+    return api.profile(api.ProfileRequest("resnet18", hardware=tuple(HARDWARE)))
 
 
 def layer_lines(text: str) -> list[str]:
@@ -71,7 +71,8 @@ def test_piped_the_tables_are_whole(resnet):
 def test_the_macs_column_counts_the_lectures_way():
     """LeNet's conv1 at batch 1, by hand: 6 × 24 × 24 outputs × (1 × 5 × 5) inputs = 86,400
     MACs, half its FLOPs; the 3,456 bias adds (one per output) are in neither count."""
-    layers = {row["name"]: row for row in to_json(api.profile("lenet", batch_size=1))["layers"]}
+    profiled = api.profile(api.ProfileRequest("lenet", batch_size=1))
+    layers = {row["name"]: row for row in to_json(profiled)["layers"]}
     conv1 = layers["conv1"]
     assert conv1["forward_macs"] == 6 * 24 * 24 * 25 and conv1["forward_flops"] == 2 * 86_400
     assert layers["fc1"]["forward_macs"] == 256 * 120

@@ -59,7 +59,7 @@ def test_a_model_larger_than_memory_is_refused_with_the_profilers_figure_and_adv
     path = write(tmp_path, model=huge)
     stderr = one_line_exit_2(invoke("train", path, "--out", tmp_path / "run"))
     # The figure is the profiler's own: weights, gradients and Adam's two moments, on meta.
-    static_bytes = api.profile(str(path)).memory.static_bytes
+    static_bytes = api.profile(api.ProfileRequest(str(path))).memory.static_bytes
     assert static_bytes > 16 * 160e9 / 4  # 4 × 160 GB: weights, gradients, 2 moments
     assert binary_bytes(static_bytes) in stderr and "does not fit" in stderr
     assert "strategy: {name: pipeline" in stderr  # the profiler's advice: split it

@@ -152,7 +152,8 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Pat
     assert result["rejected"] == []  # products up to n = 64 say nothing of the peak: no check
     doubtful = {**result, "suspect": [*result["suspect"], "training_op_overhead_s"]}
     assert "values rejected or doubtful against" in api.worse_than_saved(doubtful)
-    shown = api.profile_json(api.profile("lenet", hardware=["local"]))["hardware"][0]
+    profiled = api.profile(api.ProfileRequest("lenet", hardware=("local",)))
+    shown = api.profile_json(profiled)["hardware"][0]
     assert shown["step_spread"] == pytest.approx(result["spread"]["median"])
 
     link = {f"{m}_{d}_bytes_per_s": 1e10 for m in ("pinned", "pageable") for d in ("h2d", "d2h")}

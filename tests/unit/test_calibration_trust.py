@@ -114,7 +114,8 @@ def test_a_forced_unreliable_entry_says_so_in_every_prediction(home, tmp_path, m
     calibration = trust.calibration(local)
     assert calibration["entry"] == "local" and calibration["reliable"] is False
     assert calibration["measured_at"] == "2026-11-27T05:00:00+00:00"
-    shown = api.profile_json(api.profile("lenet", hardware=["local"]))["hardware"][0]
+    profiled = api.profile(api.ProfileRequest("lenet", hardware=("local",)))
+    shown = api.profile_json(profiled)["hardware"][0]
     assert shown["calibration"] == calibration
     text = runner.invoke(app, ["profile", "lenet", "--hardware", "local"])
     assert text.exit_code == 0, text.output

@@ -12,6 +12,7 @@ from dlscale.errors import UserError
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
+from dlscale.profiler.request import ProfileRequest, ScalingRequest, parse_duration
 from dlscale.profiler.roofline import predict
 from dlscale.profiler.scaling import (
     BUCKET_BYTES,
@@ -20,7 +21,7 @@ from dlscale.profiler.scaling import (
     predict_scaling,
     ring_allreduce_s,
 )
-from dlscale.profiler.scaling_report import Costed, deadline_pick, parse_duration
+from dlscale.profiler.scaling_report import Costed, deadline_pick
 from dlscale.profiler.trace import trace_step
 from tests.unit.test_advice import device
 
@@ -32,6 +33,7 @@ def gpu(**changes) -> Hardware:
 
 
 LINK = Link("test", "test link", "pcie", bytes_per_s=10e9, latency_s=5e-6, efficiency=1.0)
+DDP_ONE = ScalingRequest((1,), strategies=("ddp",))
 
 
 def mlp_trace(batch=64, width=512, depth=4):
@@ -71,7 +73,7 @@ def test_buckets_fill_in_reverse_and_overlap_hides_all_but_the_tail():
 def test_ddp_one_device_is_the_single_step_and_more_devices_never_beat_linear():
     trace = mlp_trace()
     device = gpu()
-    points = predict_scaling(trace, device, [1, 2, 4, 8], LINK, strategies=("ddp",))
+    points = predict_scaling(trace, device, ScalingRequest((1, 2, 4, 8), strategies=("ddp",)), LINK)
     one = points[0]
     assert one.step_s == pytest.approx(predict(trace, device).step_s) and one.comm_s == 0
     assert one.efficiency == pytest.approx(1.0)
@@ -80,31 +82,33 @@ def test_ddp_one_device_is_the_single_step_and_more_devices_never_beat_linear():
     assert all(p.step_s >= p.compute_s for p in points)
     assert [p.global_batch for p in points] == [64, 128, 256, 512]
     slow = Link("slow", "slow", "ethernet", 1e6, 1e-3, 1.0)
-    (bound,) = predict_scaling(trace, device, [8], slow, strategies=("ddp",))
+    (bound,) = predict_scaling(trace, device, ScalingRequest((8,), strategies=("ddp",)), slow)
     assert bound.bound == "link" and bound.efficiency < 0.1
-    measured = predict_scaling(trace, device, [1], LINK, strategies=("ddp",), single_step_s=1.0)
+    measured = predict_scaling(trace, device, DDP_ONE, LINK, single_step_s=1.0)
     assert measured[0].step_s == pytest.approx(1.0)  # a measured step replaces the roofline's
 
 
 def test_pipeline_bubble_and_ps_servers():
     trace = mlp_trace(depth=6)
-    (pipe,) = predict_scaling(trace, gpu(), [4], LINK, strategies=("pipeline",))
+    (pipe,) = predict_scaling(trace, gpu(), ScalingRequest((4,), strategies=("pipeline",)), LINK)
     stages, micro = pipe.detail["stages"], pipe.detail["microbatches"]
     assert (stages, micro) == (4, 16)
     assert pipe.detail["bubble"] == pytest.approx(3 / 19)  # (S − 1) / (M + S − 1)
     assert pipe.global_batch == 64  # a pipeline splits one batch
-    assert not predict_scaling(trace, gpu(), [1], LINK, strategies=("pipeline",))
+    assert not predict_scaling(trace, gpu(), ScalingRequest((1,), strategies=("pipeline",)), LINK)
     one, many = (
-        predict_scaling(trace, gpu(), [8], LINK, strategies=("ps",), ps_servers=servers)[0]
+        predict_scaling(
+            trace, gpu(), ScalingRequest((8,), strategies=("ps",), ps_servers=servers), LINK
+        )[0]
         for servers in (1, 8)
     )
     assert one.detail["server_s"] == pytest.approx(8 * many.detail["server_s"])
     grads = trace.trainable_params * 4
     assert one.detail["worker_s"] == pytest.approx(grads / 10e9)
     slow = Link("slow", "slow", "ethernet", 1e7, 0.0, 1.0)
-    (bound,) = predict_scaling(trace, gpu(), [8], slow, strategies=("ps",))
+    (bound,) = predict_scaling(trace, gpu(), ScalingRequest((8,), strategies=("ps",)), slow)
     assert bound.bound == "server"
-    (hybrid,) = predict_scaling(trace, gpu(), [8], LINK, strategies=("hybrid",))
+    (hybrid,) = predict_scaling(trace, gpu(), ScalingRequest((8,), strategies=("hybrid",)), LINK)
     assert hybrid.detail["replicas"] == 4 and hybrid.global_batch == 4 * 64
 
 
@@ -142,7 +146,7 @@ def test_a_user_entry_overrides_a_price(tmp_path, monkeypatch):
 
 def test_deadline_picks_the_cheapest_run_that_meets_it():
     def row(devices, run_s, cost, fits=True):
-        point = predict_scaling(mlp_trace(), gpu(), [1], LINK, strategies=("ddp",))[0]
+        point = predict_scaling(mlp_trace(), gpu(), DDP_ONE, LINK)[0]
         from dataclasses import replace
 
         return Costed(replace(point, devices=devices, fits=fits), 1, run_s, 1, cost, 1, 1)
@@ -187,6 +191,27 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
         assert message in result.output and "Traceback" not in result.output
 
 
+def test_the_requests_are_refused_when_made_before_any_trace():
+    """The checks run once, in the requests: a bad option costs no model trace."""
+    for bad, message in [
+        ({"strategies": ("ddp",)}, "need --devices"),
+        ({"devices": (2,), "epochs": 0}, "--epochs must be a positive number"),
+        ({"devices": (2,), "deadline": "soon"}, "--deadline must be a duration"),
+        ({"devices": (0, 2)}, r"--devices must be positive counts, e.g. 1,2,4,8 \(got \[0, 2\]\)"),
+        ({"devices": (3,), "nodes": 2, "network": "ib-hdr"}, r"--devices \[3\]"),
+        ({"devices": (2,), "strategies": ("zz",)}, "--strategies: unknown 'zz'"),
+        ({"devices": (2,), "nodes": 2}, "--nodes above 1 needs --network"),
+    ]:
+        with pytest.raises(UserError, match=message):
+            ScalingRequest(**bad)
+    assert ScalingRequest((2,), deadline="2h").deadline_s == 7200
+    assert ScalingRequest((2,)).strategy_names == ("ddp", "pipeline", "ps", "hybrid", "tensor")
+    with pytest.raises(UserError, match="--precision int8 is for inference"):
+        ProfileRequest("mlp", precision="int8")
+    with pytest.raises(UserError, match="--optimizer must be sgd, momentum, adam or adamw"):
+        ProfileRequest("mlp", optimizer="lion")
+
+
 def test_hardware_links_lists_the_catalogue():
     result = CliRunner().invoke(app, ["hardware", "links"])
     assert result.exit_code == 0 and "nvlink1" in result.stdout and "ib-ndr" in result.stdout
@@ -208,8 +233,9 @@ def test_the_local_link_fit_recovers_latency_and_bandwidth():
 def test_a_pipeline_never_has_more_microbatches_than_samples():
     """Found predicting a 13B GPT at batch 4 on 8 devices: 32 microbatches of an eighth of a
     sample each made the bubble 18% instead of (8 − 1) / (4 + 8 − 1) = 64%."""
-    (pipe,) = predict_scaling(mlp_trace(batch=4, depth=8), gpu(), [8], LINK,
-                              strategies=("pipeline",))  # fmt: skip
+    (pipe,) = predict_scaling(
+        mlp_trace(batch=4, depth=8), gpu(), ScalingRequest((8,), strategies=("pipeline",)), LINK
+    )
     assert pipe.detail["microbatches"] == 4
     assert pipe.detail["bubble"] == pytest.approx(7 / 11)
 
@@ -225,7 +251,9 @@ def test_tensor_parallel_divides_the_split_layers_and_pays_its_collectives():
     plans = plans_for(build, torch.zeros(512), trace.params)
     assert plans(2).styles == {"0": "colwise", "2": "rowwise"}
     single = predict(trace, gpu())
-    (two,) = predict_scaling(trace, gpu(), [2], LINK, strategies=("tensor",), tensor_plans=plans)
+    (two,) = predict_scaling(
+        trace, gpu(), ScalingRequest((2,), strategies=("tensor",)), LINK, tensor_plans=plans
+    )
     # One all-reduce in forward: the row layer's (64, 512) fp32 output; no backward one (the
     # column layer's input is data).
     assert two.detail["collectives"] == {"all_reduce": {"count": 1, "payload_bytes": 64 * 512 * 4}}
@@ -236,7 +264,9 @@ def test_tensor_parallel_divides_the_split_layers_and_pays_its_collectives():
     assert two.compute_s < single.step_s - halved * 0.99  # the split layers' time halved
     assert two.global_batch == 64 and two.detail["params_per_device"] < trace.params
     # Without a plan for the count (an indivisible layer), no row.
-    assert not predict_scaling(trace, gpu(), [3], LINK, strategies=("tensor",), tensor_plans=plans)
+    assert not predict_scaling(
+        trace, gpu(), ScalingRequest((3,), strategies=("tensor",)), LINK, tensor_plans=plans
+    )
 
 
 def test_for_a_model_too_big_for_one_device_the_faster_split_is_named():
@@ -256,8 +286,8 @@ def test_for_a_model_too_big_for_one_device_the_faster_split_is_named():
     small = gpu(memory_bytes=int(whole / 2))  # a quarter of the model fits, the whole does not
     fast = Link("fast", "fast", "nvlink", 300e9, 3e-6, 1.0)
     plans = plans_for(build, torch.zeros(4096), trace.params)
-    points = predict_scaling(trace, small, [4], fast, strategies=("pipeline", "tensor"),
-                             tensor_plans=plans)  # fmt: skip
+    request = ScalingRequest((4,), strategies=("pipeline", "tensor"))
+    points = predict_scaling(trace, small, request, fast, tensor_plans=plans)
     report = ScalingReport(small, fast, [costed(p, small, None, 1) for p in points], 1, "default")
     report.fits_one_device = False
     (line,) = split_choice(report)

@@ -47,6 +47,7 @@ from dlscale.errors import UserError
 from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
 from dlscale.jobspec import Spec, load_spec
 from dlscale.models import ZOO, check_model, parameter_count_meta
+from dlscale.profiler.request import ProfileRequest, ScalingRequest
 from dlscale.strategies import CHECKS, STRATEGIES
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
@@ -58,6 +59,8 @@ __all__ = [
     "DEFAULT_LOADER_STEPS",
     "PRECISIONS",
     "Hardware",
+    "ProfileRequest",
+    "ScalingRequest",
     "bench_batch",
     "bench_io",
     "bench_levels",

@@ -160,6 +160,7 @@ def predicted_rows(
     them, so its compute is taken as T/t times slower (on a machine of T cores, each worker's
     threads are its own cores, and they do not share them with the others)."""
     from dlscale.profiler import trace_workload
+    from dlscale.profiler.request import ScalingRequest
     from dlscale.profiler.roofline import predict
     from dlscale.profiler.scaling import predict_scaling
     from dlscale.profiler.target import resolve
@@ -174,20 +175,11 @@ def predicted_rows(
         if strategy == "tensor"
         else None
     )
-    points = predict_scaling(
-        trace,
-        local,
-        sorted(set(workers)),
-        link,
-        strategies=(strategy,),
-        single_step_s=step_s,
-        tensor_plans=plans,
-    )
+    request = ScalingRequest(tuple(sorted(set(workers))), strategies=(strategy,))
+    points = predict_scaling(trace, local, request, link, single_step_s=step_s, tensor_plans=plans)
     if strategy == "tensor" and 1 in workers:  # one device: the whole model, as measured
-        points = (
-            predict_scaling(trace, local, [1], link, strategies=("ddp",), single_step_s=step_s)
-            + points
-        )
+        one = ScalingRequest((1,), strategies=("ddp",))
+        points = predict_scaling(trace, local, one, link, single_step_s=step_s) + points
     return [
         {
             "workers": p.devices,

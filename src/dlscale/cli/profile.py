@@ -11,13 +11,12 @@ from rich.console import Console
 from dlscale import api
 from dlscale.cli.errors import user_errors
 from dlscale.cli.options import parse_int_list, parse_kwargs
-from dlscale.errors import UserError
 
 console = Console(highlight=False)
 
 
-def parse_names(text: str | None) -> list[str] | None:
-    return [name.strip() for name in text.split(",") if name.strip()] if text else None
+def parse_names(text: str | None) -> tuple[str, ...] | None:
+    return tuple(name.strip() for name in text.split(",") if name.strip()) if text else None
 
 
 @user_errors
@@ -85,37 +84,37 @@ def profile(
     plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),
 ) -> None:
     """Per-layer FLOPs, bytes and memory, and predicted step time on each device."""
-    if precision is not None and precision not in ("fp32", "bf16", "fp16", "int8"):
-        raise UserError(f"--precision must be fp32, bf16, fp16 or int8 (got '{precision}')")
-    if optimizer is not None and optimizer not in ("sgd", "momentum", "adam", "adamw"):
-        raise UserError(f"--optimizer must be sgd, momentum, adam or adamw (got '{optimizer}')")
-    model_kwargs = parse_kwargs(kwargs)
-    if plot is not None:
-        api.profile_plot_folder(plot)
-    result = api.profile(
+    request = api.ProfileRequest(
         target,
         batch_size=batch,
         input_shape=(
-            parse_int_list(input_shape.replace("x", ","), "--input-shape") if input_shape else None
+            tuple(parse_int_list(input_shape.replace("x", ","), "--input-shape"))
+            if input_shape
+            else None
         ),
         precision=precision,
         optimizer=optimizer,
-        hardware=parse_names(hardware),
-        hardware_files=hardware_file,
         tokens=tokens,
-        model_kwargs=model_kwargs,
+        model_kwargs=parse_kwargs(kwargs),
         dataset_size=dataset_size,
-        devices=parse_int_list(devices, "--devices") if devices else None,
+        inputs=inputs,
+        hardware=parse_names(hardware),
+        hardware_files=tuple(hardware_file or ()),
+        inference=inference,
+        dataflow=dataflow,
+    )
+    scaling = api.ScalingRequest(
+        devices=tuple(parse_int_list(devices, "--devices")) if devices else (),
         interconnect=interconnect,
         nodes=nodes,
         network=network,
         strategies=parse_names(strategies),
         epochs=epochs,
         deadline=deadline,
-        inputs=inputs,
-        dataflow=dataflow,
-        inference=inference,
     )
+    if plot is not None:
+        api.profile_plot_folder(plot)
+    result = api.profile(request, scaling)
     if as_json:
         print(json.dumps(api.profile_json(result), indent=2))
     else:

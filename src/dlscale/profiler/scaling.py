@@ -38,10 +38,10 @@ from dlscale.hardware.links import Link
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.memory import FP32_BYTES, training_memory
 from dlscale.profiler.pipeline_split import in_flight, partition
+from dlscale.profiler.request import ScalingRequest
 from dlscale.profiler.roofline import Prediction, predict
 from dlscale.profiler.trace import LOSS, StepTrace
 
-STRATEGIES = ("ddp", "pipeline", "ps", "hybrid", "tensor")
 BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
@@ -128,27 +128,26 @@ class _Single:
 def predict_scaling(
     trace: StepTrace,
     hardware: Hardware,
-    devices: list[int],
+    request: ScalingRequest,
     link: Link,
-    *,
-    strategies: tuple[str, ...] = STRATEGIES,
-    nodes: int = 1,
     network: Link | None = None,
-    ps_servers: int = 1,
+    *,
     single_step_s: float | None = None,
     tensor_plans=None,
 ) -> list[ScalePoint]:
-    """A point per strategy and device count (hybrid only where stages × replicas fit; tensor
-    where `tensor_plans`, degree -> TensorPlan or None, has a plan for the count)."""
+    """A point per strategy and device count of `request`, within a node over `link` and
+    between its nodes over `network` (hybrid only where stages × replicas fit; tensor where
+    `tensor_plans`, degree -> TensorPlan or None, has a plan for the count)."""
     prediction = predict(trace, hardware)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
     baseline = trace.batch_size / single.step_s
+    nodes, servers = request.nodes, request.ps_servers
     points = []
-    for count in devices:
-        for strategy in strategies:
+    for count in request.devices:
+        for strategy in request.strategy_names:
             point = _POINT[strategy](
-                trace, hardware, single, count, link, nodes, network, ps_servers, tensor_plans
+                trace, hardware, single, count, link, nodes, network, servers, tensor_plans
             )
             if point is None:
                 continue

@@ -3,7 +3,8 @@ pick, as JSON and as tables."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 from rich.console import Console
 
@@ -11,22 +12,14 @@ from dlscale import units
 from dlscale.errors import UserError
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
+from dlscale.profiler import ProfileResult
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.memory import training_memory
-from dlscale.profiler.scaling import STRATEGIES, ScalePoint, predict_scaling
-from dlscale.profiler.trace import StepTrace
+from dlscale.profiler.request import ScalingRequest
+from dlscale.profiler.scaling import ScalePoint, predict_scaling
+from dlscale.profiler.tensor_plan import plans_for
 from dlscale.units import duration
-
-
-def parse_duration(text: str) -> float:
-    """--deadline's '90s', '30m', '2h', '1.5d' -> seconds."""
-    try:
-        return units.parse_duration(text)
-    except ValueError:
-        raise UserError(
-            f"--deadline must be a duration such as 90s, 30m, 2h or 1.5d (got '{text}')"
-        ) from None
 
 
 @dataclass
@@ -99,51 +92,33 @@ def deadline_pick(rows: list[Costed], deadline_s: float) -> Costed | None:
 
 
 def scaling_reports(
-    trace: StepTrace,
-    hardware: list[Hardware],
-    devices: list[int],
-    *,
-    interconnect: str | None = None,
-    nodes: int = 1,
-    network: str | None = None,
-    strategies: tuple[str, ...] = STRATEGIES,
-    dataset_size: int | None = None,
-    epochs: int = 1,
-    epochs_from: str = "default",
-    deadline_s: float | None = None,
-    link_files: list | None = None,
-    tensor_plans=None,
+    profile: ProfileResult, request: ScalingRequest, link_files: tuple[Path, ...] = ()
 ) -> list[ScalingReport]:
-    if not devices or min(devices) < 1:
-        raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
-    if nodes < 1 or any(count % nodes for count in devices):
-        raise UserError(f"--nodes {nodes} must divide every device count in --devices {devices}")
-    unknown = [s for s in strategies if s not in STRATEGIES]
-    if unknown:
-        raise UserError(
-            f"--strategies: unknown '{unknown[0]}'; choose from {', '.join(STRATEGIES)}"
-        )
+    """The profiled step on `request.devices` of each profiled device, costed over the run's
+    epochs (`request`'s, else the spec's, else one); `link_files`: the user's hardware files,
+    which may hold [[link]] tables."""
+    trace, workload = profile.trace, profile.workload
+    # The auto tensor-parallel plan per degree (none for a model given --inputs: its plan is
+    # drawn from one tensor input).
+    tensor_plans = (
+        plans_for(workload.build, workload.sample, trace.params, workload.precision)
+        if workload.inputs is None
+        else None
+    )
+    hardware = [report.hardware for report in profile.reports]
+    dataset_size = workload.dataset_size
+    epochs = request.epochs or workload.epochs or 1
+    epochs_from = "--epochs" if request.epochs else "spec" if workload.epochs else "default"
+    deadline_s = request.deadline_s
     if deadline_s is not None and not dataset_size:
         raise UserError("--deadline needs the epoch's size: give --dataset-size (or a spec)")
-    links = load_links(link_files)  # the user's hardware files may hold [[link]] tables
-    network_link = None
-    if nodes > 1:
-        if network is None:
-            raise UserError("--nodes above 1 needs --network, e.g. ib-hdr or eth-100g")
-        network_link = device_link(hardware[0], network, links)
+    links = load_links(list(link_files))
+    network = device_link(hardware[0], request.network, links) if request.nodes > 1 else None
+    ddp_only = replace(request, strategies=("ddp",))
     reports = []
     for device in hardware:
-        link = device_link(device, interconnect, links)
-        points = predict_scaling(
-            trace,
-            device,
-            devices,
-            link,
-            strategies=strategies,
-            nodes=nodes,
-            network=network_link,
-            tensor_plans=tensor_plans,
-        )
+        link = device_link(device, request.interconnect, links)
+        points = predict_scaling(trace, device, request, link, network, tensor_plans=tensor_plans)
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
         usable = device.memory_bytes * USABLE_MEMORY_FRACTION
@@ -157,13 +132,7 @@ def scaling_reports(
                 continue
             if other.name != link.name:
                 report.other_links[other.name] = predict_scaling(
-                    trace,
-                    device,
-                    devices,
-                    other,
-                    strategies=("ddp",),
-                    nodes=nodes,
-                    network=network_link,
+                    trace, device, ddp_only, other, network
                 )
         reports.append(report)
     return reports

@@ -169,7 +169,8 @@ def run_profile(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str |
 
     from dlscale import api
 
-    result = api.profile(str(spec))  # what `dlscale profile SPEC` shows, with its defaults
+    # What `dlscale profile SPEC` shows, with its defaults.
+    result = api.profile(api.ProfileRequest(str(spec)))
     run = run_folder(folder)
     run.mkdir(exist_ok=True)
     write_json_atomic(run / PROFILE, api.profile_json(result))
