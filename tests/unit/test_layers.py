@@ -102,12 +102,12 @@ def test_lower_layers_never_touch_what_is_not_theirs(package: str):
             assert not name.startswith(NEVER[package]), f"{path.name} imports {name}"
 
 
-# The comments that take lines from `ruff format`: `# fmt: skip`, `# fmt: off`, `# yapf: disable`.
+# The pragmas that keep lines from `ruff format`: fmt skip and off, and yapf's disable.
 OPT_OUT = re.compile(r"\b(fmt:\s*(skip|off)|yapf:\s*disable)\b")
 
 
 def formatter_opt_outs(path: Path) -> list[str]:
-    """Where `path` keeps lines from the formatter (comments only: a string may name them)."""
+    """Where `path` keeps lines from the formatter (in comments: a string may name a pragma)."""
     tokens = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
     return [
         f"{path.relative_to(SRC.parents[1])}:{token.start[0]}"
