@@ -22,8 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dlscale.models import build_model
 from dlscale.jobspec import parse_spec
+from dlscale.models import build_model
 from dlscale.train.loop import Trainer
 from dlscale.train.step import build_optimizer
 

@@ -51,8 +51,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from dlscale.api import train
-from dlscale.launch.local import free_port
 from dlscale.jobspec import parse_spec
+from dlscale.launch.local import free_port
 
 GOAL_RATIO = 0.6
 WORKERS = 2

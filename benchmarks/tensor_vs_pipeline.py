@@ -31,11 +31,11 @@ from pathlib import Path
 import torch
 
 from dlscale.api import train
+from dlscale.jobspec import parse_spec
 from dlscale.models import build_model
 from dlscale.profiler.memory import FP32_BYTES
 from dlscale.profiler.scaling import predict_scaling
 from dlscale.profiler.trace import trace_step
-from dlscale.jobspec import parse_spec
 from dlscale.train.step import build_optimizer
 
 GLOBAL_BATCH = 32

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.data import build_data
-from dlscale.models import build_model
 from dlscale.jobspec import SyntheticData
+from dlscale.models import build_model
 from dlscale.train.metrics import WARMUP_STEPS
 
 
