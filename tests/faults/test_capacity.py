@@ -14,7 +14,7 @@ from dlscale.api import capacity
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
-from dlscale.launch import local
+from dlscale.launch.processes import available_cores
 from dlscale.profiler.memory import ModelState
 from dlscale.units import binary_bytes
 
@@ -70,7 +70,7 @@ def test_replicas_that_fit_alone_but_not_together_are_refused_naming_how_many_fi
     """Each local ddp worker holds a whole replica, its data and a process of its own."""
     one_process = capacity.PROCESS_BYTES  # the model and data here are tiny beside it
     monkeypatch.setattr(capacity, "available_memory_bytes", lambda device: int(2.5 * one_process))
-    monkeypatch.setattr(local, "available_cores", lambda: 8)
+    monkeypatch.setattr(capacity, "available_cores", lambda: 8)
     with pytest.raises(UserError) as caught:
         api.train(spec(strategy={"name": "ddp", "workers": 4}), out_dir="unused")
     message = str(caught.value)
@@ -81,7 +81,7 @@ def test_replicas_that_fit_alone_but_not_together_are_refused_naming_how_many_fi
 def test_the_memory_figure_counts_each_local_replica(monkeypatch):
     seen = []
     monkeypatch.setattr(capacity, "available_memory_bytes", lambda device: 2**50)
-    monkeypatch.setattr(local, "available_cores", lambda: 8)
+    monkeypatch.setattr(capacity, "available_cores", lambda: 8)
     real = capacity.host_need
 
     def spy(*args):
@@ -126,7 +126,7 @@ def test_more_local_processes_than_the_machine_can_run_are_refused_in_one_line(t
     """The defect: `ddp workers: 1000` would have started 1000 torch processes."""
     path = write(tmp_path, strategy={"name": "ddp", "workers": 1000})
     stderr = one_line_exit_2(invoke("train", path, "--out", tmp_path / "run"))
-    limit = capacity.MAX_PROCESSES_PER_CORE * local.available_cores()
+    limit = capacity.MAX_PROCESSES_PER_CORE * available_cores()
     assert "1000 processes" in stderr and f"at most {limit}" in stderr
     assert "--cluster ray" in stderr
 
@@ -188,7 +188,7 @@ def test_a_busy_machine_is_said_at_the_start_and_threads_set_the_runs_own(
     monkeypatch, tmp_path, reporter
 ):
     monkeypatch.setattr(capacity, "load_average_1m", lambda: 7.5)
-    monkeypatch.setattr(local, "available_cores", lambda: 2)
+    monkeypatch.setattr(capacity, "available_cores", lambda: 2)
     before = torch.get_num_threads()
     record = api.train(spec(threads=1), out_dir=tmp_path, reporter=reporter)
     assert record["environment"]["torch_threads"] == 1
@@ -201,7 +201,7 @@ def test_a_busy_machine_is_said_at_the_start_and_threads_set_the_runs_own(
 def test_each_worker_runs_the_specs_threads_and_oversubscription_is_named(
     monkeypatch, tmp_path, reporter
 ):
-    monkeypatch.setattr(local, "available_cores", lambda: 2)
+    monkeypatch.setattr(capacity, "available_cores", lambda: 2)
     job = spec(threads=2, strategy={"name": "ddp", "workers": 2})
     record = api.train(job, out_dir=tmp_path, reporter=reporter)
     assert record["environment"]["torch_threads"] == 2  # worker 0's, not the launcher's 1

@@ -139,13 +139,13 @@ def test_a_failed_job_with_checkpoints_says_how_to_continue(tmp_path: Path):
     from dlscale.launch.base import WorkerFailed
     from dlscale.train.checkpoint import checkpoint_path
 
-    def dies(run_dir: Path, resume_from) -> dict:
+    def dies(run_dir: Path, resume_from, said) -> dict:
         raise WorkerFailed("worker 1 (pid 42) was killed by SIGKILL (out of memory, or killed)")
 
-    def saves_then_dies(run_dir: Path, resume_from) -> dict:
+    def saves_then_dies(run_dir: Path, resume_from, said) -> dict:
         checkpoint_path(run_dir, 20).parent.mkdir(parents=True)
         checkpoint_path(run_dir, 20).write_bytes(b"")  # listed by its name; never loaded here
-        dies(run_dir, resume_from)
+        dies(run_dir, resume_from, said)
 
     with pytest.raises(WorkerFailed) as bare:
         train_in_folder("x", tmp_path / "new", False, None, dies)
@@ -228,7 +228,7 @@ def test_a_stopped_run_leaves_a_record_that_says_so(tmp_path: Path, stop, status
     from dlscale.api.rundir import train_in_folder
     from dlscale.atomic import write_json_atomic
 
-    def stops(run_dir: Path, resume_from) -> dict:
+    def stops(run_dir: Path, resume_from, said) -> dict:
         write_json_atomic(run_dir / "run.json", {"status": "running", "name": "x"})
         raise stop
 

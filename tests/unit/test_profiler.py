@@ -18,9 +18,10 @@ from dlscale.profiler import attention, profile, trace_workload
 from dlscale.profiler.advice import verdict
 from dlscale.profiler.attention import FusedAttention
 from dlscale.profiler.memory import training_memory
+from dlscale.profiler.recorder import LOSS, PhaseCost
 from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.target import resolve
-from dlscale.profiler.trace import LOSS, PhaseCost, trace_step
+from dlscale.profiler.trace import trace_step
 
 
 def sgd(params):

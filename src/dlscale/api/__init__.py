@@ -166,9 +166,10 @@ def train(
         warm_up()  # the workers' fork server imports torch while the checks below run
     early = check_run(spec, cluster, reporter)  # memory, cores, load: before any folder
 
-    def start(run_dir: Path, resume_from: Path | None) -> dict:
+    def start(run_dir: Path, resume_from: Path | None, said: list[str]) -> dict:
         launcher = make_launcher(cluster, address)
-        return STRATEGIES[spec.strategy.name](spec, run_dir, resume_from, reporter, launcher)
+        run = STRATEGIES[spec.strategy.name]
+        return run(spec, run_dir, resume_from, reporter, launcher, said)
 
     # The folder is this process's from here to the end (a second run into it is refused).
     return train_in_folder(spec.name, out_dir, resume, reporter, start, early)

@@ -112,7 +112,7 @@ def bench_matmul(sizes: list[int] | None, precision: str) -> dict:
 def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -> dict:
     from dlscale.api.capacity import check_process_count
     from dlscale.bench.loader import run_loader_bench
-    from dlscale.launch.local import available_cores
+    from dlscale.launch.processes import available_cores
 
     # This process and its DataLoader workers, at the largest count measured.
     check_process_count(max(workers) + 1, "bench loader", available_cores())
@@ -138,7 +138,7 @@ def bench_io(spec_path: str | Path, readers: int | None, seconds: float) -> dict
     """Storage read (1 and N readers), decode per loader worker and the model's rate, side by
     side, with the one that bounds training (`dlscale bench io`)."""
     from dlscale.bench.io import run_io_bench
-    from dlscale.launch.local import available_cores
+    from dlscale.launch.processes import available_cores
 
     return run_io_bench(load_spec(spec_path), readers, seconds, available_cores())
 

@@ -13,6 +13,7 @@ from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
 from dlscale.jobspec import LoaderSpec, SingleStrategy, Spec
 from dlscale.launch import local
+from dlscale.launch.processes import available_cores
 from dlscale.models import build_model
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION, split_advice
 from dlscale.profiler.memory import ModelState, model_state
@@ -54,7 +55,7 @@ def check_run(spec: Spec, cluster: str, reporter) -> list[str]:
     """Refuse a run this machine cannot hold (UserError); warn `reporter` if it will crawl, and
     return those warnings for the run's record."""
     is_local = cluster == "local"
-    cores = local.available_cores()
+    cores = available_cores()
     if is_local:
         check_process_count(*local_processes(spec), cores)
     check_memory(spec, is_local)
@@ -104,7 +105,7 @@ def check_trials(trials: list[Spec], cluster: str, what: str = "a trial") -> Non
     """The process count of each run of a sweep, scale or compare, before the first starts."""
     if cluster == "local":
         processes = max(local_processes(trial)[0] for trial in trials)
-        check_process_count(processes, what, local.available_cores())
+        check_process_count(processes, what, available_cores())
 
 
 def check_one_process(spec: Spec) -> None:

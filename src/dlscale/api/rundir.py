@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
@@ -16,7 +15,9 @@ from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 from dlscale.train.resume_point import resume_point
 
-Start = Callable[[Path, Path | None], dict]
+# start(run_dir, resume_from, said): the run's record, whose warnings begin with `said` (the
+# warnings said before it began); the run writes them into run.json itself.
+Start = Callable[[Path, Path | None, list[str]], dict]
 
 
 def train_in_folder(
@@ -28,8 +29,9 @@ def train_in_folder(
     early_warnings: list[str] = (),
 ) -> dict:
     """Hold the run folder (`out_dir`; for a new run by default a new runs/<name>-<timestamp>;
-    for --resume the newest run of `name`), then `start(run_dir, resume_from)`: its record,
-    whose warnings begin with `early_warnings` (said, by the caller, before the run began)."""
+    for --resume the newest run of `name`), then `start(run_dir, resume_from, said)`: its
+    record, whose warnings begin with `said`: `early_warnings` (said, by the caller, before the
+    run began) and the checkpoints a resume skipped (said here)."""
     if out_dir is not None:
         owned = claim(Path(out_dir))
     else:
@@ -49,18 +51,13 @@ def train_in_folder(
                 reporter.warn(message)
         try:
             with ending_recorded(run_dir):
-                record = start(run_dir, resume_from)
+                record = start(run_dir, resume_from, [*early_warnings, *skipped])
         except WorkerFailed as exc:  # a process died or failed: what was saved can continue
             if not ckpt.list_checkpoints(run_dir):
                 raise
             raise WorkerFailed(
                 f"{exc}; its checkpoints are kept: continue with --resume --out {run_dir}"
             ) from None
-        before = [*early_warnings, *skipped]
-        if before:  # said before the run began, so the run's own record did not have them
-            record["warnings"] = before + record["warnings"]
-            with ckpt.naming_intact(run_dir):
-                write_json_atomic(run_dir / "run.json", record)
         return record
 
 

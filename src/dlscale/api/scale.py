@@ -42,7 +42,7 @@ def scale(
         threads_for,
     )
     from dlscale.launch import check_cluster
-    from dlscale.launch.local import available_cores
+    from dlscale.launch.processes import available_cores
 
     check_cluster(cluster, address)
     if not workers or min(workers) < 1:

@@ -14,13 +14,14 @@ import io
 import json
 import os
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from webdataset import TarWriter
 
-from dlscale.data.sources import SPLITS, Source, open_source
+from dlscale.data.convert_hf import write_hf
+from dlscale.data.pixels import png_bytes
+from dlscale.data.sources import SPLITS, Progress, Source, open_source
 from dlscale.errors import UserError, os_reason
 
 FORMATS = ("webdataset", "hf")
@@ -29,8 +30,6 @@ DEFAULT_SHARD_BYTES = 64 * 10**6  # 64MB: large reads, and still many shards to 
 SHARD_NAME = "{split}-{index:06d}.tar"
 # Fixed member times make a convert reproducible: the same data gives byte-identical shards.
 MEMBER_MTIME = 0  # an int: a float time makes tarfile add a 1 KiB PAX header per member
-
-Progress = Callable[[int, int], None]  # (samples written, samples in all)
 
 
 def convert(
@@ -66,8 +65,6 @@ def convert(
     try:
         out.mkdir(parents=True, exist_ok=True)
         if format == "hf":
-            from dlscale.data.convert_hf import write_hf
-
             shards = write_hf(data, out, max_bytes, image_format == "png", progress)
         else:
             shards = write_shards(data, out, max_bytes, image_format == "png", progress)
@@ -126,16 +123,6 @@ def encode_sample(x: np.ndarray, y: np.ndarray, png: bool, task: str) -> dict[st
 def npy_bytes(array: np.ndarray) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, np.ascontiguousarray(array), allow_pickle=False)
-    return buffer.getvalue()
-
-
-def png_bytes(image: np.ndarray) -> bytes:
-    """A uint8 (C, H, W) image, C = 1 (grey, mode L) or 3 (RGB), as PNG."""
-    from PIL import Image
-
-    pixels = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)  # (H, W[, 3])
-    buffer = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
     return buffer.getvalue()
 
 

@@ -12,8 +12,8 @@ import tempfile
 import uuid
 from pathlib import Path
 
-from dlscale.data.convert import Progress, png_bytes
-from dlscale.data.sources import Source
+from dlscale.data.pixels import png_bytes
+from dlscale.data.sources import Progress, Source
 from dlscale.errors import UserError
 
 HF_SPLITS = {"train": "train", "val": "validation"}

@@ -1,9 +1,9 @@
-"""Images decoded with Pillow into what a model takes: (C, H, W) uint8 of one mode and one size.
+"""Images through Pillow: decoded into the (C, H, W) uint8 a model takes, or encoded as PNG.
 
 Every image of a data set must come out the same shape, or batches cannot be stacked. The first
 image sets the layout (its mode mapped to grey `L` or `RGB`, its size) unless the spec says
 otherwise; `image_size` resizes every image, and without it an image of another size is an
-error naming the file and both sizes.
+error naming the file and both sizes. `png_bytes` is how `dlscale data convert` stores an image.
 """
 
 from __future__ import annotations
@@ -86,3 +86,11 @@ def to_chw(image: Image.Image, layout: ImageLayout, where: str) -> np.ndarray:
         image = image.resize((layout.width, layout.height), Image.Resampling.BILINEAR)
     pixels = np.array(image, dtype=np.uint8)  # a writable copy: torch shares its memory
     return pixels[None] if pixels.ndim == 2 else pixels.transpose(2, 0, 1)  # (C, H, W)
+
+
+def png_bytes(image: np.ndarray) -> bytes:
+    """A uint8 (C, H, W) image, C = 1 (grey, mode L) or 3 (RGB), as PNG (`data convert`)."""
+    pixels = image[0] if image.shape[0] == 1 else image.transpose(1, 2, 0)  # (H, W[, 3])
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(buffer, format="PNG")
+    return buffer.getvalue()

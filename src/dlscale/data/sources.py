@@ -2,7 +2,7 @@
 
 A source yields `(split, x, y)` chunks of NumPy arrays in the form they are stored: images as
 uint8 (n, C, H, W) (0..255 for [0, 1]), features float32, token ids int64; labels int64 (n,), or
-next tokens (n, T) for language modelling.
+next tokens (n, T) for language modelling. A writer reports its `Progress` as it goes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ DEFAULT_VAL_FRACTION = 0.2
 SPLITS = ("train", "val")
 
 Chunks = Iterator[tuple[str, np.ndarray, np.ndarray]]  # (split, x (n, ...), y (n, ...))
+# What a writer reports as it goes: (samples written, samples in all).
+Progress = Callable[[int, int], None]
 
 
 @dataclass

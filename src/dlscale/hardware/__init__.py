@@ -1,7 +1,6 @@
-"""Hardware: what a device can do (spec), and the catalogue of known devices (catalogue)."""
+"""Hardware: what a device can do (device), and the catalogue of known devices (catalogue)."""
 
 from dlscale.hardware.catalogue import (
-    dlscale_home,
     get_hardware,
     load_catalogue,
     local_entry_path,
@@ -14,7 +13,6 @@ from dlscale.hardware.device import PRECISIONS, Hardware
 __all__ = [
     "PRECISIONS",
     "Hardware",
-    "dlscale_home",
     "get_hardware",
     "load_catalogue",
     "local_entry_path",

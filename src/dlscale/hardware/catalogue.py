@@ -19,7 +19,7 @@ from typing import Any
 from dlscale.atomic import write_atomic
 from dlscale.errors import UserError
 from dlscale.hardware.device import PRECISIONS, Hardware
-from dlscale.home import dlscale_home  # moved to dlscale.home; still importable from here
+from dlscale.home import dlscale_home
 
 KINDS = ("cpu", "gpu", "tpu")
 GIB = 2**30

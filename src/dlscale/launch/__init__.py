@@ -1,9 +1,7 @@
 """Launchers: start N workers (local processes or Ray actors), rendezvous, supervise, reap."""
 
 from dlscale.errors import UserError
-from dlscale.launch.base import Launcher, WorkerContext, WorkerFailed
-
-__all__ = ["Launcher", "WorkerContext", "WorkerFailed", "check_cluster", "make_launcher"]
+from dlscale.launch.base import Launcher
 
 
 def check_cluster(cluster: str, address: str | None) -> None:

@@ -14,7 +14,6 @@ import queue
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from typing import Any
@@ -23,7 +22,6 @@ from dlscale.errors import RunFailed, UserError, one_line
 from dlscale.launch.base import (
     HEARTBEAT_WARN_S,
     RESULT_GRACE_S,
-    WORKER_EXIT_GRACE_S,
     EventHandler,
     LateExpendables,
     Resources,
@@ -35,11 +33,19 @@ from dlscale.launch.base import (
     per_rank,
 )
 from dlscale.launch.heartbeat import Silence, start_beating
-from dlscale.launch.start import adopt, environment, parent_alive, wait_for_parent_exit
+from dlscale.launch.pool import LocalPool
+from dlscale.launch.processes import (
+    LOOPBACK,
+    available_cores,
+    describe_exit,
+    die_with_parent,
+    stop_processes,
+    thread_env,
+)
+from dlscale.launch.start import adopt, environment
 from dlscale.launch.start import context as start_context
-from dlscale.signals import end_by_signal, end_with_parent, stop_once
+from dlscale.signals import end_by_signal, stop_once
 
-LOOPBACK = "127.0.0.1"
 POLL_S = 0.05
 DEATH_NOTICE_S = 2.0  # how long to look for a dead peer behind a worker's error
 
@@ -63,29 +69,6 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        name = signal.Signals(-code).name
-        hint = " (out of memory, or killed)" if name == "SIGKILL" else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
-    end_with_parent()
-    # Forked from the fork server, the kernel's parent is that server, which exits with the
-    # launcher (and then PR_SET_PDEATHSIG ends this process); the watch asks about the launcher.
-    if not parent_alive(parent_pid):
-        os._exit(1)
-
-    def watch() -> None:
-        wait_for_parent_exit(parent_pid)  # returns the moment the launcher is gone
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="dlscale-parent-watch").start()
 
 
 def _entry(
@@ -133,14 +116,6 @@ def _entry(
         raise SystemExit(1)
 
 
-def available_cores() -> int:
-    """Cores this process may use: its CPU affinity, or DLSCALE_CPUS when a pool task set it
-    (a trial given 2 cores of a Ray node sizes its own workers to those 2, not to the node)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = os.environ.get("DLSCALE_CPUS")
-    return max(1, min(cores or 1, int(share)) if share else (cores or 1))
-
-
 def threads_per_worker(num_workers: int) -> int:
     """Each worker's equal share of the cores, at least one (a spec's `threads` overrides it)."""
     return max(1, available_cores() // num_workers)
@@ -175,8 +150,6 @@ class LocalLauncher:
         return by_cores
 
     def pool(self, slots: int, resources: Resources):
-        from dlscale.launch.pool import LocalPool
-
         return LocalPool(slots, resources)
 
     def run(
@@ -310,40 +283,3 @@ def _first_cause(
         return silent
     sys.stderr.write(trace)
     return WorkerFailed(f"worker {rank} failed: {error}")
-
-
-@contextlib.contextmanager
-def thread_env(threads: int):
-    """Children inherit the environment at spawn: size OpenMP's pool before torch loads there.
-
-    Unpickling a worker's function imports torch before any of our code runs in the child, and
-    an OpenMP pool sized for every core then competes with the other workers for the cores.
-    """
-    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    saved = {name: os.environ.get(name) for name in names}
-    os.environ.update(dict.fromkeys(names, str(threads)))
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def stop_processes(processes) -> None:
-    """SIGTERM the live ones, give them a moment, SIGKILL what is left, and reap all."""
-    for process in processes:
-        if process.is_alive():
-            process.terminate()
-            # A stopped process (SIGSTOP) acts on SIGTERM only once continued; else it would
-            # hold the job for the whole grace until SIGKILL.
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(process.pid, signal.SIGCONT)
-    deadline = time.monotonic() + WORKER_EXIT_GRACE_S
-    for process in processes:
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=WORKER_EXIT_GRACE_S)

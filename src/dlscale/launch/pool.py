@@ -36,7 +36,7 @@ from dlscale.launch.base import (
     WorkerFn,
 )
 from dlscale.launch.heartbeat import BEAT_INTERVAL_S, HEARTBEAT, Silence
-from dlscale.launch.local import (
+from dlscale.launch.processes import (
     LOOPBACK,
     available_cores,
     describe_exit,

@@ -8,7 +8,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from dlscale.profiler.trace import LOSS, trace_step
+from dlscale.profiler.recorder import LOSS
+from dlscale.profiler.trace import trace_step
 from dlscale.train.device import synchronize
 
 TINY_WIDTH = 8  # products this small cost nothing; what remains is the per-op overhead

@@ -21,9 +21,9 @@ from dlscale.errors import UserError
 from dlscale.hardware.device import Hardware
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.memory import ELEMENT_BYTES
-from dlscale.profiler.recorder import PhaseCost
+from dlscale.profiler.recorder import LOSS, PhaseCost
 from dlscale.profiler.roofline import phase_time
-from dlscale.profiler.trace import LOSS, StepTrace
+from dlscale.profiler.trace import StepTrace
 
 # aten ops (besides matrix products) that torch's int8 CPU backend has quantized kernels for.
 INT8_OPS = {

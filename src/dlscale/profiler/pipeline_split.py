@@ -19,8 +19,9 @@ from torch import nn
 from dlscale.errors import UserError
 from dlscale.hardware.device import Hardware
 from dlscale.profiler.memory import FP32_BYTES
+from dlscale.profiler.recorder import LOSS
 from dlscale.profiler.roofline import predict
-from dlscale.profiler.trace import LOSS, StepTrace
+from dlscale.profiler.trace import StepTrace
 from dlscale.units import binary_bytes
 
 _SEQUENCES = (nn.Sequential, nn.ModuleList)

@@ -12,13 +12,14 @@ from dlscale.hardware.trust import calibration, calibration_line
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.columns import Column, print_fitted
 from dlscale.profiler.inference_report import render as render_inference
+from dlscale.profiler.recorder import LOSS, MODEL
 from dlscale.profiler.roofline import prediction_spread
 from dlscale.profiler.scaling_report import cost_and_energy
 from dlscale.profiler.scaling_report import render as render_scaling
 from dlscale.profiler.scaling_report import to_json as scaling_json
 from dlscale.profiler.systolic_report import render as render_systolic
 from dlscale.profiler.systolic_report import to_json as systolic_json
-from dlscale.profiler.trace import LOSS, MODEL, LayerTrace
+from dlscale.profiler.trace import LayerTrace
 from dlscale.units import binary_bytes as binary
 from dlscale.units import duration as seconds
 from dlscale.units import si

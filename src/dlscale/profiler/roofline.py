@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale.hardware.device import Hardware
-from dlscale.profiler.trace import PhaseCost, StepTrace
+from dlscale.profiler.recorder import PhaseCost
+from dlscale.profiler.trace import StepTrace
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,10 @@ from dlscale.hardware.links import Link
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.memory import FP32_BYTES, training_memory
 from dlscale.profiler.pipeline_split import in_flight, partition
+from dlscale.profiler.recorder import LOSS
 from dlscale.profiler.request import ScalingRequest
 from dlscale.profiler.roofline import Prediction, predict
-from dlscale.profiler.trace import LOSS, StepTrace
+from dlscale.profiler.trace import StepTrace
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%

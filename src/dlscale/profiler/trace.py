@@ -48,17 +48,6 @@ from dlscale.profiler.recorder import (
     storage_id,
 )
 
-__all__ = [
-    "LOSS",
-    "MODEL",
-    "OPTIMIZER",
-    "LayerTrace",
-    "PhaseCost",
-    "StepTrace",
-    "TensorUpdate",
-    "trace_step",
-]
-
 
 @dataclass
 class LayerTrace:

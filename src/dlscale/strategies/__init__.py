@@ -4,7 +4,9 @@ from collections.abc import Callable
 
 from dlscale.strategies import ddp, pipeline, ps, single, tensor
 
-# name -> run(spec, run_dir, resume_from, reporter, launcher) -> the run record (run.json)
+# name -> run(spec, run_dir, resume_from, reporter, launcher, early_warnings) -> the run record
+# (run.json, written by the main trainer; its warnings begin with `early_warnings`, said before
+# the run)
 STRATEGIES: dict[str, Callable[..., dict]] = {
     "single": single.run,
     "ddp": ddp.run,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -130,6 +131,7 @@ def run(
     resume_from: Path | None,
     reporter: Reporter,
     launcher: Launcher | None = None,
+    early_warnings: Sequence[str] = (),
 ) -> dict:
     """Start `spec.strategy.workers` workers with the launcher; return worker 0's record."""
     gpus = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
@@ -143,4 +145,5 @@ def run(
         ddp_worker,
         Resources(cpus=cpus, gpus=gpus),
         own_gpu=spec.strategy.backend != "gloo",
+        early_warnings=early_warnings,
     )

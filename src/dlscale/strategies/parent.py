@@ -4,7 +4,7 @@ show their progress, and return the main trainer's run record with every warning
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,18 @@ def launch(
     expendable: frozenset[int] = frozenset(),
     rename: Callable[[str], str] = str,
     own_gpu: bool = True,
+    early_warnings: Sequence[str] = (),
 ) -> dict:
     """Run `fn` in `spec.strategy.processes` processes; the record of rank `main_rank`.
 
-    Warnings that only the parent hears (from the launcher, or from processes that do not
-    write the record, such as a parameter server) are added to the record's, and run.json is
-    written again with them. `rename` turns the launcher's 'worker N' into the strategy's names.
-    With `own_gpu`, every GPU process needs a GPU of its own (NCCL cannot share one).
+    The main trainer writes run.json, its warnings beginning with `early_warnings` (said before
+    the run: they travel down in the payload). Warnings that only the parent hears (from the
+    launcher, or from processes that do not write the record, such as a parameter server) may
+    come after its last write (a worker left behind is named once the others have finished):
+    they are added to the record's, and run.json is written again with them.
+
+    `rename` turns the launcher's 'worker N' into the strategy's names. With `own_gpu`, every
+    GPU process needs a GPU of its own (NCCL cannot share one).
     """
     launcher = default_launcher(launcher)
     processes = spec.strategy.processes
@@ -55,6 +60,7 @@ def launch(
         "spec": spec.model_dump(mode="json", exclude_unset=True),
         "run_dir": str(run_dir),
         "resume_from": str(resume_from) if resume_from else None,
+        "early_warnings": list(early_warnings),  # the main trainer's record begins with them
         **(extra or {}),
     }
     heard: list[str] = []

@@ -80,7 +80,8 @@ def run_trainer(
     exchange = make_exchange(spec, device)
     try:
         reporter = EventReporter(context) if exchange.is_main else NullReporter()
-        trainer = Trainer(spec, Path(payload["run_dir"]), reporter, exchange, device)
+        run_dir, early_warnings = Path(payload["run_dir"]), payload["early_warnings"]
+        trainer = Trainer(spec, run_dir, reporter, exchange, device, early_warnings)
         trainer.worker_info = {
             "node": context.node,
             "host": context.host,

@@ -4,6 +4,7 @@ resume and the run record. A strategy changes only the Exchange it hands in."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +43,7 @@ class Trainer:
         reporter: Reporter | None = None,
         exchange: Exchange | None = None,
         device: torch.device | None = None,
+        early_warnings: Sequence[str] = (),
     ):
         self.spec = spec
         self.run_dir = Path(run_dir)
@@ -94,6 +96,9 @@ class Trainer:
         self.step = 0
         self.resumed_from: int | None = None
         self.history = History.new(self.plan.total_steps)
+        # What the caller said before the run (the machine check, checkpoints a resume skipped)
+        # leads the record's warnings; the trainer's own follow, and it says only those.
+        self.early_warnings = list(early_warnings)
         self.warnings: list[str] = list(spec.warnings())
         if spec.loader.pin_memory and self.device.type != "cuda":
             self.warnings.append(f"loader.pin_memory is ignored on {self.device.type}")
@@ -368,7 +373,7 @@ class Trainer:
             timing=self.history.timing.summary(),
             epochs=self.history.epochs,
             steps=self.history.steps.records,
-            warnings=self.warnings,
+            warnings=[*self.early_warnings, *self.warnings],
             checkpoints=[str(p) for _, p in ckpt.list_checkpoints(self.run_dir)],
             final=final_figures(
                 summaries,

@@ -15,6 +15,7 @@ GPUs), bf16/fp16, checkpoints and resume come from the loop as for every strateg
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dlscale.jobspec import PipelineStrategy, Spec
@@ -46,6 +47,7 @@ def run(
     resume_from: Path | None,
     reporter: Reporter,
     launcher: Launcher | None = None,
+    early_warnings: Sequence[str] = (),
 ) -> dict:
     """Plan the split, start S × D stage processes; the last stage of replica 0's record."""
     strategy: PipelineStrategy = spec.strategy
@@ -68,4 +70,5 @@ def run(
         Resources(cpus=float(spec.threads or 1), gpus=gpu),
         main_rank=strategy.stages - 1,
         extra={"boundaries": plan.boundaries, "split": plan.to_dict()},
+        early_warnings=early_warnings,
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -160,6 +161,7 @@ def run(
     resume_from: Path | None,
     reporter: Reporter,
     launcher: Launcher | None = None,
+    early_warnings: Sequence[str] = (),
 ) -> dict:
     """Start the servers and workers; worker 0's record, with the servers' section."""
     strategy: PsStrategy = spec.strategy
@@ -220,6 +222,7 @@ def run(
             expendable,
             lambda message: role_names(message, name),
             own_gpu=False,  # workers share GPUs: their tensors meet on the host
+            early_warnings=early_warnings,
         )
     finally:  # a job stopped before the servers mapped the workers' buffers leaves their files
         for path in SHM_DIR.glob(f"dlscale-{token}-*") if SHM_DIR.is_dir() else ():

@@ -9,6 +9,7 @@ devices (NCCL between GPUs), bf16/fp16, evaluation, checkpoints and resume come 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from dlscale.errors import UserError
@@ -67,6 +68,7 @@ def run(
     resume_from: Path | None,
     reporter: Reporter,
     launcher: Launcher | None = None,
+    early_warnings: Sequence[str] = (),
 ) -> dict:
     """Plan the split, start degree × data_parallel processes; rank 0's record."""
     strategy: TensorStrategy = spec.strategy
@@ -90,4 +92,5 @@ def run(
             text, lambda r: f"shard {r % degree} of replica {r // degree}"
         ),
         own_gpu=strategy.backend != "gloo",
+        early_warnings=early_warnings,
     )

@@ -1,0 +1,87 @@
+"""What the local launcher and the pool both do with the processes they start on this machine.
+
+Share out the cores and size each one's threads before it starts, make it follow its launcher
+out, stop it, and say how it ended; LOOPBACK is the address they meet on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+from dlscale.launch.base import WORKER_EXIT_GRACE_S
+from dlscale.launch.start import parent_alive, wait_for_parent_exit
+from dlscale.signals import end_with_parent
+
+LOOPBACK = "127.0.0.1"
+
+
+def available_cores() -> int:
+    """Cores this process may use: its CPU affinity, or DLSCALE_CPUS when a pool task set it
+    (a trial given 2 cores of a Ray node sizes its own workers to those 2, not to the node)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = os.environ.get("DLSCALE_CPUS")
+    return max(1, min(cores or 1, int(share)) if share else (cores or 1))
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """A worker must not outlive its launcher: ask the kernel, and watch as a fallback."""
+    end_with_parent()
+    # Forked from the fork server, the kernel's parent is that server, which exits with the
+    # launcher (and then PR_SET_PDEATHSIG ends this process); the watch asks about the launcher.
+    if not parent_alive(parent_pid):
+        os._exit(1)
+
+    def watch() -> None:
+        wait_for_parent_exit(parent_pid)  # returns the moment the launcher is gone
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="dlscale-parent-watch").start()
+
+
+@contextlib.contextmanager
+def thread_env(threads: int):
+    """Children inherit the environment at spawn: size OpenMP's pool before torch loads there.
+
+    Unpickling a worker's function imports torch before any of our code runs in the child, and
+    an OpenMP pool sized for every core then competes with the other workers for the cores.
+    """
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update(dict.fromkeys(names, str(threads)))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (out of memory, or killed)" if name == "SIGKILL" else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+def stop_processes(processes) -> None:
+    """SIGTERM the live ones, give them a moment, SIGKILL what is left, and reap all."""
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
+            # A stopped process (SIGSTOP) acts on SIGTERM only once continued; else it would
+            # hold the job for the whole grace until SIGKILL.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGCONT)
+    deadline = time.monotonic() + WORKER_EXIT_GRACE_S
+    for process in processes:
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+        if process.is_alive():
+            process.kill()
+            process.join(timeout=WORKER_EXIT_GRACE_S)
