@@ -51,15 +51,27 @@ def image() -> str:
 
 def run(image: str, *args: str, volume: Path | None = None) -> subprocess.CompletedProcess:
     mount = ["--volume", f"{volume}:{volume}:rw", "--user", f"{os.getuid()}:{os.getgid()}"]
-    command = [engine(), "run", "--rm", "--network", "none", *flags(),
-               *(mount if volume else []), image, *args]  # fmt: skip
+    command = [
+        engine(),
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        *flags(),
+        *(mount if volume else []),
+        image,
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_the_image_builds_and_runs_as_a_non_root_user(image):
-    inspected = subprocess.run([engine(), "image", "inspect", image, "--format",
-                                "{{.Config.User}} {{.Config.Cmd}}"], capture_output=True,
-                               text=True, check=True).stdout  # fmt: skip
+    inspected = subprocess.run(
+        [engine(), "image", "inspect", image, "--format", "{{.Config.User}} {{.Config.Cmd}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert inspected.startswith("dlscale ")
     assert "serve" in inspected and "0.0.0.0" in inspected and "--allow-remote" in inspected
     assert run(image, "id", "-u").stdout.strip() == "10001"

@@ -40,10 +40,9 @@ def strategies() -> dict[str, dict]:
         "ddp": {"name": "ddp", "workers": gpus},
         "ps": {"name": "ps", "mode": "async", "workers": 2},
         "pipeline": {"name": "pipeline", "stages": min(2, gpus), "microbatches": 2},
-        "hybrid": {"name": "hybrid", "stages": 1, "data_parallel": min(2, gpus),
-                   "microbatches": 2},
+        "hybrid": {"name": "hybrid", "stages": 1, "data_parallel": min(2, gpus), "microbatches": 2},
         "tensor": {"name": "tensor", "degree": min(2, gpus)},
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -77,12 +76,14 @@ def test_pinned_memory_and_loader_workers_feed_the_gpu(tmp_path: Path):
 def test_ddp_on_one_gpu_equals_one_process_on_it(tmp_path: Path):
     """The reference on the GPU too: one NCCL worker's weights equal one process's."""
     api.train(parse_spec(BASE), out_dir=tmp_path / "single")
-    api.train(parse_spec({**BASE, "strategy": {"name": "ddp", "workers": 1}}),
-              out_dir=tmp_path / "ddp")  # fmt: skip
+    api.train(
+        parse_spec({**BASE, "strategy": {"name": "ddp", "workers": 1}}), out_dir=tmp_path / "ddp"
+    )
     one, other = (
-        torch.load(sorted((tmp_path / name / "checkpoints").glob("step-*.pt"))[-1],
-                   weights_only=True)["model"]
+        torch.load(
+            sorted((tmp_path / name / "checkpoints").glob("step-*.pt"))[-1], weights_only=True
+        )["model"]
         for name in ("single", "ddp")
-    )  # fmt: skip
+    )
     for name, value in one.items():
         assert torch.allclose(other[name], value, rtol=1e-4, atol=1e-6), name

@@ -90,8 +90,9 @@ def test_scale_runs_each_worker_count_and_plots(tmp_path: Path, monkeypatch):
 
     monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))  # the entry stays this test's
     link = {"bytes_per_s": 1e9, "latency_s": 5e-4, "fit_max_error": 0.1}
-    save_local(replace(get_hardware("i7-7700k"), name="local",
-                       measured={"threads": 1, "link": link}))  # fmt: skip
+    save_local(
+        replace(get_hardware("i7-7700k"), name="local", measured={"threads": 1, "link": link})
+    )
     args = ["scale", str(EXAMPLES / "mlp-digits.yaml"), "--workers", "1,2", "--steps", "10"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

@@ -45,8 +45,7 @@ def test_cuda_on_a_machine_without_a_gpu_is_one_line_before_anything_starts(
 @pytest.mark.parametrize("kind", ["ps", "pipeline", "hybrid"])
 def test_bf16_trains_every_strategy_on_the_cpu(tmp_path: Path, kind: str):
     """Refused before the one loop (`require_cpu_fp32`); now autocast reaches them all."""
-    spec = parse_spec({**BASE, "device": "cpu", "precision": "bf16",
-                       "strategy": STRATEGIES[kind]})  # fmt: skip
+    spec = parse_spec({**BASE, "device": "cpu", "precision": "bf16", "strategy": STRATEGIES[kind]})
     record = api.train(spec, out_dir=tmp_path)
     assert record["status"] == "completed" and record["spec"]["precision"] == "bf16"
     assert math.isfinite(record["epochs"][-1]["train_loss"])

@@ -26,9 +26,8 @@ STRATEGIES = {
     "ps-async": ({"name": "ps", "mode": "async", "workers": 2}, "ps"),
     "ps-averaging": ({"name": "ps", "mode": "averaging", "workers": 2, "servers": 2}, "ps"),
     "pipeline": ({"name": "pipeline", "stages": 2, "microbatches": 2}, "pipeline"),
-    "hybrid": ({"name": "hybrid", "stages": 2, "data_parallel": 2, "microbatches": 2},
-               "pipeline"),
-}  # fmt: skip
+    "hybrid": ({"name": "hybrid", "stages": 2, "data_parallel": 2, "microbatches": 2}, "pipeline"),
+}
 
 
 @pytest.mark.slow

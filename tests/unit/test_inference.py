@@ -15,8 +15,14 @@ from dlscale.profiler.trace import trace_step
 
 
 def lenet_trace(batch: int = 256):
-    return trace_step(lambda: build_model("lenet", {}), torch.zeros(1, 28, 28), batch, "fp32",
-                      torch.optim.SGD, "sgd")  # fmt: skip
+    return trace_step(
+        lambda: build_model("lenet", {}),
+        torch.zeros(1, 28, 28),
+        batch,
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+    )
 
 
 def test_int8_inference_is_the_forward_at_int8_rates_and_one_byte_an_element():
@@ -34,8 +40,19 @@ def test_int8_inference_is_the_forward_at_int8_rates_and_one_byte_an_element():
 
 def test_profile_inference_cli_json_and_one_line_refusals():
     runner = CliRunner()
-    done = runner.invoke(app, ["profile", "lenet", "--precision", "int8", "--inference",
-                               "--hardware", "a100-40gb", "--json"])  # fmt: skip
+    done = runner.invoke(
+        app,
+        [
+            "profile",
+            "lenet",
+            "--precision",
+            "int8",
+            "--inference",
+            "--hardware",
+            "a100-40gb",
+            "--json",
+        ],
+    )
     assert done.exit_code == 0, done.output
     (row,) = json.loads(done.output)["inference"]
     assert row["precision"] == row["precision_used"] == "int8" and row["samples_per_s"] > 0

@@ -27,8 +27,14 @@ from tests.unit.test_advice import device
 
 def gpu(**changes) -> Hardware:
     """A test GPU (test_advice's) on a PCIe 3.0 host link."""
-    return device(**{"peak_flops": {"fp32": 10e12}, "host_link": "PCIe 3.0 x16",
-                     "host_link_bytes_per_s": 15.75e9, **changes})  # fmt: skip
+    return device(
+        **{
+            "peak_flops": {"fp32": 10e12},
+            "host_link": "PCIe 3.0 x16",
+            "host_link_bytes_per_s": 15.75e9,
+            **changes,
+        }
+    )
 
 
 LINK = Link("test", "test link", "pcie", bytes_per_s=10e9, latency_s=5e-6, efficiency=1.0)
@@ -159,9 +165,23 @@ def test_deadline_picks_the_cheapest_run_that_meets_it():
 def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
     runner = CliRunner()
     args = ["profile", "alexnet", "--batch", "32", "--hardware", "p100-sxm2-16gb"]
-    out = runner.invoke(app, [*args, "--devices", "1,4", "--interconnect", "pcie", "--json",
-                              "--dataset-size", "12800", "--epochs", "2",
-                              "--plot", str(tmp_path)])  # fmt: skip
+    out = runner.invoke(
+        app,
+        [
+            *args,
+            "--devices",
+            "1,4",
+            "--interconnect",
+            "pcie",
+            "--json",
+            "--dataset-size",
+            "12800",
+            "--epochs",
+            "2",
+            "--plot",
+            str(tmp_path),
+        ],
+    )
     for name in ("compute.png", "scaling.png"):  # the lecture's per-layer and scaling charts
         assert (tmp_path / name).stat().st_size > 10_000
     assert out.exit_code == 0, out.output
@@ -208,8 +228,9 @@ def test_the_local_link_fit_recovers_latency_and_bandwidth():
 def test_a_pipeline_never_has_more_microbatches_than_samples():
     """Found predicting a 13B GPT at batch 4 on 8 devices: 32 microbatches of an eighth of a
     sample each made the bubble 18% instead of (8 − 1) / (4 + 8 − 1) = 64%."""
-    (pipe,) = predict_scaling(mlp_trace(batch=4, depth=8), gpu(), [8], LINK,
-                              strategies=("pipeline",))  # fmt: skip
+    (pipe,) = predict_scaling(
+        mlp_trace(batch=4, depth=8), gpu(), [8], LINK, strategies=("pipeline",)
+    )
     assert pipe.detail["microbatches"] == 4
     assert pipe.detail["bubble"] == pytest.approx(7 / 11)
 
@@ -218,8 +239,9 @@ def test_tensor_parallel_divides_the_split_layers_and_pays_its_collectives():
     from dlscale.profiler.tensor_plan import plans_for
 
     def build():
-        return nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512),
-                             nn.ReLU(), nn.Linear(512, 10))  # fmt: skip
+        return nn.Sequential(
+            nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
 
     trace = trace_step(build, torch.zeros(512), 64, "fp32", torch.optim.SGD, "sgd")
     plans = plans_for(build, torch.zeros(512), trace.params)
@@ -247,17 +269,24 @@ def test_for_a_model_too_big_for_one_device_the_faster_split_is_named():
     from dlscale.profiler.tensor_plan import plans_for
 
     def build():
-        return nn.Sequential(nn.Linear(4096, 8192), nn.ReLU(), nn.Linear(8192, 4096),
-                             nn.ReLU(), nn.Linear(4096, 8192), nn.ReLU(),
-                             nn.Linear(8192, 4096))  # fmt: skip
+        return nn.Sequential(
+            nn.Linear(4096, 8192),
+            nn.ReLU(),
+            nn.Linear(8192, 4096),
+            nn.ReLU(),
+            nn.Linear(4096, 8192),
+            nn.ReLU(),
+            nn.Linear(8192, 4096),
+        )
 
     trace = trace_step(build, torch.zeros(4096), 2, "fp32", torch.optim.SGD, "sgd")
     whole = training_memory(trace).total_bytes
     small = gpu(memory_bytes=int(whole / 2))  # a quarter of the model fits, the whole does not
     fast = Link("fast", "fast", "nvlink", 300e9, 3e-6, 1.0)
     plans = plans_for(build, torch.zeros(4096), trace.params)
-    points = predict_scaling(trace, small, [4], fast, strategies=("pipeline", "tensor"),
-                             tensor_plans=plans)  # fmt: skip
+    points = predict_scaling(
+        trace, small, [4], fast, strategies=("pipeline", "tensor"), tensor_plans=plans
+    )
     report = ScalingReport(small, fast, [costed(p, small, None, 1) for p in points], 1, "default")
     report.fits_one_device = False
     (line,) = split_choice(report)
