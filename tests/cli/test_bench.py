@@ -2,38 +2,29 @@
 
 Timings on a shared machine are noisy, so speeds are only checked to be positive and finite;
 what is checked exactly is everything computed from them (FLOP counts, peaks, shares, markers).
+The pure parts (FLOP counts, cache sizes, the per-sample dataset) are in tests/unit/test_bench.py.
 """
 
 import json
 import math
 import multiprocessing
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 from dlscale.bench import matmul as matmul_bench
 from dlscale.bench import width as width_bench
-from dlscale.bench.loader import PerSampleDataset, run_loader_bench
-from dlscale.bench.machine import machine_hardware, parse_cache_size, run_machine_bench
+from dlscale.bench.loader import run_loader_bench
+from dlscale.bench.machine import machine_hardware, run_machine_bench
 from dlscale.bench.matmul import matmul_flops, run_matmul_bench
 from dlscale.bench.output import write_outputs
-from dlscale.bench.width import (
-    memory_estimate_bytes,
-    parameter_count,
-    run_width_bench,
-    step_matmul_flops,
-)
+from dlscale.bench.width import memory_estimate_bytes, parameter_count, run_width_bench
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware import get_hardware, local_entry_path, save_local
 from dlscale.jobspec import parse_spec
-from dlscale.models import build_model
-from dlscale.profiler.calibrate import update_seconds_in_step
-from dlscale.train.score import compute_loss
 
 MiB = 2**20
 runner = CliRunner()
@@ -48,48 +39,6 @@ def dlscale_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_flop_counts_match_torch_flop_counter():
-    a = torch.randn(24, 24)
-    with FlopCounterMode(display=False) as counter:
-        torch.mm(a, a)
-    assert counter.get_total_flops() == matmul_flops(24)
-
-    model = build_model("mlp", {"input_size": 20, "hidden": [16, 16], "num_classes": 10})
-    x, y = torch.randn(4, 20), torch.randint(10, (4,))
-    with FlopCounterMode(display=False) as counter:
-        compute_loss(model(x), y).backward()
-    assert counter.get_total_flops() == step_matmul_flops(16, batch_size=4, input_size=20)
-    assert sum(p.numel() for p in model.parameters()) == parameter_count(16, input_size=20)
-
-
-def test_cache_sizes_parse_as_sysfs_writes_them():
-    assert parse_cache_size("48K\n") == 48 * 1024
-    assert parse_cache_size("32M") == 32 * MiB
-    assert parse_cache_size("1024") == 1024
-
-
-class _SlowForward(torch.nn.Linear):
-    """A linear layer whose forward takes 20 ms, and which counts its forwards."""
-
-    forwards = 0
-
-    def forward(self, x):
-        self.forwards += 1
-        time.sleep(0.02)
-        return super().forward(x)
-
-
-def test_optimizer_updates_are_timed_inside_training_steps():
-    model = _SlowForward(4, 4)
-    before = model.weight.detach().clone()
-    seconds = update_seconds_in_step(model, torch.randn(2, 4), torch.device("cpu"), 0.0)
-    # Each update follows a forward and a backward (fresh gradients), but only the update is
-    # timed: Adam over 20 numbers takes microseconds, the forward 20 ms.
-    assert model.forwards >= 3 + 5
-    assert not torch.equal(model.weight.detach(), before)
-    assert 0 < seconds < 0.02
 
 
 def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Path):
@@ -205,20 +154,6 @@ def test_matmul_crossover_with_a_gpu(tmp_path, monkeypatch):
     assert "CPU not timed from n = 1024" in record["note"]
     assert "GPU faster from n = 128" in " ".join(result.stdout.split())
     assert is_png(tmp_path / "matmul.png")
-
-
-def test_per_sample_dataset_batches_like_the_tensors_it_wraps():
-    images = torch.rand(10, 3, 8, 8)
-    labels = torch.arange(10)
-    dataset = PerSampleDataset(torch.utils.data.TensorDataset(images, labels))
-    for index in (torch.tensor([7, 2, 5]), [7, 2, 5]):
-        x, y = dataset[index]
-        assert x.shape == (3, 3, 8, 8) and x.dtype == torch.float32
-        assert y.tolist() == [7, 2, 5]
-    assert dataset[4][0].shape == (3, 8, 8) and int(dataset[4][1]) == 4
-    features = torch.rand(10, 5)  # not images: read per sample, but not augmented
-    plain = PerSampleDataset(torch.utils.data.TensorDataset(features, labels))
-    assert torch.equal(plain[[1, 3]][0], features[[1, 3]])
 
 
 def test_loader_bench_rows_per_worker_count(tmp_path: Path):

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import entry_to_toml, load_catalogue, parse_catalogue
 from dlscale.hardware.links import (
@@ -22,8 +19,6 @@ from dlscale.hardware.links import (
     parse_links,
     pcie_link_name,
 )
-
-runner = CliRunner()
 
 USER_FILE = """
 [[device]]
@@ -259,39 +254,3 @@ def test_link_is_a_frozen_value():
     assert link.effective_bytes_per_s == 0.5e9
     with pytest.raises(AttributeError):
         link.efficiency = 1.0  # type: ignore[misc]
-
-
-# ----------------------------------------------------------------------------- the CLI
-
-
-def test_cli_list_and_show_give_each_device_its_link_and_price():
-    listed = runner.invoke(app, ["hardware", "list", "--json"])
-    rows = {row["name"]: row for row in json.loads(listed.stdout)}
-    assert rows["p100-sxm2-16gb"]["link"] == "nvlink1" and rows["l4"]["link"] == "pcie4-x16"
-    assert rows["i7-7700k"]["link"] is None and rows["i7-7700k"]["price_per_hour"] is None
-    assert rows["p100-sxm2-16gb"]["price_per_hour"] == 1.46
-    table = runner.invoke(app, ["hardware", "list"], env={"COLUMNS": "160"})
-    assert table.exit_code == 0, table.output
-    assert "nvlink1" in table.stdout and "1.46" in table.stdout and "$ per" in table.stdout
-    shown = runner.invoke(app, ["hardware", "show", "p100-sxm2-16gb"])
-    assert shown.exit_code == 0, shown.output
-    assert "$1.46/hour" in shown.stdout and "2019-04" in shown.stdout
-    assert "nvlink1 (dlscale hardware links)" in shown.stdout
-    cpu = runner.invoke(app, ["hardware", "show", "i7-7700k"]).stdout
-    assert "no cloud offer catalogued" in cpu and "No price" in cpu
-
-
-def test_cli_links_lists_the_catalogue_and_user_links(tmp_path: Path):
-    result = runner.invoke(app, ["hardware", "links"], env={"COLUMNS": "120"})
-    assert result.exit_code == 0, result.output
-    for text in ("nvlink1", "pcie3-x16", "ib-ndr", "eth-400g", "if-mi300x", "ici-v4", "0.65"):
-        assert text in result.stdout, text
-    assert "[[link]]" in result.stdout  # rich must not eat the TOML table header
-    extra = write(tmp_path / "lab.toml", USER_FILE.format(gbs=5))
-    as_json = runner.invoke(app, ["hardware", "links", "--json", "--hardware-file", str(extra)])
-    rows = {row["name"]: row for row in json.loads(as_json.stdout)}
-    assert rows["lab-fabric"]["bytes_per_s"] == 5e9 and rows["nvlink4"]["sources"]
-    bad = write(tmp_path / "bad.toml", '[[link]]\nname = "x"\nkind = "warp"\n')
-    result = runner.invoke(app, ["hardware", "links", "--hardware-file", str(bad)])
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    assert len(result.stderr.strip().splitlines()) == 1

@@ -5,9 +5,7 @@ input in one line."""
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import parse_entry
 from dlscale.models import build_model
@@ -96,39 +94,3 @@ def test_bad_dataflows_and_arrays_are_one_line(tmp_path):
     }
     with pytest.raises(UserError, match=r"systolic.rows must be a whole number ≥ 1, not 0"):
         parse_entry(entry, "my.toml")
-    runner = CliRunner()
-    gpu = runner.invoke(
-        app, ["profile", "lenet", "--hardware", "v100-sxm2-16gb", "--dataflow", "ws"]
-    )
-    assert gpu.exit_code == 2 and "has no systolic array description" in gpu.output
-    bad = runner.invoke(app, ["profile", "lenet", "--hardware", "tpu-v3", "--dataflow", "xs"])
-    assert bad.exit_code == 2 and "'xs' is not a dataflow" in bad.output
-
-
-def test_profile_maps_every_layer_on_a_tpu_with_the_best_dataflow_named():
-    import json
-
-    result = CliRunner().invoke(
-        app,
-        [
-            "profile",
-            "lenet",
-            "--batch",
-            "64",
-            "--hardware",
-            "tpu-v3",
-            "--dataflow",
-            "all",
-            "--json",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    (report,) = json.loads(result.output)["systolic"]
-    assert report["array"]["rows"] == 128 and report["array"]["arrays"] == 4
-    names = [layer["gemm"]["name"] for layer in report["layers"]]
-    assert "conv1 forward" in names and "conv1 input grad" not in names  # data needs no grad
-    for layer in report["layers"]:
-        cycles = {df: v["cycles"] for df, v in layer["by_dataflow"].items()}
-        fastest = min(layer["by_dataflow"].items(), key=lambda kv: kv[1]["seconds"])[0]
-        assert layer["best"] == fastest and set(cycles) == {"os", "ws", "is"}
-    assert set(report["totals"]) == {"os", "ws", "is"}
