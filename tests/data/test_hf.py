@@ -17,6 +17,7 @@ from dlscale.data import build_data
 from dlscale.data.lazy import DataError
 from dlscale.errors import UserError
 from dlscale.jobspec import HfData, parse_spec
+from tests.small_runs import final_weights
 
 
 def png(value: int, size_hw=(5, 6)) -> bytes:
@@ -218,11 +219,6 @@ TRAIN = {
     "seed": 3,
     "steps": 8,
 }
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    (checkpoint,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1:]
-    return torch.load(checkpoint, weights_only=True)["model"]
 
 
 def test_training_reads_rows_from_disk_and_records_it(tmp_path: Path):

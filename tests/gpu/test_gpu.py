@@ -12,6 +12,7 @@ import torch
 from dlscale import api
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
+from tests.small_runs import SGD, base_spec, final_weights
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,15 +22,14 @@ pytestmark = [
     ),
 ]
 
-BASE = {
-    "name": "gpu",
-    "model": {"name": "lenet"},
-    "data": {"name": "digits", "image_size": 28},
-    "batch_size": 16,
-    "steps": 8,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cuda",
-}
+BASE = base_spec(
+    "gpu",
+    {"name": "digits", "image_size": 28},
+    batch_size=16,
+    steps=8,
+    optimizer=SGD,
+    device="cuda",
+)
 
 
 def strategies() -> dict[str, dict]:
@@ -79,11 +79,6 @@ def test_ddp_on_one_gpu_equals_one_process_on_it(tmp_path: Path):
     api.train(
         parse_spec({**BASE, "strategy": {"name": "ddp", "workers": 1}}), out_dir=tmp_path / "ddp"
     )
-    one, other = (
-        torch.load(
-            sorted((tmp_path / name / "checkpoints").glob("step-*.pt"))[-1], weights_only=True
-        )["model"]
-        for name in ("single", "ddp")
-    )
+    one, other = (final_weights(tmp_path / name) for name in ("single", "ddp"))
     for name, value in one.items():
         assert torch.allclose(other[name], value, rtol=1e-4, atol=1e-6), name

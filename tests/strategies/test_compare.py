@@ -19,17 +19,17 @@ from dlscale.bench.output import write_outputs
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.jobspec import DdpStrategy, PsStrategy, SingleStrategy, parse_spec
+from tests.small_runs import SGD, base_spec, synthetic_images
 
-BASE = {
-    "name": "compare-tiny",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 400},
-    "batch_size": 16,
-    "epochs": 5,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 0,
-}
+BASE = base_spec(
+    "compare-tiny",
+    synthetic_images(400),
+    batch_size=16,
+    epochs=5,
+    optimizer=SGD,
+    device="cpu",
+    seed=0,
+)
 
 
 def write_spec(folder: Path, **changes) -> Path:

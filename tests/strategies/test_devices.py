@@ -9,15 +9,9 @@ import torch
 from dlscale import api
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
+from tests.small_runs import SGD, base_spec, synthetic_images
 
-BASE = {
-    "name": "devices",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 600},
-    "batch_size": 8,
-    "steps": 8,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-}
+BASE = base_spec("devices", synthetic_images(600), batch_size=8, steps=8, optimizer=SGD)
 STRATEGIES = {
     "single": {"name": "single"},
     "ddp": {"name": "ddp", "workers": 2},

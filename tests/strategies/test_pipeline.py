@@ -13,15 +13,9 @@ from dlscale.models import build_model, count_parameters
 from dlscale.profiler.pipeline_split import candidate_names, in_flight, partition, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.strategies.pipeline.plan import predicted_bubble
+from tests.small_runs import SGD, base_spec, final_weights, synthetic_images
 
-LENET = {
-    "name": "pp-lenet",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 5,
-}
+LENET = base_spec("pp-lenet", synthetic_images(800), optimizer=SGD, device="cpu", seed=5)
 GPT = {
     "name": "pp-gpt",
     "model": {"name": "gpt", "kwargs": {"n_layer": 2, "d_model": 32, "n_head": 2}},
@@ -37,11 +31,6 @@ GPT = {
     "device": "cpu",
     "seed": 5,
 }
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-    return torch.load(checkpoint, weights_only=True)["model"]
 
 
 def assert_same_weights(reference: Path, other: Path) -> None:

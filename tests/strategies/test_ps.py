@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from dlscale import api
@@ -17,20 +16,9 @@ from dlscale.strategies.ps import wire
 from dlscale.strategies.ps.layout import shard_parameters
 from dlscale.strategies.ps.wire import SHM_DIR, choose_data_plane
 from tests.conftest import EXAMPLES
+from tests.small_runs import SGD, base_spec, final_weights, synthetic_images
 
-BASE = {
-    "name": "ps-eq",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 3,
-}
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-    return torch.load(checkpoint, weights_only=True)["model"]
+BASE = base_spec("ps-eq", synthetic_images(800), optimizer=SGD, device="cpu", seed=3)
 
 
 def ps_spec(mode: str, **strategy) -> dict:

@@ -10,16 +10,11 @@ from dlscale import api
 from dlscale.jobspec import parse_spec
 from dlscale.train.record import RunRecord
 from tests.conftest import RecordingReporter
+from tests.small_runs import SGD, base_spec, synthetic_images
 
-BASE = {
-    "name": "record",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 600},
-    "batch_size": 8,
-    "steps": 12,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-}
+BASE = base_spec(
+    "record", synthetic_images(600), batch_size=8, steps=12, optimizer=SGD, device="cpu"
+)
 STRATEGIES = {
     "single": ({"name": "single"}, None),
     "ddp": ({"name": "ddp", "workers": 2}, "distributed"),

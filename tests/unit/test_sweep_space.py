@@ -21,14 +21,11 @@ from dlscale.sweep.space import (
     set_path,
 )
 from dlscale.sweep.trial import PREDICTIONS
+from tests.small_runs import base_spec
 
-BASE = {
-    "name": "s",
-    "model": {"name": "mlp", "kwargs": {"hidden": 16}},
-    "data": {"name": "digits"},
-    "batch_size": 32,
-    "seed": 3,
-}
+BASE = base_spec(
+    "s", {"name": "digits"}, model={"name": "mlp", "kwargs": {"hidden": 16}}, batch_size=32, seed=3
+)
 
 
 def sweep_spec(**sweep):
