@@ -32,8 +32,11 @@ def spec(tmp_path: Path) -> Path:
 @pytest.mark.slow
 def test_precision_trains_each_format_and_quantizes_after(spec: Path, tmp_path: Path):
     out = tmp_path / "out"
-    result = CliRunner().invoke(app, ["bench", "precision", str(spec), "--steps", "30", "--out",
-                                      str(out)], env={"COLUMNS": "200"})  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        ["bench", "precision", str(spec), "--steps", "30", "--out", str(out)],
+        env={"COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "precision.json").read_text())
     rows = {row["format"]: row for row in data["rows"]}
@@ -53,8 +56,19 @@ def test_precision_trains_each_format_and_quantizes_after(spec: Path, tmp_path: 
 @pytest.mark.slow
 def test_sparsity_prunes_to_each_level_and_counts_the_bytes(spec: Path, tmp_path: Path):
     out = tmp_path / "out"
-    args = ["bench", "sparsity", str(spec), "--levels", "0,0.5,0.9", "--finetune-steps", "5",
-            "--steps", "20", "--out", str(out)]  # fmt: skip
+    args = [
+        "bench",
+        "sparsity",
+        str(spec),
+        "--levels",
+        "0,0.5,0.9",
+        "--finetune-steps",
+        "5",
+        "--steps",
+        "20",
+        "--out",
+        str(out),
+    ]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     rows = json.loads((out / "sparsity.json").read_text())["rows"]
@@ -69,8 +83,9 @@ def test_sparsity_prunes_to_each_level_and_counts_the_bytes(spec: Path, tmp_path
 def test_two_of_four_keeps_the_two_largest_of_every_four():
     layer = torch.nn.Linear(8, 2, bias=False)
     with torch.no_grad():
-        layer.weight.copy_(torch.tensor([[1.0, -4, 3, 2, 0.5, 0.1, -9, 8],
-                                         [4.0, 3, 2, 1, 1, 2, 3, 4]]))  # fmt: skip
+        layer.weight.copy_(
+            torch.tensor([[1.0, -4, 3, 2, 0.5, 0.1, -9, 8], [4.0, 3, 2, 1, 1, 2, 3, 4]])
+        )
     TwoOfFour.apply(layer, "weight")
     kept = (layer.weight != 0).int().tolist()
     assert kept == [[0, 1, 1, 0, 0, 0, 1, 1], [1, 1, 0, 0, 0, 0, 1, 1]]

@@ -87,11 +87,13 @@ def test_profile_plot_into_a_read_only_place_is_one_line(tmp_path: Path, monkeyp
     [
         (["profile", "lenet", "--dataset-size", "-5"], "--dataset-size must be a positive number"),
         (["profile", "lenet", "--dataset-size", "0"], "--dataset-size must be a positive number"),
-        (["profile", "lenet", "--dataset-size", "10", "--batch", "32"],
-         "10 training samples per epoch are fewer than one batch (32)"),
+        (
+            ["profile", "lenet", "--dataset-size", "10", "--batch", "32"],
+            "10 training samples per epoch are fewer than one batch (32)",
+        ),
         (["scale", "SPEC", "--steps", "0", "--workers", "1"], "--steps: must be a positive"),
     ],
-)  # fmt: skip
+)
 def test_numeric_options_out_of_range_are_one_line(tmp_path: Path, args, expected):
     spec = tmp_path / "job.yaml"
     spec.write_text("name: t\nmodel: {name: mlp}\ndata: {name: digits}\nbatch_size: 8\n")

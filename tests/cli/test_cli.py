@@ -133,13 +133,16 @@ SWEEP = GOOD + "sweep:\n  grid:\n    optimizer.lr: [0.01, 0.1]\n"
     ("text", "args", "expected"),
     [
         (GOOD, (), "no sweep section to run"),
-        (GOOD + "sweep:\n  grid:\n    optimizer.lrr: [0.1]\n", (),
-         "sweep trial optimizer.lrr=0.1: unknown field 'optimizer.lrr'"),
+        (
+            GOOD + "sweep:\n  grid:\n    optimizer.lrr: [0.1]\n",
+            (),
+            "sweep trial optimizer.lrr=0.1: unknown field 'optimizer.lrr'",
+        ),
         (GOOD + "sweep:\n  kfold: 3\n  ensemble: 2\n", (), "kfold or ensemble, not both"),
         (SWEEP, ("--parallel", "0"), "--parallel must be at least 1"),
         (SWEEP, ("--resume", "--out", "{tmp}/none"), "nothing to resume"),
     ],
-)  # fmt: skip
+)
 def test_sweep_refuses_bad_input_in_one_line(tmp_path: Path, text: str, args, expected: str):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = run("sweep", write_spec(tmp_path, text), *args)

@@ -30,9 +30,15 @@ def test_profile_json_schema_for_a_zoo_model():
     )
     memory = data["totals"]["memory"]
     assert memory["total_bytes"] == sum(
-        memory[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
-                            "activations_bytes", "batch_bytes")
-    )  # fmt: skip
+        memory[k]
+        for k in (
+            "weights_bytes",
+            "gradients_bytes",
+            "optimizer_state_bytes",
+            "activations_bytes",
+            "batch_bytes",
+        )
+    )
     devices = {hw["name"]: hw for hw in data["hardware"]}
     assert set(devices) == {"a100-40gb", "i7-7700k"}
     a100 = devices["a100-40gb"]
@@ -131,12 +137,18 @@ def test_estimate_shows_the_roofline_when_this_machine_was_measured(tmp_path: Pa
     monkeypatch.setenv("DLSCALE_HOME", str(tmp_path))
     save_local(
         Hardware(
-            name="local", display_name="this machine", kind="cpu", vendor="test",
-            peak_flops={"fp32": 100e9}, memory_bytes=8 * 2**30,
-            memory_bandwidth_bytes_per_s=20e9, compute_efficiency=1.0, memory_efficiency=1.0,
+            name="local",
+            display_name="this machine",
+            kind="cpu",
+            vendor="test",
+            peak_flops={"fp32": 100e9},
+            memory_bytes=8 * 2**30,
+            memory_bandwidth_bytes_per_s=20e9,
+            compute_efficiency=1.0,
+            memory_efficiency=1.0,
             op_overhead_s=3e-6,
         )
-    )  # fmt: skip
+    )
     args = ["estimate", EXAMPLES / "mlp-digits.yaml", "--steps", "4", "--warmup", "1"]
     data = json.loads(run(*args, "--json").stdout)
     assert data["predicted_step_s"] > 0

@@ -98,8 +98,16 @@ def test_kwargs_json_with_a_key_given_twice_is_refused(command: list[str]):
 
 def test_start_of_run_machine_warnings_are_kept_in_run_json(tmp_path: Path, monkeypatch):
     monkeypatch.setattr("dlscale.api.capacity.load_average_1m", lambda: 1000.0)
-    spec = parse_spec({"name": "t", "model": {"name": "mlp"}, "data": {"name": "digits"},
-                       "batch_size": 32, "steps": 2, "device": "cpu"})  # fmt: skip
+    spec = parse_spec(
+        {
+            "name": "t",
+            "model": {"name": "mlp"},
+            "data": {"name": "digits"},
+            "batch_size": 32,
+            "steps": 2,
+            "device": "cpu",
+        }
+    )
     record = api.train(spec, out_dir=tmp_path / "run")  # no reporter: nothing is printed
     stored = json.loads((tmp_path / "run" / "run.json").read_text())["warnings"]
     busy = [message for message in stored if "this machine is busy" in message]

@@ -29,11 +29,23 @@ def rendered(renderable, width: int = 80) -> str:
 
 def start_line(**plan_changes) -> str:
     plan = {
-        "name": "t", "model": "mlp", "parameters": 1000, "device": "cpu", "precision": "fp32",
-        "train_samples": 1632, "val_samples": 165, "start_step": 0, "workers": 1,
-        "strategy": "single", "steps_per_epoch": 51, "total_steps": 153, "epochs": 3,
-        "batch_size": 32, "global_batch_size": 32, **plan_changes,
-    }  # fmt: skip
+        "name": "t",
+        "model": "mlp",
+        "parameters": 1000,
+        "device": "cpu",
+        "precision": "fp32",
+        "train_samples": 1632,
+        "val_samples": 165,
+        "start_step": 0,
+        "workers": 1,
+        "strategy": "single",
+        "steps_per_epoch": 51,
+        "total_steps": 153,
+        "epochs": 3,
+        "batch_size": 32,
+        "global_batch_size": 32,
+        **plan_changes,
+    }
     console = Console(file=io.StringIO(), width=400, color_system=None)
     reporter = RichReporter(console)
     reporter.start(plan)
@@ -54,9 +66,15 @@ def test_the_start_line_says_when_the_spec_caps_the_steps():
 def test_the_summary_never_cuts_a_path(tmp_path: Path):
     out = tmp_path / ("a-folder-with-a-long-name-" * 4) / "run"
     spec = parse_spec(
-        {"name": "t", "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
-         "data": {"name": "digits"}, "batch_size": 32, "steps": 2, "device": "cpu"}
-    )  # fmt: skip
+        {
+            "name": "t",
+            "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
+            "data": {"name": "digits"},
+            "batch_size": 32,
+            "steps": 2,
+            "device": "cpu",
+        }
+    )
     record = api.train(spec, out_dir=out)
     text = rendered(summary_table(record), width=80)
     assert "…" not in text
@@ -66,13 +84,22 @@ def test_the_summary_never_cuts_a_path(tmp_path: Path):
 
 def test_the_ps_summary_names_each_worker_with_its_wait():
     ps = {
-        "mode": "async", "workers": 2, "servers": 1, "updates": 40, "updates_per_s": 10.0,
-        "bytes_per_s": 1e6, "data_plane": "shared memory", "mean_staleness": 0.5,
-        "max_staleness": 1, "per_server": [{"shard": 0, "elements": 100, "updates": 40}],
+        "mode": "async",
+        "workers": 2,
+        "servers": 1,
+        "updates": 40,
+        "updates_per_s": 10.0,
+        "bytes_per_s": 1e6,
+        "data_plane": "shared memory",
+        "mean_staleness": 0.5,
+        "max_staleness": 1,
+        "per_server": [{"shard": 0, "elements": 100, "updates": 40}],
         "dropped_workers": [],
-    }  # fmt: skip
-    workers = [{"status": "completed", "rank": 0, "comm_wait_share": 0.123},
-               {"status": "completed", "rank": 1, "comm_wait_share": 0.2}]  # fmt: skip
+    }
+    workers = [
+        {"status": "completed", "rank": 0, "comm_wait_share": 0.123},
+        {"status": "completed", "rank": 1, "comm_wait_share": 0.2},
+    ]
     table = Table(show_header=False)
     table.add_column("what")
     table.add_column("value")

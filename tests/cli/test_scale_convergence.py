@@ -28,12 +28,20 @@ def test_the_learning_rate_grows_with_the_global_batch_by_the_rule():
 
 
 def test_convergence_reads_the_first_epoch_at_the_target():
-    spec = parse_spec({"name": "c", "model": {"name": "mlp"}, "data": {"name": "digits"},
-                       "batch_size": 16, "optimizer": {"name": "sgd", "lr": 0.2}})  # fmt: skip
-    epochs = [{"epoch": e, "step": 10 * e, "val_accuracy": a, "elapsed_s": 1.5 * e}
-              for e, a in ((1, 0.5), (2, 0.91), (3, 0.88), (4, 0.95))]  # fmt: skip
-    record = {"plan": {"global_batch_size": 32}, "epochs": epochs,
-              "final": {"val_accuracy": 0.95}}  # fmt: skip
+    spec = parse_spec(
+        {
+            "name": "c",
+            "model": {"name": "mlp"},
+            "data": {"name": "digits"},
+            "batch_size": 16,
+            "optimizer": {"name": "sgd", "lr": 0.2},
+        }
+    )
+    epochs = [
+        {"epoch": e, "step": 10 * e, "val_accuracy": a, "elapsed_s": 1.5 * e}
+        for e, a in ((1, 0.5), (2, 0.91), (3, 0.88), (4, 0.95))
+    ]
+    record = {"plan": {"global_batch_size": 32}, "epochs": epochs, "final": {"val_accuracy": 0.95}}
     found = convergence(record, spec, 0.9)
     assert (found["epochs_to_target"], found["time_to_target_s"]) == (2, 3.0)
     assert found["samples_to_target"] == 20 * 32 and found["epochs"] == 4
@@ -46,8 +54,18 @@ def test_convergence_reads_the_first_epoch_at_the_target():
 def test_scale_trains_each_count_to_the_end_and_reports_its_convergence(tmp_path: Path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    args = ["scale", str(spec), "--workers", "1,2", "--lr-scaling", "linear",
-            "--target-accuracy", "0.5", "--out", str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "scale",
+        str(spec),
+        "--workers",
+        "1,2",
+        "--lr-scaling",
+        "linear",
+        "--target-accuracy",
+        "0.5",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "convergence: learning rate scaled 'linear', target 50.0%" in result.output
@@ -86,7 +104,15 @@ def test_bad_convergence_options_are_one_line(tmp_path: Path, extra, message):
 def test_a_tensor_degree_has_no_global_batch_to_scale_the_rate_for(tmp_path: Path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC + "strategy: {name: tensor, degree: 2}\n")
-    args = ["scale", str(spec), "--workers", "1,2", "--lr-scaling", "linear", "--out",
-            str(tmp_path / "out")]  # fmt: skip
+    args = [
+        "scale",
+        str(spec),
+        "--workers",
+        "1,2",
+        "--lr-scaling",
+        "linear",
+        "--out",
+        str(tmp_path / "out"),
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "does not change the global batch" in result.output

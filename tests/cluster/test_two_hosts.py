@@ -17,16 +17,18 @@ from dlscale.hardware.links import load_links
 from dlscale.jobspec import parse_spec
 from tests.cluster.conftest import BIN, clean_environment, same_weights
 from tests.cluster.testbed import Testbed
+from tests.small_runs import SGD, base_spec
 
-BASE = {
-    "model": {"name": "lenet"},
-    "data": {"name": "digits", "image_size": 28},
-    "batch_size": 32,
-    "steps": 12,
-    "device": "cpu",
-    "seed": 0,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-}
+# Each test names its own runs.
+BASE = base_spec(
+    "two-hosts",
+    {"name": "digits", "image_size": 28},
+    batch_size=32,
+    steps=12,
+    device="cpu",
+    seed=0,
+    optimizer=SGD,
+)
 ADDRESSES = {"host-a": "10.77.0.1", "host-b": "10.77.0.2", "host-c": "10.77.0.3"}
 
 

@@ -21,6 +21,7 @@ from dlscale.service.config import ServiceConfig
 from dlscale.service.container import IMAGE, ContainerExecutor, engine, flags
 from tests.service.test_executor import new_job, wait_ended
 from tests.service.test_hostile import ATTACK
+from tests.small_runs import final_weights
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(
@@ -51,15 +52,27 @@ def image() -> str:
 
 def run(image: str, *args: str, volume: Path | None = None) -> subprocess.CompletedProcess:
     mount = ["--volume", f"{volume}:{volume}:rw", "--user", f"{os.getuid()}:{os.getgid()}"]
-    command = [engine(), "run", "--rm", "--network", "none", *flags(),
-               *(mount if volume else []), image, *args]  # fmt: skip
+    command = [
+        engine(),
+        "run",
+        "--rm",
+        "--network",
+        "none",
+        *flags(),
+        *(mount if volume else []),
+        image,
+        *args,
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
 
 
 def test_the_image_builds_and_runs_as_a_non_root_user(image):
-    inspected = subprocess.run([engine(), "image", "inspect", image, "--format",
-                                "{{.Config.User}} {{.Config.Cmd}}"], capture_output=True,
-                               text=True, check=True).stdout  # fmt: skip
+    inspected = subprocess.run(
+        [engine(), "image", "inspect", image, "--format", "{{.Config.User}} {{.Config.Cmd}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert inspected.startswith("dlscale ")
     assert "serve" in inspected and "0.0.0.0" in inspected and "--allow-remote" in inspected
     assert run(image, "id", "-u").stdout.strip() == "10001"
@@ -77,10 +90,7 @@ def test_lenet_trains_in_the_container_to_the_hosts_weights(image, tmp_path: Pat
     done = run(image, "dlscale", "train", str(spec), "--out", str(inside), volume=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     api.train(spec, out_dir=tmp_path / "host")
-    weights = []
-    for folder in (inside, tmp_path / "host"):
-        latest = sorted((folder / "checkpoints").glob("step-*.pt"))[-1]
-        weights.append(torch.load(latest, weights_only=True)["model"])
+    weights = [final_weights(folder) for folder in (inside, tmp_path / "host")]
     assert weights[0].keys() == weights[1].keys()
     for name, value in weights[1].items():
         assert torch.equal(weights[0][name], value), name  # the same pinned torch, bit for bit

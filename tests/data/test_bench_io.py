@@ -72,8 +72,15 @@ def test_bench_io_measures_storage_decoding_and_the_model_on_an_image_folder(tmp
     console = Console(width=100, record=True)
     console.print(io_table(printed))
     text = console.export_text()
-    for label in ("storage, 1 reader", "storage, 3 readers", "decode, 1 loader worker",
-                  "decode, 2 loader workers", "model step (cpu)", "samples/s", "MB/s"):  # fmt: skip
+    for label in (
+        "storage, 1 reader",
+        "storage, 3 readers",
+        "decode, 1 loader worker",
+        "decode, 2 loader workers",
+        "model step (cpu)",
+        "samples/s",
+        "MB/s",
+    ):
         assert label in text
     assert "bounds training" in text and "page cache" in text
 
@@ -128,9 +135,12 @@ def test_storage_readers_share_the_files_and_read_each_byte_once(tmp_path, monke
         files[-1].write_bytes(os.urandom(size))
     pieces = file_pieces([str(f) for f in files])
     assert [(Path(p).name, at, n) for p, at, n in pieces] == [
-        ("2500.bin", 0, 1000), ("2500.bin", 1000, 1000), ("2500.bin", 2000, 500),
-        ("10.bin", 0, 10), ("999.bin", 0, 999),
-    ]  # fmt: skip
+        ("2500.bin", 0, 1000),
+        ("2500.bin", 1000, 1000),
+        ("2500.bin", 2000, 500),
+        ("10.bin", 0, 10),
+        ("999.bin", 0, 999),
+    ]
     for readers in (1, 3):
         # A budget far beyond what 3.5 kB takes: every piece is read, each exactly once.
         measured = storage_read(pieces, readers, seconds=60)
@@ -167,12 +177,22 @@ class Stream(StreamDataset):
     def __len__(self):
         return 20
 
-    def batches(self, epoch, start_batch, batch_size, rank=0, world=1, part=(0, 1),
-                shuffle=True, drop_last=True):  # fmt: skip
+    def batches(
+        self,
+        epoch,
+        start_batch,
+        batch_size,
+        rank=0,
+        world=1,
+        part=(0, 1),
+        shuffle=True,
+        drop_last=True,
+    ):
         for first in range(0, 20, batch_size):
             count = min(batch_size, 20 - first)
-            io = io_stats(read_s=0.001 * count, decode_s=0.003 * count, read_bytes=7 * count,
-                          samples=count)  # fmt: skip
+            io = io_stats(
+                read_s=0.001 * count, decode_s=0.003 * count, read_bytes=7 * count, samples=count
+            )
             yield torch.zeros(count, 3), torch.zeros(count, dtype=torch.long), io
 
 
@@ -199,10 +219,18 @@ def test_profiling_a_spec_read_from_disk_gives_the_rate_and_points_to_bench_io(t
     from dlscale.profiler.target import resolve
 
     gpu = Hardware(
-        name="toy", display_name="toy", kind="gpu", vendor="x", peak_flops={"fp32": 100e12},
-        memory_bytes=10 * 2**30, memory_bandwidth_bytes_per_s=1e12, host_link_bytes_per_s=10e9,
-        compute_efficiency=0.5, memory_efficiency=0.5, op_overhead_s=1e-6,
-    )  # fmt: skip
+        name="toy",
+        display_name="toy",
+        kind="gpu",
+        vendor="x",
+        peak_flops={"fp32": 100e12},
+        memory_bytes=10 * 2**30,
+        memory_bandwidth_bytes_per_s=1e12,
+        host_link_bytes_per_s=10e9,
+        compute_efficiency=0.5,
+        memory_efficiency=0.5,
+        op_overhead_s=1e-6,
+    )
     folder = image_folder(tmp_path / "images")
     spec = write_spec(tmp_path / "spec.yaml", f"{{name: images, path: {folder}}}")
     (report,) = profile(resolve(str(spec)), [gpu]).reports
@@ -221,8 +249,10 @@ def test_bench_io_reads_webdataset_shards_as_one_loader_worker_streams_them(tmp_
     urls = f"{shards}/train-{{000000..{len(train) - 1:06d}}}.tar"
     data = f'{{name: webdataset, urls: "{urls}", val_urls: "{shards}/val-000000.tar"}}'
     spec = write_spec(tmp_path / "spec.yaml", data)
-    result = runner.invoke(app, ["bench", "io", str(spec), "--seconds", "0.2", "--json",
-                                 "--out", str(tmp_path / "out")])  # fmt: skip
+    result = runner.invoke(
+        app,
+        ["bench", "io", str(spec), "--seconds", "0.2", "--json", "--out", str(tmp_path / "out")],
+    )
     assert result.exit_code == 0, result.output
     printed = json.loads(result.stdout)
     assert printed["files"] == len(train) > 1
@@ -234,23 +264,48 @@ def test_bench_io_reads_webdataset_shards_as_one_loader_worker_streams_them(tmp_
 def fake_measurement(step_spread: float) -> dict:
     """What `measure` returns, for a spec with `threads: 1` whose decoding (one worker) and
     model run at nearly the same rate: the case whose verdict flipped on a busy machine."""
-    storage = {"readers": 1, "read_bytes": 10**8, "pieces_opened": 1, "seconds": 1.0,
-               "read_bytes_per_s": 1e8, "all_read": True}  # fmt: skip
+    storage = {
+        "readers": 1,
+        "read_bytes": 10**8,
+        "pieces_opened": 1,
+        "seconds": 1.0,
+        "read_bytes_per_s": 1e8,
+        "all_read": True,
+    }
     return {
-        "device": "cpu", "threads": 1, "files": 1, "files_bytes": 10**8, "filesystem": "ext4",
-        "samples": 1000, "page_cache_dropped": True, "storage_one_reader": storage,
-        "storage_readers": storage, "contention_ratio": 1.0,
-        "decode_one_worker": {"batches": 10, "samples": 100, "seconds": 1.0,
-                              "samples_per_s": 100.0, "read_s_per_sample": 1e-3,
-                              "decode_s_per_sample": 9e-3, "read_bytes_per_sample": 1e5,
-                              "bad_samples": 0, "batch_spread": 0.05},
-        "model_step": {"steps": 20, "step_time_s": 0.04, "samples_per_s": 110.0,
-                       "step_spread": step_spread},
-    }  # fmt: skip
+        "device": "cpu",
+        "threads": 1,
+        "files": 1,
+        "files_bytes": 10**8,
+        "filesystem": "ext4",
+        "samples": 1000,
+        "page_cache_dropped": True,
+        "storage_one_reader": storage,
+        "storage_readers": storage,
+        "contention_ratio": 1.0,
+        "decode_one_worker": {
+            "batches": 10,
+            "samples": 100,
+            "seconds": 1.0,
+            "samples_per_s": 100.0,
+            "read_s_per_sample": 1e-3,
+            "decode_s_per_sample": 9e-3,
+            "read_bytes_per_sample": 1e5,
+            "bad_samples": 0,
+            "batch_spread": 0.05,
+        },
+        "model_step": {
+            "steps": 20,
+            "step_time_s": 0.04,
+            "samples_per_s": 110.0,
+            "step_spread": step_spread,
+        },
+    }
 
 
-@pytest.mark.parametrize(("load", "step_spread", "noisy"), [(0.1, 0.05, False), (3.5, 0.05, True),
-                                                            (0.1, 0.9, True)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("load", "step_spread", "noisy"), [(0.1, 0.05, False), (3.5, 0.05, True), (0.1, 0.9, True)]
+)
 def test_a_verdict_measured_on_a_busy_machine_says_it_was_noisy(
     tmp_path: Path, monkeypatch, load, step_spread, noisy
 ):

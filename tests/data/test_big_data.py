@@ -19,8 +19,9 @@ SMALL_SAMPLES = BIG_SAMPLES // 10
 
 
 def convert(out: Path, samples: int) -> dict:
-    return api.convert_data("synthetic", out, shard_size="256MB", samples=samples,
-                            shape=SHAPE, classes=10, seed=0)  # fmt: skip
+    return api.convert_data(
+        "synthetic", out, shard_size="256MB", samples=samples, shape=SHAPE, classes=10, seed=0
+    )
 
 
 def start_training(shards: Path, tmp_path: Path, name: str) -> tuple:
@@ -29,13 +30,17 @@ def start_training(shards: Path, tmp_path: Path, name: str) -> tuple:
     spec = {
         "name": name,
         "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
-        "data": {"name": "webdataset", "urls": str(shards / "train-*.tar"),
-                 "val_urls": str(shards / "val-*.tar"), "shuffle_buffer": 500},
+        "data": {
+            "name": "webdataset",
+            "urls": str(shards / "train-*.tar"),
+            "val_urls": str(shards / "val-*.tar"),
+            "shuffle_buffer": 500,
+        },
         "batch_size": 256,
         "epochs": 1,
         "device": "cpu",
         "optimizer": {"name": "sgd", "lr": 0.01},
-    }  # fmt: skip
+    }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec))
     out = tmp_path / f"run-{name}"
@@ -68,8 +73,10 @@ def test_peak_memory_does_not_grow_with_the_size_of_the_data(tmp_path: Path):
     records["big"] = finish_training(start_training(tmp_path / "big", tmp_path, "big"))
     peak = {name: r["workers"][0]["peak_memory_bytes"] for name, r in records.items()}
     read = {name: r["timing"]["read_bytes"] for name, r in records.items()}
-    print(f"peak RSS small {peak['small'] / 2**20:.0f} MiB, big {peak['big'] / 2**20:.0f} MiB; "
-          f"read {read['small'] / 1e9:.2f} / {read['big'] / 1e9:.2f} GB")  # fmt: skip
+    print(
+        f"peak RSS small {peak['small'] / 2**20:.0f} MiB, big {peak['big'] / 2**20:.0f} MiB; "
+        f"read {read['small'] / 1e9:.2f} / {read['big'] / 1e9:.2f} GB"
+    )
     # Every training sample of the epoch was read (the partial last batch excepted) ...
     assert read["big"] > 0.75 * big_bytes
     assert records["big"]["data"]["train_samples"] > 9 * records["small"]["data"]["train_samples"]

@@ -49,8 +49,22 @@ def sha256(path: Path) -> str:
 def shards(tmp_path_factory) -> Path:
     """600 synthetic 3×8×8 images in shards of 20 KB (a dozen or more of them)."""
     out = tmp_path_factory.mktemp("convert") / "shards"
-    result = cli("data", "convert", "synthetic", out, "--samples", 600, "--shape", "3,8,8",
-                 "--classes", 4, "--seed", 7, "--shard-size", "20KB")  # fmt: skip
+    result = cli(
+        "data",
+        "convert",
+        "synthetic",
+        out,
+        "--samples",
+        600,
+        "--shape",
+        "3,8,8",
+        "--classes",
+        4,
+        "--seed",
+        7,
+        "--shard-size",
+        "20KB",
+    )
     assert result.exit_code == 0, result.output
     assert "wrote" in result.stdout and "480 training + 120 validation" in result.stdout
     return out
@@ -105,8 +119,16 @@ def test_convert_hf_loads_with_datasets_and_the_hf_reader(tmp_path: Path):
     import datasets
 
     out = tmp_path / "hf"
-    result = api.convert_data("synthetic", out, format="hf", shard_size="20KB", samples=300,
-                              shape=[3, 8, 8], classes=4, seed=1)  # fmt: skip
+    result = api.convert_data(
+        "synthetic",
+        out,
+        format="hf",
+        shard_size="20KB",
+        samples=300,
+        shape=[3, 8, 8],
+        classes=4,
+        seed=1,
+    )
     assert result["format"] == "hf" and result["shards"] >= 3
     loaded = datasets.load_from_disk(str(out))
     assert len(loaded["train"]) == 240 and len(loaded["validation"]) == 60
@@ -125,8 +147,10 @@ def test_convert_reads_a_job_specs_data_section(tmp_path: Path):
     tokens = np.random.default_rng(0).integers(0, 50, size=(40, 9))
     np.savez(tmp_path / "text.npz", x=tokens[:, :-1], y=tokens[:, 1:])  # next-token labels
     spec = tmp_path / "job.yaml"
-    spec.write_text("name: t\nmodel: {name: gpt}\ndata: {name: npz, path: text.npz, "
-                    "val_fraction: 0.25}\nbatch_size: 4\nepochs: 1\n")  # fmt: skip
+    spec.write_text(
+        "name: t\nmodel: {name: gpt}\ndata: {name: npz, path: text.npz, "
+        "val_fraction: 0.25}\nbatch_size: 4\nepochs: 1\n"
+    )
     result = cli("data", "convert", spec, tmp_path / "out", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["samples"] == {"train": 30, "val": 10}
@@ -155,8 +179,12 @@ for samples in (800, 8000):
 def test_converting_ten_times_more_samples_does_not_grow_peak_memory(tmp_path: Path):
     """~115 MB of synthetic images (100× the default set) after ~11 MB, in one process: its
     peak resident memory must not follow the data's size."""
-    done = subprocess.run([sys.executable, "-c", CONVERT_AND_PEAK, str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", CONVERT_AND_PEAK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     small_peak, large_peak = (int(line) for line in done.stdout.split()[-2:])
     sizes = [sum(p.stat().st_size for p in (tmp_path / n).glob("*.tar")) for n in ("800", "8000")]
@@ -198,8 +226,14 @@ def test_an_interrupted_convert_leaves_shards_but_no_dataset_json(tmp_path: Path
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        api.convert_data("synthetic", tmp_path / "o", shard_size="20KB", samples=4000,
-                         shape=[8], on_progress=interrupt)  # fmt: skip
+        api.convert_data(
+            "synthetic",
+            tmp_path / "o",
+            shard_size="20KB",
+            samples=4000,
+            shape=[8],
+            on_progress=interrupt,
+        )
     assert (
         list((tmp_path / "o").glob("train-*.tar"))
         and not (tmp_path / "o" / "dataset.json").exists()
@@ -343,8 +377,12 @@ def test_an_image_spec_with_a_validation_folder_is_staged_in_its_layout(tmp_path
             folder.mkdir(parents=True)
             for i in range(2):
                 Image.new("L", (4, 4), 60 * i).save(folder / f"{i}.png")
-    spec = ImagesData(name="images", path=tmp_path / "photos" / "train",
-                      val_path=tmp_path / "photos" / "val", stage=tmp_path / "local")  # fmt: skip
+    spec = ImagesData(
+        name="images",
+        path=tmp_path / "photos" / "train",
+        val_path=tmp_path / "photos" / "val",
+        stage=tmp_path / "local",
+    )
     staged, record = stage_spec(spec)
     assert (staged.path, staged.val_path) == (
         tmp_path / "local" / "train",

@@ -17,6 +17,7 @@ from dlscale.data import build_data
 from dlscale.data.lazy import DataError
 from dlscale.errors import UserError
 from dlscale.jobspec import HfData, parse_spec
+from tests.small_runs import final_weights
 
 
 def png(value: int, size_hw=(5, 6)) -> bytes:
@@ -30,8 +31,10 @@ def image_dataset(path: Path, count: int = 12) -> Path:
     features = datasets.Features(
         {"image": datasets.Image(), "label": datasets.ClassLabel(names=["a", "b", "c", "d"])}
     )
-    rows = {"image": [{"bytes": png(i), "path": None} for i in range(count)],
-            "label": [i % 3 for i in range(count)]}  # fmt: skip
+    rows = {
+        "image": [{"bytes": png(i), "path": None} for i in range(count)],
+        "label": [i % 3 for i in range(count)],
+    }
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(path))
     return path
 
@@ -43,9 +46,11 @@ def feature_dataset(path: Path, count: int = 200, width: int = 20, seed: int = 0
     x = rng.normal(size=(count, width)).astype(np.float32)
     x[np.arange(count), labels] += 3.0  # learnable: the label's feature stands out
     features = datasets.Features(
-        {"x": datasets.Sequence(datasets.Value("float32"), length=width),
-         "y": datasets.Value("int64")}
-    )  # fmt: skip
+        {
+            "x": datasets.Sequence(datasets.Value("float32"), length=width),
+            "y": datasets.Value("int64"),
+        }
+    )
     datasets.Dataset.from_dict({"x": x, "y": labels}, features=features).save_to_disk(str(path))
     return path
 
@@ -76,16 +81,18 @@ def test_image_feature_rows_decode_to_images_with_the_classlabel_count(tmp_path:
 
 def test_image_arrays_are_resized_and_features_keep_their_shape(tmp_path: Path):
     pixels = np.arange(4 * 6 * 8 * 3, dtype=np.int64).reshape(4, 6, 8, 3) % 256
-    features = datasets.Features({"img": datasets.Array3D((6, 8, 3), "uint8"),
-                                  "label": datasets.Value("int64")})  # fmt: skip
+    features = datasets.Features(
+        {"img": datasets.Array3D((6, 8, 3), "uint8"), "label": datasets.Value("int64")}
+    )
     rows = {"img": pixels.astype(np.uint8), "label": [0, 1, 5, 1]}
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "arrays"))
     images = build_data(
         spec(tmp_path / "arrays", image_column="img", image_size=[3, 4], val_fraction=0.5), seed=0
     )
     assert images.input_shape == (3, 3, 4) and images.num_classes == 6  # largest label + 1
-    features_bundle = build_data(spec(feature_dataset(tmp_path / "f"), input_column="x",
-                                      label_column="y"), seed=0)  # fmt: skip
+    features_bundle = build_data(
+        spec(feature_dataset(tmp_path / "f"), input_column="x", label_column="y"), seed=0
+    )
     x, _, _ = features_bundle.train[[0, 1]]
     assert x.shape == (2, 20) and x.dtype == torch.float32 and features_bundle.num_classes == 4
     assert features_bundle.vocab_size is None
@@ -106,8 +113,14 @@ def test_text_becomes_next_token_windows(tmp_path: Path):
 
 
 def test_workers_map_the_file_and_give_the_same_batches(tmp_path: Path):
-    bundle = build_data(spec(feature_dataset(tmp_path / "f", count=2000, width=64),
-                             input_column="x", label_column="y"), seed=0)  # fmt: skip
+    bundle = build_data(
+        spec(
+            feature_dataset(tmp_path / "f", count=2000, width=64),
+            input_column="x",
+            label_column="y",
+        ),
+        seed=0,
+    )
     table_bytes = bundle.train.table.nbytes
     assert table_bytes > 500_000
     # A worker receives the file's name, not the table: pickling must not carry the data.
@@ -123,8 +136,14 @@ def test_workers_map_the_file_and_give_the_same_batches(tmp_path: Path):
 
 def test_a_row_that_does_not_decode_names_the_row_or_is_skipped(tmp_path: Path):
     features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
-    rows = {"image": [{"bytes": png(1), "path": None}, {"bytes": b"not a png", "path": None},
-                      {"bytes": png(3), "path": None}], "label": [0, 1, 0]}  # fmt: skip
+    rows = {
+        "image": [
+            {"bytes": png(1), "path": None},
+            {"bytes": b"not a png", "path": None},
+            {"bytes": png(3), "path": None},
+        ],
+        "label": [0, 1, 0],
+    }
     split = datasets.Dataset.from_dict(rows, features=features)
     first_bad = split.select([1, 0, 2])
     splits = {"train": split, "val": split, "first_bad": first_bad}
@@ -151,17 +170,26 @@ def test_a_row_that_does_not_decode_names_the_row_or_is_skipped(tmp_path: Path):
 @pytest.mark.parametrize(
     "fields, expected",
     [
-        ({"image_column": "picture"}, "no column 'picture' (data.image_column; columns: image, "
-         "label)"),
-        ({"image_column": "image", "label_column": "class"}, "no label column 'class' "
-         "(data.label_column; columns: image, label)"),
-        ({"input_column": "image"}, "column 'image' holds Image(mode=None, decode=True); "
-         "data.input_column expects numeric arrays"),
+        (
+            {"image_column": "picture"},
+            "no column 'picture' (data.image_column; columns: image, label)",
+        ),
+        (
+            {"image_column": "image", "label_column": "class"},
+            "no label column 'class' (data.label_column; columns: image, label)",
+        ),
+        (
+            {"input_column": "image"},
+            "column 'image' holds Image(mode=None, decode=True); "
+            "data.input_column expects numeric arrays",
+        ),
         ({"image_column": "image", "split": "train"}, "holds one data set, not splits"),
-        ({"image_column": "image", "label_column": None}, "trains a classifier: set "
-         "data.label_column"),
+        (
+            {"image_column": "image", "label_column": None},
+            "trains a classifier: set data.label_column",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_column_that_does_not_fit_is_one_line_naming_it(tmp_path: Path, fields, expected):
     path = image_dataset(tmp_path / "ds", count=3)
     with pytest.raises(UserError) as error:
@@ -184,19 +212,22 @@ def test_a_folder_that_is_not_a_saved_data_set_is_one_line(tmp_path: Path):
 
 
 TRAIN = {
-    "name": "hf", "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
-    "optimizer": {"name": "sgd", "lr": 0.05}, "device": "cpu", "seed": 3, "steps": 8,
-}  # fmt: skip
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    (checkpoint,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1:]
-    return torch.load(checkpoint, weights_only=True)["model"]
+    "name": "hf",
+    "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
+    "optimizer": {"name": "sgd", "lr": 0.05},
+    "device": "cpu",
+    "seed": 3,
+    "steps": 8,
+}
 
 
 def test_training_reads_rows_from_disk_and_records_it(tmp_path: Path):
-    data = {"name": "hf", "path": str(feature_dataset(tmp_path / "f")), "input_column": "x",
-            "label_column": "y"}  # fmt: skip
+    data = {
+        "name": "hf",
+        "path": str(feature_dataset(tmp_path / "f")),
+        "input_column": "x",
+        "label_column": "y",
+    }
     api.train(parse_spec({**TRAIN, "data": data, "batch_size": 16}), out_dir=tmp_path / "run")
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == "completed" and record["data"]["read_from_disk"] is True
@@ -206,11 +237,16 @@ def test_training_reads_rows_from_disk_and_records_it(tmp_path: Path):
 
 @pytest.mark.slow
 def test_ddp_two_workers_at_batch_b_equal_one_process_at_2b(tmp_path: Path):
-    data = {"name": "hf", "path": str(feature_dataset(tmp_path / "f")), "input_column": "x",
-            "label_column": "y"}  # fmt: skip
+    data = {
+        "name": "hf",
+        "path": str(feature_dataset(tmp_path / "f")),
+        "input_column": "x",
+        "label_column": "y",
+    }
     single = parse_spec({**TRAIN, "data": data, "batch_size": 16})
-    ddp = parse_spec({**TRAIN, "data": data, "batch_size": 8,
-                      "strategy": {"name": "ddp", "workers": 2}})  # fmt: skip
+    ddp = parse_spec(
+        {**TRAIN, "data": data, "batch_size": 8, "strategy": {"name": "ddp", "workers": 2}}
+    )
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(ddp, out_dir=tmp_path / "ddp")
     assert record["data"]["read_from_disk"] is True

@@ -98,8 +98,9 @@ def test_listing_opens_only_the_first_image(tmp_path: Path, monkeypatch):
     root = image_folder(tmp_path / "imgs", per_class=5)
     opened = []
     real_open = Image.open
-    monkeypatch.setattr(Image, "open", lambda source, *a, **k: opened.append(source) or
-                        real_open(source, *a, **k))  # fmt: skip
+    monkeypatch.setattr(
+        Image, "open", lambda source, *a, **k: opened.append(source) or real_open(source, *a, **k)
+    )
     build_data(spec(root), seed=0)
     assert len(opened) == 1
 
@@ -183,11 +184,18 @@ def test_loader_workers_give_the_same_batches_as_this_process(tmp_path: Path):
 
 def test_training_decodes_in_loader_workers_and_records_it(tmp_path: Path):
     root = image_folder(tmp_path / "imgs", per_class=8)
-    run = parse_spec({
-        "name": "images", "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
-        "data": {"name": "images", "path": str(root)}, "batch_size": 6, "epochs": 2,
-        "loader": {"workers": 2}, "optimizer": {"name": "adam", "lr": 0.01}, "device": "cpu",
-    })  # fmt: skip
+    run = parse_spec(
+        {
+            "name": "images",
+            "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
+            "data": {"name": "images", "path": str(root)},
+            "batch_size": 6,
+            "epochs": 2,
+            "loader": {"workers": 2},
+            "optimizer": {"name": "adam", "lr": 0.01},
+            "device": "cpu",
+        }
+    )
     api.train(run, out_dir=tmp_path / "run")
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == "completed"

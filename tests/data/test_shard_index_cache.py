@@ -145,8 +145,9 @@ def test_an_unwritable_cache_still_opens_the_data(home, scans, tmp_path, blocked
 
 def test_dataset_json_still_checks_a_cached_index(home, scans, tmp_path):
     urls = write_shards(tmp_path / "wds", shards=2)
-    listing = [{"file": f"train-{s:06d}.tar", "split": "train", "samples": PER_SHARD}
-               for s in range(2)]  # fmt: skip
+    listing = [
+        {"file": f"train-{s:06d}.tar", "split": "train", "samples": PER_SHARD} for s in range(2)
+    ]
     manifest = tmp_path / "wds" / "dataset.json"
     manifest.write_text(json.dumps({"shards": listing}))
     open_data(urls)

@@ -61,12 +61,16 @@ def test_a_run_that_decodes_large_images_for_a_tiny_model_is_told_decoding_bound
         for i in range(48):
             pixels = rng.integers(0, 256, (192, 192, 3), dtype=np.uint8)
             Image.fromarray(pixels).save(tmp_path / "img" / label / f"{i}.png")
-    spec = parse_spec({
-        "name": "starving",
-        "model": {"name": "mlp", "kwargs": {"hidden": []}},
-        "data": {"name": "images", "path": str(tmp_path / "img"), "val_fraction": 0.25},
-        "batch_size": 8, "epochs": 1, "device": "cpu",
-    })  # fmt: skip
+    spec = parse_spec(
+        {
+            "name": "starving",
+            "model": {"name": "mlp", "kwargs": {"hidden": []}},
+            "data": {"name": "images", "path": str(tmp_path / "img"), "val_fraction": 0.25},
+            "batch_size": 8,
+            "epochs": 1,
+            "device": "cpu",
+        }
+    )
     api.train(spec, out_dir=tmp_path / "run")
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     warnings = [w for w in record["warnings"] if w.startswith("data loading takes")]

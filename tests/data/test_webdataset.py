@@ -70,16 +70,20 @@ def interleave(parts: list[list]) -> list:
 
 def test_every_training_sample_once_per_epoch_over_ranks_and_loader_workers(shards):
     data = open_data(shards)
-    val = [n for x, _, _ in data.val.batches(0, 0, 7, shuffle=False, drop_last=False)
-           for n in numbers(x)]  # fmt: skip
+    val = [
+        n
+        for x, _, _ in data.val.batches(0, 0, 7, shuffle=False, drop_last=False)
+        for n in numbers(x)
+    ]
     assert len(val) == len(set(val)) == len(data.val) == 20
     assert len(data.train) == 180 and data.train.batches_per_epoch(6, 3) == 10
     for epoch in (0, 1):
         read = []
         for rank in range(3):
             whole = epoch_numbers(data.train, epoch, rank=rank, world=3)
-            parts = [epoch_numbers(data.train, epoch, rank=rank, world=3, part=(w, 2))
-                     for w in range(2)]  # fmt: skip
+            parts = [
+                epoch_numbers(data.train, epoch, rank=rank, world=3, part=(w, 2)) for w in range(2)
+            ]
             assert len(whole) == 10 and interleave(parts) == whole
             read += [n for batch in whole for n in batch]
         assert len(read) == len(set(read)) == 180
@@ -107,8 +111,10 @@ def test_a_resumed_epoch_is_the_tail_of_the_uninterrupted_one_and_rereads_nothin
         assert [numbers(x) for x, _, _ in tail] == full[start:]
         # Only the remaining batches' samples are read: those already consumed are sought over.
         assert sum(io[3].item() for _, _, io in tail) == chunk_bytes * 6 * (len(full) - start)
-        parts = [epoch_numbers(data.train, 1, start=start, rank=rank, world=world, part=(w, 2))
-                 for w in range(2)]  # fmt: skip
+        parts = [
+            epoch_numbers(data.train, 1, start=start, rank=rank, world=world, part=(w, 2))
+            for w in range(2)
+        ]
         assert interleave(parts) == full[start:]
 
 
@@ -175,8 +181,11 @@ def test_validation_shards_are_read_whole_in_file_order(tmp_path):
     val_urls = write_shards(tmp_path, shards=1, prefix="val")
     data = open_data(urls, val_urls=val_urls)
     assert len(data.train) == 100 and len(data.val) == 50
-    val = [n for x, _, _ in data.val.batches(0, 0, 16, shuffle=False, drop_last=False)
-           for n in numbers(x)]  # fmt: skip
+    val = [
+        n
+        for x, _, _ in data.val.batches(0, 0, 16, shuffle=False, drop_last=False)
+        for n in numbers(x)
+    ]
     assert val == list(range(50))
 
 
@@ -226,8 +235,15 @@ def test_a_truncated_shard_is_named(tmp_path, cut):
     keep = {"in a member's data": 3600, "in a header": 4096 + 100}.get(cut, 4096 * 10)
     shard.write_bytes(data[:keep])
     if cut == "at a block boundary":  # a tar cut after a whole sample: only dataset.json can tell
-        listing = [{"file": f"train-{s:06d}.tar", "split": "train", "samples": PER_SHARD,
-                    "bytes": len(data)} for s in range(2)]  # fmt: skip
+        listing = [
+            {
+                "file": f"train-{s:06d}.tar",
+                "split": "train",
+                "samples": PER_SHARD,
+                "bytes": len(data),
+            }
+            for s in range(2)
+        ]
         (tmp_path / "dataset.json").write_text(json.dumps({"shards": listing}))
     with pytest.raises(DataError) as error:
         open_data(urls)
@@ -297,12 +313,18 @@ def test_unknown_classes_say_to_set_num_classes(tmp_path):
 
 
 def train_spec(urls: str, **changes):
-    return parse_spec({
-        "name": "wds", "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
-        "data": {"name": "webdataset", "urls": urls, "num_classes": 4, "shuffle_buffer": 20},
-        "batch_size": 10, "optimizer": {"name": "sgd", "lr": 0.1}, "device": "cpu", "seed": 3,
-        **changes,
-    })  # fmt: skip
+    return parse_spec(
+        {
+            "name": "wds",
+            "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
+            "data": {"name": "webdataset", "urls": urls, "num_classes": 4, "shuffle_buffer": 20},
+            "batch_size": 10,
+            "optimizer": {"name": "sgd", "lr": 0.1},
+            "device": "cpu",
+            "seed": 3,
+            **changes,
+        }
+    )
 
 
 @pytest.mark.slow

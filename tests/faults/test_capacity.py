@@ -89,8 +89,11 @@ def test_the_memory_figure_counts_each_local_replica(monkeypatch):
         return seen[-1]
 
     monkeypatch.setattr(capacity, "host_need", spy)
-    for strategy in ({"name": "single"}, {"name": "ddp", "workers": 3},
-                     {"name": "ps", "workers": 3, "servers": 2}):  # fmt: skip
+    for strategy in (
+        {"name": "single"},
+        {"name": "ddp", "workers": 3},
+        {"name": "ps", "workers": 3, "servers": 2},
+    ):
         capacity.check_run(spec(strategy=strategy), "local", None)
     single, ddp, ps = seen
     model_and_data = single.total_bytes  # this process: no new one
@@ -155,8 +158,11 @@ def test_validate_says_what_would_stop_the_spec_here_and_still_accepts_it(tmp_pa
 
 
 def test_a_sweep_whose_trials_start_too_many_processes_is_refused_before_any(tmp_path):
-    path = write(tmp_path, strategy={"name": "ddp", "workers": 1000},
-                 sweep={"grid": {"optimizer.lr": [0.01, 0.1]}})  # fmt: skip
+    path = write(
+        tmp_path,
+        strategy={"name": "ddp", "workers": 1000},
+        sweep={"grid": {"optimizer.lr": [0.01, 0.1]}},
+    )
     with pytest.raises(UserError, match="1000 processes"):
         api.sweep(path, tmp_path / "sweep")
     assert not (tmp_path / "sweep").exists()

@@ -150,9 +150,11 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line(tmp_path: Path, strategy
     # EFBIG instead (an ignored signal stays ignored across exec, and in spawned workers).
     process = subprocess.Popen(
         [DLSCALE, "train", str(spec), "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         preexec_fn=lambda: signal.signal(signal.SIGXFSZ, signal.SIG_IGN),
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 180
         while not list_checkpoints(out):

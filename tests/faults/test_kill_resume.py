@@ -45,8 +45,11 @@ def train(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
 def kill_once_checkpointed(spec: Path, out: Path, at_step: int) -> int:
     """Start `dlscale train`, SIGKILL it once a checkpoint at `at_step` or later exists (its
     worker processes die with it); the step of the last checkpoint it left."""
-    process = subprocess.Popen([*DLSCALE, str(spec), "--out", str(out)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    process = subprocess.Popen(
+        [*DLSCALE, str(spec), "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 180
     while not any(step >= at_step for step, _ in list_checkpoints(out)):
         assert process.poll() is None, "training ended before it could be killed"

@@ -30,8 +30,12 @@ ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 def train(spec: Path, run_dir: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [DLSCALE, "train", str(spec), "--out", str(run_dir), *extra],
-        capture_output=True, text=True, timeout=300, check=False, env=ENV,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=ENV,
+    )
 
 
 @pytest.mark.slow
@@ -42,8 +46,11 @@ def test_async_training_finishes_without_a_killed_worker(tmp_path: Path, ps_asyn
 
     job = subprocess.Popen(
         [DLSCALE, "train", str(spec), "--out", str(tmp_path / "faulty")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     for line in job.stdout:  # kill a worker mid-training: once 10 of 20 epochs are done
         if line.lstrip().startswith("epoch") and "10/20" in line:
             break
@@ -73,8 +80,11 @@ def test_killed_server_stops_the_job_naming_it_then_resume_finishes(tmp_path: Pa
     run_dir = tmp_path / "run"
     job = subprocess.Popen(
         [DLSCALE, "train", str(spec), "--out", str(run_dir)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     shard = run_dir / "checkpoints" / "ps-shard-0.pt"
     deadline = time.monotonic() + 120
     while not (shard.exists() and _version(shard) > 0):  # a mid-run save, holding updates
@@ -115,12 +125,17 @@ def test_a_silent_worker_is_dropped_by_heartbeat_and_the_job_still_ends(tmp_path
     from tests.conftest import RecordingReporter
 
     monkeypatch.setattr(local, "RESULT_GRACE_S", 2.0)
-    spec = parse_spec({
-        "name": "ps-silent", "model": {"name": "lenet"},
-        "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 8000},
-        "batch_size": 16, "steps": 200, "optimizer": {"name": "sgd", "lr": 0.05},
-        "strategy": {"name": "ps", "mode": "async", "workers": 2, "heartbeat_timeout_s": 2},
-    })  # fmt: skip
+    spec = parse_spec(
+        {
+            "name": "ps-silent",
+            "model": {"name": "lenet"},
+            "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 8000},
+            "batch_size": 16,
+            "steps": 200,
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "strategy": {"name": "ps", "mode": "async", "workers": 2, "heartbeat_timeout_s": 2},
+        }
+    )
     stopped: list[int] = []
     reporter = RecordingReporter()
 
@@ -150,12 +165,18 @@ def test_a_worker_killed_before_the_rendezvous_ends_the_job_naming_it(tmp_path: 
     stops at once, naming it (the defect: 'training continues without it', a 120 s hang, then
     a traceback)."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SERVER_FAULT.replace("workers: 2, servers: 1, checkpoint_every_s: 0.5",
-                                         "workers: 3, servers: 1"))  # fmt: skip
+    spec.write_text(
+        SERVER_FAULT.replace(
+            "workers: 2, servers: 1, checkpoint_every_s: 0.5", "workers: 3, servers: 1"
+        )
+    )
     job = subprocess.Popen(
         [DLSCALE, "train", str(spec), "--out", str(tmp_path / "run")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
     deadline = time.monotonic() + 60
     while len(worker_pids(job.pid)) < 4:  # server 0, workers 0..2 (spawned in rank order)
         assert job.poll() is None, job.stderr.read()
@@ -186,8 +207,11 @@ def test_a_killed_async_job_resumes_from_its_last_shard_save_and_says_which_step
     every = f"checkpoint_every_s: {every_s}, data_plane: gloo"  # gloo: no /dev/shm left behind
     spec.write_text(SERVER_FAULT.replace("checkpoint_every_s: 0.5", every))
     run_dir = tmp_path / "run"
-    job = subprocess.Popen([DLSCALE, "train", str(spec), "--out", str(run_dir)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     shard = run_dir / "checkpoints" / "ps-shard-0.pt"
     deadline = time.monotonic() + 120
     while not (shard.exists() and (every_s > 60 or _version(shard) > 0)):

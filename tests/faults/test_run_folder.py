@@ -53,9 +53,11 @@ def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path: Path):
         processes[name] = subprocess.Popen(
             [DLSCALE, "train", str(spec), "--out", str(out)],
             # stdout unread while the winner trains: a pipe would fill and block it
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
             preexec_fn=default_sigint,  # the winner is stopped with SIGINT
-        )  # fmt: skip
+        )
     try:
         deadline = time.monotonic() + 120
         while all(p.poll() is None for p in processes.values()):

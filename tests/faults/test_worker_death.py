@@ -58,8 +58,11 @@ def test_killed_worker_stops_the_job_then_resume_finishes(tmp_path: Path):
 
     resumed = subprocess.run(
         [DLSCALE, "train", str(spec), "--out", str(run_dir), "--resume"],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming at step {stopped_at}" in " ".join(resumed.stdout.split())
     assert list_checkpoints(run_dir)[-1][0] == 200

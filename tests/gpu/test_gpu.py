@@ -12,6 +12,7 @@ import torch
 from dlscale import api
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
+from tests.small_runs import SGD, base_spec, final_weights
 
 pytestmark = [
     pytest.mark.gpu,
@@ -21,15 +22,14 @@ pytestmark = [
     ),
 ]
 
-BASE = {
-    "name": "gpu",
-    "model": {"name": "lenet"},
-    "data": {"name": "digits", "image_size": 28},
-    "batch_size": 16,
-    "steps": 8,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cuda",
-}
+BASE = base_spec(
+    "gpu",
+    {"name": "digits", "image_size": 28},
+    batch_size=16,
+    steps=8,
+    optimizer=SGD,
+    device="cuda",
+)
 
 
 def strategies() -> dict[str, dict]:
@@ -40,10 +40,9 @@ def strategies() -> dict[str, dict]:
         "ddp": {"name": "ddp", "workers": gpus},
         "ps": {"name": "ps", "mode": "async", "workers": 2},
         "pipeline": {"name": "pipeline", "stages": min(2, gpus), "microbatches": 2},
-        "hybrid": {"name": "hybrid", "stages": 1, "data_parallel": min(2, gpus),
-                   "microbatches": 2},
+        "hybrid": {"name": "hybrid", "stages": 1, "data_parallel": min(2, gpus), "microbatches": 2},
         "tensor": {"name": "tensor", "degree": min(2, gpus)},
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
@@ -77,12 +76,9 @@ def test_pinned_memory_and_loader_workers_feed_the_gpu(tmp_path: Path):
 def test_ddp_on_one_gpu_equals_one_process_on_it(tmp_path: Path):
     """The reference on the GPU too: one NCCL worker's weights equal one process's."""
     api.train(parse_spec(BASE), out_dir=tmp_path / "single")
-    api.train(parse_spec({**BASE, "strategy": {"name": "ddp", "workers": 1}}),
-              out_dir=tmp_path / "ddp")  # fmt: skip
-    one, other = (
-        torch.load(sorted((tmp_path / name / "checkpoints").glob("step-*.pt"))[-1],
-                   weights_only=True)["model"]
-        for name in ("single", "ddp")
-    )  # fmt: skip
+    api.train(
+        parse_spec({**BASE, "strategy": {"name": "ddp", "workers": 1}}), out_dir=tmp_path / "ddp"
+    )
+    one, other = (final_weights(tmp_path / name) for name in ("single", "ddp"))
     for name, value in one.items():
         assert torch.allclose(other[name], value, rtol=1e-4, atol=1e-6), name

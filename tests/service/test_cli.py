@@ -88,9 +88,14 @@ def finished(server, alice, tmp_path_factory) -> str:
     np.savez(folder / "d.npz", x=rng.normal(size=(96, 8)).astype(np.float32), y=np.arange(96) % 3)
     (folder / "spec.yaml").write_text(SPEC)
     submitted = cli(
-        "remote", "submit", folder / "spec.yaml", "--file", folder / "d.npz",
-        token=alice, server=server,
-    )  # fmt: skip
+        "remote",
+        "submit",
+        folder / "spec.yaml",
+        "--file",
+        folder / "d.npz",
+        token=alice,
+        server=server,
+    )
     assert submitted.exit_code == 0, submitted.output
     job_id = last_line(submitted)
     assert job_id.isalnum() and job_id in {
@@ -129,12 +134,30 @@ def test_remote_artifacts_lists_run_json_and_downloads_it_checked(
     reference = server.data_dir / "jobs" / finished / "run" / "run.json"
     assert sha256 == hashlib.sha256(reference.read_bytes()).hexdigest()
     out = tmp_path / "run.json"
-    fetched = cli("remote", "artifacts", finished, "--download", artifact_id, "--out", out,
-                  token=alice, server=server)  # fmt: skip
+    fetched = cli(
+        "remote",
+        "artifacts",
+        finished,
+        "--download",
+        artifact_id,
+        "--out",
+        out,
+        token=alice,
+        server=server,
+    )
     assert fetched.exit_code == 0, fetched.output
     assert out.read_bytes() == reference.read_bytes()
-    again = cli("remote", "artifacts", finished, "--download", artifact_id, "--out", out,
-                token=alice, server=server)  # fmt: skip
+    again = cli(
+        "remote",
+        "artifacts",
+        finished,
+        "--download",
+        artifact_id,
+        "--out",
+        out,
+        token=alice,
+        server=server,
+    )
     assert again.exit_code == 2 and "--force" in error_line(again)
 
 
@@ -174,8 +197,9 @@ def test_a_read_token_cannot_submit_and_a_bad_spec_or_token_gets_one_line(server
     spec.write_text(SPEC)  # the data file it names was not sent
     unsent = cli("remote", "submit", spec, token=alice, server=server)
     assert unsent.exit_code == 2 and "d.npz" in error_line(unsent)
-    forged = cli("remote", "status", "feedfacefeedface", token="dls_00000000_" + "a" * 43,
-                 server=server)  # fmt: skip
+    forged = cli(
+        "remote", "status", "feedfacefeedface", token="dls_00000000_" + "a" * 43, server=server
+    )
     assert forged.exit_code == 1
     assert error_line(forged) == "error: not signed in: bad or expired DLSCALE_TOKEN"
 
@@ -184,8 +208,18 @@ def test_dlscale_serve_runs_the_service_and_refuses_a_public_address(tmp_path):
     refused = cli("serve", "--host", "0.0.0.0", "--data-dir", tmp_path / "d")
     assert refused.exit_code == 2 and "--allow-remote" in error_line(refused)
     port = free_port()
-    command = [sys.executable, "-m", "dlscale.cli.main", "serve", "--port", str(port),
-               "--data-dir", str(tmp_path / "data"), "--cpu-slots", "1"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "dlscale.cli.main",
+        "serve",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--cpu-slots",
+        "1",
+    ]
     process = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint
     )
@@ -240,8 +274,17 @@ def test_remote_artifacts_out_a_new_folder_writes_into_it(server, alice, finishe
     listed = cli("remote", "artifacts", finished, "--json", token=alice, server=server)
     row = next(a for a in json.loads(listed.stdout) if a["name"] == "run/run.json")
     folder = tmp_path / "fetched"
-    fetched = cli("remote", "artifacts", finished, "--download", row["id"], "--out", f"{folder}/",
-                  token=alice, server=server)  # fmt: skip
+    fetched = cli(
+        "remote",
+        "artifacts",
+        finished,
+        "--download",
+        row["id"],
+        "--out",
+        f"{folder}/",
+        token=alice,
+        server=server,
+    )
     assert fetched.exit_code == 0, fetched.output
     assert (folder / "run.json").is_file() and not (tmp_path / "fetched.json").exists()
 
@@ -273,8 +316,19 @@ def test_remote_delete_removes_a_job_and_admin_verbs_change_people(server, alice
     assert gone.exit_code == 0 and "no longer a member" in gone.stdout
     again = cli("serve", "admin", "remove-member", "lab", "carl", *where)
     assert again.exit_code == 2 and "not a member" in error_line(again)
-    changed = cli("serve", "admin", "set-tenant", "lab", "--weight", "2", "--cpu-slots", "none",
-                  "--max-queued-jobs", "50", *where)  # fmt: skip
+    changed = cli(
+        "serve",
+        "admin",
+        "set-tenant",
+        "lab",
+        "--weight",
+        "2",
+        "--cpu-slots",
+        "none",
+        "--max-queued-jobs",
+        "50",
+        *where,
+    )
     assert changed.exit_code == 0 and "weight 2" in changed.stdout, changed.output
     tenants = cli("serve", "admin", "tenants", *where).stdout
     assert "lab: weight 2; max queued jobs 50; storage" in tenants, tenants

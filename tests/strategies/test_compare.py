@@ -19,17 +19,17 @@ from dlscale.bench.output import write_outputs
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.jobspec import DdpStrategy, PsStrategy, SingleStrategy, parse_spec
+from tests.small_runs import SGD, base_spec, synthetic_images
 
-BASE = {
-    "name": "compare-tiny",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 400},
-    "batch_size": 16,
-    "epochs": 5,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 0,
-}
+BASE = base_spec(
+    "compare-tiny",
+    synthetic_images(400),
+    batch_size=16,
+    epochs=5,
+    optimizer=SGD,
+    device="cpu",
+    seed=0,
+)
 
 
 def write_spec(folder: Path, **changes) -> Path:
@@ -83,8 +83,13 @@ def test_pipeline_and_hybrid_take_the_workers_as_processes():
     assert (pipeline.name, pipeline.stages, pipeline.microbatches) == ("pipeline", 3, 4)
     hybrid = compare_spec(parse_spec(BASE), "hybrid", 4, None).strategy
     assert (hybrid.name, hybrid.stages, hybrid.data_parallel) == ("hybrid", 2, 2)
-    own = parse_spec({**BASE, "batch_size": 6, "strategy": {
-        "name": "pipeline", "stages": 3, "schedule": "1f1b", "microbatches": 3}})  # fmt: skip
+    own = parse_spec(
+        {
+            **BASE,
+            "batch_size": 6,
+            "strategy": {"name": "pipeline", "stages": 3, "schedule": "1f1b", "microbatches": 3},
+        }
+    )
     kept = compare_spec(own, "hybrid", 6, None).strategy
     assert (kept.stages, kept.data_parallel, kept.schedule, kept.microbatches) == (3, 2, "1f1b", 3)
     assert (
@@ -187,8 +192,10 @@ def test_the_target_and_the_table_come_from_the_curves_the_plot_draws():
     every row said 'not reached' while the plot showed the curves crossing the target."""
     assembled = record([0.7, 0.9], 5.0, ps=True)
     assembled["final"]["val_accuracy"] = 0.99  # not a point of its curve
-    rows = [compare_row("async", assembled, "out/async"),
-            compare_row("ddp", record([0.6, 0.88], 9.0), "out/ddp")]  # fmt: skip
+    rows = [
+        compare_row("async", assembled, "out/async"),
+        compare_row("ddp", record([0.6, 0.88], 9.0), "out/ddp"),
+    ]
     result = compare_result(parse_spec(BASE), "spec.yaml", rows, 2, 2, "local")
     for row in result["rows"]:
         assert row["val_accuracy"] == result["curves"][row["strategy"]][-1]["val_accuracy"]

@@ -5,7 +5,6 @@ import socket
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from dlscale import api
@@ -13,21 +12,9 @@ from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
 from tests.conftest import EXAMPLES
+from tests.small_runs import SGD, base_spec, final_weights, synthetic_images
 
-BASE = {
-    "name": "ddp-eq",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
-    "steps": 12,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 3,
-}
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    (checkpoint,) = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1:]
-    return torch.load(checkpoint, weights_only=True)["model"]
+BASE = base_spec("ddp-eq", synthetic_images(800), steps=12, optimizer=SGD, device="cpu", seed=3)
 
 
 @pytest.mark.slow
@@ -90,8 +77,9 @@ def test_scale_runs_each_worker_count_and_plots(tmp_path: Path, monkeypatch):
 
     monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))  # the entry stays this test's
     link = {"bytes_per_s": 1e9, "latency_s": 5e-4, "fit_max_error": 0.1}
-    save_local(replace(get_hardware("i7-7700k"), name="local",
-                       measured={"threads": 1, "link": link}))  # fmt: skip
+    save_local(
+        replace(get_hardware("i7-7700k"), name="local", measured={"threads": 1, "link": link})
+    )
     args = ["scale", str(EXAMPLES / "mlp-digits.yaml"), "--workers", "1,2", "--steps", "10"]
     result = CliRunner().invoke(app, [*args, "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output

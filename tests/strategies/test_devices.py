@@ -9,15 +9,9 @@ import torch
 from dlscale import api
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
+from tests.small_runs import SGD, base_spec, synthetic_images
 
-BASE = {
-    "name": "devices",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 600},
-    "batch_size": 8,
-    "steps": 8,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-}
+BASE = base_spec("devices", synthetic_images(600), batch_size=8, steps=8, optimizer=SGD)
 STRATEGIES = {
     "single": {"name": "single"},
     "ddp": {"name": "ddp", "workers": 2},
@@ -45,8 +39,7 @@ def test_cuda_on_a_machine_without_a_gpu_is_one_line_before_anything_starts(
 @pytest.mark.parametrize("kind", ["ps", "pipeline", "hybrid"])
 def test_bf16_trains_every_strategy_on_the_cpu(tmp_path: Path, kind: str):
     """Refused before the one loop (`require_cpu_fp32`); now autocast reaches them all."""
-    spec = parse_spec({**BASE, "device": "cpu", "precision": "bf16",
-                       "strategy": STRATEGIES[kind]})  # fmt: skip
+    spec = parse_spec({**BASE, "device": "cpu", "precision": "bf16", "strategy": STRATEGIES[kind]})
     record = api.train(spec, out_dir=tmp_path)
     assert record["status"] == "completed" and record["spec"]["precision"] == "bf16"
     assert math.isfinite(record["epochs"][-1]["train_loss"])

@@ -13,29 +13,24 @@ from dlscale.models import build_model, count_parameters
 from dlscale.profiler.pipeline_split import candidate_names, in_flight, partition, plan_split
 from dlscale.profiler.trace import trace_step
 from dlscale.strategies.pipeline.plan import predicted_bubble
+from tests.small_runs import SGD, base_spec, final_weights, synthetic_images
 
-LENET = {
-    "name": "pp-lenet",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 5,
-}
+LENET = base_spec("pp-lenet", synthetic_images(800), optimizer=SGD, device="cpu", seed=5)
 GPT = {
     "name": "pp-gpt",
     "model": {"name": "gpt", "kwargs": {"n_layer": 2, "d_model": 32, "n_head": 2}},
-    "data": {"name": "synthetic", "kind": "tokens", "task": "language_modeling",
-             "seq_len": 16, "vocab_size": 32, "num_samples": 400},
+    "data": {
+        "name": "synthetic",
+        "kind": "tokens",
+        "task": "language_modeling",
+        "seq_len": 16,
+        "vocab_size": 32,
+        "num_samples": 400,
+    },
     "optimizer": {"name": "sgd", "lr": 0.1},
     "device": "cpu",
     "seed": 5,
-}  # fmt: skip
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-    return torch.load(checkpoint, weights_only=True)["model"]
+}
 
 
 def assert_same_weights(reference: Path, other: Path) -> None:
@@ -54,9 +49,13 @@ def assert_same_weights(reference: Path, other: Path) -> None:
 
 def lenet_trace(batch: int = 4):
     return trace_step(
-        lambda: build_model("lenet", {}), torch.zeros(1, 28, 28), batch, "fp32",
-        torch.optim.SGD, "sgd",
-    )  # fmt: skip
+        lambda: build_model("lenet", {}),
+        torch.zeros(1, 28, 28),
+        batch,
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+    )
 
 
 def test_partition_minimises_the_costliest_stage():
@@ -76,8 +75,16 @@ def test_microbatches_in_flight_follow_the_schedule():
 
 def test_candidates_open_up_sequences():
     names = candidate_names(build_model("gpt", {"n_layer": 3}))
-    assert names == ["tok_emb", "pos_emb", "drop", "blocks.0", "blocks.1", "blocks.2", "ln_f",
-                     "lm_head"]  # fmt: skip
+    assert names == [
+        "tok_emb",
+        "pos_emb",
+        "drop",
+        "blocks.0",
+        "blocks.1",
+        "blocks.2",
+        "ln_f",
+        "lm_head",
+    ]
 
 
 def test_split_plan_balances_and_accounts_every_parameter():
@@ -89,8 +96,13 @@ def test_split_plan_balances_and_accounts_every_parameter():
     flops = [stage.flops for stage in plan.stages]
     assert max(flops) < sum(flops)  # both stages do work
     given = plan_split(model, lenet_trace(), 2, "gpipe", 4, split=["fc1"])
-    assert given.balanced_by == "given" and given.stages[1].units == ["fc1", "relu3", "fc2",
-                                                                      "relu4", "fc3"]  # fmt: skip
+    assert given.balanced_by == "given" and given.stages[1].units == [
+        "fc1",
+        "relu3",
+        "fc2",
+        "relu4",
+        "fc3",
+    ]
 
 
 def test_bad_splits_are_one_line():
@@ -100,8 +112,13 @@ def test_bad_splits_are_one_line():
     with pytest.raises(UserError, match="more than the model's 12 splittable layers"):
         plan_split(model, lenet_trace(), 13, "gpipe", 4)
     with pytest.raises(UserError, match=r"split lists the modules that begin stages 2\.\.3"):
-        parse_spec({**LENET, "batch_size": 8,
-                    "strategy": {"name": "pipeline", "stages": 3, "split": ["fc1"]}})  # fmt: skip
+        parse_spec(
+            {
+                **LENET,
+                "batch_size": 8,
+                "strategy": {"name": "pipeline", "stages": 3, "split": ["fc1"]},
+            }
+        )
 
 
 def test_a_memory_cap_refuses_one_worker_and_names_the_split_that_fits():
@@ -119,8 +136,14 @@ def test_a_memory_cap_refuses_one_worker_and_names_the_split_that_fits():
 def test_pipeline_weights_equal_one_process(tmp_path: Path, base: dict, schedule: str):
     """k steps through two stages (4 microbatches) leave the weights one process would have."""
     single = parse_spec({**base, "batch_size": 16, "steps": 6})
-    piped = parse_spec({**base, "batch_size": 16, "steps": 6, "strategy": {
-        "name": "pipeline", "stages": 2, "microbatches": 4, "schedule": schedule}})  # fmt: skip
+    piped = parse_spec(
+        {
+            **base,
+            "batch_size": 16,
+            "steps": 6,
+            "strategy": {"name": "pipeline", "stages": 2, "microbatches": 4, "schedule": schedule},
+        }
+    )
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(piped, out_dir=tmp_path / "pipe")
     assert_same_weights(tmp_path / "single", tmp_path / "pipe")
@@ -135,8 +158,14 @@ def test_pipeline_weights_equal_one_process(tmp_path: Path, base: dict, schedule
 @pytest.mark.slow
 def test_hybrid_two_by_two_equals_one_process_at_twice_the_batch(tmp_path: Path):
     single = parse_spec({**LENET, "batch_size": 16, "steps": 5})
-    hybrid = parse_spec({**LENET, "batch_size": 8, "steps": 5, "strategy": {
-        "name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2}})  # fmt: skip
+    hybrid = parse_spec(
+        {
+            **LENET,
+            "batch_size": 8,
+            "steps": 5,
+            "strategy": {"name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2},
+        }
+    )
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(hybrid, out_dir=tmp_path / "hybrid")
     assert_same_weights(tmp_path / "single", tmp_path / "hybrid")
@@ -149,12 +178,10 @@ def test_a_model_refused_on_one_worker_trains_when_split(tmp_path: Path):
     model = build_model("lenet", {})
     whole = plan_split(model, lenet_trace(8), 1, "gpipe", 2).stages[0].memory_bytes
     strategy = {"name": "pipeline", "microbatches": 2, "max_memory_per_worker": int(whole * 0.7)}
-    one = parse_spec({**LENET, "batch_size": 16, "steps": 4,
-                      "strategy": {**strategy, "stages": 1}})  # fmt: skip
+    one = parse_spec({**LENET, "batch_size": 16, "steps": 4, "strategy": {**strategy, "stages": 1}})
     with pytest.raises(UserError, match="a split into 2 stages fits"):
         api.train(one, out_dir=tmp_path / "one")
-    two = parse_spec({**LENET, "batch_size": 16, "steps": 4,
-                      "strategy": {**strategy, "stages": 2}})  # fmt: skip
+    two = parse_spec({**LENET, "batch_size": 16, "steps": 4, "strategy": {**strategy, "stages": 2}})
     record = api.train(two, out_dir=tmp_path / "two")
     assert record["status"] == "completed"
     assert record["pipeline"]["balanced_by"] in ("time", "flops", "memory")
@@ -185,8 +212,12 @@ def test_examples_train_and_print_their_split(tmp_path: Path, example: str, mini
 def alexnet_trace(batch: int = 2):
     return trace_step(
         lambda: build_model("alexnet", {"num_classes": 10, "in_channels": 1}),
-        torch.zeros(1, 64, 64), batch, "fp32", torch.optim.SGD, "sgd",
-    )  # fmt: skip
+        torch.zeros(1, 64, 64),
+        batch,
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+    )
 
 
 def test_a_stage_never_begins_at_an_in_place_op():
@@ -221,9 +252,15 @@ def test_a_model_with_in_place_activations_trains_in_stages(tmp_path: Path, monk
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    spec = parse_spec({**LENET, "model": {"name": "inplace_models:mlp"}, "batch_size": 8,
-                       "steps": 3, "strategy": {"name": "pipeline", "stages": 3,
-                                                "microbatches": 2}})  # fmt: skip
+    spec = parse_spec(
+        {
+            **LENET,
+            "model": {"name": "inplace_models:mlp"},
+            "batch_size": 8,
+            "steps": 3,
+            "strategy": {"name": "pipeline", "stages": 3, "microbatches": 2},
+        }
+    )
     record = api.train(spec, out_dir=tmp_path / "run")
     assert record["status"] == "completed" and record["final"]["step"] == 3
     assert not {"2", "4"} & set(record["pipeline"]["split"])  # the in-place ReLUs
@@ -237,10 +274,15 @@ def test_the_pipeline_evaluates_its_model_in_eval_mode(tmp_path: Path):
     from dlscale.data import build_data
     from dlscale.train.score import evaluate
 
-    base = {**GPT, "model": {"name": "gpt", "kwargs": {**GPT["model"]["kwargs"],
-                                                      "dropout": 0.5}}}  # fmt: skip
-    spec = parse_spec({**base, "batch_size": 16, "steps": 6, "strategy": {
-        "name": "pipeline", "stages": 2, "microbatches": 2}})  # fmt: skip
+    base = {**GPT, "model": {"name": "gpt", "kwargs": {**GPT["model"]["kwargs"], "dropout": 0.5}}}
+    spec = parse_spec(
+        {
+            **base,
+            "batch_size": 16,
+            "steps": 6,
+            "strategy": {"name": "pipeline", "stages": 2, "microbatches": 2},
+        }
+    )
     record = api.train(spec, out_dir=tmp_path)
     data = build_data(spec.data, spec.seed)
     model = build_model("gpt", spec.model.kwargs, data.model_defaults())

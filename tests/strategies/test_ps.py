@@ -5,7 +5,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from dlscale import api
@@ -17,20 +16,9 @@ from dlscale.strategies.ps import wire
 from dlscale.strategies.ps.layout import shard_parameters
 from dlscale.strategies.ps.wire import SHM_DIR, choose_data_plane
 from tests.conftest import EXAMPLES
+from tests.small_runs import SGD, base_spec, final_weights, synthetic_images
 
-BASE = {
-    "name": "ps-eq",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 800},
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-    "seed": 3,
-}
-
-
-def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
-    checkpoint = sorted((run_dir / "checkpoints").glob("step-*.pt"))[-1]
-    return torch.load(checkpoint, weights_only=True)["model"]
+BASE = base_spec("ps-eq", synthetic_images(800), optimizer=SGD, device="cpu", seed=3)
 
 
 def ps_spec(mode: str, **strategy) -> dict:
@@ -61,12 +49,23 @@ def test_processes_are_named_by_role_in_errors():
 
 def test_ps_spec_is_validated_and_unused_settings_warned():
     with pytest.raises(UserError, match=r"straggler\.worker 3 does not exist"):
-        parse_spec({**BASE, "batch_size": 8, "strategy": {
-            "name": "ps", "workers": 3, "straggler": {"worker": 3, "factor": 2}}})  # fmt: skip
+        parse_spec(
+            {
+                **BASE,
+                "batch_size": 8,
+                "strategy": {"name": "ps", "workers": 3, "straggler": {"worker": 3, "factor": 2}},
+            }
+        )
     spec = parse_spec({**BASE, "batch_size": 8, "strategy": ps_spec("async", local_steps=4)})
     assert "strategy.local_steps is ignored by ps mode 'async'" in spec.warnings()
-    spec = parse_spec({**BASE, "batch_size": 8, "optimizer": {"name": "adagrad", "lr": 0.01},
-                       "strategy": ps_spec("downpour", n_fetch=2)})  # fmt: skip
+    spec = parse_spec(
+        {
+            **BASE,
+            "batch_size": 8,
+            "optimizer": {"name": "adagrad", "lr": 0.01},
+            "strategy": ps_spec("downpour", n_fetch=2),
+        }
+    )
     assert spec.strategy.n_fetch == 2 and spec.warnings() == []
 
 
@@ -95,9 +94,14 @@ def test_averaging_one_local_step_equals_one_process_at_n_times_b(tmp_path: Path
     on the union of their batches. Two servers, so the shards are reassembled too; on both data
     planes, and the shared buffers leave nothing behind in /dev/shm."""
     single = parse_spec({**BASE, "batch_size": 16, "steps": 12})
-    ps = parse_spec({**BASE, "batch_size": 8, "steps": 12,
-                     "strategy": ps_spec("averaging", workers=2, servers=2,
-                                         data_plane=plane)})  # fmt: skip
+    ps = parse_spec(
+        {
+            **BASE,
+            "batch_size": 8,
+            "steps": 12,
+            "strategy": ps_spec("averaging", workers=2, servers=2, data_plane=plane),
+        }
+    )
     api.train(single, out_dir=tmp_path / "single")
     before = shm_files()
     record = api.train(ps, out_dir=tmp_path / "ps")
@@ -144,9 +148,17 @@ def test_digits_examples_reach_93_percent(tmp_path: Path, mode: str, request):
 
 
 def straggler_run(tmp_path: Path, name: str, mode: str, **strategy) -> dict:
-    spec = parse_spec({**BASE, "name": name, "batch_size": 16, "steps": 40,
-                       "strategy": ps_spec(mode, workers=2, **strategy,
-                                           straggler={"worker": 1, "factor": 4.0})})  # fmt: skip
+    spec = parse_spec(
+        {
+            **BASE,
+            "name": name,
+            "batch_size": 16,
+            "steps": 40,
+            "strategy": ps_spec(
+                mode, workers=2, **strategy, straggler={"worker": 1, "factor": 4.0}
+            ),
+        }
+    )
     return api.train(spec, out_dir=tmp_path / name)["ps"]
 
 
@@ -171,8 +183,9 @@ def test_one_async_worker_equals_one_process(tmp_path: Path):
     """DESIGN's invariant: with one worker nothing is stale, and the server's SGD step on each
     pushed gradient is the step one process takes."""
     single = parse_spec({**BASE, "batch_size": 16, "steps": 12})
-    ps = parse_spec({**BASE, "batch_size": 16, "steps": 12,
-                     "strategy": ps_spec("async", workers=1)})  # fmt: skip
+    ps = parse_spec(
+        {**BASE, "batch_size": 16, "steps": 12, "strategy": ps_spec("async", workers=1)}
+    )
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(ps, out_dir=tmp_path / "ps")
     assert record["ps"]["staleness_histogram"] == {"0": 12}
@@ -183,8 +196,14 @@ def test_one_async_worker_equals_one_process(tmp_path: Path):
 
 
 def test_more_servers_than_tensors_is_one_line(tmp_path: Path):
-    spec = parse_spec({**BASE, "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
-                       "batch_size": 8, "steps": 2,
-                       "strategy": ps_spec("async", servers=5)})  # fmt: skip
+    spec = parse_spec(
+        {
+            **BASE,
+            "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
+            "batch_size": 8,
+            "steps": 2,
+            "strategy": ps_spec("async", servers=5),
+        }
+    )
     with pytest.raises(UserError, match=r"strategy\.servers 5 is more than"):
         api.train(spec, out_dir=tmp_path)

@@ -55,11 +55,20 @@ def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
     from ray.cluster_utils import Cluster
 
     strategy = {"name": "hybrid", "data_parallel": 2, "stages": 2, "microbatches": 2}
-    spec = parse_spec({**SPEC, "name": "ray-hybrid", "epochs": None, "steps": 6,
-                       "optimizer": {"name": "sgd", "lr": 0.05}, "strategy": strategy})  # fmt: skip
+    spec = parse_spec(
+        {
+            **SPEC,
+            "name": "ray-hybrid",
+            "epochs": None,
+            "steps": 6,
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "strategy": strategy,
+        }
+    )
     local = api.train(spec, out_dir=tmp_path / "local")
-    four = Cluster(initialize_head=True,
-                   head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1"})  # fmt: skip
+    four = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1"}
+    )
     four.add_node(num_cpus=2, node_ip_address="127.0.0.1")
     try:
         placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=four.address)
@@ -90,11 +99,18 @@ def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
     cluster has one CPU a node), the tensors over gloo point-to-point between the nodes, as
     between two hosts; the local run shares memory instead. Same numbers either way."""
     strategy = {"name": "ps", "mode": "async", "workers": 1}
-    spec = parse_spec({**SPEC, "name": "ray-ps", "optimizer": {"name": "sgd", "lr": 0.05},
-                       "strategy": strategy})  # fmt: skip
+    spec = parse_spec(
+        {**SPEC, "name": "ray-ps", "optimizer": {"name": "sgd", "lr": 0.05}, "strategy": strategy}
+    )
     local = api.train(spec, out_dir=tmp_path / "local")
-    spec = parse_spec({**SPEC, "name": "ray-ps", "optimizer": {"name": "sgd", "lr": 0.05},
-                       "strategy": {**strategy, "data_plane": "gloo"}})  # fmt: skip
+    spec = parse_spec(
+        {
+            **SPEC,
+            "name": "ray-ps",
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "strategy": {**strategy, "data_plane": "gloo"},
+        }
+    )
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
     assert (local["ps"]["data_plane"], placed["ps"]["data_plane"]) == ("shm", "gloo")
     assert placed["status"] == "completed" and placed["ps"]["updates"] == local["ps"]["updates"]
@@ -109,8 +125,16 @@ def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
     """Stage 1 on one node, stage 2 on the other: activations and gradients cross between
     them, and the weights are those of the same pipeline run as local processes."""
     strategy = {"name": "pipeline", "stages": 2, "microbatches": 4}
-    spec = parse_spec({**SPEC, "name": "ray-pipeline", "epochs": None, "steps": 8,
-                       "optimizer": {"name": "sgd", "lr": 0.05}, "strategy": strategy})  # fmt: skip
+    spec = parse_spec(
+        {
+            **SPEC,
+            "name": "ray-pipeline",
+            "epochs": None,
+            "steps": 8,
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "strategy": strategy,
+        }
+    )
     local = api.train(spec, out_dir=tmp_path / "local")
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
     assert placed["status"] == "completed"
@@ -130,8 +154,15 @@ def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path)
         "val_urls": str(tmp_path / "shards" / "val-*.tar"),
         "shuffle_buffer": 200,
     }
-    spec = parse_spec({**SPEC, "name": "ray-shards", "model": {"name": "mlp"}, "data": data,
-                       "optimizer": {"name": "sgd", "lr": 0.05}})  # fmt: skip
+    spec = parse_spec(
+        {
+            **SPEC,
+            "name": "ray-shards",
+            "model": {"name": "mlp"},
+            "data": data,
+            "optimizer": {"name": "sgd", "lr": 0.05},
+        }
+    )
     local = api.train(spec, out_dir=tmp_path / "local")
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
     assert placed["status"] == "completed" and placed["data"]["streamed"] is True
@@ -161,9 +192,15 @@ def test_sweep_trials_as_ray_tasks_on_two_nodes(cluster, tmp_path: Path):
     actors (the third trial runs on one of the first two's); a failing one recorded."""
     import yaml
 
-    spec = {"name": "ray-sweep", "model": {"name": "mlp", "kwargs": {"hidden": 32}},
-            "data": {"name": "digits"}, "batch_size": 64, "epochs": 2, "device": "cpu",
-            "sweep": {"grid": {"batch_size": [32, 64, 16, 5000]}}}  # fmt: skip
+    spec = {
+        "name": "ray-sweep",
+        "model": {"name": "mlp", "kwargs": {"hidden": 32}},
+        "data": {"name": "digits"},
+        "batch_size": 64,
+        "epochs": 2,
+        "device": "cpu",
+        "sweep": {"grid": {"batch_size": [32, 64, 16, 5000]}},
+    }
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     result = api.sweep(path, tmp_path / "out", cluster="ray", address=cluster.address)

@@ -46,8 +46,7 @@ STOP_GRACE_S = 3.0  # SIGTERM, then SIGKILL: a teardown that always ends, soon
 
 def clean_env(home: Path, **extra: str) -> dict[str, str]:
     """This environment with HOME replaced and no Ray token, mode or address of the caller's."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RAY_AUTH_", "RAY_ADDRESS"))}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH_", "RAY_ADDRESS"))}
     return {**env, "HOME": str(home), **extra}
 
 
@@ -86,15 +85,36 @@ def head():
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text(secrets.token_hex(32))
     port = free_port()
-    command = [BIN / "ray", "start", "--head", "--node-ip-address", "127.0.0.1",
-               "--port", str(port), "--num-cpus", "2", "--object-store-memory", str(150 << 20),
-               "--dashboard-port", str(free_port()),
-               "--dashboard-agent-listen-port", str(free_port()),
-               "--temp-dir", str(root / "ray"), "--disable-usage-stats"]  # fmt: skip
+    command = [
+        BIN / "ray",
+        "start",
+        "--head",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--object-store-memory",
+        str(150 << 20),
+        "--dashboard-port",
+        str(free_port()),
+        "--dashboard-agent-listen-port",
+        str(free_port()),
+        "--temp-dir",
+        str(root / "ray"),
+        "--disable-usage-stats",
+    ]
     # Its own process group: `ray start` returns, its daemons stay in the group, and the
     # teardown stops exactly them.
-    started = subprocess.Popen(command, env=clean_env(home), start_new_session=True, text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    started = subprocess.Popen(
+        command,
+        env=clean_env(home),
+        start_new_session=True,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
         said, _ = started.communicate(timeout=180)
         assert started.returncode == 0, said
@@ -108,10 +128,25 @@ def head():
 def train(head: dict, out: Path, home: Path, **env: str) -> subprocess.CompletedProcess:
     spec = out.parent / "spec.yaml"
     spec.write_text(yaml.safe_dump(SPEC))
-    command = [BIN / "dlscale", "train", spec, "--out", out,
-               "--cluster", "ray", "--address", head["address"]]  # fmt: skip
-    return subprocess.run(command, env=clean_env(home, **env), capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    command = [
+        BIN / "dlscale",
+        "train",
+        spec,
+        "--out",
+        out,
+        "--cluster",
+        "ray",
+        "--address",
+        head["address"],
+    ]
+    return subprocess.run(
+        command,
+        env=clean_env(home, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -177,12 +212,14 @@ def test_joining_turns_token_mode_on_only_while_connected(head, driver, monkeypa
     [
         ({}, "requires an authentication token and none was found here: copy the head's"),
         ({"RAY_AUTH_TOKEN": "wrong"}, "rejected the authentication token from RAY_AUTH_TOKEN:"),
-        ({"RAY_AUTH_TOKEN_PATH": "/nonexistent/token"},
-         "cannot read the Ray authentication token: RAY_AUTH_TOKEN_PATH is set but"),
+        (
+            {"RAY_AUTH_TOKEN_PATH": "/nonexistent/token"},
+            "cannot read the Ray authentication token: RAY_AUTH_TOKEN_PATH is set but",
+        ),
         ({"RAY_AUTH_MODE": "disabled"}, "RAY_AUTH_MODE=disabled here turns tokens off"),
     ],
     ids=["missing", "wrong-env", "unreadable-path", "mode-disabled"],
-)  # fmt: skip
+)
 def test_each_token_problem_is_named(head, driver, monkeypatch, env, says):
     for name, value in env.items():
         monkeypatch.setenv(name, value)

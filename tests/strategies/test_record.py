@@ -12,16 +12,11 @@ from dlscale import api
 from dlscale.jobspec import STRATEGY_KINDS, parse_spec
 from dlscale.train.record import RunRecord
 from tests.conftest import RecordingReporter
+from tests.small_runs import SGD, base_spec, synthetic_images
 
-BASE = {
-    "name": "record",
-    "model": {"name": "lenet"},
-    "data": {"name": "synthetic", "shape": [1, 28, 28], "num_samples": 600},
-    "batch_size": 8,
-    "steps": 12,
-    "optimizer": {"name": "sgd", "lr": 0.05},
-    "device": "cpu",
-}
+BASE = base_spec(
+    "record", synthetic_images(600), batch_size=8, steps=12, optimizer=SGD, device="cpu"
+)
 # Every strategy as `compare` runs it (its section's defaults: two workers, stages or shards),
 # the ps modes each by name.
 VARIANTS = {name: s for kind in STRATEGY_KINDS for name, s in kind.variants().items()}

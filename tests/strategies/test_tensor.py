@@ -28,8 +28,7 @@ MLP = {
 def plan_of(name: str, kwargs: dict, example: torch.Tensor, degree: int = 2, asked="auto"):
     model = build_model(name, kwargs)
     flow = record_flow(model, example)
-    return make_plan(flow, degree, asked, count_parameters(model),
-                     getattr(model, "tp_plan", None))  # fmt: skip
+    return make_plan(flow, degree, asked, count_parameters(model), getattr(model, "tp_plan", None))
 
 
 def train(tmp_path: Path, base: dict, name: str, strategy: dict, batch: int, steps: int) -> Path:
@@ -59,7 +58,7 @@ def test_auto_splits_attention_by_heads_and_the_mlp_megatron_style():
         "blocks.0.attn.proj": "rowwise",
         "blocks.0.mlp.fc": "colwise",
         "blocks.0.mlp.proj": "rowwise",
-    }  # fmt: skip  (lm_head shares the embedding's weight: whole)
+    }  # lm_head shares the embedding's weight: whole
     comm = plan.comm_per_step(2)
     # Forward: one all-reduce per pair; backward: the input gradient of q, k, v and fc.
     assert comm["all_reduce"]["count"] == 2 + 4
@@ -68,8 +67,12 @@ def test_auto_splits_attention_by_heads_and_the_mlp_megatron_style():
 
 def test_auto_splits_convolutions_by_output_channels():
     plan = plan_of("lenet", {}, torch.zeros(1, 1, 28, 28))
-    assert plan.styles == {"conv1": "colwise_gather", "conv2": "colwise_gather",
-                           "fc1": "colwise", "fc2": "rowwise"}  # fmt: skip
+    assert plan.styles == {
+        "conv1": "colwise_gather",
+        "conv2": "colwise_gather",
+        "fc1": "colwise",
+        "fc2": "rowwise",
+    }
 
 
 def test_alexnet_2gpu_has_the_papers_layers_and_its_columns_plan():
@@ -124,8 +127,7 @@ def test_tensor_parallel_equals_one_process(tmp_path: Path, base: dict, batch: i
 @pytest.mark.slow
 def test_tensor_by_data_parallel_on_a_2d_mesh_equals_one_process_on_the_global_batch(tmp_path):
     single = train(tmp_path, MLP, "single", {"name": "single"}, 32, 4)
-    grid = train(tmp_path, MLP, "grid", {"name": "tensor", "degree": 2, "data_parallel": 2},
-                 16, 4)  # fmt: skip
+    grid = train(tmp_path, MLP, "grid", {"name": "tensor", "degree": 2, "data_parallel": 2}, 16, 4)
     assert_same_weights(single, grid)
     section = json.loads((grid / "run.json").read_text())["tensor"]
     assert section["global_batch_size"] == 32 and section["replica_sync_bytes_per_step"] > 0
@@ -136,12 +138,11 @@ def test_the_two_column_alexnet_trains_on_two_devices_as_on_one(tmp_path: Path):
     base = {
         "name": "alexnet-columns",
         "model": {"name": "alexnet_2gpu", "kwargs": {"num_classes": 4, "dropout": 0.0}},
-        "data": {"name": "synthetic", "shape": [3, 64, 64], "num_classes": 4,
-                 "num_samples": 64},
+        "data": {"name": "synthetic", "shape": [3, 64, 64], "num_classes": 4, "num_samples": 64},
         "optimizer": {"name": "sgd", "lr": 0.01},
         "device": "cpu",
         "seed": 2,
-    }  # fmt: skip
+    }
     single = train(tmp_path, base, "single", {"name": "single"}, 4, 2)
     columns = train(tmp_path, base, "columns", {"name": "tensor", "degree": 2}, 4, 2)
     assert_same_weights(single, columns)
@@ -153,8 +154,14 @@ def test_the_two_column_alexnet_trains_on_two_devices_as_on_one(tmp_path: Path):
 @pytest.mark.slow
 def test_a_plan_whose_split_changes_the_forward_is_refused(tmp_path: Path):
     """Column-split without its row partner: the next layer gets half its input."""
-    spec = parse_spec({**MLP, "batch_size": 8, "steps": 2,
-                       "strategy": {"name": "tensor", "plan": {"1": "colwise"}}})  # fmt: skip
+    spec = parse_spec(
+        {
+            **MLP,
+            "batch_size": 8,
+            "steps": 2,
+            "strategy": {"name": "tensor", "plan": {"1": "colwise"}},
+        }
+    )
     with pytest.raises(Exception, match=r"tensor plan .* the split model fails"):
         api.train(spec, out_dir=tmp_path / "bad")
 
@@ -194,8 +201,9 @@ def test_split_and_whole_parameters_update_in_groups_of_their_own(tmp_path: Path
     from dlscale.strategies.tensor.styles import apply_plan
 
     plan = plan_of("mlp", {"hidden": [64, 32]}, torch.zeros(1, 784))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
-                            world_size=1)  # fmt: skip
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
     try:
         model = build_model("mlp", {"hidden": [64, 32]})
         apply_plan(model, init_device_mesh("cpu", (1,)), plan.layers)
@@ -230,8 +238,7 @@ def test_compare_and_scale_take_tensor():
     from dlscale.bench.compare import compare_spec, parse_strategies
     from dlscale.bench.scale import scaled_spec, scaled_strategy
 
-    spec = parse_spec({**MLP, "batch_size": 8, "strategy": {"name": "tensor",
-                                                            "data_parallel": 2}})  # fmt: skip
+    spec = parse_spec({**MLP, "batch_size": 8, "strategy": {"name": "tensor", "data_parallel": 2}})
     assert parse_strategies("ddp,tensor") == ["ddp", "tensor"]
     four = compare_spec(spec, "tensor", 4, None).strategy
     assert (four.name, four.degree, four.data_parallel) == ("tensor", 2, 2)  # replicas kept

@@ -139,17 +139,27 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
     stamp = finished.stat().st_mtime_ns
     assert tasks and _gone(tasks)  # no trial process outlives the sweep
 
-    again = subprocess.run([*command, "--resume", "--json"], capture_output=True, text=True,
-                           check=False, timeout=300)  # fmt: skip
+    again = subprocess.run(
+        [*command, "--resume", "--json"], capture_output=True, text=True, check=False, timeout=300
+    )
     assert again.returncode == 0, again.stderr
     result = json.loads(again.stdout)
     assert "resuming, 2 trial(s) already done" in again.stderr
-    assert [t["status"] for t in result["trials"]] == ["completed", "failed", "completed",
-                                                       "completed"]  # fmt: skip
+    assert [t["status"] for t in result["trials"]] == [
+        "completed",
+        "failed",
+        "completed",
+        "completed",
+    ]
     assert "batch_size 5000 is larger than the training set" in result["trials"][1]["error"]
     assert finished.stat().st_mtime_ns == stamp  # the finished trial was not run again
-    assert result["counts"] == {"completed": 3, "failed": 1, "pruned": 0, "running": 0,
-                                "pending": 0}  # fmt: skip
+    assert result["counts"] == {
+        "completed": 3,
+        "failed": 1,
+        "pruned": 0,
+        "running": 0,
+        "pending": 0,
+    }
 
 
 def _gone(pids: list[int], within_s: float = 10.0) -> bool:
@@ -191,10 +201,17 @@ def test_an_ensemble_scores_its_members_averaged_predictions(tmp_path: Path):
 
 @pytest.mark.slow
 def test_early_stopping_stops_a_trailing_trial(tmp_path: Path):
-    lenet = {**MLP, "model": {"name": "lenet"}, "data": {"name": "digits", "image_size": 28},
-             "batch_size": 32, "epochs": 8}  # fmt: skip
-    sweep = {"grid": {"optimizer.lr": [0.05, 1.0e-6]},
-             "early_stopping": {"rule": "median", "min_runs": 1}}  # fmt: skip
+    lenet = {
+        **MLP,
+        "model": {"name": "lenet"},
+        "data": {"name": "digits", "image_size": 28},
+        "batch_size": 32,
+        "epochs": 8,
+    }
+    sweep = {
+        "grid": {"optimizer.lr": [0.05, 1.0e-6]},
+        "early_stopping": {"rule": "median", "min_runs": 1},
+    }
     result = api.sweep(write(tmp_path, {**lenet, "sweep": sweep}), tmp_path / "out", parallel=1)
     good, bad = result["trials"]
     assert good["status"] == "completed" and len(good["runs"][0]["curve"]) == 8

@@ -52,8 +52,12 @@ def test_a_trial_whose_model_fails_mid_run_is_one_line_with_its_traceback_logged
     out = tmp_path / "out"
     done = subprocess.run(
         [str(DLSCALE), "sweep", "sweep.yaml", "--out", str(out), "--parallel", "1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     said = done.stdout + done.stderr
     assert done.returncode == 0, said
     assert "Traceback" not in said, said

@@ -94,13 +94,16 @@ def refused(call, *args) -> str:
 @pytest.mark.parametrize(
     ("factory", "expected"),
     [
-        ("raises", "model 'badnets:raises' could not be built by its factory: RuntimeError: "
-                   "my factory broke (badnets.py, line 6)"),
+        (
+            "raises",
+            "model 'badnets:raises' could not be built by its factory: RuntimeError: "
+            "my factory broke (badnets.py, line 6)",
+        ),
         ("raises_key", "by its factory: KeyError: 'width' (badnets.py, line 9)"),
         ("exits", "model 'badnets:exits' could not be built by its factory: it called sys.exit(3)"),
         ("exits_quietly", "by its factory: it called sys.exit(None)"),
     ],
-)  # fmt: skip
+)
 def test_a_factory_that_raises_or_exits_is_one_line(user_module, factory, expected):
     assert expected in refused(build_model, f"{user_module}:{factory}")
 
@@ -157,8 +160,13 @@ def test_validate_leaves_a_model_that_needs_real_values_to_train(user_module):
 
 
 def test_logits_are_checked_against_token_labels():
-    tokens = {"name": "synthetic", "kind": "tokens", "seq_len": 8, "vocab_size": 16,
-              "task": "language_modeling"}  # fmt: skip
+    tokens = {
+        "name": "synthetic",
+        "kind": "tokens",
+        "seq_len": 8,
+        "vocab_size": 16,
+        "task": "language_modeling",
+    }
     spec = parse_spec({**SPEC, "data": tokens})
     data = build_data(spec.data, 0)
     per_sequence = nn.Sequential(nn.Embedding(16, 16), nn.Flatten(), nn.Linear(8 * 16, 16))
@@ -175,8 +183,11 @@ SPEC = {"name": "t", "model": {"name": "mlp"}, "data": {"name": "digits"}, "batc
 @pytest.mark.parametrize("seed", [2**63 + 1, 2**32, -1])
 @pytest.mark.parametrize("where", ["seed", "data.seed"])
 def test_a_seed_outside_what_numpy_and_torch_take_is_refused(seed, where):
-    raw = {**SPEC, "seed": seed} if where == "seed" else {**SPEC, "data": {"name": "digits",
-                                                                         "seed": seed}}  # fmt: skip
+    raw = (
+        {**SPEC, "seed": seed}
+        if where == "seed"
+        else {**SPEC, "data": {"name": "digits", "seed": seed}}
+    )
     message = refused(parse_spec, raw)
     assert message.startswith(f"spec: {where}: ") and "4294967295" in message
 
@@ -260,8 +271,12 @@ def test_a_sweep_without_a_completed_trial_is_summarized_in_one_line():
         return {"id": f"t{number:03d}", "status": status, "error": error}
 
     too_big = "train: batch_size 4000 is larger than the training set (1437 samples)"
-    trials = [trial(0, "failed", too_big), trial(1, "failed", "train: out of memory"),
-              trial(2, "failed", too_big), trial(3, "pruned")]  # fmt: skip
+    trials = [
+        trial(0, "failed", too_big),
+        trial(1, "failed", "train: out of memory"),
+        trial(2, "failed", too_big),
+        trial(3, "pruned"),
+    ]
     assert failure_summary({"trials": trials}) == (
         "no trial completed: 3 of 4 trials failed, 1 stopped early; t000: "
         + too_big

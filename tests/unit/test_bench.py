@@ -1,53 +1,20 @@
-"""`dlscale bench`: the measurements, the `local` hardware entry, the JSON and PNG, the CLI.
+"""The pure parts of `dlscale bench`: its FLOP counts, the cache sizes sysfs writes, the
+per-sample dataset and the timing of an optimizer update (tests/cli/test_bench.py measures)."""
 
-Timings on a shared machine are noisy, so speeds are only checked to be positive and finite;
-what is checked exactly is everything computed from them (FLOP counts, peaks, shares, markers).
-"""
-
-import json
-import math
-import multiprocessing
 import time
-from pathlib import Path
 
-import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from typer.testing import CliRunner
 
-from dlscale.bench import matmul as matmul_bench
-from dlscale.bench import width as width_bench
-from dlscale.bench.loader import PerSampleDataset, run_loader_bench
-from dlscale.bench.machine import machine_hardware, parse_cache_size, run_machine_bench
-from dlscale.bench.matmul import matmul_flops, run_matmul_bench
-from dlscale.bench.output import write_outputs
-from dlscale.bench.width import (
-    memory_estimate_bytes,
-    parameter_count,
-    run_width_bench,
-    step_matmul_flops,
-)
-from dlscale.cli.main import app
-from dlscale.errors import UserError
-from dlscale.hardware import get_hardware, local_entry_path, save_local
-from dlscale.jobspec import parse_spec
+from dlscale.bench.loader import PerSampleDataset
+from dlscale.bench.machine import parse_cache_size
+from dlscale.bench.matmul import matmul_flops
+from dlscale.bench.width import parameter_count, step_matmul_flops
 from dlscale.models import build_model
 from dlscale.profiler.calibrate import update_seconds_in_step
 from dlscale.train.score import compute_loss
 
 MiB = 2**20
-runner = CliRunner()
-
-
-@pytest.fixture
-def dlscale_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    monkeypatch.setenv("DLSCALE_HOME", str(home))
-    return home
-
-
-def is_png(path: Path) -> bool:
-    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_flop_counts_match_torch_flop_counter():
@@ -92,122 +59,6 @@ def test_optimizer_updates_are_timed_inside_training_steps():
     assert 0 < seconds < 0.02
 
 
-def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Path):
-    result = run_machine_bench(
-        sizes=[32, 64], device="cpu", bandwidth_bytes=8 * MiB, min_run_time_s=0.02
-    )
-    assert {row["precision"] for row in result["matmul"]} == {"fp64", "fp32", "bf16"}
-    for row in result["matmul"]:
-        assert row["flops_per_s"] == pytest.approx(matmul_flops(row["size"]) / row["time_s"])
-        assert 0 < row["flops_per_s"] < math.inf
-    for precision, peak in result["peak_flops"].items():
-        rows = [r for r in result["matmul"] if r["precision"] == precision]
-        assert peak == max(r["flops_per_s"] for r in rows)
-    bandwidth = result["bandwidth"]
-    assert bandwidth["tensor_bytes"] == 8 * MiB
-    assert bandwidth["copy_bytes_per_s"] > 0 and bandwidth["triad_bytes_per_s"] > 0
-    assert 0 < result["op_overhead_s"]["add_s"] < 0.01 and result["host_link"] is None
-    # Rates are only checked to be real numbers: the attention probes and the matmul peak run at
-    # different moments, so on a loaded machine their ratio says nothing about the code.
-    for kind in ("causal", "full"):  # fused attention by keys per query
-        for phase in ("forward", "backward"):
-            curve = result["attention_flops_per_s"][kind][phase]
-            assert {keys for keys, _ in curve} <= {64, 256, 1024} and curve
-            assert all(0 < rate < math.inf for _, rate in curve)
-
-    path = save_local(machine_hardware(result))
-    assert path == local_entry_path() and path.is_relative_to(dlscale_home)
-    local = get_hardware("local")
-    assert local.kind == "cpu" and local.display_name.startswith("this machine: ")
-    assert local.peak_flops == pytest.approx(result["peak_flops"])
-    best = max(bandwidth["copy_bytes_per_s"], bandwidth["triad_bytes_per_s"])
-    assert local.memory_bandwidth_bytes_per_s == pytest.approx(best)
-    # The roofline's per-op term is the cost of an op inside a training step, which includes
-    # autograd and the optimizer, so it is dearer than a bare dispatch.
-    assert local.op_overhead_s == pytest.approx(result["training_op_overhead_s"])
-    assert local.op_overhead_s > result["op_overhead_s"]["add_s"]
-    assert local.compute_efficiency == 1.0 and local.memory_efficiency == 1.0
-    assert local.memory_bytes == result["memory_bytes"]
-    fp32_at_64 = next(r for r in result["matmul"] if (r["precision"], r["size"]) == ("fp32", 64))
-    measured = local.measured["matmul_flops_per_s"]["fp32"]["64"]
-    assert measured == pytest.approx(fp32_at_64["flops_per_s"])
-    assert local.sources[0].startswith("measured by dlscale bench machine on ")
-    keys, rate = result["attention_flops_per_s"]["full"]["forward"][0]
-    assert local.attention_rate("fp32", 1e6, keys, False) == pytest.approx(rate)
-    # Adam's update in a training step, by one tensor's working set: 1 MiB (cached) to 256 MiB.
-    curve = result["optimizer_efficiency"]
-    sizes = [size for size, _ in curve]
-    assert sizes == sorted(sizes) and sizes[0] < 2 * MiB and sizes[-1] >= 256 * MiB
-    assert all(0 < share <= 20 for _, share in curve)
-    assert local.op_efficiency("addcdiv_", sizes[0]) == pytest.approx(curve[0][1])
-    assert 0 < local.op_efficiency("addcdiv_") <= 1.0  # the streaming share, for model layers
-    # Each probe was timed in rounds: the spread is kept with the entry, and shown as the
-    # uncertainty of a prediction on it; a worse measurement does not replace it.
-    assert result["spread"]["probes"] > 10 and result["spread"]["worst"] >= 0
-    assert local.measured["spread"] == pytest.approx(result["spread"])
-    assert local.measured["link"]["bytes_per_s"] > 0  # two local processes, gloo
-    from dlscale import api
-
-    assert api.worse_than_saved(result) is None  # the same quality: not worse
-    assert result["rejected"] == []  # products up to n = 64 say nothing of the peak: no check
-    doubtful = {**result, "suspect": [*result["suspect"], "training_op_overhead_s"]}
-    assert "values rejected or doubtful against" in api.worse_than_saved(doubtful)
-    profiled = api.profile(api.ProfileRequest("lenet", hardware=("local",)))
-    shown = api.profile_json(profiled)["hardware"][0]
-    assert shown["step_spread"] == pytest.approx(result["spread"]["median"])
-
-    link = {f"{m}_{d}_bytes_per_s": 1e10 for m in ("pinned", "pageable") for d in ("h2d", "d2h")}
-    link["pinned_h2d_bytes_per_s"] = 2.5e10
-    gpu_like = {**result, "kind": "gpu", "vendor": "NVIDIA", "host_link": link}
-    save_local(machine_hardware(gpu_like))
-    local = get_hardware("local")
-    assert local.kind == "gpu" and local.host_link_bytes_per_s == pytest.approx(2.5e10)
-    assert local.measured["host_link"]["pageable_d2h_bytes_per_s"] == pytest.approx(1e10)
-
-
-def test_matmul_bench_without_gpu_writes_json_and_png(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    result = run_matmul_bench([32, 64], "fp32", min_run_time_s=0.02)
-    json_path, png_path = write_outputs("matmul", result, tmp_path / "out")
-    record = json.loads(json_path.read_text())
-    assert record["gpu_available"] is False and "no CUDA GPU" in record["note"]
-    assert [row["size"] for row in record["rows"]] == [32, 64]
-    assert all(row["gpu_time_s"] is None and row["cpu_flops_per_s"] > 0 for row in record["rows"])
-    assert record["gpu_wins_from_size"] is None and is_png(png_path)
-    with pytest.raises(UserError, match="unknown precision 'fp8'"):
-        run_matmul_bench([32], "fp8")
-
-
-def fake_matmul_time_s(n, precision, device, min_run_time_s, with_transfer=False):
-    """A CPU at 100 GFLOP/s; a GPU at 10 TFLOP/s with 10 µs launch cost; copies at 10 GB/s."""
-    if device.type == "cpu":
-        return n**3 / 1e11
-    copies_s = 3 * 4 * n * n / 1e10 if with_transfer else 0.0  # a, b there; the result back
-    return 1e-5 + n**3 / 1e13 + copies_s
-
-
-def test_matmul_crossover_with_a_gpu(tmp_path, monkeypatch):
-    """The GPU path, timed by a model: with copies the GPU wins at a larger size than without."""
-    monkeypatch.setattr(matmul_bench, "time_matmul_s", fake_matmul_time_s)
-    monkeypatch.setattr(matmul_bench, "MAX_CPU_PRODUCT_S", 1e-3)  # n = 512 takes 1.3 ms
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Model GPU")
-    monkeypatch.setattr(matmul_bench, "available_memory_bytes", lambda device: 16 * 2**30)
-    args = ["bench", "matmul", "--sizes", "64,128,256,512,1024", "--out", str(tmp_path)]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    record = json.loads((tmp_path / "matmul.json").read_text())
-    # n = 64: GPU 10.0 µs > CPU 2.6 µs. n = 128: GPU 10.2 µs < CPU 21 µs, but the copies add
-    # 12·128²/1e10 s = 19.7 µs (29.9 µs in all). n = 256: 90 µs with copies < CPU 168 µs.
-    assert record["gpu_wins_from_size"] == 128
-    assert record["gpu_wins_with_transfer_from_size"] == 256
-    last = record["rows"][-1]
-    assert last["cpu_time_s"] is None and last["gpu_time_s"] == pytest.approx(1e-5 + 1024**3 / 1e13)
-    assert "CPU not timed from n = 1024" in record["note"]
-    assert "GPU faster from n = 128" in " ".join(result.stdout.split())
-    assert is_png(tmp_path / "matmul.png")
-
-
 def test_per_sample_dataset_batches_like_the_tensors_it_wraps():
     images = torch.rand(10, 3, 8, 8)
     labels = torch.arange(10)
@@ -220,96 +71,3 @@ def test_per_sample_dataset_batches_like_the_tensors_it_wraps():
     features = torch.rand(10, 5)  # not images: read per sample, but not augmented
     plain = PerSampleDataset(torch.utils.data.TensorDataset(features, labels))
     assert torch.equal(plain[[1, 3]][0], features[[1, 3]])
-
-
-def test_loader_bench_rows_per_worker_count(tmp_path: Path):
-    spec = parse_spec(
-        {
-            "name": "tiny-loader",
-            "model": {"name": "mlp", "kwargs": {"hidden": [16]}},
-            "data": {"name": "synthetic", "shape": [3, 8, 8], "num_samples": 200},
-            "batch_size": 16,
-            "device": "cpu",
-        }
-    )
-    result = run_loader_bench(spec, workers=[0, 1], steps=6)
-    rows = result["rows"]
-    assert [(r["loading"], r["workers"]) for r in rows] == [
-        ("in-memory", 0),
-        ("per-sample", 0),
-        ("per-sample", 1),
-    ]
-    for row in rows:
-        assert row["samples_per_s"] > 0 and row["steps"] == 6 and row["pin_memory"] is False
-        shares = (row["data_wait_share"], row["h2d_share"], row["compute_share"])
-        assert all(0 <= share <= 1 for share in shares)
-        assert sum(shares) == pytest.approx(1.0)
-    assert "pin_memory" in result["note"]
-    assert multiprocessing.active_children() == []  # the DataLoader workers have exited
-    json_path, png_path = write_outputs("loader", result, tmp_path)
-    assert len(json.loads(json_path.read_text())["rows"]) == 3 and is_png(png_path)
-    with pytest.raises(UserError, match="steps must be at least"):
-        run_loader_bench(spec, workers=[0], steps=2)
-
-
-def test_width_bench_marks_the_cache_and_skips_what_would_not_fit(tmp_path, monkeypatch):
-    # A cache just too small for width 32's training state, and free memory for width 32 only.
-    cache = 16 * parameter_count(16) + 1
-    monkeypatch.setattr(width_bench, "last_level_cache_bytes", lambda device: cache)
-    free = 2 * memory_estimate_bytes(32, 8)
-    monkeypatch.setattr(width_bench, "available_memory_bytes", lambda device: free)
-    result = run_width_bench([16, 32, 64], batch_size=8, device="cpu", min_run_time_s=0.02)
-    rows = {row["width"]: row for row in result["rows"]}
-    for width in (16, 32):
-        row = rows[width]
-        assert row["state_bytes"] == 16 * parameter_count(width) and row["skipped"] is None
-        assert row["flops_per_s"] == pytest.approx(row["flops"] / row["step_time_s"])
-        assert row["time_per_parameter_s"] == pytest.approx(row["step_time_s"] / row["parameters"])
-    assert rows[64]["step_time_s"] is None and " free" in rows[64]["skipped"]
-    assert result["state_exceeds_cache_from_width"] == 32
-    assert result["weight_matrix_exceeds_cache_from_width"] is None  # 4·64² B < cache
-    json_path, png_path = write_outputs("width", result, tmp_path)
-    assert json.loads(json_path.read_text())["rows"][2]["skipped"] and is_png(png_path)
-
-
-def test_cli_machine_quick_writes_files_and_saves_nothing(tmp_path, dlscale_home):
-    args = ["bench", "machine", "--quick", "--no-save", "--out", str(tmp_path)]
-    result = runner.invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert "peak matmul fp32" in result.stdout and "not saved" in result.stdout
-    record = json.loads((tmp_path / "machine.json").read_text())
-    assert record["peak_flops"]["fp32"] > 0 and is_png(tmp_path / "machine.png")
-    assert not local_entry_path().exists()
-
-
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["matmul", "--sizes", "abc"], "--sizes: 'abc' is not an integer"),
-        (["matmul", "--sizes", "64,0"], "--sizes: 0 is below the minimum of 1"),
-        (["width", "--widths", "-8"], "--widths: -8 is below the minimum of 1"),
-        (["width", "--batch", "0"], "--batch: must be a positive integer"),
-        (["loader", "--workers", "0,x"], "--workers: 'x' is not an integer"),
-    ],
-)
-def test_cli_bad_arguments_are_one_line_and_exit_2(args, expected):
-    result = runner.invoke(app, ["bench", *args])
-    assert result.exit_code == 2
-    assert expected in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
-
-
-def test_batch_bench_stops_before_memory_runs_out(tmp_path, monkeypatch):
-    """Rows up to the budget are measured; the first predicted over it ends the sweep unrun."""
-    from dlscale.bench import batch as batch_bench
-
-    monkeypatch.setattr(batch_bench, "available_memory_bytes", lambda device: 64 * 2**20)
-    result = batch_bench.run_batch_bench("mlp", [4, 16, 1 << 20, 1 << 21], {"hidden": [8]}, 2, 0.5)
-    rows = result["rows"]
-    assert [row["batch_size"] for row in rows] == [4, 16, 1 << 20]  # 2**21 never tried
-    assert [row["status"] for row in rows] == ["measured", "measured", "over memory budget"]
-    assert rows[0]["measured_samples_per_s"] > 0 and rows[2]["measured_step_s"] is None
-    assert rows[2]["predicted_memory_bytes"] > result["memory_budget_bytes"] == 32 * 2**20
-    assert result["predicted_on"] is None and rows[0]["predicted_step_s"] is None
-    json_path, png_path = write_outputs("batch", result, tmp_path)
-    assert json_path.exists() and png_path.stat().st_size > 10_000

@@ -48,8 +48,7 @@ def test_impossible_values_are_rejected_with_a_warning_and_doubtful_ones_flagged
     assert result["conv_flops_per_s"]["backward"][0][-1] == 8e11  # replaced by the peak
     assert result["conv_flops_per_s"]["backward"][1][-1] == 3e11  # plausible: kept
     assert result["op_efficiency"]["relu"] == 1.0
-    assert result["rejected"] == ["conv_flops_per_s.backward at [200, 128]",
-                                  "op_efficiency.relu"]  # fmt: skip
+    assert result["rejected"] == ["conv_flops_per_s.backward at [200, 128]", "op_efficiency.relu"]
     assert "op_efficiency.max_pool2d" in result["suspect"]
     assert "training_op_overhead_s" in result["suspect"]
     assert any("9.4e+15 FLOP/s is above 1.5× the measured matmul peak" in w for w in warnings)

@@ -1,14 +1,12 @@
-"""The hardware catalogue: shipped figures against datasheets, user files, errors, `local`, CLI."""
+"""The hardware catalogue: shipped figures against datasheets, user files, errors, `local`
+(tests/cli/test_hardware_cli.py drives `dlscale hardware`)."""
 
 import dataclasses
-import json
 import random
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware import (
     Hardware,
@@ -289,44 +287,3 @@ def test_unit_conversion_is_exact_for_any_float():
         )
         (again,) = parse_catalogue(entry_to_toml(machine), "test")
         assert again == machine
-
-
-# ----------------------------------------------------------------------------- CLI
-
-runner = CliRunner()
-
-
-def test_cli_list_json_has_every_device_in_si_units():
-    result = runner.invoke(app, ["hardware", "list", "--json"])
-    assert result.exit_code == 0, result.output
-    rows = {row["name"]: row for row in json.loads(result.stdout)}
-    assert len(rows) >= 22 and set(rows) >= REQUIRED_DEVICES
-    assert rows["a100-40gb"]["peak_flops"]["bf16"] == 312e12
-    assert rows["a100-40gb"]["memory_bytes"] == 40 * GIB
-
-
-def test_cli_list_table_and_hardware_file(tmp_path: Path):
-    extra = write(tmp_path / "lab.toml", ENTRY.format(name="lab-gpu", fp32=10))
-    result = runner.invoke(app, ["hardware", "list", "--hardware-file", str(extra)])
-    assert result.exit_code == 0, result.output
-    assert "lab-gpu" in result.stdout and "h100-sxm" in result.stdout
-
-
-def test_cli_show_prints_every_field_with_sources():
-    result = runner.invoke(app, ["hardware", "show", "A100-40GB"])
-    assert result.exit_code == 0, result.output
-    for text in ("19.5 TFLOP/s", "312 TFLOP/s", "1,555 GB/s", "NVLink", "nvidia.com", "sparsity"):
-        assert text in result.stdout, text
-    as_json = runner.invoke(app, ["hardware", "show", "tpu-v4", "--json"])
-    assert json.loads(as_json.stdout)["peak_flops"]["bf16"] == 275e12
-
-
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [("nope", "unknown hardware 'nope'; known: "), ("local", "dlscale bench machine")],
-)
-def test_cli_show_unknown_is_one_line_exit_2(name: str, expected: str):
-    result = runner.invoke(app, ["hardware", "show", name])
-    assert result.exit_code == 2
-    assert expected in result.stderr and len(result.stderr.strip().splitlines()) == 1
-    assert "Traceback" not in result.output

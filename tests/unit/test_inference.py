@@ -1,12 +1,8 @@
-"""`profile --inference [--precision int8]`: forward only, at the format's peak and bytes; an op
-int8 has no kernel for is one line naming the layer."""
-
-import json
+"""`profile --inference [--precision int8]`: forward only, at the format's peak and bytes
+(tests/cli/test_profile_predictions_cli.py: the command, and an op int8 has no kernel for)."""
 
 import torch
-from typer.testing import CliRunner
 
-from dlscale.cli.main import app
 from dlscale.hardware import get_hardware
 from dlscale.models import build_model
 from dlscale.profiler.inference import predict_inference
@@ -15,8 +11,14 @@ from dlscale.profiler.trace import trace_step
 
 
 def lenet_trace(batch: int = 256):
-    return trace_step(lambda: build_model("lenet", {}), torch.zeros(1, 28, 28), batch, "fp32",
-                      torch.optim.SGD, "sgd")  # fmt: skip
+    return trace_step(
+        lambda: build_model("lenet", {}),
+        torch.zeros(1, 28, 28),
+        batch,
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+    )
 
 
 def test_int8_inference_is_the_forward_at_int8_rates_and_one_byte_an_element():
@@ -30,18 +32,3 @@ def test_int8_inference_is_the_forward_at_int8_rates_and_one_byte_an_element():
     assert fp32.forward_s < training.step_s  # no backward, no optimizer
     cpu = predict_inference(trace, get_hardware("i7-7700k"), "int8")
     assert cpu.precision_used == "fp32"  # no int8 peak catalogued: it says which it used
-
-
-def test_profile_inference_cli_json_and_one_line_refusals():
-    runner = CliRunner()
-    done = runner.invoke(app, ["profile", "lenet", "--precision", "int8", "--inference",
-                               "--hardware", "a100-40gb", "--json"])  # fmt: skip
-    assert done.exit_code == 0, done.output
-    (row,) = json.loads(done.output)["inference"]
-    assert row["precision"] == row["precision_used"] == "int8" and row["samples_per_s"] > 0
-    training = runner.invoke(app, ["profile", "lenet", "--precision", "int8"])
-    assert training.exit_code == 2 and "add --inference" in training.output
-    gpt = runner.invoke(app, ["profile", "gpt", "--precision", "int8", "--inference"])
-    assert gpt.exit_code == 2
-    assert "'tok_emb' (Embedding) runs aten.embedding" in " ".join(gpt.output.split())
-    assert "no quantized (int8) kernel" in " ".join(gpt.output.split())

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import entry_to_toml, load_catalogue, parse_catalogue
 from dlscale.hardware.links import (
@@ -22,8 +19,6 @@ from dlscale.hardware.links import (
     parse_links,
     pcie_link_name,
 )
-
-runner = CliRunner()
 
 USER_FILE = """
 [[device]]
@@ -95,7 +90,12 @@ def test_link_rates_follow_their_derivations():
     # PCIe doubles each generation; NVLink is links × per-link rate, one direction.
     assert gbs["pcie4-x16"] == 2 * gbs["pcie3-x16"] and gbs["pcie5-x16"] == 2 * gbs["pcie4-x16"]
     assert (gbs["nvlink1"], gbs["nvlink2"], gbs["nvlink3"], gbs["nvlink4"], gbs["nvlink5"]) == (
-        4 * 20, 6 * 25, 12 * 25, 18 * 25, 18 * 50)  # fmt: skip
+        4 * 20,
+        6 * 25,
+        12 * 25,
+        18 * 25,
+        18 * 50,
+    )
     assert (gbs["ib-edr"], gbs["ib-hdr"], gbs["ib-ndr"]) == (100 / 8, 200 / 8, 400 / 8)
     assert gbs["eth-10g"] == 10 / 8 and gbs["eth-400g"] == 400 / 8
     # A ring over a P100's cube-mesh uses half its links; a switched NVLink more.
@@ -189,8 +189,11 @@ def test_a_user_file_overrides_a_price_and_adds_a_link(home: Path):
     assert load_catalogue()["l4"].price_per_hour == 0.8
     write(home / "hardware" / "ours.toml", USER_FILE.format(gbs=5))
     l4 = load_catalogue()["l4"]
-    assert (l4.price_per_hour, l4.price_source, l4.price_date) == (0.31, "our 2026 contract",
-                                                                    "2026-11")  # fmt: skip
+    assert (l4.price_per_hour, l4.price_source, l4.price_date) == (
+        0.31,
+        "our 2026 contract",
+        "2026-11",
+    )
     links = load_links()
     assert device_link(l4, None, links).bytes_per_s == 5e9  # the file's own link
     assert links["lab-fabric"].efficiency == 0.8  # the stated default when none is given
@@ -199,11 +202,15 @@ def test_a_user_file_overrides_a_price_and_adds_a_link(home: Path):
 
 def test_a_later_file_replaces_a_link_and_extra_files_come_last(home: Path, tmp_path: Path):
     write(home / "hardware" / "ours.toml", USER_FILE.format(gbs=5))
-    extra = write(tmp_path / "extra.toml", '[[link]]\nname = "lab-fabric"\nkind = "ethernet"\n'
-                  "gbs = 7\nlatency_us = 1\n")  # fmt: skip
+    extra = write(
+        tmp_path / "extra.toml",
+        '[[link]]\nname = "lab-fabric"\nkind = "ethernet"\ngbs = 7\nlatency_us = 1\n',
+    )
     assert load_links([extra])["lab-fabric"].bytes_per_s == 7e9
-    shadow = write(tmp_path / "shadow.toml", '[[link]]\nname = "pcie3-x16"\nkind = "pcie"\n'
-                   "gbs = 12\nlatency_us = 9\nefficiency = 0.5\n")  # fmt: skip
+    shadow = write(
+        tmp_path / "shadow.toml",
+        '[[link]]\nname = "pcie3-x16"\nkind = "pcie"\ngbs = 12\nlatency_us = 9\nefficiency = 0.5\n',
+    )
     assert load_links([shadow])["pcie3-x16"].bytes_per_s == 12e9
 
 
@@ -214,15 +221,19 @@ def test_a_later_file_replaces_a_link_and_extra_files_come_last(home: Path, tmp_
         ('[[link]]\nname = "x"\nkind = "warp"\ngbs = 1\nlatency_us = 1\n', "kind 'warp'"),
         ('[[link]]\nname = "x"\nkind = "pcie"\ngbs = 0\nlatency_us = 1\n', "gbs > 0"),
         ('[[link]]\nname = "x"\nkind = "pcie"\ngbs = "fast"\nlatency_us = 1\n', "finite number"),
-        ('[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\nspeed = 2\n',
-         "unknown key 'speed'"),
+        (
+            '[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\nspeed = 2\n',
+            "unknown key 'speed'",
+        ),
         ('[[link]]\nname = "nvlink"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\n', "not nvlink"),
-        ('[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\nefficiency = 2\n',
-         "efficiency ≤ 1"),
+        (
+            '[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\nefficiency = 2\n',
+            "efficiency ≤ 1",
+        ),
         ("link = 3\n", "array of tables"),
         ("[[link]\n", "not valid TOML"),
     ],
-)  # fmt: skip
+)
 def test_bad_links_are_one_line_naming_the_file(text: str, problem: str):
     message = one_line_error(lambda: parse_links(text, "mine.toml"))
     assert message.startswith("mine.toml") and problem in message
@@ -243,39 +254,3 @@ def test_link_is_a_frozen_value():
     assert link.effective_bytes_per_s == 0.5e9
     with pytest.raises(AttributeError):
         link.efficiency = 1.0  # type: ignore[misc]
-
-
-# ----------------------------------------------------------------------------- the CLI
-
-
-def test_cli_list_and_show_give_each_device_its_link_and_price():
-    listed = runner.invoke(app, ["hardware", "list", "--json"])
-    rows = {row["name"]: row for row in json.loads(listed.stdout)}
-    assert rows["p100-sxm2-16gb"]["link"] == "nvlink1" and rows["l4"]["link"] == "pcie4-x16"
-    assert rows["i7-7700k"]["link"] is None and rows["i7-7700k"]["price_per_hour"] is None
-    assert rows["p100-sxm2-16gb"]["price_per_hour"] == 1.46
-    table = runner.invoke(app, ["hardware", "list"], env={"COLUMNS": "160"})
-    assert table.exit_code == 0, table.output
-    assert "nvlink1" in table.stdout and "1.46" in table.stdout and "$ per" in table.stdout
-    shown = runner.invoke(app, ["hardware", "show", "p100-sxm2-16gb"])
-    assert shown.exit_code == 0, shown.output
-    assert "$1.46/hour" in shown.stdout and "2019-04" in shown.stdout
-    assert "nvlink1 (dlscale hardware links)" in shown.stdout
-    cpu = runner.invoke(app, ["hardware", "show", "i7-7700k"]).stdout
-    assert "no cloud offer catalogued" in cpu and "No price" in cpu
-
-
-def test_cli_links_lists_the_catalogue_and_user_links(tmp_path: Path):
-    result = runner.invoke(app, ["hardware", "links"], env={"COLUMNS": "120"})
-    assert result.exit_code == 0, result.output
-    for text in ("nvlink1", "pcie3-x16", "ib-ndr", "eth-400g", "if-mi300x", "ici-v4", "0.65"):
-        assert text in result.stdout, text
-    assert "[[link]]" in result.stdout  # rich must not eat the TOML table header
-    extra = write(tmp_path / "lab.toml", USER_FILE.format(gbs=5))
-    as_json = runner.invoke(app, ["hardware", "links", "--json", "--hardware-file", str(extra)])
-    rows = {row["name"]: row for row in json.loads(as_json.stdout)}
-    assert rows["lab-fabric"]["bytes_per_s"] == 5e9 and rows["nvlink4"]["sources"]
-    bad = write(tmp_path / "bad.toml", '[[link]]\nname = "x"\nkind = "warp"\n')
-    result = runner.invoke(app, ["hardware", "links", "--hardware-file", str(bad)])
-    assert result.exit_code == 2 and "Traceback" not in result.output
-    assert len(result.stderr.strip().splitlines()) == 1

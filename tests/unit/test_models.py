@@ -46,9 +46,19 @@ def test_lenet_layers_and_output_shape() -> None:
     model = build_model("lenet")
     names = [name for name, _ in model.named_children()]
     assert names == [
-        "conv1", "relu1", "pool1", "conv2", "relu2", "pool2",
-        "flatten", "fc1", "relu3", "fc2", "relu4", "fc3",
-    ]  # fmt: skip
+        "conv1",
+        "relu1",
+        "pool1",
+        "conv2",
+        "relu2",
+        "pool2",
+        "flatten",
+        "fc1",
+        "relu3",
+        "fc2",
+        "relu4",
+        "fc3",
+    ]
     assert isinstance(model.flatten, nn.Flatten)
     assert all(isinstance(getattr(model, f"relu{i}"), nn.ReLU) for i in range(1, 5))
     assert model.fc1.in_features == 256

@@ -266,9 +266,16 @@ class _OpNames(TorchDispatchMode):
 
 @pytest.mark.parametrize(
     "form",
-    ["plain", "learnable mask", "boolean mask", "grouped query", "transposed keys",
-     "one batch of keys", "dropout"],
-)  # fmt: skip
+    [
+        "plain",
+        "learnable mask",
+        "boolean mask",
+        "grouped query",
+        "transposed keys",
+        "one batch of keys",
+        "dropout",
+    ],
+)
 def test_attention_takes_the_kernel_the_cpu_takes(form):
     """The trace fuses exactly where a real CPU step does, and saves what it saves."""
     step = trace(lambda: Attention(form), torch.zeros(16, 32), 2)
@@ -312,11 +319,18 @@ def test_attention_is_traced_as_the_cpu_runs_it_and_belongs_to_its_module():
 
 def device(**overrides) -> Hardware:
     fields = {
-        "name": "toy", "display_name": "toy", "kind": "gpu", "vendor": "x",
-        "peak_flops": {"fp32": 100e12, "bf16": 400e12}, "memory_bytes": 10 * 2**30,
-        "memory_bandwidth_bytes_per_s": 1e12, "host_link_bytes_per_s": 10e9,
-        "compute_efficiency": 0.5, "memory_efficiency": 0.5, "op_overhead_s": 1e-6,
-    }  # fmt: skip
+        "name": "toy",
+        "display_name": "toy",
+        "kind": "gpu",
+        "vendor": "x",
+        "peak_flops": {"fp32": 100e12, "bf16": 400e12},
+        "memory_bytes": 10 * 2**30,
+        "memory_bandwidth_bytes_per_s": 1e12,
+        "host_link_bytes_per_s": 10e9,
+        "compute_efficiency": 0.5,
+        "memory_efficiency": 0.5,
+        "op_overhead_s": 1e-6,
+    }
     return Hardware(**{**fields, **overrides})
 
 

@@ -41,8 +41,16 @@ def test_downpour_pushes_every_n_push_and_fetches_every_n_fetch_but_not_at_the_e
         push, fetch = rules.downpour_actions(step, accumulated, n_push=2, n_fetch=4, last_step=8)
         actions.append((push, fetch))
         accumulated = 0 if push else accumulated
-    assert actions == [(False, False), (True, False), (False, False), (True, True),
-                       (False, False), (True, False), (False, False), (True, False)]  # fmt: skip
+    assert actions == [
+        (False, False),
+        (True, False),
+        (False, False),
+        (True, True),
+        (False, False),
+        (True, False),
+        (False, False),
+        (True, False),
+    ]
     # async is downpour with n_push = n_fetch = 1: push and fetch every step but the last
     assert rules.downpour_actions(3, 1, 1, 1, last_step=5) == (True, True)
     assert rules.downpour_actions(5, 1, 1, 1, last_step=5) == (True, False)

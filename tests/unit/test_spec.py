@@ -7,8 +7,9 @@ import pytest
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec, parse_spec
 from tests.conftest import EXAMPLES
+from tests.small_runs import base_spec
 
-BASE = {"name": "t", "model": {"name": "lenet"}, "data": {"name": "digits"}, "batch_size": 32}
+BASE = base_spec("t", {"name": "digits"}, batch_size=32)
 
 
 def spec_with(**changes):

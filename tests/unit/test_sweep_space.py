@@ -21,14 +21,11 @@ from dlscale.sweep.space import (
     set_path,
 )
 from dlscale.sweep.trial import PREDICTIONS
+from tests.small_runs import base_spec
 
-BASE = {
-    "name": "s",
-    "model": {"name": "mlp", "kwargs": {"hidden": 16}},
-    "data": {"name": "digits"},
-    "batch_size": 32,
-    "seed": 3,
-}
+BASE = base_spec(
+    "s", {"name": "digits"}, model={"name": "mlp", "kwargs": {"hidden": 16}}, batch_size=32, seed=3
+)
 
 
 def sweep_spec(**sweep):
@@ -68,18 +65,24 @@ def test_runs_of_a_configuration():
 @pytest.mark.parametrize(
     ("sweep", "message"),
     [
-        ({"grid": {"seed": [1]}, "random": {"trials": 2, "space": {"seed": {"int": [0, 9]}}}},
-         "give one of grid, random, tpe"),
+        (
+            {"grid": {"seed": [1]}, "random": {"trials": 2, "space": {"seed": {"int": [0, 9]}}}},
+            "give one of grid, random, tpe",
+        ),
         ({"kfold": 3, "ensemble": 2}, "kfold or ensemble, not both"),
         ({"grid": {"optimizer.lr": []}}, "grid.optimizer.lr: give at least one value"),
         ({"grid": {"name": ["a"]}}, "'name' cannot be swept"),
-        ({"tpe": {"trials": 3, "space": {"optimizer.lr": {"uniform": [0.1, 0.01]}}}},
-         "range .* is empty"),
-        ({"random": {"trials": 3, "space": {"seed": {"int": [0, 3], "choice": [1]}}}},
-         "exactly one of"),
+        (
+            {"tpe": {"trials": 3, "space": {"optimizer.lr": {"uniform": [0.1, 0.01]}}}},
+            "range .* is empty",
+        ),
+        (
+            {"random": {"trials": 3, "space": {"seed": {"int": [0, 3], "choice": [1]}}}},
+            "exactly one of",
+        ),
         ({"kfold": 1}, "sweep.kfold"),
     ],
-)  # fmt: skip
+)
 def test_bad_sweep_sections_are_one_line(sweep, message):
     with pytest.raises(UserError, match=message):
         sweep_spec(**sweep)
@@ -132,17 +135,22 @@ def test_folds_partition_the_training_part_stratified_and_seeded():
 def test_data_seed_keeps_the_split_when_the_spec_seed_changes():
     one = parse_spec({**BASE, "seed": 1, "data": {"name": "digits", "seed": 7}})
     two = parse_spec({**BASE, "seed": 2, "data": {"name": "digits", "seed": 7}})
-    assert torch.equal(build_data(one.data, one.seed).val.tensors[1],
-                       build_data(two.data, two.seed).val.tensors[1])  # fmt: skip
+    assert torch.equal(
+        build_data(one.data, one.seed).val.tensors[1], build_data(two.data, two.seed).val.tensors[1]
+    )
     three = parse_spec({**BASE, "seed": 2})
-    assert not torch.equal(build_data(one.data, one.seed).val.tensors[0],
-                           build_data(three.data, three.seed).val.tensors[0])  # fmt: skip
+    assert not torch.equal(
+        build_data(one.data, one.seed).val.tensors[0],
+        build_data(three.data, three.seed).val.tensors[0],
+    )
 
 
 def test_ensemble_score_averages_probabilities(tmp_path):
     labels = torch.tensor([0, 1, 1])
-    members = [torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]]),
-               torch.tensor([[0.6, 0.4], [0.2, 0.8], [0.6, 0.4]])]  # fmt: skip
+    members = [
+        torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]]),
+        torch.tensor([[0.6, 0.4], [0.2, 0.8], [0.6, 0.4]]),
+    ]
     dirs = []
     for index, probabilities in enumerate(members):
         folder = tmp_path / f"m{index}"
@@ -154,16 +162,25 @@ def test_ensemble_score_averages_probabilities(tmp_path):
     assert scores["val_accuracy"] == pytest.approx(1.0)
     expected_loss = -(torch.log(torch.tensor([0.75, 0.6, 0.6]))).mean()
     assert scores["val_loss"] == pytest.approx(float(expected_loss), rel=1e-5)
-    torch.save({"probabilities": members[0], "labels": torch.tensor([1, 1, 1])},
-               dirs[1] / PREDICTIONS)  # fmt: skip
+    torch.save(
+        {"probabilities": members[0], "labels": torch.tensor([1, 1, 1])}, dirs[1] / PREDICTIONS
+    )
     with pytest.raises(RuntimeError, match="different validation sets"):
         res.ensemble_scores(dirs)
 
 
 def test_a_trial_is_scored_by_its_folds_and_fails_with_any_run():
     sweep = sweep_spec(kfold=3).sweep
-    runs = [{"name": f"fold-{i}", "status": "completed", "val_accuracy": v, "wall_s": 1.0,
-             "error": None} for i, v in enumerate([0.9, 0.8, 0.7])]  # fmt: skip
+    runs = [
+        {
+            "name": f"fold-{i}",
+            "status": "completed",
+            "val_accuracy": v,
+            "wall_s": 1.0,
+            "error": None,
+        }
+        for i, v in enumerate([0.9, 0.8, 0.7])
+    ]
     summary = res.summarize(sweep, runs)
     assert summary["metric"] == pytest.approx(0.8)
     assert summary["metric_std"] == pytest.approx(statistics.pstdev([0.9, 0.8, 0.7]))
@@ -176,9 +193,11 @@ def test_a_trial_is_scored_by_its_folds_and_fails_with_any_run():
 
 
 def test_best_trial_follows_the_metric_direction():
-    trials = [{"id": "a", "status": "completed", "metric": 0.3},
-              {"id": "b", "status": "completed", "metric": 0.1},
-              {"id": "c", "status": "failed", "metric": None}]  # fmt: skip
+    trials = [
+        {"id": "a", "status": "completed", "metric": 0.3},
+        {"id": "b", "status": "completed", "metric": 0.1},
+        {"id": "c", "status": "failed", "metric": None},
+    ]
     assert res.best_trial(trials, maximize=True)["id"] == "a"
     assert res.best_trial(trials, maximize=False)["id"] == "b"
     assert res.best_trial(trials[2:], maximize=True) is None
@@ -200,9 +219,16 @@ def test_asha_keeps_the_top_third_at_a_rung():
 
 
 def test_optuna_search_draws_within_the_space_and_resumes_unfinished_configurations():
-    spec = sweep_spec(random={"trials": 3, "space": {
-        "optimizer.lr": {"log_uniform": [1e-4, 1e-1]}, "batch_size": {"int": [8, 64]},
-        "model.kwargs.hidden": {"choice": [8, 32]}}})  # fmt: skip
+    spec = sweep_spec(
+        random={
+            "trials": 3,
+            "space": {
+                "optimizer.lr": {"log_uniform": [1e-4, 1e-1]},
+                "batch_size": {"int": [8, 64]},
+                "model.kwargs.hidden": {"choice": [8, 32]},
+            },
+        }
+    )
     first = OptunaSearch("random", spec.sweep.search, True, seed=0)
     drawn = [first.next_params(n) for n in range(3)]
     assert first.next_params(3) is None  # the budget

@@ -174,8 +174,12 @@ def test_the_median_keeps_an_even_sample_of_a_long_run():
 def test_throughput_counts_each_data_parallel_slice_once():
     from dlscale.train.summary import throughput
 
-    stages = [{"data_rank": 0, "samples_per_s": 120.0}, {"data_rank": 0, "samples_per_s": 100.0},
-              {"data_rank": 1, "samples_per_s": 110.0}, None]  # fmt: skip
+    stages = [
+        {"data_rank": 0, "samples_per_s": 120.0},
+        {"data_rank": 0, "samples_per_s": 100.0},
+        {"data_rank": 1, "samples_per_s": 110.0},
+        None,
+    ]
     assert throughput(stages) == (210.0, 105.0)  # a replica runs at its slowest stage's pace
     # While training only one trainer's figures are at hand: the others keep its pace.
     assert throughput([{"data_rank": 0, "samples_per_s": 100.0}], slices=4) == (400.0, 100.0)

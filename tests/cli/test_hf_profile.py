@@ -90,8 +90,13 @@ def hf_models(tmp_path, monkeypatch):
     return importlib.reload(hfnets)
 
 
-CASES = [("gpt2", "tokens"), ("llama", "tokens"), ("bert", "bert_inputs"),
-         ("vit", "images"), ("t5", "t5_inputs")]  # fmt: skip
+CASES = [
+    ("gpt2", "tokens"),
+    ("llama", "tokens"),
+    ("bert", "bert_inputs"),
+    ("vit", "images"),
+    ("t5", "t5_inputs"),
+]
 
 
 @pytest.mark.parametrize(("model", "inputs"), CASES)

@@ -14,21 +14,36 @@ from tests.conftest import RecordingReporter
 
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                 reason="needs a CUDA GPU")),
-]  # fmt: skip
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+    ),
+]
 
 
 def dropout_spec(device: str):
-    return parse_spec({
-        "name": "resume-rng", "device": device, "seed": 3,
-        "model": {"name": "gpt", "kwargs": {"n_layer": 1, "d_model": 16, "n_head": 2,
-                                            "dropout": 0.5}},
-        "data": {"name": "synthetic", "kind": "tokens", "task": "language_modeling",
-                 "seq_len": 8, "vocab_size": 16, "num_samples": 200},
-        "batch_size": 8, "steps": 12, "optimizer": {"name": "adamw", "lr": 0.01},
-        "checkpoint": {"every_steps": 4, "keep_last": 10},
-    })  # fmt: skip
+    return parse_spec(
+        {
+            "name": "resume-rng",
+            "device": device,
+            "seed": 3,
+            "model": {
+                "name": "gpt",
+                "kwargs": {"n_layer": 1, "d_model": 16, "n_head": 2, "dropout": 0.5},
+            },
+            "data": {
+                "name": "synthetic",
+                "kind": "tokens",
+                "task": "language_modeling",
+                "seq_len": 8,
+                "vocab_size": 16,
+                "num_samples": 200,
+            },
+            "batch_size": 8,
+            "steps": 12,
+            "optimizer": {"name": "adamw", "lr": 0.01},
+            "checkpoint": {"every_steps": 4, "keep_last": 10},
+        }
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -164,12 +164,16 @@ class NoEvents:
 @pytest.mark.parametrize(
     ("report", "then"),
     [
-        (("user_error", 0, "server 0: no message from any worker for 9 s"),
-         "then server 0: no message from any worker for 9 s"),
-        (("error", 0, ("RuntimeError: Timed out", "Traceback ...")),
-         "then worker 0 failed: RuntimeError: Timed out"),
+        (
+            ("user_error", 0, "server 0: no message from any worker for 9 s"),
+            "then server 0: no message from any worker for 9 s",
+        ),
+        (
+            ("error", 0, ("RuntimeError: Timed out", "Traceback ...")),
+            "then worker 0 failed: RuntimeError: Timed out",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_launcher_blames_a_stopped_peer_for_a_wait_that_failed(
     report, then, stopped_pid, monkeypatch, capsys
 ):
