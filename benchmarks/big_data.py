@@ -56,40 +56,65 @@ def main() -> None:
     print(f"working in {folder}; {uptime()}")
 
     shards, staged = folder / "shards", folder / "staged"
-    made = dlscale("data", "convert", "synthetic", str(shards), "--samples", str(args.samples),
-                   "--shape", "3,128,128", "--classes", "10", "--shard-size", "256MB",
-                   "--json", env=env)  # fmt: skip
+    made = dlscale(
+        "data",
+        "convert",
+        "synthetic",
+        str(shards),
+        "--samples",
+        str(args.samples),
+        "--shape",
+        "3,128,128",
+        "--classes",
+        "10",
+        "--shard-size",
+        "256MB",
+        "--json",
+        env=env,
+    )
     first = dlscale("data", "stage", str(shards), str(staged), "--json", env=env)
     again = dlscale("data", "stage", str(shards), str(staged), "--json", env=env)
     spec = {
         "model": {"name": "mlp", "kwargs": {"hidden": [64]}},
-        "data": {"name": "webdataset", "urls": str(staged / "train-*.tar"),
-                 "val_urls": str(staged / "val-*.tar"), "shuffle_buffer": 1000},
-        "batch_size": 256, "epochs": 1, "device": "cpu",
+        "data": {
+            "name": "webdataset",
+            "urls": str(staged / "train-*.tar"),
+            "val_urls": str(staged / "val-*.tar"),
+            "shuffle_buffer": 1000,
+        },
+        "batch_size": 256,
+        "epochs": 1,
+        "device": "cpu",
         "optimizer": {"name": "sgd", "lr": 0.01},
-    }  # fmt: skip
+    }
     runs = {w: train({**spec, "loader": {"workers": w}}, folder, f"w{w}", env) for w in (0, 2)}
     spec_path = folder / "w2.yaml"
     io = dlscale("bench", "io", str(spec_path), "--json", "--out", str(folder / "io"), env=env)
 
     gib = 2**30
-    print(f"\nconvert: {made['samples']} samples, {made['shards']} shards, "
-          f"{made['bytes'] / gib:.2f} GiB in {made['seconds']:.1f} s")  # fmt: skip
+    print(
+        f"\nconvert: {made['samples']} samples, {made['shards']} shards, "
+        f"{made['bytes'] / gib:.2f} GiB in {made['seconds']:.1f} s"
+    )
     for label, record in (("stage", first), ("stage again", again)):
         rate = record.get("copied_bytes_per_s") or 0
-        print(f"{label}: {record['files']} files, copied {record['copied_files']} "
-              f"({record['copied_bytes'] / gib:.2f} GiB) in {record['seconds']:.2f} s"
-              + (f", {rate / 2**20:.0f} MiB/s" if rate else ""))  # fmt: skip
+        print(
+            f"{label}: {record['files']} files, copied {record['copied_files']} "
+            f"({record['copied_bytes'] / gib:.2f} GiB) in {record['seconds']:.2f} s"
+            + (f", {rate / 2**20:.0f} MiB/s" if rate else "")
+        )
     for workers, record in runs.items():
         data, final, timing = record["data"], record["final"], record["timing"]
-        print(f"train loader.workers {workers}: {data['train_samples']:,} samples, "
-              f"{final['train_samples_per_s']:,.0f} samples/s, data wait "
-              f"{100 * timing['steady_data_wait_share']:.0f}% of a step, read "
-              f"{1e6 * timing['read_s_per_sample']:.0f} µs + decode "
-              f"{1e6 * timing['decode_s_per_sample']:.0f} µs a sample, peak RSS "
-              f"{final['peak_memory_bytes'] / 2**20:.0f} MiB (main process), "
-              f"read {timing['read_bytes'] / gib:.2f} GiB; val accuracy "
-              f"{final['val_accuracy']:.3f}")  # fmt: skip
+        print(
+            f"train loader.workers {workers}: {data['train_samples']:,} samples, "
+            f"{final['train_samples_per_s']:,.0f} samples/s, data wait "
+            f"{100 * timing['steady_data_wait_share']:.0f}% of a step, read "
+            f"{1e6 * timing['read_s_per_sample']:.0f} µs + decode "
+            f"{1e6 * timing['decode_s_per_sample']:.0f} µs a sample, peak RSS "
+            f"{final['peak_memory_bytes'] / 2**20:.0f} MiB (main process), "
+            f"read {timing['read_bytes'] / gib:.2f} GiB; val accuracy "
+            f"{final['val_accuracy']:.3f}"
+        )
     print("bench io:", json.dumps(io.get("verdict", io), indent=None)[:600])
     print(uptime())
 

@@ -46,18 +46,34 @@ strategy: {{name: ddp, workers: 2}}
 
 def run_dlscale(spec: Path, out: Path) -> dict:
     launched = time.time()
-    subprocess.run([DLSCALE, "train", str(spec), "--out", str(out)], check=True,
-                   stdout=subprocess.DEVNULL, timeout=600)  # fmt: skip
+    subprocess.run(
+        [DLSCALE, "train", str(spec), "--out", str(out)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        timeout=600,
+    )
     final = json.loads((out / "run.json").read_text())["final"]
-    return {"samples_per_s": final["train_samples_per_s"],
-            "first_step_s": final["first_step_at_unix"] - launched}  # fmt: skip
+    return {
+        "samples_per_s": final["train_samples_per_s"],
+        "first_step_s": final["first_step_at_unix"] - launched,
+    }
 
 
 def run_torchrun(steps: int) -> dict:
     port = free_port()  # torchrun's workers cannot agree on "port 0": name one
     script = [str(HERE / "torchrun_ddp.py"), "--steps", str(steps), "--samples", "40000"]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_addr", "127.0.0.1", "--master_port", str(port), *script]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(port),
+        *script,
+    ]
     done = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -90,12 +106,16 @@ def main() -> None:
                 ours = run_dlscale(spec, out)
             ratios.append(ours["samples_per_s"] / theirs["samples_per_s"])
             startups.append(ours["first_step_s"])
-            print(f"{pair:>4} {ours['samples_per_s']:>18,.0f} {theirs['samples_per_s']:>19,.0f} "
-                  f"{ratios[-1]:>6.3f}")  # fmt: skip
+            print(
+                f"{pair:>4} {ours['samples_per_s']:>18,.0f} {theirs['samples_per_s']:>19,.0f} "
+                f"{ratios[-1]:>6.3f}"
+            )
         imports = [torch_import_s() for _ in range(3)]
     median = statistics.median(ratios)
-    print(f"median throughput ratio dlscale/torchrun = {median:.3f} (goal ≥ {GOAL_RATIO}: "
-          f"{'met' if median >= GOAL_RATIO else 'NOT met'})")  # fmt: skip
+    print(
+        f"median throughput ratio dlscale/torchrun = {median:.3f} (goal ≥ {GOAL_RATIO}: "
+        f"{'met' if median >= GOAL_RATIO else 'NOT met'})"
+    )
     startup, imported = statistics.median(startups), statistics.median(imports)
     print(
         f"launch to first finished step: median {startup:.2f} s (runs: "

@@ -32,18 +32,24 @@ def cases(gpus: int) -> list[tuple[str, dict, dict]]:
         ("single", {"name": "single"}, {}),
         (f"ddp ×{gpus} (NCCL)", {"name": "ddp", "workers": gpus}, {}),
         ("ps async, 2 workers", {"name": "ps", "mode": "async", "workers": 2}, {}),
-        (f"pipeline ×{min(2, gpus)}", {"name": "pipeline", "stages": min(2, gpus),
-                                       "microbatches": 2}, {}),
-        (f"hybrid {min(2, gpus)}×1", {"name": "hybrid", "stages": 1,
-                                      "data_parallel": min(2, gpus), "microbatches": 2}, {}),
+        (
+            f"pipeline ×{min(2, gpus)}",
+            {"name": "pipeline", "stages": min(2, gpus), "microbatches": 2},
+            {},
+        ),
+        (
+            f"hybrid {min(2, gpus)}×1",
+            {"name": "hybrid", "stages": 1, "data_parallel": min(2, gpus), "microbatches": 2},
+            {},
+        ),
         (f"tensor ×{min(2, gpus)} (NCCL)", {"name": "tensor", "degree": min(2, gpus)}, {}),
-    ]  # fmt: skip
+    ]
     runs = [
         (f"{label}", strategy, {**extra, "precision": p})
         for p in PRECISIONS
         for label, strategy, extra in found
         if not (strategy["name"] == "tensor" and p == "fp16")
-    ]  # fmt: skip  (refused)
+    ]  # tensor parallel refuses fp16
     pinned = {"loader": {"workers": 2, "pin_memory": True}, "precision": "fp32"}
     return [*runs, ("single, pinned, 2 loader workers", {"name": "single"}, pinned)]
 
@@ -82,10 +88,15 @@ def main() -> int:
         return 2
     gpus = torch.cuda.device_count()
     name = torch.cuda.get_device_name(0)
-    base = {"name": "gpu-check", "model": {"name": "lenet"},
-            "data": {"name": "digits", "image_size": 28}, "batch_size": 64,
-            "steps": args.steps, "optimizer": {"name": "sgd", "lr": 0.05},
-            "device": "cuda"}  # fmt: skip
+    base = {
+        "name": "gpu-check",
+        "model": {"name": "lenet"},
+        "data": {"name": "digits", "image_size": 28},
+        "batch_size": 64,
+        "steps": args.steps,
+        "optimizer": {"name": "sgd", "lr": 0.05},
+        "device": "cuda",
+    }
     rows, failed = [], 0
     with tempfile.TemporaryDirectory() as scratch:
         for index, (label, strategy, extra) in enumerate(cases(gpus)):
@@ -94,12 +105,16 @@ def main() -> int:
             try:
                 record = api.train(spec, out_dir=Path(scratch) / f"run-{index}")
                 final = record["final"]
-                row.update(status="ok", loss=record["epochs"][-1]["train_loss"],
-                           samples_per_s=final["train_samples_per_s"],
-                           median_step_ms=(final["median_step_s"] or 0) * 1e3,
-                           peak_memory_mib=final["peak_memory_bytes"] / 2**20,
-                           backend=(record.get("distributed") or record.get("tensor")
-                                    or {}).get("backend"))  # fmt: skip
+                row.update(
+                    status="ok",
+                    loss=record["epochs"][-1]["train_loss"],
+                    samples_per_s=final["train_samples_per_s"],
+                    median_step_ms=(final["median_step_s"] or 0) * 1e3,
+                    peak_memory_mib=final["peak_memory_bytes"] / 2**20,
+                    backend=(record.get("distributed") or record.get("tensor") or {}).get(
+                        "backend"
+                    ),
+                )
             except (UserError, RuntimeError) as exc:
                 failed += 1
                 row.update(status=f"FAILED: {str(exc).splitlines()[0][:80]}")
@@ -107,20 +122,31 @@ def main() -> int:
             console.print(f"{label} {spec.precision}: {row['status']}")
     bandwidth = copy_bandwidth()
     table = Table(title=f"gpu-check on {gpus} × {name} (torch {torch.__version__})")
-    for column in ("case", "precision", "status", "loss", "samples/s", "median step",
-                   "peak memory"):  # fmt: skip
+    for column in (
+        "case",
+        "precision",
+        "status",
+        "loss",
+        "samples/s",
+        "median step",
+        "peak memory",
+    ):
         table.add_column(column, justify="left" if column in ("case", "status") else "right")
     for row in rows:
         ok = row["status"] == "ok"
         table.add_row(
-            row["case"], row["precision"], row["status"],
-            f"{row['loss']:.4f}" if ok else "-", f"{row['samples_per_s']:,.0f}" if ok else "-",
+            row["case"],
+            row["precision"],
+            row["status"],
+            f"{row['loss']:.4f}" if ok else "-",
+            f"{row['samples_per_s']:,.0f}" if ok else "-",
             f"{row['median_step_ms']:.2f} ms" if ok else "-",
             f"{row['peak_memory_mib']:,.0f} MiB" if ok else "-",
-        )  # fmt: skip
+        )
     console.print(table)
-    console.print(", ".join(f"{k.replace('_gb_per_s', '')} {v:.1f} GB/s"
-                            for k, v in bandwidth.items()))  # fmt: skip
+    console.print(
+        ", ".join(f"{k.replace('_gb_per_s', '')} {v:.1f} GB/s" for k, v in bandwidth.items())
+    )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         payload = {"gpus": gpus, "name": name, "rows": rows, "copy": bandwidth}

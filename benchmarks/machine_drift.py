@@ -60,8 +60,10 @@ def main() -> None:
     print(f"{count} samples over {args.seconds:.0f} s")
     print(f"{'':<16} {'min':>10} {'median':>10} {'max':>10} {'max/min':>8}")
     for name, values in samples.items():
-        print(f"{name:<16} {min(values) * 1e6:>8.1f}µs {statistics.median(values) * 1e6:>8.1f}µs "
-              f"{max(values) * 1e6:>8.1f}µs {max(values) / min(values):>8.2f}")  # fmt: skip
+        print(
+            f"{name:<16} {min(values) * 1e6:>8.1f}µs {statistics.median(values) * 1e6:>8.1f}µs "
+            f"{max(values) * 1e6:>8.1f}µs {max(values) / min(values):>8.2f}"
+        )
     steps = samples["mlp step"]
     print(
         f"predicted mlp step {predicted * 1e3:.2f} ms: predicted / measured "

@@ -37,8 +37,10 @@ def main() -> None:
         parser.error("--rounds, --widths and --min-time must be positive")
 
     cpu = torch.device("cpu")
-    print(f"{'width':>6} {'params':>9} {'batch':>6} {'alone':>9} {'in step':>9} {'ratio':>6}"
-          "  ratios by round")  # fmt: skip
+    print(
+        f"{'width':>6} {'params':>9} {'batch':>6} {'alone':>9} {'in step':>9} {'ratio':>6}"
+        "  ratios by round"
+    )
     for width in widths:
         for batch in BATCHES:
             torch.manual_seed(0)

@@ -66,8 +66,10 @@ def main() -> None:
                 footprint = trace.optimizer_working_set_bytes
                 whole = phase_time(trace.optimizer, local, "fp32", working_set_bytes=footprint)
                 label = f"{model} batch {batch}"
-                print(f"  {label:<20} {measured * 1e3:>7.2f}ms {per_tensor * 1e3:>9.2f}ms "
-                      f"{whole.seconds * 1e3:>10.2f}ms")  # fmt: skip
+                print(
+                    f"  {label:<20} {measured * 1e3:>7.2f}ms {per_tensor * 1e3:>9.2f}ms "
+                    f"{whole.seconds * 1e3:>10.2f}ms"
+                )
                 ratios.setdefault(label, []).append(
                     (per_tensor / measured, whole.seconds / measured)
                 )
@@ -81,8 +83,9 @@ def main() -> None:
         errors = [
             abs(1 - statistics.median(pair[column] for pair in pairs)) for pairs in ratios.values()
         ]
-        print(f"{name}: median |1 - ratio| {statistics.median(errors):.2f}, "
-              f"worst {max(errors):.2f}")  # fmt: skip
+        print(
+            f"{name}: median |1 - ratio| {statistics.median(errors):.2f}, worst {max(errors):.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -33,15 +33,23 @@ def make_spec(schedule: str, microbatches: int, steps: int) -> dict:
     return {
         "name": f"bubble-{schedule}-{microbatches}",
         "model": {"name": "mlp", "kwargs": {"hidden": HIDDEN}},
-        "data": {"name": "synthetic", "shape": [784], "num_samples": (steps + 8) * BATCH,
-                 "val_fraction": 0.02},
+        "data": {
+            "name": "synthetic",
+            "shape": [784],
+            "num_samples": (steps + 8) * BATCH,
+            "val_fraction": 0.02,
+        },
         "batch_size": BATCH,
         "steps": steps,
         "optimizer": {"name": "sgd", "lr": 0.01},
         "device": "cpu",
-        "strategy": {"name": "pipeline", "stages": STAGES, "schedule": schedule,
-                     "microbatches": microbatches},
-    }  # fmt: skip
+        "strategy": {
+            "name": "pipeline",
+            "stages": STAGES,
+            "schedule": schedule,
+            "microbatches": microbatches,
+        },
+    }
 
 
 def main() -> None:
@@ -50,8 +58,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per row; medians shown")
     args = parser.parse_args()
     print(f"mlp {HIDDEN} on 784 inputs, {STAGES} stages, batch {BATCH}, {args.steps} steps a run")
-    print(f"{'schedule':<8} {'M':>3} {'bubble measured':>16} {'predicted':>10} "
-          f"{'samples/s':>10} {'vs naive':>9}")  # fmt: skip
+    print(
+        f"{'schedule':<8} {'M':>3} {'bubble measured':>16} {'predicted':>10} "
+        f"{'samples/s':>10} {'vs naive':>9}"
+    )
     rows = {}
     with tempfile.TemporaryDirectory() as scratch:
         for schedule, micro in RUNS:
@@ -69,8 +79,10 @@ def main() -> None:
             )
             bubble, predicted, rate = rows[schedule, micro]
             naive = rows["naive", 1][2]
-            print(f"{schedule:<8} {micro:>3} {bubble:>16.1%} {predicted:>10.1%} {rate:>10.0f} "
-                  f"{rate / naive:>8.2f}×")  # fmt: skip
+            print(
+                f"{schedule:<8} {micro:>3} {bubble:>16.1%} {predicted:>10.1%} {rate:>10.0f} "
+                f"{rate / naive:>8.2f}×"
+            )
 
 
 if __name__ == "__main__":

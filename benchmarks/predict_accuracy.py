@@ -56,8 +56,10 @@ def measure_round(args) -> list[tuple[str, float, float]]:
             workload = resolve(model, batch, shape, "fp32", "adam", tokens, kwargs)
             predicted = profiler.profile(workload, [local]).reports[0].prediction.step_s
             label = f"{model} batch {batch}"
-            print(f"  {label:<20} {measured * 1e3:>8.2f}ms {predicted * 1e3:>8.2f}ms "
-                  f"{predicted / measured:>6.2f}")  # fmt: skip
+            print(
+                f"  {label:<20} {measured * 1e3:>8.2f}ms {predicted * 1e3:>8.2f}ms "
+                f"{predicted / measured:>6.2f}"
+            )
             found.append((label, measured, predicted))
     return found
 
@@ -75,8 +77,10 @@ def main() -> None:
     for number in range(1, args.rounds + 1):
         print(f"round {number}")
         rounds.append(measure_round(args))
-    print(f"\n{'workload':<20} {'median measured':>16} {'measured max/min':>17} "
-          f"{'median predicted':>17} {'median ratio':>13}  ratios by round")  # fmt: skip
+    print(
+        f"\n{'workload':<20} {'median measured':>16} {'measured max/min':>17} "
+        f"{'median predicted':>17} {'median ratio':>13}  ratios by round"
+    )
     medians = []
     for index, (label, _, _) in enumerate(rounds[0]):
         rows = [found[index] for found in rounds]
@@ -87,8 +91,10 @@ def main() -> None:
         spread = max(steps) / min(steps)  # the same step, minutes apart: the machine's drift
         predicted = statistics.median(predicted for _, _, predicted in rows)
         by_round = " ".join(f"{r:.2f}" for r in ratios)
-        print(f"{label:<20} {statistics.median(steps) * 1e3:>14.2f}ms {spread:>17.2f} "
-              f"{predicted * 1e3:>15.2f}ms {ratio:>13.2f}  {by_round}")  # fmt: skip
+        print(
+            f"{label:<20} {statistics.median(steps) * 1e3:>14.2f}ms {spread:>17.2f} "
+            f"{predicted * 1e3:>15.2f}ms {ratio:>13.2f}  {by_round}"
+        )
     inside = sum(GOAL[0] <= r <= GOAL[1] for r in medians)
     every = [predicted / measured for found in rounds for _, measured, predicted in found]
     print(

@@ -69,16 +69,25 @@ def make_spec(servers: int, steps: int, plane: str) -> dict:
     return {
         "name": f"ps-bench-s{servers}",
         "model": {"name": "mlp", "kwargs": {"hidden": HIDDEN}},
-        "data": {"name": "synthetic", "shape": SHAPE, "num_samples": num_samples,
-                 "val_fraction": val_fraction},
+        "data": {
+            "name": "synthetic",
+            "shape": SHAPE,
+            "num_samples": num_samples,
+            "val_fraction": val_fraction,
+        },
         "batch_size": BATCH,
         "steps": steps,
         "optimizer": {"name": "sgd", "lr": 0.01},
         "device": "cpu",
         "checkpoint": {"keep_last": 1},
-        "strategy": {"name": "ps", "mode": "async", "workers": WORKERS, "servers": servers,
-                     "data_plane": plane},
-    }  # fmt: skip
+        "strategy": {
+            "name": "ps",
+            "mode": "async",
+            "workers": WORKERS,
+            "servers": servers,
+            "data_plane": plane,
+        },
+    }
 
 
 def run_ps(servers: int, steps: int, plane: str, out: Path) -> dict:
@@ -99,8 +108,13 @@ def _pingpong(rank: int, port: int, elements: int, iters: int, result: str, pin:
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     if pin and len(cores) >= 2:  # one core each, as dlscale's launcher pins when it can
         os.sched_setaffinity(0, [cores[rank]])
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=timedelta(seconds=120))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=120),
+    )
     tensor = torch.randn(elements)  # real data: pages of zeros would be read from one page
     peer = 1 - rank
 
@@ -186,11 +200,15 @@ def main() -> None:
     configs = [(plane, servers) for plane in planes for servers in (1, 2)]
     elements = parameter_count()
     nbytes = 4 * elements
-    print(f"model: mlp {HIDDEN}, {elements:,} parameters, P = {nbytes / 1e6:.2f} MB; "
-          f"{WORKERS} workers × batch {BATCH}, {args.steps} steps each")  # fmt: skip
+    print(
+        f"model: mlp {HIDDEN}, {elements:,} parameters, P = {nbytes / 1e6:.2f} MB; "
+        f"{WORKERS} workers × batch {BATCH}, {args.steps} steps each"
+    )
     rows = []
-    print(f"{'round':>5} {'B GB/s':>7} {'bound upd/s':>11} "
-          + " ".join(f"{f'{p} S={s} upd/s':>16} {'ratio':>6}" for p, s in configs))  # fmt: skip
+    print(
+        f"{'round':>5} {'B GB/s':>7} {'bound upd/s':>11} "
+        + " ".join(f"{f'{p} S={s} upd/s':>16} {'ratio':>6}" for p, s in configs)
+    )
     with tempfile.TemporaryDirectory() as scratch_dir:
         scratch = Path(scratch_dir)
         for round_ in range(1, args.rounds + 1):
@@ -202,11 +220,15 @@ def main() -> None:
                 measured[plane, servers] = run_ps(servers, args.steps, plane, out)
                 assert measured[plane, servers]["parameters"] == elements
             ratios = {c: measured[c]["updates_per_s"] / bound for c in configs}
-            rows.append({"bandwidth": bandwidth, "bound": bound, "measured": measured,
-                         "ratios": ratios})  # fmt: skip
-            print(f"{round_:>5} {bandwidth / 1e9:>7.2f} {bound:>11.1f} " + " ".join(
-                f"{measured[c]['updates_per_s']:>16.1f} {ratios[c]:>6.3f}" for c in configs
-            ))  # fmt: skip
+            rows.append(
+                {"bandwidth": bandwidth, "bound": bound, "measured": measured, "ratios": ratios}
+            )
+            print(
+                f"{round_:>5} {bandwidth / 1e9:>7.2f} {bound:>11.1f} "
+                + " ".join(
+                    f"{measured[c]['updates_per_s']:>16.1f} {ratios[c]:>6.3f}" for c in configs
+                )
+            )
     bandwidth = statistics.median(r["bandwidth"] for r in rows)
     bound = statistics.median(r["bound"] for r in rows)
     print(

@@ -81,12 +81,16 @@ def main() -> None:
             predicted["ps 2"] = predict_ps(threads)
             measured["ps 2"].append(ps_measured)
             ratios["ps 2"].append(predicted["ps 2"] / ps_measured)
-        print(f"round {round_index + 1}: " + ", ".join(
-            f"{key} {values[-1]:.2f}" for key, values in ratios.items()))  # fmt: skip
+        print(
+            f"round {round_index + 1}: "
+            + ", ".join(f"{key} {values[-1]:.2f}" for key, values in ratios.items())
+        )
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print()
-    print("| run | measured samples/s (median) | predicted samples/s | predicted / measured "
-          "(median, rounds) | within ±30% |")  # fmt: skip
+    print(
+        "| run | measured samples/s (median) | predicted samples/s | predicted / measured "
+        "(median, rounds) | within ±30% |"
+    )
     print("|---|---|---|---|---|")
     met = True
     for key, values in ratios.items():
@@ -94,8 +98,10 @@ def main() -> None:
         ok = abs(median - 1) <= GOAL
         met &= ok
         rounds = " ".join(f"{v:.2f}" for v in values)
-        print(f"| {key} | {statistics.median(measured[key]):,.0f} | {predicted[key]:,.0f} | "
-              f"{median:.2f} ({rounds}) | {'yes' if ok else 'no'} |")  # fmt: skip
+        print(
+            f"| {key} | {statistics.median(measured[key]):,.0f} | {predicted[key]:,.0f} | "
+            f"{median:.2f} ({rounds}) | {'yes' if ok else 'no'} |"
+        )
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
     from dlscale.profiler.scaling import ring_allreduce_s

@@ -88,8 +88,10 @@ def main() -> None:
             for parallel, runs in measured.items():
                 train = statistics.median(r["train_s"] for r in runs)
                 ratio = f"**{wall[1] / wall[2]:.2f}**" if parallel == 2 else "1.00"
-                print(f"{name} | {parallel} (slots {runs[0]['slots']}) | {wall[parallel]:.1f} | "
-                      f"{8 * 60 / wall[parallel]:.1f} | {train:.1f} | {ratio}")  # fmt: skip
+                print(
+                    f"{name} | {parallel} (slots {runs[0]['slots']}) | {wall[parallel]:.1f} | "
+                    f"{8 * 60 / wall[parallel]:.1f} | {train:.1f} | {ratio}"
+                )
 
 
 if __name__ == "__main__":

@@ -101,9 +101,13 @@ def tune_side() -> dict:
             result.metrics["val_accuracy"]
         )
     best = max(by_config, key=lambda key: statistics.mean(by_config[key]))
-    return {"best": json.loads(best), "accuracy": statistics.mean(by_config[best]),
-            "runs": sum(len(v) for v in by_config.values()),
-            "init_s": started - start, "fit_s": fitted - started}  # fmt: skip
+    return {
+        "best": json.loads(best),
+        "accuracy": statistics.mean(by_config[best]),
+        "runs": sum(len(v) for v in by_config.values()),
+        "init_s": started - start,
+        "fit_s": fitted - started,
+    }
 
 
 def timed(command: list[str], env: dict) -> tuple[float, str]:
@@ -124,10 +128,15 @@ def main() -> None:
         print(json.dumps(tune_side()))
         return
     if not TUNE_PYTHON.is_file():
-        raise SystemExit(f"no {TUNE_PYTHON}: make the benchmark's environment first (see the "
-                         "top of this file)")  # fmt: skip
-    env = {**os.environ, "DLSCALE_HOME": tempfile.mkdtemp(prefix="dlscale-bench-"),
-           "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}  # fmt: skip
+        raise SystemExit(
+            f"no {TUNE_PYTHON}: make the benchmark's environment first (see the top of this file)"
+        )
+    env = {
+        **os.environ,
+        "DLSCALE_HOME": tempfile.mkdtemp(prefix="dlscale-bench-"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "PYTHONPATH": str(ROOT),
+    }
     uptime = lambda: subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()  # noqa: E731
     print(uptime())
     times: dict[str, list[float]] = {"ray tune": [], "dlscale": []}
@@ -136,24 +145,44 @@ def main() -> None:
         seconds, out = timed([str(TUNE_PYTHON), __file__, "--tune-side"], env)
         tune = json.loads(out.strip().splitlines()[-1])
         times["ray tune"].append(seconds)
-        bests["ray tune"].append(f"{tune['best']} {tune['accuracy']:.1%} ({tune['runs']} runs; "
-                                 f"ray.init {tune['init_s']:.1f} s, Tuner.fit "
-                                 f"{tune['fit_s']:.1f} s)")  # fmt: skip
+        bests["ray tune"].append(
+            f"{tune['best']} {tune['accuracy']:.1%} ({tune['runs']} runs; "
+            f"ray.init {tune['init_s']:.1f} s, Tuner.fit "
+            f"{tune['fit_s']:.1f} s)"
+        )
         with tempfile.TemporaryDirectory() as out_dir:
-            seconds, out = timed([str(DLSCALE), "sweep", str(EXAMPLE), "--parallel", "2",
-                                  "--out", out_dir, "--json"], env)  # fmt: skip
+            seconds, out = timed(
+                [
+                    str(DLSCALE),
+                    "sweep",
+                    str(EXAMPLE),
+                    "--parallel",
+                    "2",
+                    "--out",
+                    out_dir,
+                    "--json",
+                ],
+                env,
+            )
         result = json.loads(out)
         times["dlscale"].append(seconds)
         best = result["best"]
         gaps = result.get("slot_gaps_s") or {}
-        bests["dlscale"].append(f"{best['params']} {best['metric']:.1%} (slot gap median "
-                                f"{gaps.get('median', 0) * 1e3:.0f} ms, max "
-                                f"{gaps.get('max', 0) * 1e3:.0f} ms)")  # fmt: skip
-        print(f"round {round_ + 1}: ray tune {times['ray tune'][-1]:.1f} s, dlscale "
-              f"{times['dlscale'][-1]:.1f} s", flush=True)  # fmt: skip
+        bests["dlscale"].append(
+            f"{best['params']} {best['metric']:.1%} (slot gap median "
+            f"{gaps.get('median', 0) * 1e3:.0f} ms, max "
+            f"{gaps.get('max', 0) * 1e3:.0f} ms)"
+        )
+        print(
+            f"round {round_ + 1}: ray tune {times['ray tune'][-1]:.1f} s, dlscale "
+            f"{times['dlscale'][-1]:.1f} s",
+            flush=True,
+        )
     for side, found in times.items():
-        print(f"{side:<9} median {statistics.median(found):5.1f} s (min {min(found):.1f}, "
-              f"max {max(found):.1f}); best: {bests[side][-1]}")  # fmt: skip
+        print(
+            f"{side:<9} median {statistics.median(found):5.1f} s (min {min(found):.1f}, "
+            f"max {max(found):.1f}); best: {bests[side][-1]}"
+        )
     ratio = statistics.median(times["dlscale"]) / statistics.median(times["ray tune"])
     print(f"dlscale / ray tune wall time: {ratio:.2f} (goal ≤ 1.00)")
     print(uptime())

@@ -36,8 +36,10 @@ def main() -> None:
     args = parser.parse_args()
     size = args.array
     rows, worst = [], 0.0
-    print(f"{'layer':<26} {'M×K×N':>18} " + " ".join(f"{df + ' ours/scalesim':>24}"
-                                                    for df in DATAFLOWS))  # fmt: skip
+    print(
+        f"{'layer':<26} {'M×K×N':>18} "
+        + " ".join(f"{df + ' ours/scalesim':>24}" for df in DATAFLOWS)
+    )
     for name, kwargs, shape in MODELS:
         with torch.device("meta"):
             model = build_model(name, kwargs)
@@ -74,13 +76,18 @@ def plot(rows, size: int, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(12, 4.5))
     width = 0.27
     for index, df in enumerate(DATAFLOWS):
-        ax.bar([i + (index - 1) * width for i in range(len(rows))],
-               [found[df] for _, found in rows], width, label=df)  # fmt: skip
+        ax.bar(
+            [i + (index - 1) * width for i in range(len(rows))],
+            [found[df] for _, found in rows],
+            width,
+            label=df,
+        )
     ax.set_xticks(range(len(rows)), [label for label, _ in rows], rotation=70, fontsize=7)
     ax.set_yscale("log")
     ax.set_ylabel(f"cycles on a {size}×{size} array (log)")
-    ax.set_title("forward GEMMs of LeNet-5 and ResNet-18, batch 1: output-, weight- and "
-                 "input-stationary")  # fmt: skip
+    ax.set_title(
+        "forward GEMMs of LeNet-5 and ResNet-18, batch 1: output-, weight- and input-stationary"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)

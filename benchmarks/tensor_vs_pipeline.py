@@ -52,15 +52,21 @@ def make_spec(strategy: dict, batch: int, steps: int) -> dict:
     return {
         "name": f"tp-bench-{strategy['name']}",
         "model": {"name": "gpt", "kwargs": KWARGS},
-        "data": {"name": "synthetic", "kind": "tokens", "task": "language_modeling",
-                 "seq_len": 64, "vocab_size": 256, "num_samples": (steps + 4) * GLOBAL_BATCH,
-                 "val_fraction": 0.02},
+        "data": {
+            "name": "synthetic",
+            "kind": "tokens",
+            "task": "language_modeling",
+            "seq_len": 64,
+            "vocab_size": 256,
+            "num_samples": (steps + 4) * GLOBAL_BATCH,
+            "val_fraction": 0.02,
+        },
         "batch_size": batch,
         "steps": steps,
         "optimizer": {"name": "adamw", "lr": 0.001},
         "device": "cpu",
         "strategy": strategy,
-    }  # fmt: skip
+    }
 
 
 def measured(name: str, record: dict) -> dict:
@@ -96,9 +102,14 @@ def predicted_payloads() -> dict[str, float]:
 
     factory = lambda: build_model("gpt", KWARGS)  # noqa: E731
     sample = torch.zeros(64, dtype=torch.long)
-    trace = trace_step(factory, sample, GLOBAL_BATCH, "fp32",
-                       lambda p: build_optimizer(p, parse_spec(make_spec(
-                           {"name": "single"}, 1, 1)).optimizer), "adamw")  # fmt: skip
+    trace = trace_step(
+        factory,
+        sample,
+        GLOBAL_BATCH,
+        "fp32",
+        lambda p: build_optimizer(p, parse_spec(make_spec({"name": "single"}, 1, 1)).optimizer),
+        "adamw",
+    )
     link = measured_link({"bytes_per_s": 1e9, "latency_s": 1e-5})
     plans = plans_for(factory, sample, trace.params)
     request = ScalingRequest((2,), strategies=("pipeline", "tensor"))
@@ -126,8 +137,12 @@ def plot(rows: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"data": "#bbbbbb", "compute": "#4c72b0", "bubble": "#dd8452",
-               "communication": "#c44e52"}  # fmt: skip
+    colours = {
+        "data": "#bbbbbb",
+        "compute": "#4c72b0",
+        "bubble": "#dd8452",
+        "communication": "#c44e52",
+    }
     fig, ax = plt.subplots(figsize=(10, 3.2))
     names = list(rows)
     for y, name in enumerate(names):
@@ -139,8 +154,16 @@ def plot(rows: dict[str, dict], path: Path) -> None:
             left += width
         hidden = rows[name]["overlapped_comm"] * step_ms
         if hidden:
-            ax.barh(y, hidden, left=0, height=0.25, color="none", edgecolor="#c44e52",
-                    hatch="///", label="all-reduce hidden in backward")  # fmt: skip
+            ax.barh(
+                y,
+                hidden,
+                left=0,
+                height=0.25,
+                color="none",
+                edgecolor="#c44e52",
+                hatch="///",
+                label="all-reduce hidden in backward",
+            )
         ax.text(left, y, f" {rows[name]['samples_per_s']:,.0f} samples/s", va="center")
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("median step (ms), split by where the main trainer spent it")
@@ -168,17 +191,21 @@ def main() -> None:
                 record = train(spec, out_dir=Path(scratch) / f"{name}-{round_}")
                 runs[name].append(measured(name, record))
     print(f"gpt {KWARGS}, global batch {GLOBAL_BATCH}, {args.steps} steps, {args.rounds} rounds")
-    print(f"{'strategy':<9} {'samples/s median':>16} {'(min–max)':>14} {'bytes/step measured':>20} "
-          f"{'predicted':>10} {'comm share':>10}")  # fmt: skip
+    print(
+        f"{'strategy':<9} {'samples/s median':>16} {'(min–max)':>14} {'bytes/step measured':>20} "
+        f"{'predicted':>10} {'comm share':>10}"
+    )
     medians = {}
     for name, found in runs.items():
         rates = [r["samples_per_s"] for r in found]
         medians[name] = min(found, key=lambda r: abs(r["samples_per_s"] - statistics.median(rates)))
         payload = statistics.median(r["payload"] for r in found)
         share = medians[name]["split"]["communication"] + medians[name]["overlapped_comm"]
-        print(f"{name:<9} {statistics.median(rates):>16,.0f} "
-              f"{min(rates):>6,.0f}–{max(rates):<7,.0f} {payload:>20,.0f} "
-              f"{predicted[name]:>10,.0f} {share:>10.0%}")  # fmt: skip
+        print(
+            f"{name:<9} {statistics.median(rates):>16,.0f} "
+            f"{min(rates):>6,.0f}–{max(rates):<7,.0f} {payload:>20,.0f} "
+            f"{predicted[name]:>10,.0f} {share:>10.0%}"
+        )
     base = statistics.median(r["samples_per_s"] for r in runs["ddp"])
     for name in ("pipeline", "tensor"):
         rate = statistics.median(r["samples_per_s"] for r in runs[name])
