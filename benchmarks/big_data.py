@@ -1,4 +1,4 @@
-"""The README's larger-than-memory walkthrough, measured: convert, stage, train, bench io.
+"""The larger-than-memory walkthrough of docs/data.md, measured: convert, stage, train, bench io.
 
 Writes seeded synthetic images (3×128×128, uint8) as WebDataset shards with `dlscale data
 convert`, stages them to another folder with `dlscale data stage` (twice: the second finds them

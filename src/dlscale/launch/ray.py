@@ -225,7 +225,7 @@ class RayLauncher:
                     f"host {nodes[rank][2]} ({source}, worker {rank}) cannot reach host "
                     f"{by_address[target][2]} ({target}, worker {target_rank}) on TCP port "
                     f"{port}: {why}; the workers' collectives need every TCP port between the "
-                    "hosts (see README: Two machines)"
+                    "hosts (see docs/cluster.md, Two machines)"
                 )
 
     def _get(self, ray, ref, rank: int, timeout: float) -> Any:
