@@ -80,7 +80,8 @@ class PsExchange(Exchange):
     def connect(self, module: nn.Module, optimizer) -> None:
         # Everything is built before the process group exists: on the development machine, a
         # torch.optim optimizer created after init_process_group made every later gloo send of a
-        # 4 MB tensor take 11 ms instead of 1.3 ms (docs/performance.md, "Parameter-server update throughput").
+        # 4 MB tensor take 11 ms instead of 1.3 ms (docs/performance.md, "Parameter-server update
+        # throughput").
         join(self.context, "gloo", self.strategy.timeout_s)
         self.store = dist.distributed_c10d._get_default_store()
         elements = sum(self.payload["shard_elements"])
