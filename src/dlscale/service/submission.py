@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from fastapi import HTTPException
+from sqlalchemy.orm import Session
 
 from dlscale import __version__
 from dlscale.errors import UserError
@@ -49,7 +50,7 @@ CARRIED = ("submitted_sha256", "seed_drawn", "inputs")
 
 
 @dataclass(frozen=True)
-class Upload:
+class Submission:
     """What a client sent to submit a job, as read from its request."""
 
     user: User
@@ -84,7 +85,7 @@ def _unprocessable(message: str, folder: Path | None = None) -> HTTPException:
     return HTTPException(422, message)
 
 
-def tenant_for(db, user: User, name: str | None) -> Tenant:
+def _tenant_for(db: Session, user: User, name: str | None) -> Tenant:
     """The tenant a submission goes to: named, or the caller's only one they may submit to."""
     roles = store.roles(db, user)
     if name is None:
@@ -175,21 +176,20 @@ def _validated(state: ServiceState, folder: Path, draft: _Draft, job_id: str):
     return cpu, gpu, size
 
 
-def _queue(state: ServiceState, draft: _Draft) -> dict:
-    """Write the job's folder, check it (structure, then its validation job), size it, and
-    queue it (one transaction); `draft.fill(folder)` puts the inputs in place and returns the
-    reproduction record's facts about them."""
-    kind, parallel, text, seed = draft.kind, draft.parallel, draft.spec_text, draft.seed
-    if kind not in intake.KINDS:
-        raise HTTPException(422, f"kind: '{kind}' is not one of {', '.join(intake.KINDS)}")
-    if parallel is not None and not 1 <= parallel <= 64:
-        raise HTTPException(422, "parallel: must be between 1 and 64")
-    _check_queue(state, draft.tenant)
-    job_id = secrets.token_hex(8)
+def _write_checked(state: ServiceState, draft: _Draft, job_id: str) -> tuple[dict, int, int, int]:
+    """(reproduction facts, cpu slots, gpu slots, bytes) of the job's folder, written and then
+    checked (structure, then its validation job); a refused job leaves no folder behind.
+    `draft.fill(folder)` puts the inputs in place and returns the record's facts about them."""
     folder = job_dir(state.config.data_dir, job_id)
-    job = {"id": job_id, "kind": kind, "seed": seed, "spec_file": SPEC_FILE, "parallel": parallel}
+    job = {
+        "id": job_id,
+        "kind": draft.kind,
+        "seed": draft.seed,
+        "spec_file": SPEC_FILE,
+        "parallel": draft.parallel,
+    }
     try:
-        write_job(folder, job, text, None)
+        write_job(folder, job, draft.spec_text, None)
         repro = {**draft.repro, **draft.fill(folder)}
         cpu, gpu, size = _validated(state, folder, draft, job_id)
     except UserError as exc:
@@ -201,13 +201,27 @@ def _queue(state: ServiceState, draft: _Draft) -> dict:
     except BaseException:
         remove_job_dir(folder)
         raise
+    return repro, cpu, gpu, size
+
+
+def _queue(state: ServiceState, draft: _Draft) -> dict:
+    """Write the job's folder, check it, size it, and queue it with its reproduction record
+    (one transaction, audited): the new job's id, state, seed and slots."""
+    kind, seed = draft.kind, draft.seed
+    if kind not in intake.KINDS:
+        raise HTTPException(422, f"kind: '{kind}' is not one of {', '.join(intake.KINDS)}")
+    if draft.parallel is not None and not 1 <= draft.parallel <= 64:
+        raise HTTPException(422, "parallel: must be between 1 and 64")
+    _check_queue(state, draft.tenant)
+    job_id = secrets.token_hex(8)
+    repro, cpu, gpu, size = _write_checked(state, draft, job_id)
     with state.maker.begin() as db:
         row = jobstore.new_job(
             db,
             tenant=draft.tenant,
             user=draft.user,
             kind=kind,
-            spec_text=text,
+            spec_text=draft.spec_text,
             seed=seed,
             cpu_slots=cpu,
             gpu_slots=gpu,
@@ -215,15 +229,9 @@ def _queue(state: ServiceState, draft: _Draft) -> dict:
             job_id=job_id,
         )
         row.bytes = size
-        row.repro_json = json.dumps(
-            {
-                **repro,
-                "spec_sha256": hashlib.sha256(text.encode()).hexdigest(),
-                "seed": seed,
-                "kind": kind,
-                "dlscale": __version__,
-            }
-        )
+        spec_sha256 = hashlib.sha256(draft.spec_text.encode()).hexdigest()
+        record = {"spec_sha256": spec_sha256, "seed": seed, "kind": kind, "dlscale": __version__}
+        row.repro_json = json.dumps({**repro, **record})
         store.audit(
             db,
             draft.action,
@@ -236,14 +244,14 @@ def _queue(state: ServiceState, draft: _Draft) -> dict:
         return {"id": row.id, "state": row.state, "seed": seed, "cpu_slots": cpu, "gpu_slots": gpu}
 
 
-def submit(state: ServiceState, upload: Upload) -> dict:
+def submit(state: ServiceState, submission: Submission) -> dict:
     """Queue a new spec once it is checked and its validation job accepts it: the new job's id,
     state, seed and slots."""
     with state.maker.begin() as db:
-        tenant = tenant_for(db, upload.user, upload.tenant)
+        tenant = _tenant_for(db, submission.user, submission.tenant)
     try:
-        submitted = intake.with_seed(upload.spec)
-        names = _check_names([name for name, _ in upload.files])
+        submitted = intake.with_seed(submission.spec)
+        names = _check_names([name for name, _ in submission.files])
     except UserError as exc:
         raise _unprocessable(str(exc)) from None
 
@@ -251,11 +259,11 @@ def submit(state: ServiceState, upload: Upload) -> dict:
         inputs = folder / INPUTS
         digests = {
             name: _stream_to(source, inputs / name)
-            for name, (_, source) in zip(names, upload.files, strict=True)
+            for name, (_, source) in zip(names, submission.files, strict=True)
         }
-        if upload.archive is not None:
+        if submission.archive is not None:
             with tempfile.NamedTemporaryFile(dir=folder, suffix=".zip") as held:
-                shutil.copyfileobj(upload.archive, held)
+                shutil.copyfileobj(submission.archive, held)
                 held.flush()
                 unpack_zip(Path(held.name), inputs, state.config.max_body_bytes * 4)
         return {"inputs": dict(sorted(digests.items()))}
@@ -265,22 +273,23 @@ def submit(state: ServiceState, upload: Upload) -> dict:
         "seed_drawn": submitted.seed_drawn,
     }
     draft = _Draft(
-        user=upload.user,
+        user=submission.user,
         tenant=tenant,
-        kind=upload.kind,
+        kind=submission.kind,
         spec_text=submitted.text,
         seed=submitted.seed,
-        parallel=upload.parallel,
+        parallel=submission.parallel,
         repro=repro,
         fill=fill,
         action="submit",
-        address=upload.address,
+        address=submission.address,
     )
     return _queue(state, draft)
 
 
 def rerun(state: ServiceState, user: User, job: Job, address: str) -> dict:
-    """Queue `job` again, with the same spec bytes, seed and inputs (the caller may edit it)."""
+    """Queue `job` again with the same spec bytes, seed and inputs (`user` may edit it: the
+    route checked): the new job's id, state, seed and slots."""
     tenant = job.tenant
     source = job_dir(state.config.data_dir, job.id) / INPUTS
 
@@ -296,7 +305,7 @@ def rerun(state: ServiceState, user: User, job: Job, address: str) -> dict:
     except (FileNotFoundError, ValueError, AttributeError):
         raise HTTPException(409, "the original job's folder is gone or damaged") from None
     with state.maker.begin() as db:
-        tenant_for(db, user, tenant.name)  # the role and the storage quota, as for a submit
+        _tenant_for(db, user, tenant.name)  # the role and the storage quota, as for a submit
     draft = _Draft(
         user=user,
         tenant=tenant,

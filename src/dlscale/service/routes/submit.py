@@ -1,6 +1,6 @@
 """Submitting jobs: a new spec (with its data files and the tenant's own code), or a rerun of an
-earlier one. The checks, the job folder and the queueing are submission.py's; a refusal is a
-422 in one line."""
+earlier one: each route reads its request and hands it to service/submission.py, which checks
+it, writes the job's folder and queues it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from dlscale.service import intake, submission
 from dlscale.service.deps import EditableJob, Writer, client_address, service
-from dlscale.service.submission import Upload
+from dlscale.service.submission import Submission
 
 router = APIRouter()
 
@@ -28,17 +28,17 @@ def submit(
 ) -> dict:
     """Queue a validated spec. An invalid one answers 422 with the CLI's one-line message."""
     state = service(request)
-    upload = Upload(
+    sent = Submission(
         user=who.user,
         tenant=tenant,
         kind=kind,
         spec=spec.file.read(intake.MAX_SPEC_BYTES + 1),
         parallel=parallel,
-        files=[(sent.filename or "", sent.file) for sent in files],
+        files=[(upload.filename or "", upload.file) for upload in files],
         archive=None if archive is None else archive.file,
         address=client_address(request),
     )
-    return submission.submit(state, upload)
+    return submission.submit(state, sent)
 
 
 @router.post("/api/jobs/{job_id}/rerun", status_code=201)
