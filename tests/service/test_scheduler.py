@@ -8,7 +8,8 @@ import pytest
 
 from dlscale.errors import UserError
 from dlscale.service.fairshare import GPU_SLOT_COST, charge, decay
-from dlscale.service.scheduler import Machine, Request, Running, Tenant, check_fits, plan
+from dlscale.service.scheduler import check_fits, plan
+from dlscale.service.scheduler_types import Machine, Request, Running, Tenant
 from dlscale.service.simulation import Arrival, simulate
 
 HOUR_S = 3600.0

@@ -55,7 +55,7 @@ def people(db: Db, *names: str, tenant: str = "lab", role: str = "editor"):
     """Users (made if new) who are members of `tenant` (made if new)."""
     made = []
     with db.maker.begin() as s:
-        if not any(t.name == tenant for t in store.tenants(s)):
+        if store.tenant_named(s, tenant) is None:
             store.create_tenant(s, tenant)
         for name in names:
             user, _ = store.create_user(s, name)
@@ -66,7 +66,7 @@ def people(db: Db, *names: str, tenant: str = "lab", role: str = "editor"):
 
 def submit(db: Db, user, tenant: str = "lab", spec: str = "epochs: 1\n") -> Job:
     with db.maker.begin() as s:
-        owner = next(t for t in store.tenants(s) if t.name == tenant)
+        owner = store.tenant_named(s, tenant)
         fields = {"kind": "train", "spec_text": spec, "seed": 7, "cpu_slots": 1, "gpu_slots": 0}
         return jobstore.new_job(s, tenant=owner, user=user, **fields)
 
@@ -91,6 +91,7 @@ def test_users_tenants_and_members(db):
         assert store.roles(s, bob) == {"lab": "owner"}
         assert [u.name for u in store.users(s)] == ["alice", "bob"]
         assert store.tenants(s)[1].storage_bytes == 10**12
+        assert store.tenant_named(s, "other").weight == 2.5 and store.tenant_named(s, "x") is None
     bad = [
         (lambda s: store.create_user(s, "alice"), "already exists"),
         (lambda s: store.create_user(s, "../x"), "user name"),

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -20,19 +19,7 @@ from dlscale.service.db import make_engine, migrate, sessions
 from dlscale.service.executor import Executor
 from dlscale.service.limits import BodyLimit, FailureLimiter
 from dlscale.service.loop import JobLoop
-
-
-@dataclass
-class ServiceState:
-    config: ServiceConfig
-    engine: object
-    maker: object
-    secret: bytes
-    executor: Executor
-    loop: JobLoop
-    limiter: FailureLimiter  # failed logins per address and name, bad tokens per address
-    address_limiter: FailureLimiter  # failed logins per address, whatever names were tried
-
+from dlscale.service.state import ServiceState
 
 UNSAFE = (
     "dlscale serve: --unsafe-single-user: jobs run as this server's user, unsandboxed and "

@@ -4,18 +4,24 @@ Credentials are a bearer token (`Authorization: Bearer dls_...`, for scripts and
 remote`) or the dashboard's session cookie, which needs the CSRF header on every state change.
 A job is reached only through `job_access`, which answers 404 for a job of a tenant the caller
 is not a member of: the same answer as for a job that does not exist, so ids cannot be probed.
+
+A route declares what it needs by type, as the FastAPI template does (`CurrentUser`,
+`SessionDep`): `Caller`, `Writer` or `Admin` for who asks, `ViewableJob` or `EditableJob` for a
+job at `{job_id}` (whose tenant the caller belongs to, with that role at least).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Request
 
 from dlscale.service import jobstore, store
 from dlscale.service.auth import ROLES
+from dlscale.service.db.models import Job
+from dlscale.service.state import ServiceState
 
 SESSION_COOKIE = "dlscale_session"
 CSRF_COOKIE = "dlscale_csrf"
@@ -33,7 +39,7 @@ class Principal:
     csrf: str | None = None  # the session's CSRF value (pages embed nothing else)
 
 
-def service(request: Request):
+def service(request: Request) -> ServiceState:
     return request.app.state.service
 
 
@@ -112,21 +118,36 @@ def principal(request: Request) -> Principal:
     raise _unauthorized()
 
 
-def writer(who: Principal = Depends(principal)) -> Principal:
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def writer(who: Caller) -> Principal:
     if who.scope != "write":
         raise HTTPException(403, "this token is read-only (scope read)")
     return who
 
 
-def admin(who: Principal = Depends(principal)) -> Principal:
+def admin(who: Caller) -> Principal:
     if not who.user.is_admin:
         raise HTTPException(403, "admins only")
     return who
 
 
-def job_access(request: Request, job_id: str, who: Principal, needed: str = "viewer"):
-    """(job, role) for a job of a tenant `who` belongs to with at least `needed`; 404 when the
-    job does not exist or belongs to another tenant; 403 for a member whose role is too low."""
+Writer = Annotated[Principal, Depends(writer)]
+Admin = Annotated[Principal, Depends(admin)]
+
+
+@dataclass(frozen=True)
+class JobAccess:
+    """A job the caller may reach, and their role in its tenant."""
+
+    job: Job  # detached: read it, or fetch it again to change it
+    role: str
+
+
+def job_access(request: Request, job_id: str, who: Principal, needed: str = "viewer") -> JobAccess:
+    """The job of a tenant `who` belongs to with at least `needed`; 404 when the job does not
+    exist or belongs to another tenant; 403 for a member whose role is too low."""
     state = service(request)
     if not JOB_ID.fullmatch(job_id):  # not an id the server could have made (NUL, '/', ...)
         raise HTTPException(404, "job not found")
@@ -137,4 +158,16 @@ def job_access(request: Request, job_id: str, who: Principal, needed: str = "vie
     job, role = found
     if ROLES[role] < ROLES[needed]:
         raise HTTPException(403, f"needs role {needed} in this tenant (you are {role})")
-    return job, role
+    return JobAccess(job, role)
+
+
+def viewable_job(job_id: str, request: Request, who: Caller) -> JobAccess:
+    return job_access(request, job_id, who, "viewer")
+
+
+def editable_job(job_id: str, request: Request, who: Writer) -> JobAccess:
+    return job_access(request, job_id, who, "editor")
+
+
+ViewableJob = Annotated[JobAccess, Depends(viewable_job)]
+EditableJob = Annotated[JobAccess, Depends(editable_job)]

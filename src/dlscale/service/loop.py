@@ -42,7 +42,6 @@ from dlscale.service.scheduler_types import Tenant as TenantQuota
 
 CANCEL_RESEND_S = 5.0
 START_TRIES = 3  # processes spawned for a job that never claims it before it is failed
-ENDED = ("succeeded", "failed", "cancelled")
 
 
 def quota_of(tenant: Tenant) -> TenantQuota:
@@ -253,7 +252,7 @@ class JobLoop:
 
     def _finish(self, db, job: Job, result: dict, size: int, artifacts: list) -> None:
         state = result.get("state")
-        if state not in ENDED:
+        if state not in jobstore.ENDED:
             state, result = "failed", {**result, "message": f"unknown result state {state!r}"}
         usage = self.executor.release(job_dir(self.config.data_dir, job.id))
         if usage is not None:

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from dlscale.service.fairshare import held_usage, shares, slot_cost
 from dlscale.service.scheduler_types import Machine, Request, Running, Tenant
 
-__all__ = ["Decision", "Machine", "Request", "Running", "Tenant", "check_fits", "plan"]
-
 
 @dataclass(frozen=True)
 class Decision:

@@ -58,10 +58,15 @@ def _user(db: Session, user: User | str) -> User:
     return found
 
 
+def tenant_named(db: Session, name: str) -> Tenant | None:
+    """The tenant called `name` (one indexed lookup); None when there is none."""
+    return db.scalar(select(Tenant).where(Tenant.name == name))
+
+
 def _tenant(db: Session, tenant: Tenant | str) -> Tenant:
     if isinstance(tenant, Tenant):
         return tenant
-    found = db.scalar(select(Tenant).where(Tenant.name == tenant))
+    found = tenant_named(db, tenant)
     if found is None:
         raise UserError(f"no tenant named '{tenant}'")
     return found

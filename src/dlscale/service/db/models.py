@@ -117,8 +117,10 @@ class Job(Base):
     stop_reason: Mapped[str | None] = mapped_column(Text)  # why the server stopped it
     delete_requested: Mapped[bool] = mapped_column(default=False)  # deleted once it has ended
 
-    # Loaded with the job (one join): job pages show who submitted it after the session ends.
+    # Loaded with the job (one join each): job pages show who submitted it and for which
+    # tenant after the session ends, and a rerun queues into the original's tenant.
     user: Mapped[User] = relationship(lazy="joined", viewonly=True)
+    tenant: Mapped[Tenant] = relationship(lazy="joined", viewonly=True)
 
 
 class JobEvent(Base):

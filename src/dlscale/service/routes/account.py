@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, Field
 
 from dlscale import __version__
@@ -12,10 +12,9 @@ from dlscale.service.db.models import User
 from dlscale.service.deps import (
     CSRF_COOKIE,
     SESSION_COOKIE,
-    Principal,
+    Caller,
     check_not_limited,
     client_address,
-    principal,
     record_failure,
     service,
 )
@@ -78,7 +77,7 @@ def login(body: Login, request: Request, response: Response) -> dict:
 
 
 @router.post("/api/logout")
-def logout(request: Request, response: Response, who: Principal = Depends(principal)) -> dict:
+def logout(request: Request, response: Response, who: Caller) -> dict:
     state = service(request)
     session_id = request.cookies.get(SESSION_COOKIE)
     if who.via == "session" and session_id:
@@ -90,7 +89,7 @@ def logout(request: Request, response: Response, who: Principal = Depends(princi
 
 
 @router.get("/api/me")
-def me(request: Request, who: Principal = Depends(principal)) -> dict:
+def me(request: Request, who: Caller) -> dict:
     with service(request).maker.begin() as db:
         roles = store.roles(db, who.user)
     return {
@@ -104,6 +103,6 @@ def me(request: Request, who: Principal = Depends(principal)) -> dict:
 
 
 @router.get("/api/openapi.json")
-def openapi(request: Request, who: Principal = Depends(principal)) -> dict:
+def openapi(request: Request, who: Caller) -> dict:
     """The routes and their schemas (for clients), to signed-in callers only."""
     return request.app.openapi()

@@ -4,13 +4,13 @@ tenant's weight and quotas. Each change is audited with who made it and from whe
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, NonNegativeInt, PositiveFloat
 
 from dlscale.errors import UserError
 from dlscale.service import store
 from dlscale.service.admin import tenant_view, user_view
-from dlscale.service.deps import Principal, admin, client_address, service
+from dlscale.service.deps import Admin, Principal, client_address, service
 
 router = APIRouter()
 
@@ -56,25 +56,25 @@ def _change(request: Request, who: Principal, action: str, target: str, do, deta
 
 
 @router.get("/api/admin/users")
-def users(request: Request, who: Principal = Depends(admin)) -> list[dict]:
+def users(request: Request, who: Admin) -> list[dict]:
     with service(request).maker.begin() as db:
         return [user_view(db, user) for user in store.users(db)]
 
 
 @router.get("/api/admin/tenants")
-def tenants(request: Request, who: Principal = Depends(admin)) -> list[dict]:
+def tenants(request: Request, who: Admin) -> list[dict]:
     with service(request).maker.begin() as db:
         return [tenant_view(db, tenant) for tenant in store.tenants(db)]
 
 
 @router.get("/api/admin/tokens")
-def tokens(request: Request, who: Principal = Depends(admin)) -> list[dict]:
+def tokens(request: Request, who: Admin) -> list[dict]:
     with service(request).maker.begin() as db:
         return store.tokens(db)
 
 
 @router.get("/api/admin/audit")
-def audit(request: Request, limit: int = 200, who: Principal = Depends(admin)) -> list[dict]:
+def audit(request: Request, who: Admin, limit: int = 200) -> list[dict]:
     with service(request).maker.begin() as db:
         return [
             {
@@ -91,7 +91,7 @@ def audit(request: Request, limit: int = 200, who: Principal = Depends(admin)) -
 
 
 @router.post("/api/admin/users/{name}/disable")
-def disable(name: str, body: Disable, request: Request, who: Principal = Depends(admin)) -> dict:
+def disable(name: str, body: Disable, request: Request, who: Admin) -> dict:
     """Turn an account off (its tokens and sessions stop at once) or on again."""
     if body.disabled and name == who.user.name:
         raise HTTPException(422, "an admin cannot disable their own account")
@@ -103,7 +103,7 @@ def disable(name: str, body: Disable, request: Request, who: Principal = Depends
 
 
 @router.post("/api/admin/users/{name}/password")
-def reset(name: str, request: Request, who: Principal = Depends(admin)) -> dict:
+def reset(name: str, request: Request, who: Admin) -> dict:
     """A new one-time password for the user, shown once (only its hash is kept)."""
     password = _change(
         request, who, "reset password", name, lambda db: store.reset_password(db, name)
@@ -112,7 +112,7 @@ def reset(name: str, request: Request, who: Principal = Depends(admin)) -> dict:
 
 
 @router.delete("/api/admin/tenants/{tenant}/members/{user}")
-def remove(tenant: str, user: str, request: Request, who: Principal = Depends(admin)) -> dict:
+def remove(tenant: str, user: str, request: Request, who: Admin) -> dict:
     """Take a user out of a tenant (the tenant keeps its jobs)."""
 
     def do(db):
@@ -124,7 +124,7 @@ def remove(tenant: str, user: str, request: Request, who: Principal = Depends(ad
 
 
 @router.patch("/api/admin/tenants/{tenant}")
-def change(tenant: str, body: TenantChange, request: Request, who: Principal = Depends(admin)):
+def change(tenant: str, body: TenantChange, request: Request, who: Admin):
     """Change a tenant's weight and quotas; fields left out stay as they are."""
     changes = {key: getattr(body, key) for key in body.model_fields_set}
     if "weight" in changes and changes["weight"] is None:

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from dlscale.service import jobstore, store
 from dlscale.service.db import serialize
 from dlscale.service.db.models import Job
 from dlscale.service.deps import (
-    Principal,
+    Caller,
+    EditableJob,
+    ViewableJob,
+    Writer,
     client_address,
-    job_access,
-    principal,
     service,
-    writer,
 )
 from dlscale.service.layout import job_dir, remove_job_dir
 from dlscale.service.timesplit import time_split
@@ -27,14 +27,13 @@ MAX_PAGE = 1000  # jobs in one page of the list
 
 
 def job_view(db, job, role: str) -> dict:
-    tenant = next(t for t in store.tenants(db) if t.id == job.tenant_id)
     events = [
         {"id": e.id, "at": e.at, "state": e.state, "message": e.message}
         for e in jobstore.job_events(db, job.id)
     ]
     return {
         "id": job.id,
-        "tenant": tenant.name,
+        "tenant": job.tenant.name,
         "user": job.user.name if getattr(job, "user", None) is not None else None,
         "kind": job.kind,
         "state": job.state,
@@ -61,10 +60,10 @@ def job_view(db, job, role: str) -> dict:
 def list_jobs(
     request: Request,
     response: Response,
+    who: Caller,
     tenant: str | None = None,
     limit: int = 100,
     before: str | None = None,
-    who: Principal = Depends(principal),
 ):
     """The caller's tenants' jobs, newest first, `limit` at a time (at most 1,000); when more
     are older, the X-Next-Before header holds the id to pass as `before` for the next page (a
@@ -80,12 +79,11 @@ def list_jobs(
             if found is None:
                 raise HTTPException(422, "before: not one of your jobs' ids")
             cursor = found[0].seq
-        names = {t.id: t.name for t in store.tenants(db)}
         rows = jobstore.jobs_of(db, who.user, tenant, limit + 1, cursor)
         listed = [
             {
                 "id": j.id,
-                "tenant": names[j.tenant_id],
+                "tenant": j.tenant.name,
                 "kind": j.kind,
                 "state": j.state,
                 "reason": j.reason or "",
@@ -105,25 +103,24 @@ def list_jobs(
 
 
 @router.get("/api/jobs/{job_id}")
-def read_job(job_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
+def read_job(job_id: str, request: Request, access: ViewableJob) -> dict:
     """The job: its state and history, result and reproduction record, and where its steps
     spent their time so far (from its run record, updated at every epoch)."""
-    job, role = job_access(request, job_id, who)
     state = service(request)
     with state.maker.begin() as db:
-        view = job_view(db, db.get(Job, job.id), role)  # fresh: nothing stale written back
+        row = db.get(Job, access.job.id)  # fresh: nothing stale written back
+        view = job_view(db, row, access.role)
     return {**view, "time_split": time_split(job_dir(state.config.data_dir, job_id))}
 
 
 @router.post("/api/jobs/{job_id}/cancel")
-def cancel(job_id: str, request: Request, who: Principal = Depends(writer)) -> dict:
+def cancel(job_id: str, request: Request, who: Writer, access: EditableJob) -> dict:
     """Stop a job: a queued one at once, a running one by SIGINT (its last checkpoint is kept);
     the request is stored first, so a cancel survives a server crash."""
-    job, _ = job_access(request, job_id, who, "editor")
     state = service(request)
     with state.maker.begin() as db:
         serialize(db.connection())  # one writer of job states at a time (PostgreSQL)
-        row = db.get(Job, job.id)  # fresh: a detached copy would write stale columns back
+        row = db.get(Job, access.job.id)  # fresh: a detached copy would write stale columns back
         changed = jobstore.request_cancel(db, row)
         address = client_address(request)
         store.audit(db, "cancel", "ok", actor=who.user.name, ip=address, target=job_id)
@@ -139,15 +136,14 @@ def cancel(job_id: str, request: Request, who: Principal = Depends(writer)) -> d
 
 
 @router.delete("/api/jobs/{job_id}")
-def delete(job_id: str, request: Request, who: Principal = Depends(writer)) -> JSONResponse:
+def delete(job_id: str, request: Request, who: Writer, access: EditableJob) -> JSONResponse:
     """Delete a job and its folder, freeing its tenant's storage: at once when it is queued or
     has ended (200); a running one is cancelled first and deleted when it has stopped (202)."""
-    job, _ = job_access(request, job_id, who, "editor")
     state = service(request)
     folder = job_dir(state.config.data_dir, job_id)
     with state.maker.begin() as db:
         serialize(db.connection())  # the scheduler cannot start it meanwhile
-        row = db.get(Job, job.id)
+        row = db.get(Job, access.job.id)
         active = row.state in jobstore.ACTIVE
         if active:
             jobstore.request_cancel(db, row)

@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import PurePosixPath
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Header, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from dlscale.service import jobstore
 from dlscale.service.db.models import Job
-from dlscale.service.deps import ARTIFACT_ID, Principal, job_access, principal, service
+from dlscale.service.deps import ARTIFACT_ID, ViewableJob, service
 from dlscale.service.layout import MAX_PARSED_BYTES, job_dir, open_artifact, open_plain
-from dlscale.service.loop import ENDED
 from dlscale.service.sse import follow, start_offset
 
 router = APIRouter()
@@ -35,7 +34,7 @@ def _stream(
     def ended() -> str | None:
         with state.maker.begin() as db:
             job = db.get(Job, job_id)
-            return job.state if job is not None and job.state in ENDED else None
+            return job.state if job is not None and job.state in jobstore.ENDED else None
 
     events = follow(path, start_offset(last_event_id, after), kind, ended, live)
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -46,14 +45,13 @@ def _stream(
 def logs(
     job_id: str,
     request: Request,
+    access: ViewableJob,
     follow: bool = True,
     after: int | None = None,
     last_event_id: str | None = Header(None),
-    who: Principal = Depends(principal),
 ):
     """The job's log as server-sent events (`event: log`, id = byte offset); reconnect with
     Last-Event-ID (or ?after=) to resume; an `end` event carries the final state."""
-    job_access(request, job_id, who)
     return _stream(request, job_id, "logs", last_event_id, after, follow)
 
 
@@ -61,21 +59,19 @@ def logs(
 def metrics_stream(
     job_id: str,
     request: Request,
+    access: ViewableJob,
     follow: bool = True,
     after: int | None = None,
     last_event_id: str | None = Header(None),
-    who: Principal = Depends(principal),
 ):
     """Each finished epoch's metrics (JSON) as server-sent events, resumable like the log."""
-    job_access(request, job_id, who)
     return _stream(request, job_id, "metrics", last_event_id, after, follow)
 
 
 @router.get("/api/jobs/{job_id}/metrics")
-def metrics(job_id: str, request: Request, who: Principal = Depends(principal)) -> list[dict]:
+def metrics(job_id: str, request: Request, access: ViewableJob) -> list[dict]:
     """Every finished epoch's metrics so far (the first MAX_PARSED_BYTES of them: a job writes
     its own metrics file, and may write it to any size)."""
-    job_access(request, job_id, who)
     path = job_dir(service(request).config.data_dir, job_id) / "metrics.jsonl"
     try:
         with open_plain(path) as handle:  # never through a symlink a job might plant
@@ -92,22 +88,20 @@ def metrics(job_id: str, request: Request, who: Principal = Depends(principal)) 
 
 
 @router.get("/api/jobs/{job_id}/artifacts")
-def artifacts(job_id: str, request: Request, who: Principal = Depends(principal)) -> list[dict]:
+def artifacts(job_id: str, request: Request, access: ViewableJob) -> list[dict]:
     """The files a finished job left, with size and sha256; download each by its id."""
-    job, _ = job_access(request, job_id, who)
     with service(request).maker.begin() as db:
-        rows = jobstore.artifacts_of(db, job)
+        rows = jobstore.artifacts_of(db, access.job)
         return [{"id": a.id, "name": a.name, "size": a.size, "sha256": a.sha256} for a in rows]
 
 
 @router.get("/api/jobs/{job_id}/artifacts/{artifact_id}")
-def download(job_id: str, artifact_id: str, request: Request, who: Principal = Depends(principal)):
-    job, _ = job_access(request, job_id, who)
+def download(job_id: str, artifact_id: str, request: Request, access: ViewableJob):
     state = service(request)
     name = None
     if ARTIFACT_ID.fullmatch(artifact_id):  # ids are the server's own; anything else: none
         with state.maker.begin() as db:
-            row = jobstore.artifact(db, job, artifact_id)
+            row = jobstore.artifact(db, access.job, artifact_id)
             name = row.name if row is not None else None
     if name is None:
         raise HTTPException(404, "artifact not found")

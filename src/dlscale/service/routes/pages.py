@@ -19,7 +19,6 @@ from dlscale.service.db.models import Job
 from dlscale.service.deps import Principal, admin, job_access, principal, service
 from dlscale.service.headers import SecurityHeaders
 from dlscale.service.layout import job_dir
-from dlscale.service.loop import ENDED
 from dlscale.service.routes import admin as admin_routes
 from dlscale.service.routes import jobs as job_routes
 from dlscale.service.routes import queue as queue_routes
@@ -145,11 +144,11 @@ def job_page(job_id: str, request: Request) -> HTMLResponse:
     """One job: state, spec, reproduction record, live log and chart, time split, artifacts."""
 
     def build(who: Principal) -> HTMLResponse:
-        job, role = job_access(request, job_id, who)
+        access = job_access(request, job_id, who)
         state = service(request)
         with state.maker.begin() as db:
-            row = db.get(Job, job.id)  # fresh: never a detached copy written back
-            view = job_routes.job_view(db, row, role)
+            row = db.get(Job, access.job.id)  # fresh: never a detached copy written back
+            view = job_routes.job_view(db, row, access.role)
             files = [
                 {"id": a.id, "name": a.name, "size": a.size, "sha256": a.sha256}
                 for a in jobstore.artifacts_of(db, row)
@@ -161,8 +160,8 @@ def job_page(job_id: str, request: Request) -> HTMLResponse:
             job=view,
             artifacts=files,
             split=time_split(job_dir(state.config.data_dir, job_id)),
-            ended=view["state"] in ENDED,
-            can_edit=_can_edit(who, role),
+            ended=view["state"] in jobstore.ENDED,
+            can_edit=_can_edit(who, access.role),
         )
 
     return _page(request, build)
@@ -194,7 +193,7 @@ def admin_page(request: Request) -> HTMLResponse:
             users=admin_routes.users(request, who),
             tenants=admin_routes.tenants(request, who),
             tokens=admin_routes.tokens(request, who),
-            audit=admin_routes.audit(request, 200, who),
+            audit=admin_routes.audit(request, who, 200),
         )
 
     return _page(request, build)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 
 from dlscale.service import jobstore, store
-from dlscale.service.deps import Principal, principal, service
+from dlscale.service.deps import Caller, Principal, service
 from dlscale.service.fairshare import decay
 
 router = APIRouter()
@@ -66,7 +66,7 @@ def queue_view(db, who: Principal, half_life_s: float, machine) -> dict:
 
 
 @router.get("/api/queue")
-def queue(request: Request, who: Principal = Depends(principal)) -> dict:
+def queue(request: Request, who: Caller) -> dict:
     state = service(request)
     with state.maker.begin() as db:
         return queue_view(db, who, state.config.half_life_s, state.loop.machine)
