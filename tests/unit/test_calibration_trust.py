@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlscale import api
+from dlscale.api import bench
+from dlscale.api.profiling import profile, profile_json
 from dlscale.bench import plausible
 from dlscale.bench.machine import machine_hardware
 from dlscale.cli.main import app
@@ -67,7 +68,7 @@ def machine_result(readings: dict) -> dict:
 
 
 def bench_machine(monkeypatch, readings: dict, *args: str):
-    monkeypatch.setattr(api, "bench_machine", lambda **_: machine_result(readings))
+    monkeypatch.setattr(bench, "bench_machine", lambda **_: machine_result(readings))
     return runner.invoke(app, ["bench", "machine", *args])
 
 
@@ -114,7 +115,7 @@ def test_a_forced_unreliable_entry_says_so_in_every_prediction(home, tmp_path, m
     calibration = trust.calibration(local)
     assert calibration["entry"] == "local" and calibration["reliable"] is False
     assert calibration["measured_at"] == "2026-11-27T05:00:00+00:00"
-    shown = api.profile_json(api.profile("lenet", hardware=["local"]))["hardware"][0]
+    shown = profile_json(profile("lenet", hardware=["local"]))["hardware"][0]
     assert shown["calibration"] == calibration
     text = runner.invoke(app, ["profile", "lenet", "--hardware", "local"])
     assert text.exit_code == 0, text.output

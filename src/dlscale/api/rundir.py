@@ -11,10 +11,10 @@ from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.faults import ending_recorded
-from dlscale.train.files import DEFAULT_RUNS_DIR
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 from dlscale.train.resume_point import resume_point
+from dlscale.train.run_folder import latest_run_dir
 
 Start = Callable[[Path, Path | None], dict]
 
@@ -62,14 +62,3 @@ def train_in_folder(
             with ckpt.naming_intact(run_dir):
                 write_json_atomic(run_dir / "run.json", record)
         return record
-
-
-def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
-    """The newest runs/<name>-* folder holding a checkpoint: what a bare --resume continues."""
-    candidates = [p for p in root.glob(f"{name}-*") if ckpt.list_checkpoints(p)]
-    if not candidates:
-        raise UserError(
-            f"nothing to resume: no run of '{name}' with checkpoints under {root}/ "
-            "(pass --out DIR to name the run folder)"
-        )
-    return max(candidates, key=lambda p: ckpt.list_checkpoints(p)[-1][1].stat().st_mtime)

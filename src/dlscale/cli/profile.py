@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from dlscale import api
+from dlscale.api import bench, profiling
 from dlscale.cli.errors import user_errors
 from dlscale.cli.options import parse_int_list, parse_kwargs
 from dlscale.errors import UserError
@@ -91,8 +92,8 @@ def profile(
         raise UserError(f"--optimizer must be sgd, momentum, adam or adamw (got '{optimizer}')")
     model_kwargs = parse_kwargs(kwargs)
     if plot is not None:
-        api.profile_plot_folder(plot)
-    result = api.profile(
+        profiling.profile_plot_folder(plot)
+    result = profiling.profile(
         target,
         batch_size=batch,
         input_shape=(
@@ -117,11 +118,11 @@ def profile(
         inference=inference,
     )
     if as_json:
-        print(json.dumps(api.profile_json(result), indent=2))
+        print(json.dumps(profiling.profile_json(result), indent=2))
     else:
-        api.profile_report(result, console)
+        profiling.profile_report(result, console)
     if plot is not None:
-        written = api.profile_plots(result, plot)
+        written = profiling.profile_plots(result, plot)
         (Console(stderr=True) if as_json else console).print(
             "plots: " + ", ".join(str(p) for p in written)
         )
@@ -171,6 +172,6 @@ def estimate(
     if predicted:
         console.print(f"roofline / measured step time = {result.ratio:.2f}")
         if result.calibration:
-            console.print(api.calibration_line(result.calibration))
+            console.print(bench.calibration_line(result.calibration))
     else:
         console.print("no roofline prediction: run 'dlscale bench machine' to measure this machine")
