@@ -17,10 +17,10 @@ import sys
 CHILD = """
 import json, resource, time
 t0 = time.perf_counter()
-from dlscale import api
+from dlscale.api.profiling import ProfileRequest, profile
 t1 = time.perf_counter()
-request = api.ProfileRequest({model!r}, batch_size={batch}, hardware=("a100-40gb", "h100-sxm"))
-result = api.profile(request)
+request = ProfileRequest({model!r}, batch_size={batch}, hardware=("a100-40gb", "h100-sxm"))
+result = profile(request)
 t2 = time.perf_counter()
 print(json.dumps({{"import_s": t1 - t0, "profile_s": t2 - t1,
                   "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -56,17 +56,19 @@ def main() -> None:
     home = tempfile.mkdtemp(prefix="dlscale-bench-home-")
     os.environ["DLSCALE_HOME"] = home
     from dlscale import api
+    from dlscale.api.bench import bench_machine, save_local_hardware
+    from dlscale.api.experiments import scale
 
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(f"calibrating this machine into {home} (dlscale bench machine --quick) ...")
-    api.save_local_hardware(api.bench_machine(quick=True))
+    save_local_hardware(bench_machine(quick=True))
     ratios: dict[str, list[float]] = {"ddp 1": [], "ddp 2": [], "ps 2": []}
     measured: dict[str, list[float]] = {key: [] for key in ratios}
     predicted: dict[str, float] = {}
     comm_measured: list[float] = []
     for round_index in range(args.rounds):
         with tempfile.TemporaryDirectory() as out:
-            result = api.scale(SPEC, [1, 2], Path(out) / "scale", steps=args.steps)
+            result = scale(SPEC, [1, 2], Path(out) / "scale", steps=args.steps)
             threads = result["threads_per_worker"]
             for row in result["rows"]:
                 key = f"ddp {row['workers']}"

@@ -95,14 +95,15 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Pat
     assert result["spread"]["probes"] > 10 and result["spread"]["worst"] >= 0
     assert local.measured["spread"] == pytest.approx(result["spread"])
     assert local.measured["link"]["bytes_per_s"] > 0  # two local processes, gloo
-    from dlscale import api
+    from dlscale.api.bench import worse_than_saved
+    from dlscale.api.profiling import ProfileRequest, profile, profile_json
 
-    assert api.worse_than_saved(result) is None  # the same quality: not worse
+    assert worse_than_saved(result) is None  # the same quality: not worse
     assert result["rejected"] == []  # products up to n = 64 say nothing of the peak: no check
     doubtful = {**result, "suspect": [*result["suspect"], "training_op_overhead_s"]}
-    assert "values rejected or doubtful against" in api.worse_than_saved(doubtful)
-    profiled = api.profile(api.ProfileRequest("lenet", hardware=("local",)))
-    shown = api.profile_json(profiled)["hardware"][0]
+    assert "values rejected or doubtful against" in worse_than_saved(doubtful)
+    profiled = profile(ProfileRequest("lenet", hardware=("local",)))
+    shown = profile_json(profiled)["hardware"][0]
     assert shown["step_spread"] == pytest.approx(result["spread"]["median"])
 
     link = {f"{m}_{d}_bytes_per_s": 1e10 for m in ("pinned", "pageable") for d in ("h2d", "d2h")}

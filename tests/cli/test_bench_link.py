@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlscale import api
+from dlscale.api.bench import link_name, save_link
 from dlscale.cli.main import app
 from dlscale.hardware.links import load_links
 
@@ -29,7 +29,7 @@ def test_asking_wrongly_is_one_line(argv: list[str], says: str, tmp_path: Path):
 
 
 def test_a_saved_link_reads_back_and_scale_finds_it(tmp_path: Path, monkeypatch):
-    from dlscale.api.scale import saved_cluster_link
+    from dlscale.api.experiments import saved_cluster_link
 
     monkeypatch.setenv("DLSCALE_HOME", str(tmp_path))
     assert saved_cluster_link() is None
@@ -38,9 +38,9 @@ def test_a_saved_link_reads_back_and_scale_finds_it(tmp_path: Path, monkeypatch)
         "hosts": ["10.0.0.1", "10.0.0.2"],
         "allreduce": fit,
         "p2p": {**fit, "bytes_per_s": 12.1e6, "latency_s": 95e-6},
-        "name": api.link_name(["10.0.0.2", "10.0.0.1"]),
+        "name": link_name(["10.0.0.2", "10.0.0.1"]),
     }
-    path = api.save_link(result)
+    path = save_link(result)
     assert path == tmp_path / "hardware" / "link-10.0.0.1-10.0.0.2.toml"
     link = load_links()["link-10.0.0.1-10.0.0.2"]
     assert (link.bytes_per_s, link.latency_s, link.kind) == (11.8e6, 210e-6, "ethernet")

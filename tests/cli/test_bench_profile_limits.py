@@ -136,12 +136,12 @@ def test_profile_plots_on_a_full_disk_are_one_line_and_leave_no_partial_file(
 
 @pytest.mark.parametrize("bench", ["precision", "levels", "sparsity"])
 def test_a_bench_refuses_a_bad_out_before_measuring(tmp_path: Path, monkeypatch, bench):
-    from dlscale import api
+    from dlscale.api import bench as bench_verbs
 
     def measured(*args, **kwargs):
         raise AssertionError("measured before --out was checked")
 
-    monkeypatch.setattr(api, f"bench_{bench}", measured)
+    monkeypatch.setattr(bench_verbs, f"bench_{bench}", measured)
     taken = tmp_path / "taken"
     taken.write_text("mine")
     spec = tmp_path / "job.yaml"

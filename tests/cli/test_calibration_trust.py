@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from dlscale import api
+from dlscale.api import bench
+from dlscale.api.profiling import ProfileRequest, profile, profile_json
 from dlscale.bench import plausible
 from dlscale.bench.machine import machine_hardware
 from dlscale.cli.main import app
@@ -67,7 +68,7 @@ def machine_result(readings: dict) -> dict:
 
 
 def bench_machine(monkeypatch, readings: dict, *args: str):
-    monkeypatch.setattr(api, "bench_machine", lambda **_: machine_result(readings))
+    monkeypatch.setattr(bench, "bench_machine", lambda **_: machine_result(readings))
     return runner.invoke(app, ["bench", "machine", *args])
 
 
@@ -114,8 +115,8 @@ def test_a_forced_unreliable_entry_says_so_in_every_prediction(home, tmp_path, m
     calibration = trust.calibration(local)
     assert calibration["entry"] == "local" and calibration["reliable"] is False
     assert calibration["measured_at"] == "2026-11-27T05:00:00+00:00"
-    profiled = api.profile(api.ProfileRequest("lenet", hardware=("local",)))
-    shown = api.profile_json(profiled)["hardware"][0]
+    profiled = profile(ProfileRequest("lenet", hardware=("local",)))
+    shown = profile_json(profiled)["hardware"][0]
     assert shown["calibration"] == calibration
     text = runner.invoke(app, ["profile", "lenet", "--hardware", "local"])
     assert text.exit_code == 0, text.output

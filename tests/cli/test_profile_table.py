@@ -7,7 +7,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from dlscale import api
+from dlscale.api.profiling import ProfileRequest, profile, profile_report
 from dlscale.cli.main import app
 from dlscale.profiler.report import HARDWARE_COLUMNS, LAYER_COLUMNS, to_json
 from dlscale.units import binary_bytes, si
@@ -18,7 +18,7 @@ HARDWARE = ["a100-40gb", "i7-7700k"]
 @pytest.fixture(scope="module")
 def resnet():
     """ResNet-18: 60-odd layers, nested names, figures from bytes to giga-FLOPs."""
-    return api.profile(api.ProfileRequest("resnet18", hardware=tuple(HARDWARE)))
+    return profile(ProfileRequest("resnet18", hardware=tuple(HARDWARE)))
 
 
 def layer_lines(text: str) -> list[str]:
@@ -46,7 +46,7 @@ def check_whole(text: str, result) -> None:
 @pytest.mark.parametrize("width", [80, 120])
 def test_at_a_terminal_columns_are_left_out_not_cut(resnet, width: int):
     console = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
-    api.profile_report(resnet, console)
+    profile_report(resnet, console)
     text = console.file.getvalue()
     check_whole(text, resnet)
     assert max(len(line) for line in text.splitlines()) <= width
@@ -71,7 +71,7 @@ def test_piped_the_tables_are_whole(resnet):
 def test_the_macs_column_counts_the_lectures_way():
     """LeNet's conv1 at batch 1, by hand: 6 × 24 × 24 outputs × (1 × 5 × 5) inputs = 86,400
     MACs, half its FLOPs; the 3,456 bias adds (one per output) are in neither count."""
-    profiled = api.profile(api.ProfileRequest("lenet", batch_size=1))
+    profiled = profile(ProfileRequest("lenet", batch_size=1))
     layers = {row["name"]: row for row in to_json(profiled)["layers"]}
     conv1 = layers["conv1"]
     assert conv1["forward_macs"] == 6 * 24 * 24 * 25 and conv1["forward_flops"] == 2 * 86_400

@@ -13,6 +13,7 @@ from rich.table import Table
 from typer.testing import CliRunner
 
 from dlscale import api
+from dlscale.api.experiments import scale
 from dlscale.bench.scale import scale_note
 from dlscale.cli.main import app
 from dlscale.cli.progress import RichReporter, ps_rows, summary_table
@@ -135,7 +136,7 @@ def test_scale_gives_every_worker_the_same_threads(tmp_path: Path):
         "name: t\nmodel: {name: mlp, kwargs: {hidden: [8]}}\ndata: {name: digits}\n"
         "batch_size: 16\ndevice: cpu\n"
     )
-    result = api.scale(spec, [1, 2], tmp_path / "scale", steps=4)
+    result = scale(spec, [1, 2], tmp_path / "scale", steps=4)
     threads = [
         json.loads((Path(row["run_dir"]) / "run.json").read_text())["environment"]["torch_threads"]
         for row in result["rows"]

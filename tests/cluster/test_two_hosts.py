@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from dlscale import api
+from dlscale.api.data import convert_data
 from dlscale.hardware.links import load_links
 from dlscale.jobspec import parse_spec
 from tests.cluster.conftest import BIN, clean_environment, same_weights
@@ -116,7 +117,7 @@ def test_a_sweeps_trial_slots_live_on_every_host(hosts, tmp_path: Path):
 
 
 def test_streamed_shards_staged_once_on_each_hosts_own_disk(hosts, tmp_path: Path):
-    api.convert_data("digits", tmp_path / "shards", shard_size="64KB")
+    convert_data("digits", tmp_path / "shards", shard_size="64KB")
     data = {
         "name": "webdataset",
         "urls": str(tmp_path / "shards" / "train-*.tar"),

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlscale import api
+from dlscale.api.data import convert_data
 
 SHAPE = [3, 128, 128]  # 49,152 bytes a sample as uint8
 BIG_SAMPLES = 43_000  # ≈ 2.1 GB of shards
@@ -19,7 +19,7 @@ SMALL_SAMPLES = BIG_SAMPLES // 10
 
 
 def convert(out: Path, samples: int) -> dict:
-    return api.convert_data(
+    return convert_data(
         "synthetic", out, shard_size="256MB", samples=samples, shape=SHAPE, classes=10, seed=0
     )
 

@@ -16,6 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from dlscale import api
+from dlscale.api.data import convert_data, stage_data
 from dlscale.cli.main import app
 from dlscale.data import build_data
 from dlscale.data.dataset_files import stage_spec
@@ -103,7 +104,7 @@ def test_synthetic_shards_hold_the_seeded_samples_and_are_learnable(shards: Path
 
 
 def test_convert_digits_round_trips_the_readers_samples(tmp_path: Path):
-    result = api.convert_data("digits", tmp_path / "d", shard_size="40KB", seed=3)
+    result = convert_data("digits", tmp_path / "d", shard_size="40KB", seed=3)
     assert result["shards"] >= 3 and result["samples"] == {"train": 1437, "val": 360}
     reference = build_data(DigitsData(name="digits"), 3)
     x, y = reference.train.tensors
@@ -119,7 +120,7 @@ def test_convert_hf_loads_with_datasets_and_the_hf_reader(tmp_path: Path):
     import datasets
 
     out = tmp_path / "hf"
-    result = api.convert_data(
+    result = convert_data(
         "synthetic",
         out,
         format="hf",
@@ -168,7 +169,7 @@ def test_convert_reads_a_job_specs_data_section(tmp_path: Path):
 CONVERT_AND_PEAK = """
 import resource, sys
 from pathlib import Path
-from dlscale.api import convert_data
+from dlscale.api.data import convert_data
 for samples in (800, 8000):
     convert_data("synthetic", Path(sys.argv[1]) / str(samples), shard_size="4MB",
                  samples=samples, shape=[3, 64, 64])
@@ -226,7 +227,7 @@ def test_an_interrupted_convert_leaves_shards_but_no_dataset_json(tmp_path: Path
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        api.convert_data(
+        convert_data(
             "synthetic",
             tmp_path / "o",
             shard_size="20KB",
@@ -244,13 +245,13 @@ def test_an_interrupted_convert_leaves_shards_but_no_dataset_json(tmp_path: Path
 
 
 def test_stage_copies_once_and_then_reuses_the_ledger(shards: Path, tmp_path: Path):
-    first = api.stage_data(shards, tmp_path / "local")
+    first = stage_data(shards, tmp_path / "local")
     names = sorted(p.name for p in shards.iterdir())
     assert first["files"] == len(names) and first["copied_files"] == len(names)
     assert first["copied_bytes"] == first["bytes"] and first["verified"] == "sha256"
     for name in names:
         assert (tmp_path / "local" / name).read_bytes() == (shards / name).read_bytes()
-    again = api.stage_data(shards, tmp_path / "local")
+    again = stage_data(shards, tmp_path / "local")
     assert again["copied_files"] == 0 and again["copied_bytes"] == 0
     assert again["staged_s"] == first["staged_s"]  # the copy's own time, as recorded
     ledger = json.loads((tmp_path / "local" / LEDGER).read_text())["files"]
@@ -271,14 +272,14 @@ def test_a_half_written_part_is_continued(shards: Path, tmp_path: Path):
 
 def test_two_stagers_at_once_copy_each_file_once(shards: Path, tmp_path: Path):
     with ThreadPoolExecutor(2) as pool:  # each opens the lock file itself: flock excludes
-        records = list(pool.map(lambda _: api.stage_data(shards, tmp_path / "l"), range(2)))
+        records = list(pool.map(lambda _: stage_data(shards, tmp_path / "l"), range(2)))
     assert sum(r["copied_files"] for r in records) == records[0]["files"]
     assert records[0]["staged_s"] == records[1]["staged_s"]
 
 
 def test_a_staged_copy_changed_later_is_reported_and_removed(shards: Path, tmp_path: Path):
     dst = tmp_path / "local"
-    api.stage_data(shards, dst)
+    stage_data(shards, dst)
     copy = dst / "train-000001.tar"
     data = bytearray(copy.read_bytes())
     data[700] ^= 0xFF
@@ -286,9 +287,9 @@ def test_a_staged_copy_changed_later_is_reported_and_removed(shards: Path, tmp_p
     stat = copy.stat()  # a later change: its time moves on (a write in the same tick may not)
     os.utime(copy, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
     with pytest.raises(UserError, match=r"train-000001.tar: the staged copy changed") as caught:
-        api.stage_data(shards, dst)
+        stage_data(shards, dst)
     assert "\n" not in str(caught.value) and not copy.exists()
-    assert api.stage_data(shards, dst)["copied_files"] == 1  # staged anew, verified
+    assert stage_data(shards, dst)["copied_files"] == 1  # staged anew, verified
     assert copy.read_bytes() == (shards / "train-000001.tar").read_bytes()
 
 
@@ -410,7 +411,7 @@ def test_a_bit_flip_that_keeps_size_and_mtime_is_caught(shards: Path, tmp_path: 
 
 def test_data_stage_rehashes_every_copy_it_reuses(shards: Path, tmp_path: Path):
     dst = tmp_path / "local"
-    api.stage_data(shards, dst)
+    stage_data(shards, dst)
     ledger = json.loads((dst / LEDGER).read_text())
     ledger["files"]["train-000000.tar"]["sha256"] = "0" * 64  # as if the copy had rotted
     (dst / LEDGER).write_text(json.dumps(ledger))

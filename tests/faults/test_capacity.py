@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from dlscale import api
 from dlscale.api import capacity
+from dlscale.api.experiments import scale
+from dlscale.api.profiling import ProfileRequest, profile
 from dlscale.cli.main import app
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
@@ -59,7 +61,7 @@ def test_a_model_larger_than_memory_is_refused_with_the_profilers_figure_and_adv
     path = write(tmp_path, model=huge)
     stderr = one_line_exit_2(invoke("train", path, "--out", tmp_path / "run"))
     # The figure is the profiler's own: weights, gradients and Adam's two moments, on meta.
-    static_bytes = api.profile(api.ProfileRequest(str(path))).memory.static_bytes
+    static_bytes = profile(ProfileRequest(str(path))).memory.static_bytes
     assert static_bytes > 16 * 160e9 / 4  # 4 × 160 GB: weights, gradients, 2 moments
     assert binary_bytes(static_bytes) in stderr and "does not fit" in stderr
     assert "strategy: {name: pipeline" in stderr  # the profiler's advice: split it
@@ -170,7 +172,7 @@ def test_a_sweep_whose_trials_start_too_many_processes_is_refused_before_any(tmp
 
 def test_scale_checks_its_largest_run_before_the_first_starts(tmp_path):
     with pytest.raises(UserError, match="a run would start 1000 processes"):
-        api.scale(write(tmp_path), [1, 1000], tmp_path / "scale", steps=2)
+        scale(write(tmp_path), [1, 1000], tmp_path / "scale", steps=2)
     assert not (tmp_path / "scale" / "workers-1").exists()
 
 

@@ -25,6 +25,7 @@ from dlscale.service import cgroups, layout
 from dlscale.service.config import ServiceConfig
 from dlscale.service.executor import Executor, Probe
 from dlscale.service.layout import job_dir, list_artifacts, open_artifact, tail, write_job
+from dlscale.train import provenance
 from tests.conftest import alive, children, default_sigint, torch_threads, worker_pids
 
 SPEC = """\
@@ -122,7 +123,7 @@ def test_a_train_job_trains_what_api_train_trains_and_runs_only_once(tmp_path):
     assert result["metrics"]["val_loss"] == record["final"]["val_loss"]
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert metrics == run_json["epochs"] and [m["epoch"] for m in metrics] == [1, 2]
-    assert result["data_sha256"] == api.data_digest(folder / "spec.yaml")
+    assert result["data_sha256"] == provenance.data_digest(folder / "spec.yaml")
     assert result["environment"]["torch"] == torch.__version__
     log = (folder / "log.txt").read_text()
     assert log.count("starting job") == 1 and "epoch 2" in log and "Traceback" not in log
@@ -216,7 +217,7 @@ def test_a_job_gone_without_a_result_is_named_with_its_last_log_line(tmp_path):
 
 
 def test_the_weights_digest_covers_names_dtypes_shapes_and_bytes():
-    from dlscale.api.jobs import state_digest
+    from dlscale.train.provenance import state_digest
 
     state = {"b": torch.arange(4.0), "a": torch.ones(2, 2, dtype=torch.bfloat16)}
     same = {"a": state["a"].clone(), "b": state["b"].clone()}
@@ -229,20 +230,18 @@ def test_the_weights_digest_covers_names_dtypes_shapes_and_bytes():
 
 
 def test_the_data_digest_of_files_follows_their_bytes(tmp_path, monkeypatch):
-    from dlscale.api import jobs
-
     x = np.zeros((20, 4), dtype=np.float32)
     np.savez(tmp_path / "d.npz", x=x, y=np.arange(20) % 2)
     spec = tmp_path / "spec.yaml"
     npz = SPEC.replace("EPOCHS", "1")
     spec.write_text(npz.replace("{name: digits}", "{name: npz, path: d.npz}"))
-    first = jobs.data_fingerprint(spec)
+    first = provenance.data_fingerprint(spec)
     assert first["files"] == 1 and not first["partial"]
     x[0, 0] = 1.0
     np.savez(tmp_path / "d.npz", x=x, y=np.arange(20) % 2)
-    assert jobs.data_digest(spec) != first["sha256"]
-    monkeypatch.setattr(jobs, "DATA_HASH_LIMIT_BYTES", 10)  # big data: named, sized, dated
-    assert jobs.data_fingerprint(spec)["partial"]
+    assert provenance.data_digest(spec) != first["sha256"]
+    monkeypatch.setattr(provenance, "DATA_HASH_LIMIT_BYTES", 10)  # big data: named, sized, dated
+    assert provenance.data_fingerprint(spec)["partial"]
 
 
 # ------------------------------------------------------------------ the folder

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from dlscale import api
+from dlscale.api import experiments
 from dlscale.bench.compare import (
     compare_result,
     compare_row,
@@ -231,7 +231,7 @@ def test_cli_table_and_json_from_a_result(tmp_path: Path, monkeypatch):
             on_run(row)
         return result
 
-    monkeypatch.setattr(api, "compare", fake_compare)
+    monkeypatch.setattr(experiments, "compare", fake_compare)
     args = ["compare", "spec.yaml", "--strategies", "ddp,async", "--epochs", "2"]
     shown = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "table")])
     assert shown.exit_code == 0, shown.output

@@ -13,6 +13,7 @@ import ray  # installed by `make` (the `ray` extra): a missing Ray fails here, n
 import torch
 
 from dlscale import api
+from dlscale.api.data import convert_data
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
 
@@ -147,7 +148,7 @@ def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path)
     """WebDataset shards on storage both nodes reach: each Ray worker opens them itself and
     reads its own part of every epoch (the driver sends a spec, never data), and the weights
     are those of the same run as local processes."""
-    api.convert_data("digits", tmp_path / "shards", shard_size="64KB")
+    convert_data("digits", tmp_path / "shards", shard_size="64KB")
     data = {
         "name": "webdataset",
         "urls": str(tmp_path / "shards" / "train-*.tar"),

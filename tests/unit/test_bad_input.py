@@ -134,17 +134,17 @@ def test_a_forward_that_raises_is_one_line_naming_its_line(user_module):
 
 
 def test_profile_names_a_user_model_that_fails(user_module):
-    from dlscale import api
+    from dlscale.api.profiling import ProfileRequest, profile
 
-    message = refused(api.profile, api.ProfileRequest(f"{user_module}:scalar", input_shape=(64,)))
+    message = refused(profile, ProfileRequest(f"{user_module}:scalar", input_shape=(64,)))
     assert message.endswith(
         "cannot take samples of shape (64,): it returned (), not logits (batch, ..., classes)"
     )
-    message = refused(api.profile, api.ProfileRequest(f"{user_module}:lookup", input_shape=(64,)))
+    message = refused(profile, ProfileRequest(f"{user_module}:lookup", input_shape=(64,)))
     assert message.endswith(
         "failed on the meta device in '(model)' (Lookup): KeyError: 'logits' (badnets.py, line 30)"
     )
-    message = refused(api.profile, api.ProfileRequest(f"{user_module}:raises", input_shape=(64,)))
+    message = refused(profile, ProfileRequest(f"{user_module}:raises", input_shape=(64,)))
     assert "by its factory: RuntimeError: my factory broke (badnets.py, line 6)" in message
 
 

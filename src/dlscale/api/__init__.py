@@ -1,114 +1,26 @@
-"""The verbs every front door calls: validate, train, models, hardware."""
+"""The verbs every front door calls: validate, train, sweep, estimate; the catalogues (models,
+hardware, links, device_links); a job's record (weights_digest, data_fingerprint, environment).
+
+The other verbs have a module each: profiling.py (profile), experiments.py (scale, compare),
+bench.py (the benches and the `local` hardware entry), data.py (convert, stage). capacity.py
+(will it fit, before anything starts) and rundir.py (the folder a run holds) serve the verbs.
+"""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from dlscale.api.bench import (
-    DEFAULT_BATCHES,
-    DEFAULT_LOADER_STEPS,
-    bench_batch,
-    bench_io,
-    bench_levels,
-    bench_link,
-    bench_loader,
-    bench_machine,
-    bench_matmul,
-    bench_precision,
-    bench_sparsity,
-    bench_width,
-    calibration_line,
-    calibration_problems,
-    check_link_cluster,
-    check_out_dir,
-    hardware_calibration,
-    link_name,
-    output_dir,
-    save_link,
-    save_local_hardware,
-    saved_local_measured_at,
-    worse_than_saved,
-    write_outputs,
-)
 from dlscale.api.capacity import check_one_process, check_run, check_trials, local_problems
-from dlscale.api.data import convert_data, stage_data
-from dlscale.api.jobs import data_digest, data_fingerprint, environment, weights_digest
-from dlscale.api.profiling import (
-    profile,
-    profile_json,
-    profile_plot_folder,
-    profile_plots,
-    profile_report,
-)
 from dlscale.api.rundir import train_in_folder
-from dlscale.api.scale import check_scale_options, scale
 from dlscale.errors import UserError
-from dlscale.hardware import PRECISIONS, Hardware, load_catalogue, lookup
+from dlscale.hardware import Hardware, load_catalogue, lookup
 from dlscale.jobspec import Spec, load_spec
 from dlscale.models import ZOO, check_model, parameter_count_meta
-from dlscale.profiler.request import ProfileRequest, ScalingRequest
 from dlscale.strategies import CHECKS, STRATEGIES
-from dlscale.train import checkpoint as ckpt
-from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
+from dlscale.train import provenance
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
-
-__all__ = [
-    "DEFAULT_BATCHES",
-    "DEFAULT_LOADER_STEPS",
-    "PRECISIONS",
-    "Hardware",
-    "ProfileRequest",
-    "ScalingRequest",
-    "bench_batch",
-    "bench_io",
-    "bench_levels",
-    "bench_link",
-    "bench_loader",
-    "bench_machine",
-    "bench_matmul",
-    "bench_precision",
-    "bench_sparsity",
-    "bench_width",
-    "calibration_line",
-    "calibration_problems",
-    "check_link_cluster",
-    "check_out_dir",
-    "check_scale_options",
-    "compare",
-    "convert_data",
-    "data_digest",
-    "data_fingerprint",
-    "device_links",
-    "environment",
-    "estimate",
-    "hardware",
-    "hardware_calibration",
-    "link_name",
-    "links",
-    "models",
-    "new_run_dir",
-    "output_dir",
-    "parse_strategies",
-    "profile",
-    "profile_json",
-    "profile_plot_folder",
-    "profile_plots",
-    "profile_report",
-    "save_link",
-    "save_local_hardware",
-    "saved_local_measured_at",
-    "scale",
-    "show_value",
-    "stage_data",
-    "sweep",
-    "train",
-    "validate",
-    "weights_digest",
-    "worse_than_saved",
-    "write_outputs",
-]
+from dlscale.train.run_folder import latest_sweep_dir
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
@@ -249,58 +161,6 @@ def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):
     return run_estimate(spec_path, local, steps=steps, warmup=warmup)
 
 
-def parse_strategies(text: str) -> list[str]:
-    """`--strategies ddp,async`: checked names, in order, each once."""
-    from dlscale.bench.compare import parse_strategies as parse
-
-    return parse(text)
-
-
-def compare(
-    spec_path: str | Path,
-    strategies: list[str],
-    workers: int,
-    out: Path,
-    epochs: int | None = None,
-    cluster: str = "local",
-    address: str | None = None,
-    on_run=None,
-) -> dict:
-    """Train a spec with each strategy at the same worker count; accuracy against wall time."""
-    from dlscale.bench.compare import compare_result, compare_row, compare_spec
-    from dlscale.launch import check_cluster
-
-    check_cluster(cluster, address)
-    if not strategies:
-        raise UserError("--strategies takes strategy names, e.g. ddp,async")
-    spec = load_spec(spec_path)
-    names = list(dict.fromkeys(strategies))
-    # Every problem is found before the first run starts, not after an hour of training.
-    specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
-    check_trials(list(specs.values()), cluster, "a run")
-    in_process = [name for name, run in specs.items() if run.strategy.in_process]
-    if cluster != "local" and in_process:
-        raise UserError(
-            f"--cluster {cluster} places parallel workers; strategy '{in_process[0]}' runs in "
-            "this process"
-        )
-    rows = []
-    with claim(out):  # one compare or scale into a folder at a time
-        for name in names:
-            if ckpt.list_checkpoints(Path(out) / name):
-                raise UserError(
-                    f"{Path(out) / name} already holds checkpoints of a run: choose another --out"
-                )
-        for name, run_spec in specs.items():
-            run_dir = Path(out) / name
-            started = time.perf_counter()
-            record = train(run_spec, run_dir, cluster=cluster, address=address)
-            rows.append(compare_row(name, record, str(run_dir), time.perf_counter() - started))
-            if on_run is not None:
-                on_run(rows[-1])
-    return compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
-
-
 def sweep(
     spec_path: str | Path,
     out_dir: str | Path | None = None,
@@ -314,8 +174,8 @@ def sweep(
     (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
     from dlscale.jobspec import load_raw, parse_spec
     from dlscale.launch import check_cluster, make_launcher
-    from dlscale.launch.base import Resources
     from dlscale.sweep.runner import NullSweepReporter, SweepRunner
+    from dlscale.sweep.slots import trial_slots
     from dlscale.sweep.space import check_space
 
     check_cluster(cluster, address)
@@ -331,23 +191,10 @@ def sweep(
         raise UserError(f"--parallel must be at least 1 (got {parallel})")
     checked = check_space(spec, raw, base_dir, str(spec_path))
     check_trials(checked, cluster)
-    processes = max(run.strategy.processes for run in checked)
-    gpus = float(max(_gpus_of(run) for run in checked))
-    resources = Resources(cpus=float(processes), gpus=gpus)
     launcher = make_launcher(cluster, address)
-    capacity = launcher.capacity(resources)
-    if capacity < 1:
-        need = f"{processes} core(s)" + (f" and {gpus:g} GPU(s)" if gpus else "")
-        raise UserError(f"one trial needs {need}; {launcher.name} does not have that many free")
-    from dlscale.sweep.space import run_units
-
-    total_runs = spec.sweep.trials * len(run_units(spec.sweep))
-    slots = min(parallel or capacity, capacity, total_runs)
-    if reporter is not None and parallel is not None and parallel > capacity:
-        reporter.warn(
-            f"--parallel {parallel}: {capacity} trial(s) of {processes} process(es) fit "
-            f"({launcher.name}); running {capacity} at a time"
-        )
+    slots, resources, warning = trial_slots(spec, checked, parallel, launcher)
+    if reporter is not None and warning is not None:
+        reporter.warn(warning)
     if resume and out_dir is None:
         out_dir = latest_sweep_dir(spec.name)
     owned = claim(Path(out_dir)) if out_dir else claim_new(f"sweep-{spec.name}")
@@ -367,26 +214,17 @@ def sweep(
         return runner.run()
 
 
-def _gpus_of(spec: Spec) -> int:
-    """GPUs one run of `spec` takes: one per trainer process when it runs on CUDA (a parameter
-    server holds its shard in host memory)."""
-    from dlscale.train.device import resolve_device
-
-    return spec.strategy.trainers if resolve_device(spec.device).type == "cuda" else 0
+def weights_digest(run_dir: str | Path) -> str | None:
+    """The digest of the model weights in a run's latest checkpoint (None: it saved none), for
+    a job's record."""
+    return provenance.weights_digest(run_dir)
 
 
-def latest_sweep_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
-    """The newest runs/sweep-<name>-* folder: what a bare `sweep --resume` continues."""
-    import re
+def data_fingerprint(spec_path: str | Path) -> dict:
+    """The digest of the data a spec trains on, with how it was taken, for a job's record."""
+    return provenance.data_fingerprint(spec_path)
 
-    own = re.compile(rf"^sweep-{re.escape(name)}-\d{{8}}-\d{{6}}(-\d+)?$")  # not sweep-{name}-x-...
-    candidates = [
-        p
-        for p in root.glob(f"sweep-{name}-*")
-        if own.match(p.name) and (p / "sweep.json").is_file()
-    ]
-    if not candidates:
-        raise UserError(
-            f"nothing to resume: no sweep of '{name}' under {root}/ (pass --out DIR to name it)"
-        )
-    return max(candidates, key=lambda p: (p / "sweep.json").stat().st_mtime)
+
+def environment() -> dict:
+    """The software a job ran on (Python, platform, dlscale, torch and its dependencies)."""
+    return provenance.environment()

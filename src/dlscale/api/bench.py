@@ -5,32 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dlscale.api import train
 from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
 from dlscale.hardware import Hardware
 from dlscale.jobspec import load_spec
-
-__all__ = [
-    "DEFAULT_BATCHES",
-    "DEFAULT_LOADER_STEPS",
-    "bench_batch",
-    "bench_io",
-    "bench_link",
-    "bench_loader",
-    "bench_machine",
-    "bench_matmul",
-    "bench_width",
-    "calibration_line",
-    "calibration_problems",
-    "check_link_cluster",
-    "check_out_dir",
-    "link_name",
-    "output_dir",
-    "save_link",
-    "save_local_hardware",
-    "saved_local_measured_at",
-    "write_outputs",
-]
+from dlscale.train.run_folder import new_run_dir
+from dlscale.train.run_folder import output_dir as made_output_dir
 
 
 def bench_machine(quick: bool = False, device: str = "auto") -> dict:
@@ -120,6 +101,11 @@ def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -
     return run_loader_bench(load_spec(spec_path) if spec_path else None, workers, steps)
 
 
+def default_loader_steps() -> int:
+    """The training steps per setting `bench loader` runs unless told (the CLI's default)."""
+    return DEFAULT_LOADER_STEPS
+
+
 def bench_width(widths: list[int], batch: int) -> dict:
     from dlscale.bench.width import run_width_bench
 
@@ -132,6 +118,11 @@ def bench_batch(
     from dlscale.bench.batch import run_batch_bench
 
     return run_batch_bench(model, batches, kwargs, steps, memory_fraction)
+
+
+def default_batches() -> tuple[int, ...]:
+    """The batch sizes `bench batch` tries unless told (the CLI's default)."""
+    return DEFAULT_BATCHES
 
 
 def bench_io(spec_path: str | Path, readers: int | None, seconds: float) -> dict:
@@ -154,9 +145,14 @@ def check_out_dir(out: Path | None) -> None:
 
 
 def output_dir(name: str, out: Path | None) -> Path:
-    from dlscale.bench.output import output_dir as folder
+    """`out`, or runs/bench-<name>-<timestamp>/; made now (one line if it cannot be)."""
+    return made_output_dir(name, out)
 
-    return folder(name, out)
+
+def new_output_dir(name: str) -> Path:
+    """A new runs/bench-<name>-<timestamp>/ for `out`, not made yet: the first run makes it,
+    so a bad spec or option leaves no empty folder behind."""
+    return new_run_dir(f"bench-{name}")
 
 
 def write_outputs(name: str, result: dict, out: Path | None) -> tuple[Path, Path]:
@@ -191,7 +187,6 @@ def bench_sparsity(
 
 def bench_levels(spec_path: str | Path, steps: int, max_threads: int | None) -> dict:
     """SIMD levels, intra-op threads and ddp processes, each measured (`bench levels`)."""
-    from dlscale.api import train
     from dlscale.bench.levels import run_levels_bench
 
     return run_levels_bench(spec_path, steps, max_threads, train)

@@ -10,10 +10,10 @@ from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.faults import ending_recorded
-from dlscale.train.files import DEFAULT_RUNS_DIR
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 from dlscale.train.resume_point import resume_point
+from dlscale.train.run_folder import latest_run_dir
 
 # start(run_dir, resume_from, said): the run's record, whose warnings begin with `said` (the
 # warnings said before it began); the run writes them into run.json itself.
@@ -59,14 +59,3 @@ def train_in_folder(
                 f"{exc}; its checkpoints are kept: continue with --resume --out {run_dir}"
             ) from None
         return record
-
-
-def latest_run_dir(name: str, root: Path = DEFAULT_RUNS_DIR) -> Path:
-    """The newest runs/<name>-* folder holding a checkpoint: what a bare --resume continues."""
-    candidates = [p for p in root.glob(f"{name}-*") if ckpt.list_checkpoints(p)]
-    if not candidates:
-        raise UserError(
-            f"nothing to resume: no run of '{name}' with checkpoints under {root}/ "
-            "(pass --out DIR to name the run folder)"
-        )
-    return max(candidates, key=lambda p: ckpt.list_checkpoints(p)[-1][1].stat().st_mtime)

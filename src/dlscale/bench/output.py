@@ -25,17 +25,10 @@ from dlscale.bench.run_plots import (
     plot_scale,
     plot_sparsity,
 )
-from dlscale.train.files import new_run_dir
-from dlscale.train.ownership import check_folder, claim
+from dlscale.train.ownership import claim
+from dlscale.train.run_folder import output_dir
 
 GIGA = 1e9
-
-
-def output_dir(bench: str, out: str | Path | None = None) -> Path:
-    """`out`, or runs/bench-<bench>-<UTC timestamp>/; created (one line if it cannot be)."""
-    folder = Path(out) if out is not None else new_run_dir(f"bench-{bench}")
-    check_folder(folder)
-    return folder
 
 
 def write_outputs(bench: str, result: dict, out: str | Path | None = None) -> tuple[Path, Path]:

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dlscale import api
+from dlscale.api import bench
 from dlscale.cli import bench_formats
 from dlscale.cli.bench_io import io_command
 from dlscale.cli.bench_link import link_command
@@ -67,15 +67,15 @@ def machine(
     ),
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     console.print(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
-    result = api.bench_machine(quick=quick, device=device)
-    problems = api.calibration_problems(result)  # before the JSON is written: it is marked
+    result = bench.bench_machine(quick=quick, device=device)
+    problems = bench.calibration_problems(result)  # before the JSON is written: it is marked
     console.print(matmul_sweep_table(result))
     console.print(machine_table(result))
-    json_path, png_path = api.write_outputs("machine", result, out)
+    json_path, png_path = bench.write_outputs("machine", result, out)
     print_written(json_path, png_path)
     for warning in result.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
@@ -85,11 +85,11 @@ def machine(
         f"{spread['worst']:.0%}; load average {result['load']['loadavg_1m_before']:.1f} on "
         f"{result['load']['cores']} cores when it started"
     )
-    reason = None if force or no_save else api.worse_than_saved(result)
+    reason = None if force or no_save else bench.worse_than_saved(result)
     if no_save:
         console.print("not saved as hardware 'local' (--no-save)")
     elif problems and not force:
-        saved = api.saved_local_measured_at()
+        saved = bench.saved_local_measured_at()
         kept = (
             f"the saved 'local' entry (measured {saved[:16]}) is kept"
             if saved
@@ -108,7 +108,7 @@ def machine(
         )
     else:
         marked = ", marked unreliable" if problems else ""
-        console.print(f"saved as hardware 'local'{marked}: {api.save_local_hardware(result)}")
+        console.print(f"saved as hardware 'local'{marked}: {bench.save_local_hardware(result)}")
 
 
 def matmul_sweep_table(result: dict) -> Table:
@@ -172,11 +172,11 @@ def matmul(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """CPU vs GPU matmul time and FLOP/s across sizes: where the accelerator starts to win."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     size_list = parse_int_list(sizes, "--sizes") if sizes is not None else None
-    result = api.bench_matmul(size_list, precision)
+    result = bench.bench_matmul(size_list, precision)
     console.print(matmul_table(result))
-    print_written(*api.write_outputs("matmul", result, out))
+    print_written(*bench.write_outputs("matmul", result, out))
 
 
 def matmul_table(result: dict) -> Table:
@@ -234,16 +234,16 @@ def loader(
     ),
     workers: str = typer.Option("0,1,2", "--workers", help="DataLoader worker counts, e.g. 0,1,2."),
     steps: int = typer.Option(
-        api.DEFAULT_LOADER_STEPS, "--steps", help="Training steps per setting."
+        bench.default_loader_steps(), "--steps", help="Training steps per setting."
     ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Training throughput vs DataLoader workers and pin_memory, with per-sample loading."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     worker_counts = parse_int_list(workers, "--workers", minimum=0)
-    result = api.bench_loader(spec, worker_counts, steps)
+    result = bench.bench_loader(spec, worker_counts, steps)
     console.print(loader_table(result))
-    print_written(*api.write_outputs("loader", result, out))
+    print_written(*bench.write_outputs("loader", result, out))
 
 
 def loader_table(result: dict) -> Table:
@@ -295,12 +295,12 @@ def width(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """An MLP's training-step time as its width doubles, against the last-level cache and RAM."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     if batch < 1:
         raise UserError(f"--batch: must be a positive integer (got {batch})")
-    result = api.bench_width(parse_int_list(widths, "--widths"), batch)
+    result = bench.bench_width(parse_int_list(widths, "--widths"), batch)
     console.print(width_table(result))
-    print_written(*api.write_outputs("width", result, out))
+    print_written(*bench.write_outputs("width", result, out))
 
 
 def width_table(result: dict) -> Table:
@@ -344,7 +344,7 @@ def width_table(result: dict) -> Table:
 def batch(
     model: str = typer.Option("lenet", "--model", help="A zoo model (or package.module:factory)."),
     batches: str = typer.Option(
-        ",".join(str(b) for b in api.DEFAULT_BATCHES), "--batches", help="Batch sizes to try."
+        ",".join(str(b) for b in bench.default_batches()), "--batches", help="Batch sizes to try."
     ),
     kwargs: str | None = typer.Option(None, "--kwargs", help="Model kwargs as JSON."),
     steps: int = typer.Option(5, "--steps", help="Timed steps per batch size."),
@@ -354,15 +354,15 @@ def batch(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Throughput vs batch size until memory runs out, with the roofline's curve beside it."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     if steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     model_kwargs = parse_kwargs(kwargs)
-    result = api.bench_batch(
+    result = bench.bench_batch(
         model, parse_int_list(batches, "--batches"), model_kwargs, steps, memory_fraction
     )
     console.print(batch_table(result))
-    print_written(*api.write_outputs("batch", result, out))
+    print_written(*bench.write_outputs("batch", result, out))
 
 
 def batch_table(result: dict) -> Table:
@@ -391,6 +391,6 @@ def batch_table(result: dict) -> Table:
     budget = binary_bytes(result["memory_budget_bytes"])
     note = "" if result["predicted_on"] else "; no prediction: run 'dlscale bench machine' first"
     if result.get("calibration"):
-        note += f"; predicted on {api.calibration_line(result['calibration'])}"
+        note += f"; predicted on {bench.calibration_line(result['calibration'])}"
     table.caption = f"memory budget {budget} (a share of free memory){note}"
     return table

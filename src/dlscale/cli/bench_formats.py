@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dlscale import api
+from dlscale.api import bench
 from dlscale.cli.errors import user_errors
 from dlscale.units import binary_bytes
 
@@ -31,8 +31,8 @@ def precision(
 ) -> None:
     """The model trained at fp32 and bf16 (fp16 on a GPU), and quantized to int8 after
     training: accuracy, latency, model and activation bytes."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    result = api.bench_precision(spec, steps)
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    result = bench.bench_precision(spec, steps)
     table = Table(
         title=f"{result['model']}: number formats on {result['device']}, "
         f"{result['steps']} training steps"
@@ -63,7 +63,7 @@ def precision(
         )
     table.caption = "; ".join(result["notes"])
     console.print(table)
-    json_path, png_path = api.write_outputs("precision", result, out)
+    json_path, png_path = bench.write_outputs("precision", result, out)
     console.print(f"wrote {json_path} and {png_path}")
 
 
@@ -80,8 +80,8 @@ def sparsity(
 ) -> None:
     """Magnitude pruning at each level with a short fine-tune: accuracy, latency on dense
     kernels, and the bytes a sparse format would store."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    result = api.bench_sparsity(spec, levels, pattern, finetune_steps, steps)
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    result = bench.bench_sparsity(spec, levels, pattern, finetune_steps, steps)
     table = Table(title=f"{result['model']}: {pattern} pruning on {result['device']}")
     for column in ("pruned", "val accuracy", "inference", "dense weights", "stored sparse"):
         table.add_column(column, justify="right")
@@ -98,7 +98,7 @@ def sparsity(
         "format pays for indices, so it saves bytes only past about half zeros"
     )
     console.print(table)
-    json_path, png_path = api.write_outputs("sparsity", result, out)
+    json_path, png_path = bench.write_outputs("sparsity", result, out)
     console.print(f"wrote {json_path} and {png_path}")
 
 
@@ -114,8 +114,8 @@ def levels(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """SIMD levels, then threads, then processes: speed-up at each level of parallelism."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    result = api.bench_levels(spec, steps, max_threads)
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    result = bench.bench_levels(spec, steps, max_threads)
     facts = result["machine"]
     caches = ", ".join(f"{name} {size}" for name, size in facts["caches"].items())
     title = (
@@ -135,5 +135,5 @@ def levels(
                 kind, str(row[key]), f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×"
             )
     console.print(table)
-    json_path, png_path = api.write_outputs("levels", result, out)
+    json_path, png_path = bench.write_outputs("levels", result, out)
     console.print(f"wrote {json_path} and {png_path}")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from dlscale import api
+from dlscale.api import bench
 from dlscale.cli.errors import user_errors
 from dlscale.units import binary_bytes
 from dlscale.units import duration as seconds
@@ -30,11 +30,11 @@ def io_command(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Storage read, decoding per loader worker and the model's rate: which bounds training."""
-    api.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     say = Console(stderr=True, highlight=False) if as_json else console
     say.print(f"measuring {spec}: storage, decoding, the model ({seconds_each:g} s each) ...")
-    result = api.bench_io(spec, readers, seconds_each)
-    json_path, png_path = api.write_outputs("io", result, out)
+    result = bench.bench_io(spec, readers, seconds_each)
+    json_path, png_path = bench.write_outputs("io", result, out)
     if as_json:
         print(json.dumps(result, indent=2))
     else:

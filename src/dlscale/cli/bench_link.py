@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from dlscale import api
+from dlscale.api import bench
 from dlscale.cli.errors import user_errors
 from dlscale.units import duration
 
@@ -34,14 +34,14 @@ def link_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Measure all-reduce and point-to-point rates between two hosts; save as a named link."""
-    api.check_out_dir(out)
+    bench.check_out_dir(out)
     pair = [part.strip() for part in hosts.split(",")] if hosts else None
-    api.check_link_cluster(cluster)
+    bench.check_link_cluster(cluster)
     if not as_json:
         console.print("measuring the link (a minute; --quick: seconds) ...")
-    result = api.bench_link(cluster, address, pair, name, quick)
-    json_path, png_path = api.write_outputs("link", result, out)
-    saved = None if no_save else api.save_link(result)
+    result = bench.bench_link(cluster, address, pair, name, quick)
+    json_path, png_path = bench.write_outputs("link", result, out)
+    saved = None if no_save else bench.save_link(result)
     result["saved"] = str(saved) if saved else None
     if as_json:
         print(json.dumps(result, indent=2))

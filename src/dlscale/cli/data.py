@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from dlscale import api
+from dlscale.api import data
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
@@ -54,7 +54,7 @@ def convert(
     """Write a data set as WebDataset shards (or an hf dataset) in bounded memory, any size."""
     sizes = parse_int_list(shape, "--shape") if shape is not None else None
     with progress_bar(f"converting into {out}", quiet=as_json) as on_progress:
-        result = api.convert_data(
+        result = data.convert_data(
             source,
             out,
             format,
@@ -89,7 +89,7 @@ def stage(
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
 ) -> None:
     """Copy a data set to local disk once, resumably, verified by sha256 (as data.stage: DIR)."""
-    result = api.stage_data(source, dst)
+    result = data.stage_data(source, dst)
     if as_json:
         print(json.dumps(result, indent=2))
         return

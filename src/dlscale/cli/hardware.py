@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dlscale import api
+from dlscale.api import bench
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 
@@ -142,12 +143,9 @@ def record(device: api.Hardware) -> dict:
 
 def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
     rows = [("kind", device.kind), ("vendor", device.vendor)]
-    for precision in api.PRECISIONS:
-        if precision in device.peak_flops:
-            unit = "TOP/s" if precision == "int8" else "TFLOP/s"
-            rows.append(
-                (f"peak {precision}", f"{_number(device.peak_flops[precision] / 1e12)} {unit}")
-            )
+    for precision, flops in device.peak_flops.items():  # the catalogue's order, fp64 to int8
+        unit = "TOP/s" if precision == "int8" else "TFLOP/s"
+        rows.append((f"peak {precision}", f"{_number(flops / 1e12)} {unit}"))
     rows += [
         ("memory", f"{_number(device.memory_bytes / 2**30)} GiB"),
         ("memory bandwidth", f"{_number(device.memory_bandwidth_bytes_per_s / 1e9)} GB/s"),
@@ -168,9 +166,9 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
         ("sources", "\n".join(device.sources) or "—"),
         ("notes", device.notes or "—"),
     ]
-    found = api.hardware_calibration(device)
+    found = bench.hardware_calibration(device)
     if found:
-        rows.append(("calibration", api.calibration_line(found)))
+        rows.append(("calibration", bench.calibration_line(found)))
     if device.measured:
         rows.append(("measured", json.dumps(device.measured, indent=2)))
     return rows

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dlscale import __version__, api
+from dlscale.api import bench, experiments
 from dlscale.cli.bench import app as bench_app
 from dlscale.cli.data import app as data_app
 from dlscale.cli.errors import stderr, user_errors
@@ -165,8 +166,8 @@ def scale(
     from dlscale.cli.options import parse_int_list
     from dlscale.cli.scale_view import convergence_table, scale_table
 
-    api.check_scale_options(lr_scaling, target_accuracy)
-    folder = api.output_dir("scale", out)
+    experiments.check_scale_options(lr_scaling, target_accuracy)
+    folder = bench.output_dir("scale", out)
 
     def show(row: dict) -> None:
         accuracy = row.get("final_val_accuracy")
@@ -176,7 +177,7 @@ def scale(
             f"(global batch {row['global_batch_size']}){reached}"
         )
 
-    result = api.scale(
+    result = experiments.scale(
         spec,
         parse_int_list(workers, "--workers"),
         folder,
@@ -190,7 +191,7 @@ def scale(
     console.print(scale_table(result, cluster))
     if result["convergence"]:
         console.print(convergence_table(result))
-    json_path, png_path = api.write_outputs("scale", result, folder)
+    json_path, png_path = bench.write_outputs("scale", result, folder)
     console.print(f"wrote {json_path} and {png_path}")
 
 
@@ -218,9 +219,9 @@ def compare(
     """Train a spec with each strategy at the same worker count: accuracy against wall time."""
     from dlscale.cli.progress import percent
 
-    names = api.parse_strategies(strategies)
+    names = experiments.parse_strategies(strategies)
     # Created by the first run, so a bad spec or option leaves no empty folder behind.
-    folder = out if out is not None else api.new_run_dir("bench-compare")
+    folder = out if out is not None else bench.new_output_dir("compare")
     say = Console(stderr=True, highlight=False) if as_json else console
 
     def show(row: dict) -> None:
@@ -229,8 +230,8 @@ def compare(
             f"validation accuracy in {row['total_s']:.1f} s ({row['samples_per_s']:,.0f} samples/s)"
         )
 
-    result = api.compare(spec, names, workers, folder, epochs, cluster, address, show)
-    json_path, png_path = api.write_outputs("compare", result, folder)
+    result = experiments.compare(spec, names, workers, folder, epochs, cluster, address, show)
+    json_path, png_path = bench.write_outputs("compare", result, folder)
     if as_json:
         print(json.dumps(result, indent=2))
         say.print(f"wrote {json_path} and {png_path}")

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from dlscale import api
+from dlscale.api import bench, profiling
 from dlscale.cli.errors import user_errors
 from dlscale.cli.options import parse_int_list, parse_kwargs
 
@@ -84,7 +85,7 @@ def profile(
     plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),
 ) -> None:
     """Per-layer FLOPs, bytes and memory, and predicted step time on each device."""
-    request = api.ProfileRequest(
+    request = profiling.ProfileRequest(
         target,
         batch_size=batch,
         input_shape=(
@@ -103,7 +104,7 @@ def profile(
         inference=inference,
         dataflow=dataflow,
     )
-    scaling = api.ScalingRequest(
+    scaling = profiling.ScalingRequest(
         devices=tuple(parse_int_list(devices, "--devices")) if devices else (),
         interconnect=interconnect,
         nodes=nodes,
@@ -113,14 +114,14 @@ def profile(
         deadline=deadline,
     )
     if plot is not None:
-        api.profile_plot_folder(plot)
-    result = api.profile(request, scaling)
+        profiling.profile_plot_folder(plot)
+    result = profiling.profile(request, scaling)
     if as_json:
-        print(json.dumps(api.profile_json(result), indent=2))
+        print(json.dumps(profiling.profile_json(result), indent=2))
     else:
-        api.profile_report(result, console)
+        profiling.profile_report(result, console)
     if plot is not None:
-        written = api.profile_plots(result, plot)
+        written = profiling.profile_plots(result, plot)
         (Console(stderr=True) if as_json else console).print(
             "plots: " + ", ".join(str(p) for p in written)
         )
@@ -170,6 +171,6 @@ def estimate(
     if predicted:
         console.print(f"roofline / measured step time = {result.ratio:.2f}")
         if result.calibration:
-            console.print(api.calibration_line(result.calibration))
+            console.print(bench.calibration_line(result.calibration))
     else:
         console.print("no roofline prediction: run 'dlscale bench machine' to measure this machine")

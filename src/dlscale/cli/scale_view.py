@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from dlscale import api
+from dlscale.api import bench
 
 
 def scale_table(result: dict, cluster: str) -> Table:
@@ -42,7 +42,7 @@ def scale_table(result: dict, cluster: str) -> Table:
             f"predicted: the roofline on 'local' and {result['strategy']} over {result['link']}"
         )
         if result.get("calibration"):
-            notes.append(api.calibration_line(result["calibration"]))
+            notes.append(bench.calibration_line(result["calibration"]))
     elif cluster == "local":
         notes.append("no prediction: run 'dlscale bench machine' first")
     table.caption = "; ".join(note for note in notes if note)

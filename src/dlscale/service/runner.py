@@ -167,14 +167,14 @@ def run_sweep(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | N
 def run_profile(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | None]:
     from rich.console import Console
 
-    from dlscale import api
+    from dlscale.api import profiling
 
     # What `dlscale profile SPEC` shows, with its defaults.
-    result = api.profile(api.ProfileRequest(str(spec)))
+    result = profiling.profile(profiling.ProfileRequest(str(spec)))
     run = run_folder(folder)
     run.mkdir(exist_ok=True)
-    write_json_atomic(run / PROFILE, api.profile_json(result))
-    api.profile_report(result, Console(file=sys.stdout, width=120, color_system=None))
+    write_json_atomic(run / PROFILE, profiling.profile_json(result))
+    profiling.profile_report(result, Console(file=sys.stdout, width=120, color_system=None))
     say(f"wrote {RUN}/{PROFILE}")
     return None, None
 
@@ -294,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     write_json_atomic(folder / PID, {"pid": os.getpid(), "pgid": os.getpgid(0)})
     say(f"starting job {folder.name} as process {os.getpid()}")
-    import dlscale.api  # noqa: F401  (the imports a cancel must not cut in half)
+    import dlscale.api
+    import dlscale.api.profiling  # noqa: F401  (the profile kind's)
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -15,7 +15,6 @@ sweep's trials (other processes) each hold their own folder inside the sweep's.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import socket
@@ -25,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from dlscale.errors import UserError, os_reason
-from dlscale.train.files import DEFAULT_RUNS_DIR, new_run_dir
+from dlscale.train.run_folder import DEFAULT_RUNS_DIR, check_folder, folder_problem, new_run_dir
 
 LOCK_NAME = ".dlscale.lock"
 # Another process may hold a folder's lock for a moment without running there: one that looks
@@ -34,34 +33,6 @@ LOCK_NAME = ".dlscale.lock"
 LOCK_TRIES = 5
 _held_here: set[Path] = set()  # folders this process holds: its own runs nest inside them
 LOCK_RETRY_S = 0.02
-
-
-def check_folder(folder: Path) -> bool:
-    """Make `folder` (and its parents) unless it exists; one line when it cannot be a folder.
-    True if it was made here."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise UserError(f"{folder} is a file, not a folder: choose another --out")
-    try:
-        existed = folder.is_dir()
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(folder_problem(folder, exc)) from None
-    return not existed
-
-
-def folder_problem(folder: Path, exc: OSError) -> str:
-    """Why `folder` cannot be made or written, in the words a person acts on."""
-    if exc.errno in (errno.ENOTDIR, errno.EEXIST):
-        blocker = next(
-            (p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), folder
-        )
-        return f"{blocker} is a file, not a folder: choose another --out"
-    if exc.errno == errno.EROFS:
-        return f"{folder} is on a read-only file system: choose another --out"
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return f"{folder}: permission denied (this user cannot write there): choose another --out"
-    return f"cannot create the folder {folder}: {os_reason(exc)}"
 
 
 def claim(folder: Path, within: Path | None = None) -> contextlib.AbstractContextManager[Path]:

@@ -1,13 +1,18 @@
-"""The `scale` verb: a spec trained at each worker count (or tensor-parallel degree), with its
-throughput and scaling efficiency, its convergence when asked, and the prediction beside."""
+"""The experiment verbs, `scale` and `compare`: one spec trained several ways (at each worker
+count; with each strategy), one run after another in one held folder, measured side by side."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
+from dlscale.api import train
 from dlscale.api.capacity import check_trials
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec
+from dlscale.train import checkpoint as ckpt
 from dlscale.train.ownership import claim
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -30,7 +35,6 @@ def scale(
     With `lr_scaling` or `target_accuracy`, every count trains the spec's whole length (unless
     `steps` is given) and its convergence is reported: final accuracy, and the epochs, wall
     time and samples seen to reach the target."""
-    from dlscale.api import train
     from dlscale.bench.scale import (
         convergence,
         local_cores,
@@ -67,18 +71,17 @@ def scale(
     check_trials(list(specs.values()), cluster, "a run")
     # Like for like: each worker gets the same threads in every run (Ray gives each one core).
     threads = threads_for(workers, available_cores()) if cluster == "local" else 1
-    rows = []
-    with claim(out):  # one scale or compare into a folder at a time
-        for count in counts:
-            run_dir = Path(out) / f"workers-{count}"
-            with local_cores(count, threads):
-                record = train(specs[count], run_dir, cluster=cluster, address=address)
-            row = scale_row(count, record, str(run_dir))
-            if converge:
-                row.update(convergence(record, specs[count], target_accuracy))
-            rows.append(row)
-            if on_run is not None:
-                on_run(rows[-1])
+
+    def run(count: int, run_dir: Path) -> dict:
+        with local_cores(count, threads):
+            record = train(specs[count], run_dir, cluster=cluster, address=address)
+        row = scale_row(count, record, str(run_dir))
+        if converge:
+            row.update(convergence(record, specs[count], target_accuracy))
+        return row
+
+    runs = {f"workers-{count}": partial(run, count) for count in counts}
+    rows = train_in_turn(out, runs, on_run)
     result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
     result.update(lr_scaling=lr_scaling, target_accuracy=target_accuracy, convergence=converge)
     return _with_scale_prediction(result, spec_path, workers, threads, cluster)
@@ -94,6 +97,77 @@ def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -
         raise UserError(
             f"--target-accuracy is a fraction in (0, 1], e.g. 0.95 (got {target_accuracy})"
         )
+
+
+def parse_strategies(text: str) -> list[str]:
+    """`--strategies ddp,async`: checked names, in order, each once."""
+    from dlscale.bench.compare import parse_strategies as parse
+
+    return parse(text)
+
+
+def compare(
+    spec_path: str | Path,
+    strategies: list[str],
+    workers: int,
+    out: Path,
+    epochs: int | None = None,
+    cluster: str = "local",
+    address: str | None = None,
+    on_run=None,
+) -> dict:
+    """Train a spec with each strategy at the same worker count; accuracy against wall time."""
+    from dlscale.bench.compare import compare_result, compare_row, compare_spec
+    from dlscale.launch import check_cluster
+
+    check_cluster(cluster, address)
+    if not strategies:
+        raise UserError("--strategies takes strategy names, e.g. ddp,async")
+    spec = load_spec(spec_path)
+    names = list(dict.fromkeys(strategies))
+    # Every problem is found before the first run starts, not after an hour of training.
+    specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
+    check_trials(list(specs.values()), cluster, "a run")
+    in_process = [name for name, run in specs.items() if run.strategy.in_process]
+    if cluster != "local" and in_process:
+        raise UserError(
+            f"--cluster {cluster} places parallel workers; strategy '{in_process[0]}' runs in "
+            "this process"
+        )
+
+    def run(name: str, run_dir: Path) -> dict:
+        started = time.perf_counter()
+        record = train(specs[name], run_dir, cluster=cluster, address=address)
+        return compare_row(name, record, str(run_dir), time.perf_counter() - started)
+
+    runs = {name: partial(run, name) for name in names}
+    rows = train_in_turn(out, runs, on_run, refuse_kept_checkpoints=True)
+    return compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
+
+
+def train_in_turn(
+    out: Path,
+    runs: dict[str, Callable[[Path], dict]],
+    on_run: Callable[[dict], None] | None,
+    refuse_kept_checkpoints: bool = False,
+) -> list[dict]:
+    """Hold `out` (one scale or compare into a folder at a time), then each run in turn: the row
+    `runs[name](out / name)` trains and measures, each given to `on_run` as soon as it is made.
+    `refuse_kept_checkpoints`: first, one line if any of those folders holds checkpoints."""
+    rows = []
+    with claim(out):
+        if refuse_kept_checkpoints:
+            for name in runs:
+                if ckpt.list_checkpoints(Path(out) / name):
+                    raise UserError(
+                        f"{Path(out) / name} already holds checkpoints of a run: "
+                        "choose another --out"
+                    )
+        for name, run in runs.items():
+            rows.append(run(Path(out) / name))
+            if on_run is not None:
+                on_run(rows[-1])
+    return rows
 
 
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
