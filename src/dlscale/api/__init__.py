@@ -185,7 +185,7 @@ def sweep(
     if spec.sweep is None:
         raise UserError(
             f"{spec_path}: no sweep section to run; add `sweep:` with grid, random or tpe, "
-            "and/or kfold or ensemble (see the README)"
+            "and/or kfold or ensemble (see docs/sweep.md)"
         )
     if parallel is not None and parallel < 1:
         raise UserError(f"--parallel must be at least 1 (got {parallel})")
