@@ -12,9 +12,10 @@ import os
 from pathlib import Path
 from unittest import mock
 
+from dlscale.atomic import write_json_atomic
 from dlscale.service import validate
 from dlscale.service.executor import JobLimits, Probe
-from dlscale.service.layout import read_result, write_json_atomic
+from dlscale.service.layout import read_result
 
 
 class FakeExecutor:

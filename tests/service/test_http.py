@@ -579,3 +579,38 @@ def test_a_disabled_user_is_shut_out_at_once_and_admins_change_tenants(web):
         "reset password",
         "remove member",
     ]
+
+
+def test_a_full_disk_at_submit_is_the_servers_fault_not_the_clients(web, monkeypatch):
+    """The server's own write failing (a full disk) is no 422 blaming the spec, and names no
+    path of the server's; nothing of the job is left behind."""
+    from dlscale.atomic import WriteFailed
+    from dlscale.service import layout
+
+    alice = web.user("alice", "lab")
+
+    def full(path, record):
+        raise WriteFailed(f"cannot write {path}: no space left on device")
+
+    monkeypatch.setattr(layout, "write_json_atomic", full)
+    answer = web.submit(alice)
+    assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
+    assert str(web.data_dir) not in answer.text and "could not store the job" in answer.text
+    assert not list((web.data_dir / "jobs").glob("*"))
+    assert web.client.get("/api/jobs", headers=alice).json() == []
+
+
+def test_a_job_whose_state_cannot_be_written_fails_and_frees_its_slots(web):
+    from dlscale.atomic import WriteFailed
+
+    alice = web.user("alice", "lab")
+
+    def full(folder, limits):
+        raise WriteFailed(f"cannot write {folder}/state.json: no space left on device")
+
+    web.fake.start = full
+    job_id = web.submit(alice).json()["id"]
+    web.state.loop.tick()
+    job = web.client.get(f"/api/jobs/{job_id}", headers=alice).json()
+    assert job["state"] == "failed" and "could not start its process" in job["message"]
+    assert job_id in web.fake.released

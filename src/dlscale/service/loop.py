@@ -21,6 +21,7 @@ import os
 import threading
 import time
 
+from dlscale.atomic import WriteFailed
 from dlscale.service import jobstore, store
 from dlscale.service.config import ServiceConfig
 from dlscale.service.db import serialize
@@ -124,7 +125,7 @@ class JobLoop:
             limits = self.config.limits(job.cpu_slots, job.gpu_slots, job.id, left)
         try:
             self.executor.start(job_dir(self.config.data_dir, job_id), limits)
-        except OSError as exc:
+        except (OSError, WriteFailed) as exc:  # no process, or no record of the one it started
             self.executor.release(job_dir(self.config.data_dir, job_id))
             with self.maker.begin() as db:
                 job = db.get(Job, job_id)

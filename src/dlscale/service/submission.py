@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import secrets
 import shutil
 import tempfile
@@ -22,6 +23,7 @@ from fastapi import HTTPException
 from sqlalchemy.orm import Session
 
 from dlscale import __version__
+from dlscale.atomic import WriteFailed
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec
 from dlscale.service import intake, jobstore, store
@@ -43,6 +45,8 @@ from dlscale.service.scheduler_types import Request as SlotRequest
 from dlscale.service.state import ServiceState
 from dlscale.service.uploads import check_name, copy_inputs, unpack_zip
 from dlscale.service.validators import ExecutorBusy
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
 # Facts of the original submission a rerun's reproduction record carries over.
@@ -192,6 +196,14 @@ def _write_checked(state: ServiceState, draft: _Draft, job_id: str) -> tuple[dic
         write_job(folder, job, draft.spec_text, None)
         repro = {**draft.repro, **draft.fill(folder)}
         cpu, gpu, size = _validated(state, folder, draft, job_id)
+    except WriteFailed as exc:  # the server's disk, not the client's spec: no 422
+        remove_job_dir(folder)
+        log.error("job %s: %s", job_id, exc)  # the path is for the operator, not the tenant
+        raise HTTPException(
+            503,
+            "the server could not store the job (a write to its disk failed); try again later",
+            headers={"Retry-After": "60"},
+        ) from None
     except UserError as exc:
         remove_job_dir(folder)
         raise _unprocessable(str(exc), folder) from None
