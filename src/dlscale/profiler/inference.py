@@ -120,7 +120,10 @@ def predict_inference(trace: StepTrace, hardware: Hardware, precision: str) -> I
     if precision not in hardware.peak_flops:
         used = hardware.peak(precision)[1]
     weights = int(trace.params * ELEMENT_BYTES[precision])
-    live = max((int((l.input_bytes + l.output_bytes) * scale) for l in trace.layers), default=0)  # noqa: E741
+    live = max(
+        (int((layer.input_bytes + layer.output_bytes) * scale) for layer in trace.layers),
+        default=0,
+    )
     usable = hardware.memory_bytes * USABLE_MEMORY_FRACTION
     return InferenceRow(
         hardware.name,

@@ -294,8 +294,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     write_json_atomic(folder / PID, {"pid": os.getpid(), "pgid": os.getpgid(0)})
     say(f"starting job {folder.name} as process {os.getpid()}")
+    # The imports a cancel must not cut in half: the verbs, and the profile kind's own module.
     import dlscale.api
-    import dlscale.api.profiling  # noqa: F401  (the profile kind's)
+    import dlscale.api.profiling  # noqa: F401
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)
