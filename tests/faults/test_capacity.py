@@ -102,7 +102,7 @@ def test_the_memory_figure_counts_each_local_replica(monkeypatch):
     # ddp: 3 replicas, 3 copies of the data, 3 new processes; ps: 3 workers' replicas and one
     # sharded across the servers, data in all 5, 5 new processes.
     assert ddp.total_bytes - 3 * capacity.PROCESS_BYTES == pytest.approx(3 * model_and_data)
-    assert ps.replicas == 4 and ps.processes == 5 and ddp.replicas == 3
+    assert ps.model_states == 4 and ps.processes == 5 and ddp.model_states == 3
 
 
 def test_estimate_checks_the_model_before_it_builds_it(tmp_path):
@@ -121,7 +121,7 @@ def test_a_gpu_holds_a_whole_model_state_and_a_pipeline_stage_its_share(monkeypa
         capacity.check_gpu(spec(), state, cuda)
     capacity.check_gpu(spec(strategy={"name": "pipeline", "stages": 2}), state, cuda)  # 8 GiB
     host = capacity.host_need(spec(strategy={"name": "ddp", "workers": 2}), state, 0, True, cuda)
-    assert (host.replicas, host.state_bytes) == (2, 4 * 2**30)  # only weights on the host
+    assert (host.model_states, host.state_bytes) == (2, 4 * 2**30)  # only weights on the host
 
 
 # ------------------------------------------------------------------ 5: processes per machine

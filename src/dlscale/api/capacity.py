@@ -35,7 +35,7 @@ PROCESS_BYTES = 150 * 2**20
 class HostNeed:
     """What a run holds in this machine's memory at once."""
 
-    replicas: int  # model states held here
+    model_states: int  # model states held here (see StrategySection.model_states)
     state_bytes: int  # one model state
     state_kind: str  # what a model state is: on a GPU run only its weights stay on the host
     processes: int  # processes here, each with its own copy of the data
@@ -45,7 +45,7 @@ class HostNeed:
     @property
     def total_bytes(self) -> int:
         return (
-            self.replicas * self.state_bytes
+            self.model_states * self.state_bytes
             + self.processes * self.data_bytes
             + self.new_processes * PROCESS_BYTES
         )
@@ -173,7 +173,7 @@ def host_error(spec: Spec, host: HostNeed, available: int) -> UserError:
             "stages share this machine's memory, so place them on several (--cluster ray)"
         )
     parts = [
-        f"{host.replicas} × {_b(host.state_bytes)} of {host.state_kind}",
+        f"{host.model_states} × {_b(host.state_bytes)} of {host.state_kind}",
         f"{host.processes} × {_b(host.data_bytes)} of data",
     ]
     if host.new_processes:
