@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from dlscale.errors import UserError
 
 
-def _count(owner: str, field: str, value: int | None, *, optional: bool = False) -> None:
+def check_count(owner: str, field: str, value: int | None, *, optional: bool = False) -> None:
+    """A slot count or quota is a whole number >= 0 (None where `optional`: no limit)."""
     if value is None and optional:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -29,7 +30,7 @@ class Tenant:
         ):
             raise UserError(f"tenant {self.name}: weight must be a number > 0, got {self.weight!r}")
         for field in ("max_concurrent_jobs", "cpu_slots", "gpu_slots"):
-            _count(f"tenant {self.name}", field, getattr(self, field), optional=True)
+            check_count(f"tenant {self.name}", field, getattr(self, field), optional=True)
 
 
 @dataclass(frozen=True)
@@ -40,8 +41,8 @@ class Machine:
     gpu_slots: int = 0
 
     def __post_init__(self):
-        _count("machine", "cpu_slots", self.cpu_slots)
-        _count("machine", "gpu_slots", self.gpu_slots)
+        check_count("machine", "cpu_slots", self.cpu_slots)
+        check_count("machine", "gpu_slots", self.gpu_slots)
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,8 @@ class Request:
     submitted_at: float = 0.0
 
     def __post_init__(self):
-        _count(f"job {self.job_id}", "cpu_slots", self.cpu_slots)
-        _count(f"job {self.job_id}", "gpu_slots", self.gpu_slots)
+        check_count(f"job {self.job_id}", "cpu_slots", self.cpu_slots)
+        check_count(f"job {self.job_id}", "gpu_slots", self.gpu_slots)
 
 
 @dataclass(frozen=True)

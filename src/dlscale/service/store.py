@@ -16,7 +16,7 @@ from dlscale.errors import UserError
 from dlscale.service import auth
 from dlscale.service.db.models import AuditEntry, Membership, Tenant, Token, User, WebSession
 from dlscale.service.scheduler_types import Tenant as TenantQuota
-from dlscale.service.scheduler_types import _count
+from dlscale.service.scheduler_types import check_count
 
 SESSION_TTL_S = 12 * 3600
 # Names appear in URLs, CLI arguments and folder listings: keep them plain.
@@ -105,7 +105,7 @@ def _check_tenant(name: str, settings: dict) -> None:
     quota = {k: settings.get(k) for k in ("max_concurrent_jobs", "cpu_slots", "gpu_slots")}
     TenantQuota(name, settings.get("weight", 1.0), **quota)  # validates, or raises
     for key in ("storage_bytes", "max_queued_jobs"):
-        _count(f"tenant {name}", key, settings.get(key), optional=True)
+        check_count(f"tenant {name}", key, settings.get(key), optional=True)
 
 
 def create_tenant(
