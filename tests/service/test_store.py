@@ -109,6 +109,24 @@ def test_users_tenants_and_members(db):
         assert [t.name for t in store.tenants(s)] == ["lab", "other"]
 
 
+def wait_until_blocked(engine, thread: threading.Thread) -> None:
+    """Start `thread` and return once a session waits on a lock (its insert, on the first's
+    unique index). pg_stat_activity is read once per transaction: a watcher that stayed in its
+    first one saw that moment for ever, and the suite hung here whenever its first look came
+    before the block. So the first look is taken before the thread starts, as the worst case."""
+    waiting = text("select count(*) from pg_stat_activity where wait_event_type = 'Lock'")
+    with engine.connect() as watcher:
+        watcher.execute(waiting)
+        thread.start()
+        deadline = time.monotonic() + 60
+        while thread.is_alive():
+            watcher.rollback()  # a fresh look each time
+            if watcher.execute(waiting).scalar():
+                return
+            assert time.monotonic() < deadline, "the second insert never waited on the first"
+            time.sleep(0.01)
+
+
 def test_a_name_taken_by_a_concurrent_transaction_is_a_user_error(db):
     """The second insert waits on the first's unique index (PostgreSQL) or write lock (SQLite)
     and must end as "already exists", not as a database error."""
@@ -126,15 +144,15 @@ def test_a_name_taken_by_a_concurrent_transaction_is_a_user_error(db):
             outcome.append(exc)
 
     thread = threading.Thread(target=second)
-    thread.start()
-    if db.engine.dialect.name == "postgresql":  # let it pass the name check and block on insert
-        with db.engine.connect() as watcher:
-            waiting = "select count(*) from pg_stat_activity where wait_event_type = 'Lock'"
-            while thread.is_alive() and not watcher.execute(text(waiting)).scalar():
-                time.sleep(0.01)
-    first.commit()
-    first.close()
-    thread.join()
+    try:
+        if db.engine.dialect.name != "postgresql":
+            thread.start()
+        else:  # let it pass the name check and block on insert
+            wait_until_blocked(db.engine, thread)
+    finally:  # the second ends once the first does, whatever happened above
+        first.commit()
+        first.close()
+        thread.join()
     assert len(outcome) == 1 and isinstance(outcome[0], UserError), outcome
     assert str(outcome[0]) == "user 'twin' already exists"
 
