@@ -15,15 +15,16 @@ import subprocess
 import sys
 
 CHILD = """
-import json, resource, time
+import json, time
 t0 = time.perf_counter()
 from dlscale.api.profiling import ProfileRequest, profile
+from dlscale.train.device import host_peak_rss_bytes
 t1 = time.perf_counter()
 request = ProfileRequest({model!r}, batch_size={batch}, hardware=("a100-40gb", "h100-sxm"))
 result = profile(request)
 t2 = time.perf_counter()
 print(json.dumps({{"import_s": t1 - t0, "profile_s": t2 - t1,
-                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                  "peak_rss_bytes": host_peak_rss_bytes(),
                   "layers": len(result.trace.layers),
                   "activations_bytes": result.memory.activations_bytes}}))
 """

@@ -26,7 +26,7 @@ def convert(out: Path, samples: int) -> dict:
 
 def start_training(shards: Path, tmp_path: Path, name: str) -> tuple:
     """One epoch by `dlscale train` in a process of its own, so its peak resident memory is the
-    run's alone (the record's peak_memory_bytes on a CPU is the process's ru_maxrss)."""
+    run's alone (the record's peak_memory_bytes on a CPU is the process's own VmHWM)."""
     spec = {
         "name": name,
         "model": {"name": "mlp", "kwargs": {"hidden": [16]}},

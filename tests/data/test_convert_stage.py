@@ -167,13 +167,14 @@ def test_convert_reads_a_job_specs_data_section(tmp_path: Path):
 
 
 CONVERT_AND_PEAK = """
-import resource, sys
+import sys
 from pathlib import Path
 from dlscale.api.data import convert_data
+from dlscale.train.device import host_peak_rss_bytes  # this program's, not pytest's before exec
 for samples in (800, 8000):
     convert_data("synthetic", Path(sys.argv[1]) / str(samples), shard_size="4MB",
                  samples=samples, shape=[3, 64, 64])
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    print(host_peak_rss_bytes())
 """
 
 

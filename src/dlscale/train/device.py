@@ -74,9 +74,24 @@ def peak_memory(device: torch.device) -> tuple[int, str]:
         return int(torch.cuda.max_memory_allocated(device)), "cuda_max_allocated"
     if device.type == "mps":
         return int(torch.mps.driver_allocated_memory()), "mps_driver_allocated"
+    return host_peak_rss_bytes(), "host_peak_rss"
+
+
+def host_peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started its program. Linux keeps the peak
+    of whatever the process ran before exec in ru_maxrss, so a run started by a large parent
+    (a test suite, a sweep slot, a notebook) would report the parent's size: VmHWM is the
+    peak of this program's own memory."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # "VmHWM:  123456 kB"
+    except OSError:
+        pass  # no /proc (macOS): ru_maxrss, which is this program's there
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     # ru_maxrss is in kilobytes on Linux and in bytes on macOS.
-    return int(rss if sys.platform == "darwin" else rss * 1024), "host_peak_rss"
+    return int(rss if sys.platform == "darwin" else rss * 1024)
 
 
 @contextlib.contextmanager
