@@ -134,30 +134,11 @@ def test_remote_artifacts_lists_run_json_and_downloads_it_checked(
     reference = server.data_dir / "jobs" / finished / "run" / "run.json"
     assert sha256 == hashlib.sha256(reference.read_bytes()).hexdigest()
     out = tmp_path / "run.json"
-    fetched = cli(
-        "remote",
-        "artifacts",
-        finished,
-        "--download",
-        artifact_id,
-        "--out",
-        out,
-        token=alice,
-        server=server,
-    )
+    download = ("remote", "artifacts", finished, "--download", artifact_id, "--out", out)
+    fetched = cli(*download, token=alice, server=server)
     assert fetched.exit_code == 0, fetched.output
     assert out.read_bytes() == reference.read_bytes()
-    again = cli(
-        "remote",
-        "artifacts",
-        finished,
-        "--download",
-        artifact_id,
-        "--out",
-        out,
-        token=alice,
-        server=server,
-    )
+    again = cli(*download, token=alice, server=server)
     assert again.exit_code == 2 and "--force" in error_line(again)
 
 
