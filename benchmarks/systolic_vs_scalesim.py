@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from dlscale.models import build_model
-from dlscale.profiler.systolic import DATAFLOWS, compute_cycles, layer_gemms
-from dlscale.profiler.tensor_flow import record_flow
+from dlscale.profiler.systolic import DATAFLOWS, compute_cycles, step_gemms
+from dlscale.profiler.trace import trace_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.unit.test_systolic import scalesim_cycles  # one harness for test and benchmark
@@ -41,11 +42,16 @@ def main() -> None:
         + " ".join(f"{df + ' ours/scalesim':>24}" for df in DATAFLOWS)
     )
     for name, kwargs, shape in MODELS:
-        with torch.device("meta"):
-            model = build_model(name, kwargs)
-        flow = record_flow(model, torch.zeros(1, *shape, device="meta"))
-        for gemm in layer_gemms(flow, 1):
-            if not gemm.name.endswith("forward"):
+        step = trace_step(
+            partial(build_model, name, kwargs),
+            torch.zeros(shape),
+            1,
+            "fp32",
+            lambda params: torch.optim.SGD(params, lr=0.1),
+            "sgd",
+        )
+        for gemm in step_gemms(step):
+            if " forward: " not in gemm.name:
                 continue
             cells, found = [], {}
             for df in DATAFLOWS:
@@ -58,7 +64,7 @@ def main() -> None:
                 found[df] = ours
                 cells.append(f"{ours:>9,}/{theirs:<9,} {ratio:.3f}")
                 del seconds
-            label = f"{name}.{gemm.name.removesuffix(' forward')}"
+            label = f"{name}.{gemm.name.replace(' forward: ', ' ')}"
             print(f"{label:<26} {gemm.m:>6}×{gemm.k:>5}×{gemm.n:<5} " + " ".join(cells))
             rows.append((label, found))
     print(f"largest difference from SCALE-Sim: {worst:.1%} (goal ≤ 10%)")

@@ -1,6 +1,7 @@
 """Models from transformers, as users write them: built from configs with random weights (no
 download), traced with nothing allocated, counted against a real CPU forward."""
 
+import json
 import os
 
 import pytest
@@ -47,6 +48,10 @@ def t5():
 
 def tokens(batch):
     return torch.zeros(batch, 16, dtype=torch.long)
+
+def gpt2_inputs(batch):
+    return {"input_ids": torch.zeros(batch, 16, dtype=torch.long),
+            "attention_mask": torch.ones(batch, 16, dtype=torch.long)}
 
 def bert_inputs(batch):
     ids = torch.zeros(batch, 16, dtype=torch.long)
@@ -136,6 +141,51 @@ def test_gpt2_from_the_cli_with_tokens_and_json(hf_models):
     )
     assert result.exit_code == 0, result.output
     assert '"model": "hfnets:gpt2"' in result.stdout
+
+
+def test_dataflow_maps_gpt2s_conv1d_and_attention_and_says_what_it_leaves_out(hf_models):
+    """GPT-2's projections are transformers' Conv1D (x @ W, W as (in, out)); its attention is
+    batched products over batch × heads. All of them reach the arrays, from --inputs (ids and
+    a mask); the share of the step they leave out is stated, in JSON and in one text line."""
+    args = ["profile", "hfnets:gpt2", "--inputs", "hfnets:gpt2_inputs", "--batch", "2"]
+    args += ["--hardware", "tpu-v3", "--dataflow", "ws"]
+    result = CliRunner().invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    profile = json.loads(result.output)
+    (report,) = profile["systolic"]
+    gemms: dict[str, list] = {}
+    for layer in report["layers"]:
+        g = layer["gemm"]
+        gemms.setdefault(g["name"], []).append((g["m"], g["k"], g["n"], g["repeats"]))
+    tokens, embd, heads, size = 2 * 16, 64, 2, 32
+    for block in ("transformer.h.0", "transformer.h.1"):
+        for module, (k, n) in {
+            "attn.c_attn": (embd, 3 * embd),
+            "attn.c_proj": (embd, embd),
+            "mlp.c_fc": (embd, 4 * embd),
+            "mlp.c_proj": (4 * embd, embd),
+        }.items():
+            assert gemms[f"{block}.{module} forward: addmm"] == [(tokens, k, n, 1)]
+            # its input's and its weight's gradients: each the forward's multiply-adds
+            backward = gemms[f"{block}.{module} backward: mm"]
+            assert [m * k_ * n_ for m, k_, n_, _ in backward] == [tokens * k * n] * 2
+        # Q·Kᵀ and P·V for each of 2 × 2 (batch × heads): 16 × 32 × 16 and 16 × 16 × 32
+        forward = []  # bmm twice on the math path, or the fused kernel's Q·Kᵀ and P·V
+        for name, found in gemms.items():
+            if name.startswith(f"{block}.attn forward"):
+                forward += found
+        assert sorted(forward) == sorted([(16, size, 16, 2 * heads), (16, 16, size, 2 * heads)])
+    assert gemms["lm_head forward: mm"] == [(tokens, embd, 500, 1)]
+    totals = profile["totals"]
+    matmul = totals["forward_flops"] + totals["backward_flops"]
+    assert report["mapped_flops"] == matmul and report["step_flops"] == totals["step_flops"]
+    left = report["unmapped"]
+    assert left["products"] == {} and left["flops"] == totals["step_flops"] - matmul
+    assert left["share"] == pytest.approx(left["flops"] / totals["step_flops"])
+    text = CliRunner().invoke(app, args, env={"COLUMNS": "400"})
+    assert text.exit_code == 0, text.output
+    share = f"{left['share']:.1%} of the step's"
+    assert sum(share in line and "not mapped" in line for line in text.output.splitlines()) == 1
 
 
 def test_failures_name_the_op_and_module_and_data_dependent_flow_is_explained(hf_models):

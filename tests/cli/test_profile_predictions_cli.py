@@ -85,7 +85,10 @@ def test_profile_maps_every_layer_on_a_tpu_with_the_best_dataflow_named():
     (report,) = json.loads(result.output)["systolic"]
     assert report["array"]["rows"] == 128 and report["array"]["arrays"] == 4
     names = [layer["gemm"]["name"] for layer in report["layers"]]
-    assert "conv1 forward" in names and "conv1 input grad" not in names  # data needs no grad
+    assert "conv1 forward: conv" in names
+    assert "conv1 backward: weight grad" in names
+    assert "conv1 backward: input grad" not in names  # data needs no grad
+    assert report["unmapped"]["products"] == {}  # every matrix product is mapped
     for layer in report["layers"]:
         cycles = {df: v["cycles"] for df, v in layer["by_dataflow"].items()}
         fastest = min(layer["by_dataflow"].items(), key=lambda kv: kv[1]["seconds"])[0]

@@ -62,7 +62,7 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
 
         devices_asked = [report.hardware for report in result.reports]
         result.systolic = systolic_reports(
-            workload, devices_asked, parse_dataflows(request.dataflow)
+            result.trace, devices_asked, parse_dataflows(request.dataflow), workload.model_name
         )
     if scaling.devices:
         result.scaling = scaling_reports(result, scaling, request.hardware_files)

@@ -19,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from dlscale.profiler import attention
+from dlscale.profiler.gemms import Gemm, op_gemms
 
 # Ops that move no data and compute nothing (beyond views, which torch marks itself).
 _FREE = {
@@ -159,6 +160,9 @@ class PhaseCost:
     # the masked half of them.
     attention: list[tuple[int, int, bool]] = field(default_factory=list)
     bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
+    # The matrix products as GEMMs (M × K × N), what a systolic array is fed (profiler/gemms.py)
+    gemms: list[Gemm] = field(default_factory=list)
+    unmapped_products: Counter[str] = field(default_factory=Counter)  # FLOPs of ops with none
 
     @property
     def flops(self) -> int:
@@ -181,6 +185,8 @@ class PhaseCost:
         self.convs.extend(other.convs)
         self.attention.extend(other.attention)
         self.bytes_by_op.update(other.bytes_by_op)
+        self.gemms.extend(other.gemms)
+        self.unmapped_products.update(other.unmapped_products)
 
 
 # Ops whose result depends on the values of tensors, which a trace never computes: a Python
@@ -290,6 +296,9 @@ class Recorder(TorchDispatchMode):
             if formula is not None:
                 cost.matmul_flops = int(formula(*args, **kwargs, out_val=out))
                 cost.matmul_ops = 1
+                cost.gemms = op_gemms(name, args, out)
+                if not cost.gemms and cost.matmul_flops:  # reported as not mapped, by op
+                    cost.unmapped_products[name] = cost.matmul_flops
                 if name in _CONV:
                     cost.convs.append(conv_shape(name, args, out, cost.matmul_flops))
                 if name in attention.KERNELS:

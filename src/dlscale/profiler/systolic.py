@@ -1,11 +1,13 @@
 """Layers on a systolic array: weight-, input- and output-stationary dataflows, cycle by cycle.
 
-Every convolution and linear layer is one or more matrix products (GEMMs): forward, and in
-backward the gradient of its input and of its weight. A GEMM (M × K) · (K × N) maps onto an
-array of R × C processing elements as SCALE-Sim maps it (Samajdar et al., "A Systematic
-Methodology for Characterizing Scalability of DNN Accelerators using SCALE-Sim", ISPASS 2020):
-a convolution's M is the output pixels (× batch), K its window (kh·kw·C_in per group), N its
-filters. Each dataflow keeps one operand in the array and streams the others:
+Every matrix product a traced step runs is one or more GEMMs (profiler/gemms.py): a linear
+layer's or a convolution's forward, and in backward the gradient of its input and of its
+weight; attention's products per batch × head. A GEMM (M × K) · (K × N) maps onto an array of
+R × C processing elements as SCALE-Sim maps it (Samajdar et al., "A Systematic Methodology for
+Characterizing Scalability of DNN Accelerators using SCALE-Sim", ISPASS 2020): a convolution's M
+is the output pixels (× batch), K its window (kh·kw·C_in per group), N its filters. The step's
+other work (elementwise ops, norms, softmax, the optimizer) runs on no array; its share of the
+FLOPs is reported apart. Each dataflow keeps one operand in the array and streams the others:
 
 | dataflow | stays in the PEs | rows (Sr) | columns (Sc) | streamed over (T) |
 |---|---|---|---|---|
@@ -27,9 +29,11 @@ the clock and its DRAM bytes at the chip's bandwidth.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 from dlscale.errors import UserError
+from dlscale.profiler.gemms import Gemm
 
 DATAFLOWS = ("os", "ws", "is")
 STAYS = {"os": "outputs", "ws": "weights", "is": "inputs"}
@@ -47,15 +51,6 @@ class Array:
     ifmap_sram_bytes: int
     filter_sram_bytes: int
     ofmap_sram_bytes: int
-
-
-@dataclass(frozen=True)
-class Gemm:
-    name: str  # "conv1 forward", "fc1 input grad", ...
-    m: int
-    k: int
-    n: int
-    repeats: int = 1  # a grouped convolution: one GEMM per group
 
 
 @dataclass(frozen=True)
@@ -102,8 +97,7 @@ def map_gemm(gemm: Gemm, dataflow: str, array: Array, element_bytes: int) -> Map
     row_folds, col_folds = math.ceil(sr / array.rows), math.ceil(per_array / array.cols)
     folds = row_folds * col_folds
     cycles = folds * fold_cycles(dataflow, array.rows, array.cols, t) * gemm.repeats
-    macs = gemm.m * gemm.k * gemm.n * gemm.repeats
-    utilization = macs / (cycles * array.rows * array.cols * array.arrays)
+    utilization = gemm.macs / (cycles * array.rows * array.cols * array.arrays)
     dram = _dram_bytes(gemm, dataflow, array, row_folds, col_folds, element_bytes)
     compute_s, memory_s = cycles / array.clock_hz, dram / array.dram_bytes_per_s
     bound = "compute" if compute_s >= memory_s else "memory"
@@ -139,37 +133,48 @@ def _dram_bytes(gemm, dataflow, array, row_folds, col_folds, element_bytes) -> i
     return elements * element_bytes * gemm.repeats
 
 
-def layer_gemms(flow, batch: int) -> list[Gemm]:
-    """The forward and backward GEMMs of every Linear and Conv2d a recorded flow ran
-    (profiler/tensor_flow.py), at `batch` samples."""
-    gemms = []
-    for layer in flow.layers.values():
-        module = layer.module
-        if layer.kind == "Linear":
-            rows = batch * math.prod(layer.input_shape[:-1])  # tokens: B × T rows
-            k, n = module.in_features, module.out_features
-            forward = Gemm(f"{layer.name} forward", rows, k, n)
-            input_grad = Gemm(f"{layer.name} input grad", rows, n, k)
-            weight_grad = Gemm(f"{layer.name} weight grad", k, rows, n)
-        else:  # Conv2d, per group: output pixels × window × filters
-            groups = module.groups
-            out_channels, height, width = layer.output_shape
-            in_channels = layer.input_shape[0]
-            window = (in_channels // groups) * module.kernel_size[0] * module.kernel_size[1]
-            pixels = batch * height * width
-            per_group = out_channels // groups
-            in_pixels = batch * layer.input_shape[1] * layer.input_shape[2]
-            forward = Gemm(f"{layer.name} forward", pixels, window, per_group, groups)
-            back = per_group * module.kernel_size[0] * module.kernel_size[1]
-            input_grad = Gemm(
-                f"{layer.name} input grad", in_pixels, back, in_channels // groups, groups
-            )
-            weight_grad = Gemm(f"{layer.name} weight grad", window, pixels, per_group, groups)
-        gemms.append(forward)
-        if layer.input_needs_grad:
-            gemms.append(input_grad)
-        gemms.append(weight_grad)
-    return gemms
+def step_gemms(trace) -> list[Gemm]:
+    """Every GEMM a traced step ran (profiler/gemms.py), forward then backward per module,
+    named by the module and phase that ran it."""
+    found = []
+    for layer in trace.layers:
+        for phase in ("forward", "backward"):
+            for gemm in getattr(layer, phase).gemms:
+                found.append(replace(gemm, name=f"{layer.name} {phase}: {gemm.name}"))
+    return found
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    """The step's FLOPs the arrays do not run, as the trace counts them (the profile's)."""
+
+    step_flops: int  # forward, backward and optimizer: the profile's "step FLOPs"
+    other_flops: int  # elementwise, reductions, norms, softmax, losses, the optimizer
+    products: dict[str, int]  # matrix-product FLOPs of aten ops no GEMM is known for, by op
+
+    @property
+    def flops(self) -> int:
+        return self.other_flops + sum(self.products.values())
+
+    @property
+    def mapped_flops(self) -> int:
+        return self.step_flops - self.flops
+
+    @property
+    def share(self) -> float:
+        return self.flops / self.step_flops if self.step_flops else 0.0
+
+
+def unmapped(trace) -> Unmapped:
+    """What of the traced step no GEMM covers: its vector work, and the matrix products of any
+    op whose operands are not known as a GEMM."""
+    step, other, products = trace.optimizer.flops, trace.optimizer.flops, Counter()
+    for layer in trace.layers:
+        for cost in (layer.forward, layer.backward):
+            step += cost.flops
+            other += cost.other_flops
+            products.update(cost.unmapped_products)
+    return Unmapped(step, other, dict(products))
 
 
 def best_reason(m: int, k: int, n: int, dataflow: str) -> str:

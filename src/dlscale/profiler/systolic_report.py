@@ -1,5 +1,6 @@
-"""`dlscale profile … --dataflow ws|is|os|all`: a model's layers on each systolic chip asked
-for, every dataflow side by side, as tables, JSON and a chart."""
+"""`dlscale profile … --dataflow ws|is|os|all`: a traced step's matrix products on each
+systolic chip asked for, every dataflow side by side, and the share of the step left off the
+arrays, as tables and JSON."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ from rich.table import Table
 
 from dlscale.errors import UserError
 from dlscale.profiler.memory import ELEMENT_BYTES
-from dlscale.profiler.systolic import DATAFLOWS, Array, LayerChoice, array_of, choose, layer_gemms
+from dlscale.profiler.systolic import (
+    DATAFLOWS,
+    Array,
+    LayerChoice,
+    Unmapped,
+    array_of,
+    choose,
+    step_gemms,
+    unmapped,
+)
 from dlscale.profiler.systolic import totals as totals_of
-from dlscale.units import binary_bytes, duration
+from dlscale.units import binary_bytes, duration, si
 
 
 @dataclass
@@ -22,6 +32,7 @@ class SystolicReport:
     dataflows: tuple[str, ...]
     layers: list[LayerChoice]
     totals: dict[str, dict[str, float]]
+    unmapped: Unmapped
 
 
 def parse_dataflows(text: str) -> tuple[str, ...]:
@@ -37,31 +48,22 @@ def parse_dataflows(text: str) -> tuple[str, ...]:
     return names
 
 
-def systolic_reports(workload, hardware: list, dataflows: tuple[str, ...]) -> list[SystolicReport]:
-    """The model's forward and backward GEMMs (recorded on the meta device) on each chip."""
-    import torch
-
-    from dlscale.profiler.tensor_flow import record_flow
-
+def systolic_reports(
+    trace, hardware: list, dataflows: tuple[str, ...], model_name: str
+) -> list[SystolicReport]:
+    """The traced step's forward and backward GEMMs on each chip, and what they leave out."""
     arrays = [(device.name, array_of(device)) for device in hardware]  # one line if one lacks it
-    if workload.inputs is not None:
-        raise UserError(
-            "--dataflow maps a model given one tensor input; --inputs is not supported with it"
-        )
-    with torch.device("meta"):
-        model = workload.build()
-    flow = record_flow(model, workload.sample.unsqueeze(0).to("meta"), workload.precision)
-    gemms = layer_gemms(flow, workload.batch_size)
+    gemms = step_gemms(trace)
     if not gemms:
         raise UserError(
-            f"--dataflow: model '{workload.model_name}' has no convolution or "
-            "linear layer to map onto an array"
+            f"--dataflow: model '{model_name}' runs no matrix product to map onto an array"
         )
-    element = ELEMENT_BYTES[workload.precision]
+    left = unmapped(trace)
+    element = ELEMENT_BYTES[trace.precision]
     reports = []
     for name, array in arrays:
         layers = choose(gemms, array, element, dataflows)
-        reports.append(SystolicReport(name, array, dataflows, layers, totals_of(layers)))
+        reports.append(SystolicReport(name, array, dataflows, layers, totals_of(layers), left))
     return reports
 
 
@@ -71,6 +73,14 @@ def to_json(report: SystolicReport) -> dict:
         "array": vars(report.array),
         "dataflows": list(report.dataflows),
         "totals": report.totals,
+        "step_flops": report.unmapped.step_flops,
+        "mapped_flops": report.unmapped.mapped_flops,
+        "unmapped": {
+            "flops": report.unmapped.flops,
+            "share": report.unmapped.share,
+            "other_flops": report.unmapped.other_flops,
+            "products": report.unmapped.products,
+        },
         "layers": [
             {
                 "gemm": vars(choice.gemm),
@@ -120,6 +130,21 @@ def render(reports: list[SystolicReport], console: Console) -> None:
         console.print(table)
         for df, total in report.totals.items():
             console.print(
-                f"  {df}: {duration(total['seconds'])} a step, "
+                f"  {df}: {duration(total['seconds'])} for the step's matrix products, "
                 f"{binary_bytes(total['dram_bytes'])} from DRAM"
             )
+        if report.unmapped.flops:
+            console.print(f"[yellow]warning:[/] {unmapped_line(report.unmapped)}")
+
+
+def unmapped_line(left: Unmapped) -> str:
+    """What the times above leave out, in one line."""
+    vector = "elementwise ops, norms, softmax, loss and optimizer"
+    parts = [f"{si(left.other_flops, 'FLOP')} of {vector}"]
+    if left.products:
+        ops = ", ".join(f"aten.{op}" for op in left.products)
+        parts.append(f"{si(sum(left.products.values()), 'FLOP')} of matrix products by {ops}")
+    return (
+        f"{left.share:.1%} of the step's {si(left.step_flops, 'FLOP')} are not mapped onto the "
+        f"arrays ({'; '.join(parts)}): the times above leave them out"
+    )
