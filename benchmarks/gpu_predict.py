@@ -79,6 +79,8 @@ def main() -> None:
     if names is None:
         device_name = torch.cuda.get_device_name(0) if gpu else ""
         names = catalogue_name(device_name) or "h200-sxm"
+        if gpu and catalogue_name(device_name) is None:
+            print(f"no catalogue entry matches {device_name!r}: comparing with h200-sxm")
     entries = [get_hardware(name) for name in names.split(",")]
     print(f"measured on {torch.cuda.get_device_name(0)}" if gpu else "dry run: nothing measured")
     heads = "".join(f" {h.name[:12]:>12} {'ratio':>6}" for h in entries)
