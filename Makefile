@@ -43,6 +43,7 @@ bench: setup
 gpu-check: setup
 	$(BIN)/python -m pytest -q -m gpu tests/gpu
 	$(BIN)/python benchmarks/gpu_check.py --out runs/gpu-check
+	$(BIN)/python benchmarks/gpu_predict.py --steps 10
 
 # The container image (podman or docker; docker/build.sh says what it needs), and its tests.
 image: setup

@@ -154,9 +154,12 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
         ("default link", f"{link} (dlscale hardware links)" if link else "— (name one)"),
         ("TDP", f"{_number(device.tdp_w)} W" if device.tdp_w else "—"),
         ("price", _price(device)),
+        ("compute efficiency", _compute_efficiency(device)),
         (
-            "compute efficiency",
-            _default_marked(device.efficiency_compute, device.compute_efficiency),
+            "convolutions",
+            "3×3 stride-1 at fp32: Winograd F(2×2, 3×3), 2.25× the direct rate"
+            if device.winograd_convs
+            else "at the direct count",
         ),
         ("memory efficiency", _default_marked(device.efficiency_memory, device.memory_efficiency)),
         (
@@ -192,6 +195,16 @@ def _link(name: str | None, bytes_per_s: float | None, direction: str) -> str:
     if name is None or bytes_per_s is None:
         return "—"
     return f"{name}: {_number(bytes_per_s / 1e9)} GB/s {direction}"
+
+
+def _compute_efficiency(device: api.Hardware) -> str:
+    """The share of peak per precision the entry gives (with its source), then the rest."""
+    rest = _default_marked(device.efficiency_compute, device.compute_efficiency)
+    shares = device.compute_efficiency_by_precision
+    if not shares:
+        return rest
+    listed = ", ".join(f"{precision} {share:.3g}" for precision, share in shares.items())
+    return f"{listed} ({device.efficiency_source or 'no source given'}); others {rest}"
 
 
 def _default_marked(value: float, given: float | None, unit: str = "") -> str:

@@ -32,6 +32,7 @@ _PLAIN_TEXT = {
     "notes": "notes",
     "price_source": "price_source",
     "price_date": "price_date",
+    "efficiency_source": "efficiency_source",
     "interconnect_link": "interconnect_link",
 }
 _PLAIN_NUMBERS = ("tdp_w", "compute_efficiency", "memory_efficiency", "price_per_hour")
@@ -64,6 +65,9 @@ KEYS = (
     "price_source",
     "price_date",
     "compute_efficiency",
+    "compute_efficiency_by_precision",
+    "efficiency_source",
+    "winograd_convs",
     "memory_efficiency",
     "op_overhead_us",
     "sources",
@@ -192,6 +196,14 @@ def parse_entry(entry: dict[str, Any], where: str) -> Hardware:
             fields[field_name] = float(_number(entry, key, where).scaleb(exponent))
     fields["memory_bytes"] = int((_number(entry, "memory_gib", where) * GIB).to_integral_value())
     fields["peak_flops"] = _peaks(entry["peak_tflops"], where)
+    if "compute_efficiency_by_precision" in entry:
+        fields["compute_efficiency_by_precision"] = _efficiencies(
+            entry["compute_efficiency_by_precision"], fields["peak_flops"], where
+        )
+    if "winograd_convs" in entry:
+        if not isinstance(entry["winograd_convs"], bool):
+            raise UserError(f"{where}: winograd_convs must be true or false")
+        fields["winograd_convs"] = entry["winograd_convs"]
     fields.update(_links(entry, where))
     if "price_per_hour" in entry and not {"price_source", "price_date"} <= set(entry):
         raise UserError(f"{where}: a price_per_hour needs its price_source and price_date")
@@ -233,8 +245,9 @@ def _text(entry: dict[str, Any], key: str, where: str) -> str:
     return value
 
 
-def _number(entry: dict[str, Any], key: str, where: str) -> Decimal:
-    """A positive finite number (efficiencies at most 1; the op overhead may be 0)."""
+def _number(entry: dict[str, Any], key: str, where: str, at_most: int | None = None) -> Decimal:
+    """A positive finite number (efficiencies, and any number given `at_most`, at most that or
+    1; the op overhead may be 0)."""
     value = entry[key]
     if isinstance(value, bool) or not isinstance(value, int | Decimal):
         raise UserError(f"{where}: {key} must be a number, not {value!r}")
@@ -243,7 +256,9 @@ def _number(entry: dict[str, Any], key: str, where: str) -> Decimal:
     if not number.is_finite() or number < 0 or (number == 0 and not allow_zero):
         bound = "≥ 0" if allow_zero else "> 0"
         raise UserError(f"{where}: {key} must be a finite number {bound}, not {value}")
-    if key.endswith("_efficiency") and number > 1:
+    if key.endswith("_efficiency"):
+        at_most = 1
+    if at_most is not None and number > at_most:
         raise UserError(f"{where}: {key} is a fraction of peak and must be ≤ 1, not {value}")
     return number
 
@@ -270,6 +285,21 @@ def _peaks(table: Any, where: str) -> dict[str, float]:
         for precision in PRECISIONS
         if precision in table
     }
+
+
+def _efficiencies(table: Any, peaks: dict[str, float], where: str) -> dict[str, float]:
+    """precision -> share of that precision's peak (0 < share ≤ 1), for precisions with a peak."""
+    key = "compute_efficiency_by_precision"
+    if not isinstance(table, dict):
+        raise UserError(f"{where}: {key} must be a table, e.g. {{ fp32 = 0.8, bf16 = 0.6 }}")
+    missing = [precision for precision in table if precision not in peaks]
+    if missing:
+        raise UserError(
+            f"{where}: {key} has '{missing[0]}', which peak_tflops does not list "
+            f"(listed: {', '.join(peaks)})"
+        )
+    label = f"{where}: {key}"
+    return {precision: float(_number(table, precision, label, 1)) for precision in table}
 
 
 def _links(entry: dict[str, Any], where: str) -> dict[str, Any]:
@@ -336,6 +366,8 @@ def entry_to_toml(hardware: Hardware) -> str:
         "price_source": hardware.price_source,
         "price_date": hardware.price_date,
         "compute_efficiency": hardware.compute_efficiency,
+        "efficiency_source": hardware.efficiency_source,
+        "winograd_convs": hardware.winograd_convs or None,
         "memory_efficiency": hardware.memory_efficiency,
         "sources": list(hardware.sources),
         "notes": hardware.notes,
@@ -349,6 +381,12 @@ def entry_to_toml(hardware: Hardware) -> str:
     lines.append("[device.peak_tflops]")
     for precision, flops in hardware.peak_flops.items():
         lines.append(f"{precision} = {_toml_value(_shifted(flops, -_PEAK_EXPONENT))}")
+    if hardware.compute_efficiency_by_precision:
+        lines.extend(
+            _toml_table(
+                "device.compute_efficiency_by_precision", hardware.compute_efficiency_by_precision
+            )
+        )
     if hardware.measured:
         lines.extend(_toml_table("device.measured", hardware.measured))
     return "\n".join(lines) + "\n"

@@ -16,6 +16,14 @@ DEFAULT_COMPUTE_EFFICIENCY = {"cpu": 0.7, "gpu": 0.7, "tpu": 0.6}
 DEFAULT_MEMORY_EFFICIENCY = {"cpu": 0.7, "gpu": 0.8, "tpu": 0.8}
 DEFAULT_OP_OVERHEAD_S = {"cpu": 5e-6, "gpu": 8e-6, "tpu": 10e-6}
 
+# Winograd's minimal filtering F(2×2, 3×3) computes a 2×2 output tile of a 3×3 convolution with
+# 16 multiplies instead of 36: 2.25× fewer (Lavin and Gray, "Fast Algorithms for Convolutional
+# Neural Networks", CVPR 2016, arXiv:1509.09308). cuDNN has shipped Winograd kernels for 3×3
+# stride-1 convolutions since v5 and picks them when they are fastest; on a catalogue GPU such a
+# convolution at the fp32 (CUDA-core) rate is counted at this factor above its direct-count
+# rate. F(4×4, 3×3) would be 4×; its transforms cost more, so the smaller tile is assumed.
+WINOGRAD_F2X2_3X3_SPEEDUP = 36 / 16
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -42,6 +50,13 @@ class Hardware:
     price_source: str | None = None  # where the price was read
     price_date: str | None = None  # when: "2026-11"
     compute_efficiency: float | None = None
+    # precision -> the share of its peak a large matrix product reaches, from a published (or
+    # measured) GEMM figure; a precision not listed takes compute_efficiency or the default.
+    compute_efficiency_by_precision: dict[str, float] = field(default_factory=dict)
+    efficiency_source: str | None = None  # where those shares were published (or measured)
+    # The device's convolution library picks Winograd for 3×3 stride-1 layers (cuDNN from v5 on
+    # Maxwell and later): see winograd_speedup().
+    winograd_convs: bool = False
     memory_efficiency: float | None = None
     op_overhead_s: float | None = None
     sources: tuple[str, ...] = ()
@@ -64,6 +79,12 @@ class Hardware:
     def efficiency_compute(self) -> float:
         return self.compute_efficiency or DEFAULT_COMPUTE_EFFICIENCY[self.kind]
 
+    def efficiency_at(self, precision: str) -> float:
+        """The share of the peak a large matrix product reaches at `precision` (the precision
+        its products actually run at, after peak()'s fallback): the entry's figure for that
+        precision, else its one compute_efficiency, else the default for its kind."""
+        return self.compute_efficiency_by_precision.get(precision, self.efficiency_compute)
+
     @property
     def efficiency_memory(self) -> float:
         return self.memory_efficiency or DEFAULT_MEMORY_EFFICIENCY[self.kind]
@@ -79,31 +100,54 @@ class Hardware:
 
         With a measured curve (`local`: FLOP/s of n×n products by n), the rate at the product's
         equivalent square size n = (FLOPs / 2)^(1/3), interpolated in log n and clamped to the
-        measured range: small products run far below the peak. Otherwise peak × efficiency.
+        measured range: small products run far below the peak. Otherwise peak × the efficiency
+        at the precision the product runs at.
         """
         peak, used = self.peak(precision)
         curve = self.measured.get("matmul_flops_per_s", {}).get(used)
         if not curve or flops_per_op <= 0:
-            return peak * self.efficiency_compute
+            return peak * self.efficiency_at(used)
         size = max(1.0, flops_per_op / 2) ** (1 / 3)
         return _interpolate({int(n): rate for n, rate in curve.items()}, size)
 
     def conv_rate(
-        self, precision: str, flops: float, weight: float, pixels: float, phase: str = "forward"
+        self,
+        precision: str,
+        flops: float,
+        weight: float,
+        pixels: float,
+        phase: str = "forward",
+        winograd: bool = False,
     ) -> float:
-        """FLOP/s a convolution (or its backward, by `phase`) reaches: on a measured fp32 grid of
-        (weight elements, output pixels, FLOP/s) points (`local`), interpolated in log weight and
-        log pixels and clamped to the grid; else what a matrix product of its FLOPs reaches.
+        """FLOP/s a convolution (or its backward, by `phase`) reaches, counted in its direct
+        FLOPs: on a measured fp32 grid of (weight elements, output pixels, FLOP/s) points
+        (`local`), interpolated in log weight and log pixels and clamped to the grid; else what
+        a matrix product of its FLOPs reaches, times Winograd's saving where it applies.
 
         Few channels (a small weight) or few output pixels run far below a matrix product of
         the same FLOPs: im2col, layout changes and the fixed cost of each call.
+        `winograd`: the convolution is one Winograd's F(2×2, 3×3) computes (3×3, stride 1, no
+        dilation, one group); see winograd_speedup().
         """
-        return self._measured_rate(
+        rate = self._measured_rate(
             precision,
             flops,
             ("conv_flops_per_s", phase),
             lambda grid: _on_grid(grid, weight, pixels),
         )
+        return rate * (self.winograd_speedup(precision) if winograd else 1.0)
+
+    def winograd_speedup(self, precision: str) -> float:
+        """How much faster than its direct count a Winograd-eligible convolution runs here.
+
+        On an entry marked `winograd_convs` (no measured convolution grid), at the fp32
+        CUDA-core rate: F(2×2, 3×3)'s 2.25× fewer multiplies. Not on a measured entry (its grid
+        timed what the library picked), an entry not marked (CPUs, TPUs, Kepler), or at Tensor
+        Core precisions (assumed implicit GEMM there: no published figure says otherwise).
+        """
+        if not self.winograd_convs or "conv_flops_per_s" in self.measured:
+            return 1.0
+        return WINOGRAD_F2X2_3X3_SPEEDUP if self.peak(precision)[1] == "fp32" else 1.0
 
     def attention_rate(
         self, precision: str, flops: float, keys: float, causal: bool, phase: str = "forward"

@@ -155,6 +155,9 @@ class PhaseCost:
     # The convolutions among the matrix products, one (FLOPs, weight elements, output pixels)
     # each: their speed depends on the weight's size and the number of output pixels.
     convs: list[tuple[int, int, int]] = field(default_factory=list)
+    # One flag per entry of `convs`: a 3×3, stride-1, undilated, ungrouped convolution, which a
+    # GPU library computes with Winograd's algorithm (hardware.device.winograd_speedup).
+    conv_winograd: list[bool] = field(default_factory=list)
     # Fused attention kernels among them, one (FLOPs, keys per query, causal?) each: how many
     # keys a query attends to sets how well the kernel's blocks fill, and a causal kernel skips
     # the masked half of them.
@@ -172,6 +175,12 @@ class PhaseCost:
     def conv_flops(self) -> int:
         return sum(flops for flops, _, _ in self.convs)
 
+    def convs_with_winograd(self) -> list[tuple[int, int, int, bool]]:
+        """Each convolution's (FLOPs, weight elements, output pixels, Winograd-eligible?); one
+        listed without its flag (a cost built by hand) is not eligible."""
+        flags = self.conv_winograd + [False] * (len(self.convs) - len(self.conv_winograd))
+        return [(*conv, flag) for conv, flag in zip(self.convs, flags, strict=True)]
+
     @property
     def attention_flops(self) -> int:
         return sum(flops for flops, _, _ in self.attention)
@@ -183,6 +192,7 @@ class PhaseCost:
         self.ops += other.ops
         self.matmul_ops += other.matmul_ops
         self.convs.extend(other.convs)
+        self.conv_winograd.extend(other.conv_winograd)
         self.attention.extend(other.attention)
         self.bytes_by_op.update(other.bytes_by_op)
         self.gemms.extend(other.gemms)
@@ -301,6 +311,7 @@ class Recorder(TorchDispatchMode):
                     cost.unmapped_products[name] = cost.matmul_flops
                 if name in _CONV:
                     cost.convs.append(conv_shape(name, args, out, cost.matmul_flops))
+                    cost.conv_winograd.append(winograd_eligible(name, args))
                 if name in attention.KERNELS:
                     cost.attention.append(attention.shape(func, args, kwargs, cost.matmul_flops))
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
@@ -325,6 +336,26 @@ def conv_shape(name: str, args, out, flops: int) -> tuple[int, int, int]:
     # weight, ...), whose grad_output has the output's shape.
     output, weight = (out, args[1]) if name == "convolution" else (args[0], args[2])
     return flops, weight.numel(), output.numel() // max(1, output.shape[1])
+
+
+def winograd_eligible(name: str, args) -> bool:
+    """A 3×3 (or 3×3×3) convolution of stride 1, no dilation and one group, not transposed: the
+    shape Winograd's F(2×2, 3×3) computes. The same for its backward, whose input and weight
+    gradients cuDNN also has Winograd kernels for."""
+    # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+    # groups); convolution_backward(grad_output, input, weight, bias_sizes, stride, padding,
+    # dilation, transposed, output_padding, groups, output_mask)
+    weight, rest = (args[1], args[3:]) if name == "convolution" else (args[2], args[4:])
+    stride, _, dilation, transposed, _, groups = rest[:6]
+    kernel = tuple(weight.shape[2:])
+    return (
+        bool(kernel)
+        and all(size == 3 for size in kernel)
+        and all(step == 1 for step in stride)
+        and all(gap == 1 for gap in dilation)
+        and not transposed
+        and groups == 1
+    )
 
 
 def nbytes(tensor: torch.Tensor) -> int:
