@@ -7,6 +7,11 @@ ratio = predicted / published, the goal within 0.8-1.2. Nothing here is fitted t
 catalogue's parameters (peaks, the compute efficiency, Winograd's saving) come from datasheets and
 papers, and each row says whether it informed one of them or only checks them.
 
+A run whose source says its weights lived on the host (tf_cnn_benchmarks' variable_update =
+parameter_server, local_parameter_device = cpu) is predicted as dlscale's `ps` strategy on one
+device, the server on the host across the GPU's PCIe link: each step pushes the gradients and
+pulls the weights over it (profiler/scaling.py), as that configuration does.
+
     python benchmarks/prediction_vs_published.py
 """
 
@@ -15,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale.api.profiling import profile
-from dlscale.profiler.request import ProfileRequest
+from dlscale.profiler.request import ProfileRequest, ScalingRequest
 
 TF_BENCHMARKS = (
     "TensorFlow Benchmarks (https://www.tensorflow.org/performance/benchmarks, tests of May 2017), "
@@ -29,9 +34,20 @@ NVIDIA_RESNET50 = (
     "291f0d02e815b148fa5c2b81bf07aa3552142895/PyTorch/Classification/ConvNets/resnet50v1.5/"
     "README.md; batch sizes from ConvNets/configs.yml (read 2026-11-27)"
 )
-# tf_cnn_benchmarks: synthetic ImageNet data, fp32, plain SGD, NCHW, CUDA 8.0 / cuDNN 5.1.
+# tf_cnn_benchmarks: synthetic ImageNet data, fp32, plain SGD, NCHW, CUDA 8.0 / cuDNN 5.1. The
+# source's configuration tables: on the DGX-1, ResNet-50 and InceptionV3 ran with
+# variable_update = parameter_server and local_parameter_device = cpu (AlexNet and VGG16
+# replicated with NCCL, weights on the GPU); on GCE every model ran parameter_server on the cpu.
+# The batch-32 runs are taken to use their model's configuration (the source lists one per model).
 DGX1_P100 = "DGX-1, one P100 SXM2; TensorFlow, cuDNN 5.1, fp32, SGD, synthetic data"
 GCE_K80 = "GCE n1-standard-32-k80x8, one K80 GPU; TensorFlow, cuDNN 5.1, fp32, SGD, synthetic data"
+HOST_PS = "weights on the host (parameter_server, local_parameter_device = cpu): ps on 1 GPU"
+HOST_LINK = "pcie3-x16"  # the P100 SXM2's and the K80's link to a DGX-1's / GCE VM's host
+# With synthetic data the benchmark makes the images on the GPU, as a local variable
+# ("gpu_cached_images", commented "Minor hack to avoid H2D copy when using synthetic data"), so
+# no batch crosses PCIe; the source's benchmark hash is tensorflow/benchmarks@9165a70 (read
+# 2026-11-27: scripts/tf_cnn_benchmarks/tf_cnn_benchmarks.py, add_forward_pass_and_gradients).
+GPU_INPUT = "synthetic images made on the GPU (tf_cnn_benchmarks@9165a70): no host-to-device copy"
 # NVIDIA's PyTorch recipe: SGD with momentum 0.875; mixed precision (AMP, fp16) in channels-last.
 DGX1_V100 = "DGX-1 (V100), one GPU; PyTorch, SGD with momentum, FP32 or AMP (fp16, NHWC)"
 DGXA100 = "DGX A100 (80 GB), one GPU; PyTorch, SGD with momentum, AMP (fp16, NHWC) or TF32"
@@ -61,12 +77,26 @@ class PublishedRun:
     role: str = VALIDATES  # whether the row informed a catalogue parameter or only checks them
     skip: str = ""  # why the row is not profiled
     differs: str = ""  # where the zoo model differs from the published one
+    host_weights: bool = False  # a parameter server on the host: predicted as dlscale's ps
+    input_on_gpu: bool = False  # synthetic images made on the GPU: no host-to-device copy
 
 
 def _tf(label, model, hardware, batch, images_per_s, **extra) -> PublishedRun:
-    setup = DGX1_P100 if hardware.startswith("p100") else GCE_K80
+    on_k80 = hardware == "k80"
+    host_weights = on_k80 or label in ("ResNet-50", "InceptionV3")
     return PublishedRun(
-        label, model, hardware, batch, "fp32", images_per_s, "sgd", setup, TF_BENCHMARKS, **extra
+        label,
+        model,
+        hardware,
+        batch,
+        "fp32",
+        images_per_s,
+        "sgd",
+        GCE_K80 if on_k80 else DGX1_P100,
+        TF_BENCHMARKS,
+        host_weights=host_weights,
+        input_on_gpu=True,
+        **extra,
     )
 
 
@@ -109,7 +139,9 @@ GOAL = (0.8, 1.2)
 
 def predicted_images_per_s(run: PublishedRun) -> float:
     """dlscale's prediction for one run: its zoo model traced at the run's batch, precision and
-    optimizer, predicted on the run's catalogue device."""
+    optimizer, predicted on the run's catalogue device; with its weights on the host, as the ps
+    strategy on one device over the host link; with its input made on the GPU, less the step's
+    host-to-device copy of the batch."""
     request = ProfileRequest(
         target=run.model,
         batch_size=run.batch,
@@ -117,8 +149,16 @@ def predicted_images_per_s(run: PublishedRun) -> float:
         optimizer=run.optimizer,
         hardware=(run.hardware,),
     )
-    (report,) = profile(request).reports
-    return report.prediction.samples_per_s
+    scaling = ScalingRequest(devices=(1,), interconnect=HOST_LINK, strategies=("ps",))
+    result = profile(request, scaling) if run.host_weights else profile(request)
+    (report,) = result.reports
+    step_s = report.prediction.step_s
+    if run.host_weights:
+        ((row,),) = [scaled.rows for scaled in result.scaling]
+        step_s = row.point.step_s
+    if run.input_on_gpu:
+        step_s -= report.prediction.h2d_s
+    return run.batch / step_s
 
 
 def single_device_table() -> list[dict]:
@@ -136,6 +176,7 @@ def single_device_table() -> list[dict]:
         print(
             f"{run.label:<15} {run.hardware:<15} {run.batch:>5} {run.precision:<5} "
             f"{run.images_per_s:>9.1f} {shown}  {run.skip or run.role}"
+            + (" (host ps)" if run.host_weights and not run.skip else "")
         )
         rows.append({"run": run, "predicted": predicted, "ratio": ratio})
     ratios = [row["ratio"] for row in rows if row["ratio"] is not None]
@@ -143,6 +184,8 @@ def single_device_table() -> list[dict]:
     print(f"{inside} of {len(ratios)} profiled rows within {GOAL[0]}-{GOAL[1]}")
     for setup in dict.fromkeys(run.setup for run in SINGLE_DEVICE_RUNS):
         print(f"  setup: {setup}")
+    print(f"  host ps: {HOST_PS}, over {HOST_LINK}")
+    print(f"  TensorFlow rows: {GPU_INPUT}")
     for differs in dict.fromkeys(run.differs for run in SINGLE_DEVICE_RUNS if run.differs):
         print(f"  model: {differs}")
     for source in dict.fromkeys(run.source for run in SINGLE_DEVICE_RUNS):

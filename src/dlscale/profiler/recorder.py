@@ -4,7 +4,8 @@ FLOPs of conv, linear, matmul and attention come from `torch.utils.flop_counter.
 the formulas FlopCounterMode uses (FLOPs = 2 × MACs); the CPU's fused attention kernel, which it
 lacks, gets its formula for the CUDA flash kernel. Other compute (elementwise, reductions,
 norms, pooling, losses) counts one FLOP per element of the op's largest tensor. Every op moves the
-bytes of its tensor inputs and outputs; views move nothing. Unknown ops are listed by name.
+bytes of its tensor inputs and outputs (batch norm in training reads its input twice: `REREAD`);
+views move nothing. Unknown ops are listed by name.
 """
 
 from __future__ import annotations
@@ -136,6 +137,23 @@ _ELEMENTWISE_LIKE = {
     "_thnn_fused_lstm_cell",
     "_thnn_fused_lstm_cell_backward_impl",
     "_thnn_fused_gru_cell",
+}
+
+# Batch norm in training passes over its activations twice: one pass reduces them to the batch's
+# mean and variance, the next normalizes (reads them again) and writes the output. Its backward
+# likewise reduces grad_out and input to two sums per channel, then reads both again to write the
+# input's gradient. That is how PyTorch's CUDA kernels run it (batch_norm_stats then
+# batch_norm_elemt; batch_norm_backward_reduce then batch_norm_backward_elemt: pytorch/pytorch
+# aten/src/ATen/native/cuda/Normalization.cu @000e0689, read 2026-11-27), and the two sub-layers
+# Jung et al. split BN into ("Restructuring Batch Normalization to Accelerate CNN Training",
+# SysML 2019, arXiv:1807.01702). An activation too large for the caches comes from memory both
+# times, so these tensors are counted once more than the inputs + outputs rule counts them.
+# op -> (its training flag, the positions of the tensors read twice)
+REREAD = {
+    "native_batch_norm": ("training", (0,)),
+    "_native_batch_norm_legit": ("training", (0,)),
+    "_native_batch_norm_legit_functional": ("training", (0,)),
+    "native_batch_norm_backward": ("train", (0, 1)),
 }
 
 LOSS = "(loss)"
@@ -300,7 +318,7 @@ class Recorder(TorchDispatchMode):
         if name in _FACTORY:
             cost.bytes = sum(nbytes(t) for t in outputs)
         else:
-            cost.bytes = sum(nbytes(t) for t in inputs + outputs)
+            cost.bytes = sum(nbytes(t) for t in inputs + outputs) + reread_bytes(func, args, kwargs)
             packet = func.overloadpacket
             formula = flop_registry.get(packet) or attention.cpu_formula(name)
             if formula is not None:
@@ -356,6 +374,24 @@ def winograd_eligible(name: str, args) -> bool:
         and not transposed
         and groups == 1
     )
+
+
+def reread_bytes(func, args, kwargs) -> int:
+    """Bytes a batch norm in training reads a second time (`REREAD`); 0 for any other op, for
+    batch norm in eval mode, and for a backward that computes no input gradient (its one
+    reduction pass is all it runs)."""
+    reread = REREAD.get(func.overloadpacket.__name__)
+    if reread is None:
+        return 0
+    flag, positions = reread
+    names = [argument.name for argument in func._schema.arguments]
+    # Positional arguments name the schema's first ones; the rest come as keywords or defaults.
+    values = {**dict(zip(names, args, strict=False)), **kwargs}
+    if not values.get(flag):
+        return 0
+    if "output_mask" in values and not values["output_mask"][0]:
+        return 0
+    return sum(nbytes(args[i]) for i in positions if isinstance(args[i], torch.Tensor))
 
 
 def nbytes(tensor: torch.Tensor) -> int:

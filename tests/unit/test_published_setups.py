@@ -1,0 +1,39 @@
+"""How benchmarks/prediction_vs_published.py predicts a published run's setup, in dlscale's own
+terms, worked out by hand: weights on the host (TensorFlow's parameter_server with
+local_parameter_device=cpu) as the ps strategy on one GPU over PCIe 3.0 x16, and the batch's
+host-to-device copy that a run making its images on the GPU does not pay."""
+
+from pathlib import Path
+
+import pytest
+
+from dlscale.api.profiling import profile
+from dlscale.profiler.request import ProfileRequest, ScalingRequest
+
+PCIE3_BYTES_PER_S = 15.75e9  # links.toml pcie3-x16: one direction
+PCIE3_EFFICIENCY = 0.65
+PCIE3_LATENCY_S = 5e-6
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))
+
+
+def test_weights_on_the_host_cost_one_push_and_pull_over_pcie_each_step():
+    request = ProfileRequest(
+        target="lenet", batch_size=8, optimizer="sgd", hardware=("p100-sxm2-16gb",)
+    )
+    scaling = ScalingRequest(devices=(1,), interconnect="pcie3-x16", strategies=("ps",))
+    result = profile(request, scaling)
+    (report,) = result.reports
+    ((row,),) = [scaled.rows for scaled in result.scaling]
+    # Gradients out and weights in at once (full duplex): the fp32 parameters' bytes once, at
+    # 15.75 GB/s × 0.65, plus two messages' latency; not hidden behind the step.
+    gradients = result.trace.trainable_params * 4
+    transfer_s = gradients / (PCIE3_BYTES_PER_S * PCIE3_EFFICIENCY) + 2 * PCIE3_LATENCY_S
+    assert row.point.strategy == "ps" and row.point.devices == 1
+    assert row.point.step_s == pytest.approx(report.prediction.step_s + transfer_s)
+    # The batch (images and labels) crosses the host link once per step: the part a run that
+    # makes its images on the GPU does not pay.
+    assert report.prediction.h2d_s == pytest.approx(result.trace.batch_bytes / PCIE3_BYTES_PER_S)
