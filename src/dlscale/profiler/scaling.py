@@ -6,18 +6,36 @@ time the caller measured), and adds what moving tensors between devices costs ov
 - ddp: a ring all-reduce of the fp32 gradients, 2(N−1)/N × bytes / bandwidth + 2(N−1) hops of
   latency (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009). As torch's
   DistributedDataParallel does (Li et al., "PyTorch Distributed", VLDB 2020), gradients fill
-  25 MiB buckets in reverse layer order, and a bucket's all-reduce starts once backward has
-  produced its last gradient, so all but what is left after backward hides behind compute.
+  buckets (the framework's size: 25 MiB for torch DDP, 64 MiB for Horovod's fusion buffer) in
+  reverse layer order, and a bucket's all-reduce starts once backward has produced its last
+  gradient. What that costs beyond bytes and hops, each term in a point's detail:
+  - every bucket pays a fixed cost: the link's launch (NCCL's model charges 8.4 µs a ring
+    all-reduce) plus the framework's own (Horovod waits for its next negotiation cycle);
+  - a collective inside training runs `link.contention` times slower than alone (a CPU link
+    whose threads share the cores with compute);
+  - at most `link.overlap` of the all-reduce hides behind backward, and no bucket before it is
+    ready (the timeline): the rest is exposed after backward;
+  - synchronisation skew: every step waits for the slowest of N devices. With a device's step
+    time varying by a coefficient of variation cv from step to step (independent, normal), the
+    slowest of N is late by cv × step × E[max of N standard normals], which grows like
+    √(2 ln N) (the tail-at-scale effect, Dean & Barroso, CACM 2013); E[max] is Blom's
+    approximation Φ⁻¹((N − 0.375)/(N + 0.25)) (Blom, "Statistical Estimates and Transformed
+    Beta-Variables", 1958), 0 for one device.
   Across nodes, the ring is hierarchical: within a node over the link, then between nodes over
-  the network, each device carrying its 1/(devices per node) share (one NIC per device).
+  the network, each device carrying its 1/(devices per node) share (one NIC per device; a port
+  shared by k devices is a network link of 1/k its rate).
 - pipeline: the traced layers split into S contiguous stages balanced by predicted time (the
   planner's partition), M microbatches; a GPipe/1F1B step takes (M + S − 1) slots of the
   slowest stage's microbatch time (the bubble, Huang et al., "GPipe", NeurIPS 2019), each slot
-  also sending a microbatch's activations forward and their gradients back over the link.
+  also sending a microbatch's activations forward and their gradients back over the link, each
+  send paying the link's hop latency and launch (the per-microbatch overhead).
 - ps: synchronous parameter servers; each worker pushes its gradients and pulls the weights
-  (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers.
+  (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers; a
+  server also applies every worker's push to its shard (N × its share of the optimizer step),
+  so a server's link and update rate bound the workers' throughput; the step waits for the
+  slowest worker (skew, as ddp).
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
-  among its replicas after the schedule.
+  among its replicas after the schedule (launch, contention and skew as ddp).
 - tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
   backward time divided by N, every other layer whole on every device; each collective the plan
   implies (ring all-reduce, or all-gather: (N−1)/N × bytes + N−1 hops) runs on the critical
@@ -32,6 +50,7 @@ Efficiency = throughput / (N × one device's).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link
@@ -44,6 +63,12 @@ from dlscale.profiler.roofline import Prediction, predict
 from dlscale.profiler.trace import StepTrace
 
 BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
+# One device's step-to-step variation (std / mean) where nothing measured says otherwise: a
+# stated default, not a measurement (no published per-step spread was found). A step of fixed
+# shapes on a dedicated accelerator varies by about a percent; give a measured spread as
+# Framework(step_cv=...). At 1% the slowest of 8 devices is 1.4% late, of 512 3.0%.
+STEP_CV = 0.01
+NCCL_RING_PLATEAU = 1.9  # NCCL's latency factor for a ring across nodes (src/graph/tuning.cc)
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
 
@@ -64,6 +89,33 @@ class ScalePoint:
     detail: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Framework:
+    """How a data-parallel framework groups and starts its all-reduces, and how much one
+    device's step varies (what the slowest of N waits for)."""
+
+    name: str
+    bucket_bytes: float = BUCKET_BYTES
+    bucket_s: float = 0.0  # what each bucket waits beyond the link's launch
+    step_cv: float = STEP_CV  # std / mean of one device's step time
+    hierarchical: bool = True  # across nodes: rings within, then between (else one flat ring)
+
+
+TORCH_DDP = Framework("torch DDP")
+
+
+def expected_max_normal(count: int) -> float:
+    """E[max of `count` independent standard normals], Blom's approximation; 0 for one."""
+    if count <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((count - 0.375) / (count + 0.25))
+
+
+def skew_s(step_s: float, step_cv: float, count: int) -> float:
+    """How late the slowest of `count` devices is against the mean step: cv × step × E[max]."""
+    return step_cv * step_s * expected_max_normal(count)
+
+
 def ring_allreduce_s(nbytes: float, ranks: int, link: Link) -> float:
     """Ring all-reduce of `nbytes` among `ranks`: reduce-scatter then all-gather, each N−1 steps
     sending 1/N of the data."""
@@ -73,17 +125,56 @@ def ring_allreduce_s(nbytes: float, ranks: int, link: Link) -> float:
     return steps / ranks * nbytes / link.effective_bytes_per_s + steps * link.latency_s
 
 
-def allreduce_s(nbytes: float, devices: int, link: Link, nodes: int, network: Link | None):
-    """(seconds, slowest part): flat ring on one node, hierarchical across nodes."""
+def flat_ring_allreduce_s(nbytes: float, devices: int, link: Link, nodes: int, network: Link):
+    """One ring through every device of every node, as NCCL runs an all-reduce across nodes
+    unless told otherwise (Horovod's default before HOROVOD_HIERARCHICAL_ALLREDUCE). Bytes: the
+    ring's 2(N−1)/N × bytes at its slowest edge, a node's port (the network's per-device rate
+    × devices per node) or the link inside. Latency, NCCL's own model (src/graph/tuning.cc):
+    every one of the 2(N−1) steps pays a hop, over the network for the 2(nodes−1) that leave a
+    node and over the link for the rest, and a ring across nodes moving large messages pays
+    that 1.9 times ("plateau effect of ring")."""
+    per_node = max(1, devices // nodes)
+    rate = min(link.effective_bytes_per_s, network.effective_bytes_per_s * per_node)
+    steps, leaving = 2 * (devices - 1), 2 * (nodes - 1)
+    hops = (steps - leaving) * link.latency_s + leaving * network.latency_s
+    return steps / devices * nbytes / rate + NCCL_RING_PLATEAU * hops
+
+
+def allreduce_s(
+    nbytes: float,
+    devices: int,
+    link: Link,
+    nodes: int,
+    network: Link | None,
+    hierarchical: bool = True,
+):
+    """(seconds, slowest part) of one collective, alone: its launch, then a ring on one node;
+    across nodes, hierarchical (rings within, then between) or one flat ring."""
+    if devices <= 1 or nbytes <= 0:
+        return 0.0, "link"
     if nodes <= 1 or network is None:
-        return ring_allreduce_s(nbytes, devices, link), "link"
+        return link.launch_s + ring_allreduce_s(nbytes, devices, link), "link"
+    launch = max(link.launch_s, network.launch_s)  # one collective, started once
+    if not hierarchical:
+        return launch + flat_ring_allreduce_s(nbytes, devices, link, nodes, network), "network"
     per_node = max(1, devices // nodes)
     inside = ring_allreduce_s(nbytes, per_node, link)
     between = ring_allreduce_s(nbytes / per_node, nodes, network)
-    return inside + between, "network" if between > inside else "link"
+    return launch + inside + between, "network" if between > inside else "link"
 
 
-def gradient_buckets(trace: StepTrace, prediction: Prediction) -> list[tuple[float, float]]:
+def bucket_allreduce_s(nbytes, devices, link, nodes, network, framework: Framework):
+    """(seconds, slowest part) of one bucket inside training: the collective slowed by the
+    link's contention with compute, plus the framework's own wait per bucket."""
+    seconds, part = allreduce_s(nbytes, devices, link, nodes, network, framework.hierarchical)
+    if seconds == 0.0:
+        return 0.0, part
+    return seconds * link.contention + framework.bucket_s, part
+
+
+def gradient_buckets(
+    trace: StepTrace, prediction: Prediction, bucket_bytes: float = BUCKET_BYTES
+) -> list[tuple[float, float]]:
     """(bytes, seconds into backward when its last gradient is ready) per DDP bucket: layers in
     reverse order, each layer's gradients ready when its backward ends."""
     params = {layer.name: layer.params for layer in trace.layers}
@@ -92,7 +183,7 @@ def gradient_buckets(trace: StepTrace, prediction: Prediction) -> list[tuple[flo
     for layer in reversed(prediction.layers):
         elapsed += layer.backward.seconds
         filled += params.get(layer.name, 0) * FP32_BYTES
-        if filled >= BUCKET_BYTES:
+        if filled >= bucket_bytes:
             buckets.append((filled, elapsed))
             filled = 0.0
     if filled:
@@ -100,15 +191,19 @@ def gradient_buckets(trace: StepTrace, prediction: Prediction) -> list[tuple[flo
     return buckets
 
 
-def overlapped_allreduce(buckets, backward_s: float, reduce) -> tuple[float, float]:
+def overlapped_allreduce(
+    buckets, backward_s: float, reduce, overlap: float = 1.0
+) -> tuple[float, float]:
     """(exposed seconds after backward, total all-reduce seconds): buckets reduced in order on
-    one link, each starting when ready and when the one before it is done."""
+    one link, each starting when ready and when the one before it is done; of what that
+    timeline hides behind backward, no more than `overlap` × the total counts as hidden."""
     done = total = 0.0
     for nbytes, ready in buckets:
         seconds = reduce(nbytes)
         done = max(done, ready) + seconds
         total += seconds
-    return max(0.0, done - backward_s), total
+    hidden = min(total - max(0.0, done - backward_s), overlap * total)
+    return total - hidden, total
 
 
 @dataclass(frozen=True)
@@ -135,10 +230,16 @@ def predict_scaling(
     *,
     single_step_s: float | None = None,
     tensor_plans=None,
+    framework: Framework = TORCH_DDP,
 ) -> list[ScalePoint]:
     """A point per strategy and device count of `request`, within a node over `link` and
     between its nodes over `network` (hybrid only where stages × replicas fit; tensor where
-    `tensor_plans`, degree -> TensorPlan or None, has a plan for the count)."""
+    `tensor_plans`, degree -> TensorPlan or None, has a plan for the count); `framework`: how
+    the data-parallel strategies bucket their all-reduces and how much a step varies.
+
+    `single_step_s` replaces the roofline's one-device step (a measured one, or the
+    prediction with costs the roofline lacks, such as the loop's per-step cost): every part of
+    the step is scaled by the same factor."""
     prediction = predict(trace, hardware)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
@@ -147,9 +248,8 @@ def predict_scaling(
     points = []
     for count in request.devices:
         for strategy in request.strategy_names:
-            point = _POINT[strategy](
-                trace, hardware, single, count, link, nodes, network, servers, tensor_plans
-            )
+            where = _Where(link, nodes, network, servers, framework)
+            point = _POINT[strategy](trace, hardware, single, count, where, tensor_plans)
             if point is None:
                 continue
             efficiency = point["samples_per_s"] / (count * baseline)
@@ -161,24 +261,47 @@ def predict_scaling(
     return points
 
 
+@dataclass(frozen=True)
+class _Where:
+    """What a point runs over: the links, the nodes, the ps servers, the framework."""
+
+    link: Link
+    nodes: int
+    network: Link | None
+    servers: int
+    framework: Framework
+
+    def reduce(self, nbytes: float, devices: int, parts: dict) -> float:
+        """One bucket's all-reduce inside training; its slowest part noted in `parts`."""
+        seconds, parts["part"] = bucket_allreduce_s(
+            nbytes, devices, self.link, self.nodes, self.network, self.framework
+        )
+        return seconds
+
+
 def _usable(hardware: Hardware) -> float:
     return hardware.memory_bytes * USABLE_MEMORY_FRACTION
 
 
-def _ddp(trace, hardware, single, count, link, nodes, network, _servers, _plans):
-    p = single.prediction
+def _ddp(trace, hardware, single, count, where, _plans):
+    p, framework, link = single.prediction, where.framework, where.link
     backward = single.compute(p.backward_s)
     fixed = single.compute(p.forward_s + p.optimizer_s + p.h2d_s)
-    buckets = [(b, single.compute(t)) for b, t in gradient_buckets(trace, p)]
+    buckets = [
+        (b, single.compute(t)) for b, t in gradient_buckets(trace, p, framework.bucket_bytes)
+    ]
     parts = {"part": "link"}
+    exposed, total = 0.0, 0.0
+    if count > 1:
 
-    def reduce(nbytes: float) -> float:
-        seconds, parts["part"] = allreduce_s(nbytes, count, link, nodes, network)
-        return seconds
+        def reduce(nbytes: float) -> float:
+            return where.reduce(nbytes, count, parts)
 
-    exposed, total = overlapped_allreduce(buckets, backward, reduce) if count > 1 else (0.0, 0.0)
-    step = fixed + backward + exposed
+        exposed, total = overlapped_allreduce(buckets, backward, reduce, link.overlap)
     compute = fixed + backward
+    skew = skew_s(single.step_s, framework.step_cv, count)
+    step = compute + exposed + skew
+    per_bucket = link.launch_s + framework.bucket_s if count > 1 else 0.0
     return {
         "step_s": step,
         "samples_per_s": count * trace.batch_size / step,
@@ -187,7 +310,18 @@ def _ddp(trace, hardware, single, count, link, nodes, network, _servers, _plans)
         "bound": parts["part"] if total > backward else "compute",
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
-        "detail": {"buckets": len(buckets), "allreduce_s": total, "hidden_s": total - exposed},
+        "detail": {
+            "framework": framework.name,
+            "buckets": len(buckets),
+            "bucket_fixed_s": per_bucket,  # launch + framework wait, each bucket
+            "fixed_s": per_bucket * len(buckets) if count > 1 else 0.0,
+            "contention": link.contention,
+            "overlap": link.overlap,
+            "allreduce_s": total,
+            "hidden_s": total - exposed,
+            "exposed_s": exposed,
+            "skew_s": skew,
+        },
     }
 
 
@@ -211,11 +345,11 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
         return None
     groups, times = split
     stage_s = [single.compute(sum(times.get(r.name, 0.0) for r in group)) for group in groups]
-    # A boundary sends a microbatch's activations forward and their gradients back.
+    # A boundary sends a microbatch's activations forward and their gradients back, each send
+    # paying a hop's latency and a launch: the per-microbatch overhead.
     boundary = [group[-1].output_bytes / microbatches for group in groups[:-1]]
-    send_s = max(
-        (2 * (b / link.effective_bytes_per_s + link.latency_s) for b in boundary), default=0.0
-    )
+    per_send = link.latency_s + link.launch_s
+    send_s = max((2 * (b / link.effective_bytes_per_s + per_send) for b in boundary), default=0.0)
     slot = max(stage_s) / microbatches
     slots = microbatches + stages - 1
     update = single.compute(p.optimizer_s + p.h2d_s) / stages
@@ -234,6 +368,7 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
         "bubble": (stages - 1) / slots,
         "stage_s": stage_s,
         "boundary_bytes": boundary,
+        "microbatch_overhead_s": slots * 2 * per_send if boundary else 0.0,
         "stage_memory_bytes": worst,
     }
     return compute + comm, compute, comm, worst <= _usable(hardware), detail
@@ -244,10 +379,10 @@ def microbatches(trace: StepTrace, stages: int) -> int:
     return max(1, min(MICROBATCHES_PER_STAGE * stages, trace.batch_size))
 
 
-def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers, _plans):
+def _pipeline(trace, hardware, single, count, where, _plans):
     if count < 2:
         return None
-    step = _pipeline_step(trace, hardware, single, count, link, microbatches(trace, count))
+    step = _pipeline_step(trace, hardware, single, count, where.link, microbatches(trace, count))
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step
@@ -265,16 +400,21 @@ def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers, 
     }
 
 
-def _ps(trace, hardware, single, count, link, nodes, network, servers, _plans):
-    over = network if nodes > 1 and network is not None else link
+def _ps(trace, hardware, single, count, where, _plans):
+    nodes, network, servers = where.nodes, where.network, where.servers
+    over = network if nodes > 1 and network is not None else where.link
     grad_bytes = trace.trainable_params * FP32_BYTES
     # Each way at once (full duplex): a worker sends its gradients and receives the weights; a
-    # server receives every worker's shard of the gradients and sends its shard of the weights.
-    worker_s = grad_bytes / over.effective_bytes_per_s
-    server_s = count * grad_bytes / servers / over.effective_bytes_per_s
-    comm = max(worker_s, server_s) + 2 * over.latency_s
+    # server receives every worker's shard of the gradients and sends its shard of the weights,
+    # and applies each worker's push to its shard (its share of the optimizer step, N times).
+    worker_s = grad_bytes / over.effective_bytes_per_s * over.contention
+    server_link_s = count * grad_bytes / servers / over.effective_bytes_per_s * over.contention
+    server_update_s = count * single.compute(single.prediction.optimizer_s) / servers
+    server_s = server_link_s + server_update_s
+    comm = max(worker_s, server_s) + 2 * (over.latency_s + over.launch_s)
     compute = single.step_s
-    step = compute + comm
+    skew = skew_s(single.step_s, where.framework.step_cv, count)
+    step = compute + comm + skew
     side = "server" if server_s > worker_s else ("network" if over is network else "link")
     return {
         "step_s": step,
@@ -284,23 +424,33 @@ def _ps(trace, hardware, single, count, link, nodes, network, servers, _plans):
         "bound": side if comm > compute else "compute",
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
-        "detail": {"servers": servers, "worker_s": worker_s, "server_s": server_s},
+        "detail": {
+            "servers": servers,
+            "worker_s": worker_s,
+            "server_s": server_s,
+            "server_link_s": server_link_s,
+            "server_update_s": server_update_s,
+            "contention": over.contention,
+            "skew_s": skew,
+        },
     }
 
 
-def _hybrid(trace, hardware, single, count, link, nodes, network, _servers, _plans):
+def _hybrid(trace, hardware, single, count, where, _plans):
     stages = HYBRID_STAGES
     if count < 2 * stages or count % stages:
         return None
     replicas = count // stages
-    step = _pipeline_step(trace, hardware, single, stages, link, microbatches(trace, stages))
+    step = _pipeline_step(trace, hardware, single, stages, where.link, microbatches(trace, stages))
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step
     stage_bytes = trace.trainable_params * FP32_BYTES / stages  # roughly each stage's share
-    sync, part = allreduce_s(stage_bytes, replicas, link, nodes, network)
-    total = seconds + sync
-    bound = part if comm + sync > compute else "compute"
+    parts = {"part": "link"}
+    sync = where.reduce(stage_bytes, replicas, parts)
+    skew = skew_s(single.step_s, where.framework.step_cv, replicas)
+    total = seconds + sync + skew
+    bound = parts["part"] if comm + sync > compute else "compute"
     return {
         "step_s": total,
         "samples_per_s": replicas * trace.batch_size / total,
@@ -309,7 +459,7 @@ def _hybrid(trace, hardware, single, count, link, nodes, network, _servers, _pla
         "bound": bound,
         "global_batch": replicas * trace.batch_size,
         "fits": fits,
-        "detail": {**detail, "replicas": replicas, "replica_sync_s": sync},
+        "detail": {**detail, "replicas": replicas, "replica_sync_s": sync, "skew_s": skew},
     }
 
 
@@ -354,10 +504,10 @@ def _tensor(trace, hardware, single, plan, link):
     }
 
 
-def _tensor_at(trace, hardware, single, count, link, _nodes, _network, _servers, plans):
+def _tensor_at(trace, hardware, single, count, where, plans):
     """Where `plans` (degree -> TensorPlan or None) has a plan for `count` devices."""
     plan = plans(count) if plans is not None and count > 1 else None
-    return _tensor(trace, hardware, single, plan, link) if plan else None
+    return _tensor(trace, hardware, single, plan, where.link) if plan else None
 
 
 # strategy -> its point at a device count, or None where it cannot run there
