@@ -31,9 +31,10 @@ time the caller measured), and adds what moving tensors between devices costs ov
   send paying the link's hop latency and launch (the per-microbatch overhead).
 - ps: synchronous parameter servers; each worker pushes its gradients and pulls the weights
   (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers; a
-  server also applies every worker's push to its shard (N × its share of the optimizer step),
-  so a server's link and update rate bound the workers' throughput; the step waits for the
-  slowest worker (skew, as ddp).
+  server also applies every push to its shard (dlscale's servers step their optimizer once per
+  push, under a lock: N × its share of the optimizer step, at the device's rate), so a
+  server's link and update rate bound the workers' throughput; the step waits for the slowest
+  worker (skew, as ddp).
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
   among its replicas after the schedule (launch, contention and skew as ddp).
 - tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
