@@ -5,7 +5,7 @@ The prediction is what `dlscale profile --devices` computes: the roofline on the
 (measured first, by `dlscale bench machine --quick` into a scratch DLSCALE_HOME) for one
 worker's step, at the threads each worker gets, plus the scaling model's communication over the
 `local-gloo` link that the same bench measured (two local processes, gloo all-reduces fitted to
-latency + bytes / bandwidth). Goal: every predicted / measured ratio within ±30%.
+latency + bytes / bandwidth). Goal: every predicted / measured ratio within ±20%.
 
     .venv/bin/python benchmarks/scale_prediction.py [--rounds 3] [--steps 60]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "examples" / "mlp-digits.yaml"
-GOAL = 0.30
+GOAL = 0.20
 
 
 def ps_spec(steps: int):
@@ -91,7 +91,7 @@ def main() -> None:
     print()
     print(
         "| run | measured samples/s (median) | predicted samples/s | predicted / measured "
-        "(median, rounds) | within ±30% |"
+        f"(median, rounds) | within ±{GOAL:.0%} |"
     )
     print("|---|---|---|---|---|")
     met = True
@@ -106,7 +106,7 @@ def main() -> None:
         )
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
-    from dlscale.profiler.scaling import ring_allreduce_s
+    from dlscale.profiler.scaling import TORCH_DDP, allreduce_s, bucket_allreduce_s
     from dlscale.profiler.target import resolve
 
     link = measured_link(get_hardware("local").measured["link"])
@@ -114,11 +114,13 @@ def main() -> None:
     from dlscale.profiler import trace_workload
 
     grads = trace_workload(workload).trainable_params * 4
-    allreduce_ms = ring_allreduce_s(grads, 2, link) * 1e3
+    alone_ms = allreduce_s(grads, 2, link, 1, None)[0] * 1e3
+    inside_ms = bucket_allreduce_s(grads, 2, link, 1, None, TORCH_DDP)[0] * 1e3
     print(
-        f"\nddp 2's all-reduce of {grads:,} bytes: predicted {allreduce_ms:.2f} ms over "
-        f"local-gloo ({link.bytes_per_s / 1e9:.2f} GB/s, {link.latency_s * 1e6:.0f} µs a hop), "
-        f"measured in the training steps {statistics.median(comm_measured) * 1e3:.2f} ms"
+        f"\nddp 2's all-reduce of {grads:,} bytes over local-gloo ({link.bytes_per_s / 1e9:.2f} "
+        f"GB/s, {link.latency_s * 1e6:.0f} µs a hop): {alone_ms:.2f} ms alone, {inside_ms:.2f} ms "
+        f"predicted inside training (contention ×{link.contention:.2f}); measured in the training "
+        f"steps {statistics.median(comm_measured) * 1e3:.2f} ms"
     )
     print(f"goal (every median ratio within ±{GOAL:.0%}): {'met' if met else 'NOT met'}")
 
