@@ -66,6 +66,9 @@ def main() -> None:
     measured: dict[str, list[float]] = {key: [] for key in ratios}
     predicted: dict[str, float] = {}
     comm_measured: list[float] = []
+    # Scaling efficiency against the same round's 1 worker, measured and predicted: the
+    # communication model's share of the error, apart from the one-worker step's.
+    efficiency: dict[str, list[tuple[float, float]]] = {"ddp 2": [], "ps 2": []}
     for round_index in range(args.rounds):
         with tempfile.TemporaryDirectory() as out:
             result = scale(SPEC, [1, 2], Path(out) / "scale", steps=args.steps)
@@ -83,6 +86,14 @@ def main() -> None:
             predicted["ps 2"] = predict_ps(threads)
             measured["ps 2"].append(ps_measured)
             ratios["ps 2"].append(predicted["ps 2"] / ps_measured)
+            one_measured, one_predicted = measured["ddp 1"][-1], predicted["ddp 1"]
+            for key in efficiency:
+                efficiency[key].append(
+                    (
+                        measured[key][-1] / (2 * one_measured),
+                        predicted[key] / (2 * one_predicted),
+                    )
+                )
         print(
             f"round {round_index + 1}: "
             + ", ".join(f"{key} {values[-1]:.2f}" for key, values in ratios.items())
@@ -104,6 +115,16 @@ def main() -> None:
             f"| {key} | {statistics.median(measured[key]):,.0f} | {predicted[key]:,.0f} | "
             f"{median:.2f} ({rounds}) | {'yes' if ok else 'no'} |"
         )
+    print(
+        "\n| 2 workers | measured efficiency vs 1 worker (median; rounds) | predicted | "
+        "predicted − measured (points) |"
+    )
+    print("|---|---|---|---|")
+    for key, pairs in efficiency.items():
+        got = statistics.median(m for m, _ in pairs)
+        guess = statistics.median(g for _, g in pairs)
+        rounds = " ".join(f"{m:.0%}" for m, _ in pairs)
+        print(f"| {key} | {got:.0%} ({rounds}) | {guess:.0%} | {(guess - got) * 100:+.0f} |")
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
     from dlscale.profiler.scaling import TORCH_DDP, allreduce_s, bucket_allreduce_s

@@ -221,6 +221,15 @@ class _Single:
     def compute(self, part: float) -> float:
         return part * self.scale
 
+    @property
+    def per_step_s(self) -> float:
+        """What the step holds beyond forward, backward, the update and the copy in, scaled:
+        whatever predict() adds to its step_s (such as the loop's own per-step cost), paid once
+        a step whatever the strategy."""
+        p = self.prediction
+        parts = p.forward_s + p.backward_s + p.optimizer_s + p.h2d_s
+        return self.compute(max(0.0, p.step_s - parts))
+
 
 def predict_scaling(
     trace: StepTrace,
@@ -287,7 +296,7 @@ def _usable(hardware: Hardware) -> float:
 def _ddp(trace, hardware, single, count, where, _plans):
     p, framework, link = single.prediction, where.framework, where.link
     backward = single.compute(p.backward_s)
-    fixed = single.compute(p.forward_s + p.optimizer_s + p.h2d_s)
+    fixed = single.step_s - backward  # everything else of the step runs before or after it
     buckets = [
         (b, single.compute(t)) for b, t in gradient_buckets(trace, p, framework.bucket_bytes)
     ]
@@ -354,7 +363,7 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
     slot = max(stage_s) / microbatches
     slots = microbatches + stages - 1
     update = single.compute(p.optimizer_s + p.h2d_s) / stages
-    compute = slots * slot + update
+    compute = slots * slot + update + single.per_step_s
     comm = slots * send_s
     memory = training_memory(trace)
     state_per_param = (memory.static_bytes / trace.params) if trace.params else 0.0
@@ -477,7 +486,7 @@ def _tensor(trace, hardware, single, plan, link):
     split = split_layers(trace, plan)
     layer_s = sum(lt.seconds / count if lt.name in split else lt.seconds for lt in p.layers)
     share = plan.params_per_device / plan.params if plan.params else 1.0
-    compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s)
+    compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s) + single.per_step_s
     comm = 0.0
     for kind, payload in plan.collectives(trace.batch_size):
         reduce = ring_allreduce_s if kind == "all_reduce" else all_gather_s
