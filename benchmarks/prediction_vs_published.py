@@ -48,16 +48,16 @@ def main() -> None:
 # TF's per-variable all-reduce, the step-time spread's default (profiler/scaling.py STEP_CV).
 # =================================================================================================
 
-TF_BENCHMARKS = (
+DGX1_SCALING_SOURCE = (
     "https://www.tensorflow.org/performance/benchmarks (as of TF 1.x, 2017; read 2026-11-27 from "
     "github.com/tensorflow/tensorflow docs_src/performance/benchmarks.md, commit 6535ed7c)"
 )
-HOROVOD = (
+HOROVOD_SOURCE = (
     "Sergeev & Del Balso, 'Horovod', arXiv:1802.05799 (2018), and github.com/horovod/horovod "
     "docs/benchmarks.rst (read 2026-11-27)"
 )
-P100 = "p100-sxm2-16gb"
-GOAL_POINTS = 10.0
+SCALING_DEVICE = "p100-sxm2-16gb"
+SCALING_GOAL_POINTS = 10.0
 
 
 @dataclass(frozen=True)
@@ -83,14 +83,16 @@ class ScalingRun:
         return self.measured_many / (self.devices * self.measured_one)
 
 
-def _tf(label, model, batch, devices, one, many, role="validates") -> ScalingRun:
+def _dgx1_run(label, model, batch, devices, one, many, role="validates") -> ScalingRun:
     return ScalingRun(
-        label, model, batch, devices, 1, "tf-nccl1", one, many, None, role, TF_BENCHMARKS
+        label, model, batch, devices, 1, "tf-nccl1", one, many, None, role, DGX1_SCALING_SOURCE
     )
 
 
-def _horovod(label, model, efficiency, role="validates") -> ScalingRun:
-    return ScalingRun(label, model, 64, 512, 128, "horovod", None, None, efficiency, role, HOROVOD)
+def _horovod_run(label, model, efficiency, role="validates") -> ScalingRun:
+    return ScalingRun(
+        label, model, 64, 512, 128, "horovod", None, None, efficiency, role, HOROVOD_SOURCE
+    )
 
 
 # DGX-1 (8 × P100 SXM2, NVLink 1), TensorFlow benchmarks, synthetic data, images/s. AlexNet and
@@ -99,18 +101,18 @@ def _horovod(label, model, efficiency, role="validates") -> ScalingRun:
 # and pulls each variable while compute runs; dlscale's ps model has no such overlap: not
 # compared here.)
 SCALING_RUNS = [
-    _tf("DGX-1, AlexNet, 8 × P100", "alexnet", 512, 8, 2987, 17822, role="calibrates"),
-    _tf("DGX-1, AlexNet, 4 × P100", "alexnet", 512, 4, 2987, 10509),
-    _tf("DGX-1, AlexNet, 2 × P100", "alexnet", 512, 2, 2987, 5658),
-    _tf("DGX-1, VGG-16, 8 × P100", "vgg16", 64, 8, 132, 959),
-    _tf("DGX-1, VGG-16, 4 × P100", "vgg16", 64, 4, 132, 511),
-    _tf("DGX-1, VGG-16, 2 × P100", "vgg16", 64, 2, 132, 259),
-    _tf("DGX-1, VGG-16 at 32, 8 × P100", "vgg16", 32, 8, 124, 738),
-    _tf("DGX-1, VGG-16 at 32, 4 × P100", "vgg16", 32, 4, 124, 470),
+    _dgx1_run("DGX-1, AlexNet, 8 × P100", "alexnet", 512, 8, 2987, 17822, role="calibrates"),
+    _dgx1_run("DGX-1, AlexNet, 4 × P100", "alexnet", 512, 4, 2987, 10509),
+    _dgx1_run("DGX-1, AlexNet, 2 × P100", "alexnet", 512, 2, 2987, 5658),
+    _dgx1_run("DGX-1, VGG-16, 8 × P100", "vgg16", 64, 8, 132, 959),
+    _dgx1_run("DGX-1, VGG-16, 4 × P100", "vgg16", 64, 4, 132, 511),
+    _dgx1_run("DGX-1, VGG-16, 2 × P100", "vgg16", 64, 2, 132, 259),
+    _dgx1_run("DGX-1, VGG-16 at 32, 8 × P100", "vgg16", 32, 8, 124, 738),
+    _dgx1_run("DGX-1, VGG-16 at 32, 4 × P100", "vgg16", 32, 4, 124, 470),
     # 128 servers × 4 Pascal GPUs, RoCE-capable 25 Gbit/s network, batch 64 a GPU (the
     # benchmark command in Horovod's docs), synthetic data; only efficiencies are published.
-    _horovod("Horovod, VGG-16, 512 GPUs", "vgg16", 0.68, role="calibrates"),
-    _horovod("Horovod, ResNet-101, 512 GPUs", "resnet101", 0.90),
+    _horovod_run("Horovod, VGG-16, 512 GPUs", "vgg16", 0.68, role="calibrates"),
+    _horovod_run("Horovod, ResNet-101, 512 GPUs", "resnet101", 0.90),
 ]
 # Horovod's InceptionV3 row (90%) is left out: the zoo has no Inception and torchvision is not
 # installed here.
@@ -263,7 +265,7 @@ def _derive(run, trace, hardware, setting: Setting, one_s) -> float:
 
 def scaling_table() -> None:
     """Print the published multi-device rows beside dlscale's prediction (a Markdown table)."""
-    hardware = get_hardware(P100)
+    hardware = get_hardware(SCALING_DEVICE)
     settings = _settings()
     traces = {(r.model, r.batch): _trace(r.model, r.batch) for r in SCALING_RUNS}
     steps = {r.label: _one_step(r, traces[r.model, r.batch], hardware) for r in SCALING_RUNS}
@@ -272,7 +274,7 @@ def scaling_table() -> None:
         if run.role == "calibrates":
             trace, (one_s, _) = traces[run.model, run.batch], steps[run.label]
             derived[run.framework] = _derive(run, trace, hardware, settings[run.framework], one_s)
-    print(f"\nScaling efficiency against published runs (devices modelled as {P100})\n")
+    print(f"\nScaling efficiency against published runs (devices modelled as {SCALING_DEVICE})\n")
     for key, value in derived.items():
         setting = settings[key]
         shown = f"{value * 1e6:.0f} µs" if setting.derived == "latency_s" else f"{value:.2f}"
@@ -303,9 +305,10 @@ def scaling_table() -> None:
             f"{point.detail['skew_s'] * 1e3:.1f} ms | {one_s * 1e3:.0f} ms ({origin}) | "
             f"{run.role} |"
         )
-    met = "met" if worst <= GOAL_POINTS else "NOT met"
-    print(f"\nworst validating row: {worst:.1f} points (goal: within {GOAL_POINTS:.0f}): {met}")
-    print("sources:", TF_BENCHMARKS, ";", HOROVOD)
+    met = "met" if worst <= SCALING_GOAL_POINTS else "NOT met"
+    goal = f"within {SCALING_GOAL_POINTS:.0f}"
+    print(f"\nworst validating row: {worst:.1f} points (goal: {goal}): {met}")
+    print("sources:", DGX1_SCALING_SOURCE, ";", HOROVOD_SOURCE)
 
 
 # ============================== end of the multi-device section ==================================
