@@ -86,7 +86,10 @@ def main() -> None:
 
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(f"calibrating this machine into {home} (dlscale bench machine --quick) ...")
-    save_local_hardware(bench_machine(quick=True))
+    calibration = bench_machine(quick=True)
+    save_local_hardware(calibration)
+    for problem in calibration.get("unreliable") or []:
+        print(f"calibration UNRELIABLE (bench machine says): {problem}")
     ratios: dict[str, list[float]] = {"ddp 1": [], "ddp 2": [], "ps 2": []}
     measured: dict[str, list[float]] = {key: [] for key in ratios}
     predicted: dict[str, float] = {}

@@ -33,8 +33,9 @@ time the caller measured), and adds what moving tensors between devices costs ov
   (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers; a
   server also applies every push to its shard (dlscale's servers step their optimizer once per
   push, under a lock: N × its share of the optimizer step, at the device's rate), so a
-  server's link and update rate bound the workers' throughput; the step waits for the slowest
-  worker (skew, as ddp).
+  server's link and update rate bound the workers' throughput; each step also pays four
+  blocking messages' latency (dlscale's wire: request, gradients, reply, weights), and waits
+  for the slowest worker (skew, as ddp).
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
   among its replicas after the schedule (launch, contention and skew as ddp).
 - tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
@@ -72,6 +73,7 @@ STEP_CV = 0.01
 NCCL_RING_PLATEAU = 1.9  # NCCL's latency factor for a ring across nodes (src/graph/tuning.cc)
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
+PS_MESSAGES = 4  # a ps step's blocking messages: request, gradients, reply, weights
 
 
 @dataclass(frozen=True)
@@ -421,7 +423,10 @@ def _ps(trace, hardware, single, count, where, _plans):
     server_link_s = count * grad_bytes / servers / over.effective_bytes_per_s * over.contention
     server_update_s = count * single.compute(single.prediction.optimizer_s) / servers
     server_s = server_link_s + server_update_s
-    comm = max(worker_s, server_s) + 2 * (over.latency_s + over.launch_s)
+    # dlscale's ps wire (strategies/ps/server.py): a request header, the gradients, then a reply
+    # header and the weights, each a blocking message: four hops of latency a step.
+    messages_s = PS_MESSAGES * over.latency_s * over.contention + 2 * over.launch_s
+    comm = max(worker_s, server_s) + messages_s
     compute = single.step_s
     skew = skew_s(single.step_s, where.framework.step_cv, count)
     step = compute + comm + skew
@@ -440,6 +445,7 @@ def _ps(trace, hardware, single, count, where, _plans):
             "server_s": server_s,
             "server_link_s": server_link_s,
             "server_update_s": server_update_s,
+            "messages_s": messages_s,
             "contention": over.contention,
             "skew_s": skew,
         },

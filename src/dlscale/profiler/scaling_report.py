@@ -267,7 +267,7 @@ def where_time_goes(points: list[ScalePoint]) -> list[str]:
             lines.append(
                 f"{head} worker link {duration(d['worker_s'])}; each of {d['servers']} "
                 f"server(s): link {duration(d['server_link_s'])} + update "
-                f"{duration(d['server_update_s'])}; {skew}"
+                f"{duration(d['server_update_s'])}; messages {duration(d['messages_s'])}; {skew}"
             )
         elif p.strategy in ("pipeline", "hybrid"):
             sync = (
