@@ -16,9 +16,10 @@ from dlscale.hardware.catalogue import get_hardware
 from dlscale.hardware.links import Link, load_links
 from dlscale.models.registry import build_model
 from dlscale.models.resnet import Bottleneck, ResNet
+from dlscale.profiler.collectives import TORCH_DDP, Framework
 from dlscale.profiler.request import ScalingRequest
 from dlscale.profiler.roofline import predict
-from dlscale.profiler.scaling import TORCH_DDP, Framework, predict_scaling
+from dlscale.profiler.scaling import predict_scaling
 from dlscale.profiler.trace import StepTrace, trace_step
 
 
@@ -45,7 +46,7 @@ def main() -> None:
 # factor left VGG-16 at batch 32 17–29 points off; docs/profile.md says more).
 # Everything else is cited: link rates and latencies (links.toml; NCCL's src/graph/tuning.cc),
 # Horovod's 64 MiB fusion buffer and 5 ms cycle (horovod/common/operations.cc defaults),
-# TF's per-variable all-reduce, the step-time spread's default (profiler/scaling.py STEP_CV).
+# TF's per-variable all-reduce, the step-time spread's default (profiler/collectives.py STEP_CV).
 # =================================================================================================
 
 DGX1_SCALING_SOURCE = (

@@ -168,7 +168,7 @@ def main() -> None:
         print(f"| {key} | {median:.2f} ({rounds}) | {ok} |")
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
-    from dlscale.profiler.scaling import TORCH_DDP, allreduce_s, bucket_allreduce_s
+    from dlscale.profiler.collectives import TORCH_DDP, allreduce_s, bucket_allreduce_s
     from dlscale.profiler.target import resolve
 
     link = measured_link(get_hardware("local").measured["link"])

@@ -8,20 +8,19 @@ from dlscale.errors import UserError
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
-from dlscale.profiler.request import ProfileRequest, ScalingRequest, parse_duration
-from dlscale.profiler.roofline import predict
-from dlscale.profiler.scaling import (
+from dlscale.profiler.collectives import (
     BUCKET_BYTES,
     Framework,
     allreduce_s,
     bucket_allreduce_s,
     expected_max_normal,
-    gradient_buckets,
     overlapped_allreduce,
-    predict_scaling,
     ring_allreduce_s,
     skew_s,
 )
+from dlscale.profiler.request import ProfileRequest, ScalingRequest, parse_duration
+from dlscale.profiler.roofline import predict
+from dlscale.profiler.scaling import gradient_buckets, predict_scaling
 from dlscale.profiler.scaling_report import Costed, deadline_pick
 from dlscale.profiler.trace import trace_step
 from tests.unit.test_advice import device
