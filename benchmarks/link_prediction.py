@@ -7,7 +7,7 @@ on each, `tc ... tbf` shaping each host's outgoing rate); root is needed. The mo
 whose gradients are 35 MB (digits, hidden 4096 × 2048), so the link, not the compute, sets the
 pace. Per rate:
 
-- all-reduce: the ring formula of the scaling model (`profiler.scaling.ring_allreduce_s`) over
+- all-reduce: the ring formula of the scaling model (`profiler.collectives.ring_allreduce_s`) over
   the link `bench link` saved, against ddp's recorded all-reduce seconds per step;
 - step: a one-host run's measured step (no communication) plus the predicted all-reduce,
   against ddp's median step across the two hosts (dlscale's ddp does not overlap the two);
@@ -37,7 +37,7 @@ from tests.cluster.conftest import clean_environment  # noqa: E402
 from tests.cluster.testbed import Testbed, why_not_here  # noqa: E402
 
 from dlscale.hardware.links import parse_links  # noqa: E402
-from dlscale.profiler.scaling import ring_allreduce_s  # noqa: E402
+from dlscale.profiler.collectives import ring_allreduce_s  # noqa: E402
 
 BIN = Path(sys.executable).parent
 GOAL = 0.25

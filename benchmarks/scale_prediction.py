@@ -5,7 +5,12 @@ The prediction is what `dlscale profile --devices` computes: the roofline on the
 (measured first, by `dlscale bench machine --quick` into a scratch DLSCALE_HOME) for one
 worker's step, at the threads each worker gets, plus the scaling model's communication over the
 `local-gloo` link that the same bench measured (two local processes, gloo all-reduces fitted to
-latency + bytes / bandwidth). Goal: every predicted / measured ratio within ±30%.
+latency + bytes / bandwidth). Goal: every predicted / measured ratio within ±20%.
+
+Beside it, the communication model alone: ddp 2 and ps 2 predicted from the MEASURED 1-worker
+step of the same round (the scaling model's `single_step_s`), so that the one-device
+prediction's error (the loop's own per-step cost, a calibration taken on a busy machine) does
+not hide the error of what the model adds for two workers.
 
     .venv/bin/python benchmarks/scale_prediction.py [--rounds 3] [--steps 60]
 """
@@ -21,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 SPEC = REPO / "examples" / "mlp-digits.yaml"
-GOAL = 0.30
+GOAL = 0.20
 
 
 def ps_spec(steps: int):
@@ -48,6 +53,26 @@ def predict_ps(threads: int) -> float:
     return row["samples_per_s"]
 
 
+def from_measured_one(one_worker_samples_per_s: float) -> dict[str, float]:
+    """ddp 2's and ps 2's samples/s as the scaling model predicts them from the MEASURED
+    one-worker step (its `single_step_s`): the communication model alone, whatever the
+    one-device prediction's error."""
+    from dlscale.hardware.catalogue import get_hardware
+    from dlscale.hardware.links import measured_link
+    from dlscale.profiler import trace_workload
+    from dlscale.profiler.request import ScalingRequest
+    from dlscale.profiler.scaling import predict_scaling
+    from dlscale.profiler.target import resolve
+
+    local = get_hardware("local")
+    link = measured_link(local.measured["link"])
+    trace = trace_workload(resolve(str(SPEC)))
+    one_step_s = trace.batch_size / one_worker_samples_per_s
+    request = ScalingRequest((2,), strategies=("ddp", "ps"))
+    points = predict_scaling(trace, local, request, link, single_step_s=one_step_s)
+    return {f"{p.strategy} 2": p.samples_per_s for p in points}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
@@ -61,11 +86,18 @@ def main() -> None:
 
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
     print(f"calibrating this machine into {home} (dlscale bench machine --quick) ...")
-    save_local_hardware(bench_machine(quick=True))
+    calibration = bench_machine(quick=True)
+    save_local_hardware(calibration)
+    for problem in calibration.get("unreliable") or []:
+        print(f"calibration UNRELIABLE (bench machine says): {problem}")
     ratios: dict[str, list[float]] = {"ddp 1": [], "ddp 2": [], "ps 2": []}
     measured: dict[str, list[float]] = {key: [] for key in ratios}
     predicted: dict[str, float] = {}
     comm_measured: list[float] = []
+    # Scaling efficiency against the same round's 1 worker, measured and predicted: the
+    # communication model's share of the error, apart from the one-worker step's.
+    efficiency: dict[str, list[tuple[float, float]]] = {"ddp 2": [], "ps 2": []}
+    comm_only: dict[str, list[float]] = {"ddp 2": [], "ps 2": []}
     for round_index in range(args.rounds):
         with tempfile.TemporaryDirectory() as out:
             result = scale(SPEC, [1, 2], Path(out) / "scale", steps=args.steps)
@@ -83,6 +115,16 @@ def main() -> None:
             predicted["ps 2"] = predict_ps(threads)
             measured["ps 2"].append(ps_measured)
             ratios["ps 2"].append(predicted["ps 2"] / ps_measured)
+            one_measured, one_predicted = measured["ddp 1"][-1], predicted["ddp 1"]
+            for key, value in from_measured_one(one_measured).items():
+                comm_only[key].append(value / measured[key][-1])
+            for key in efficiency:
+                efficiency[key].append(
+                    (
+                        measured[key][-1] / (2 * one_measured),
+                        predicted[key] / (2 * one_predicted),
+                    )
+                )
         print(
             f"round {round_index + 1}: "
             + ", ".join(f"{key} {values[-1]:.2f}" for key, values in ratios.items())
@@ -91,7 +133,7 @@ def main() -> None:
     print()
     print(
         "| run | measured samples/s (median) | predicted samples/s | predicted / measured "
-        "(median, rounds) | within ±30% |"
+        f"(median, rounds) | within ±{GOAL:.0%} |"
     )
     print("|---|---|---|---|---|")
     met = True
@@ -104,9 +146,29 @@ def main() -> None:
             f"| {key} | {statistics.median(measured[key]):,.0f} | {predicted[key]:,.0f} | "
             f"{median:.2f} ({rounds}) | {'yes' if ok else 'no'} |"
         )
+    print(
+        "\n| 2 workers | measured efficiency vs 1 worker (median; rounds) | predicted | "
+        "predicted − measured (points) |"
+    )
+    print("|---|---|---|---|")
+    for key, pairs in efficiency.items():
+        got = statistics.median(m for m, _ in pairs)
+        guess = statistics.median(g for _, g in pairs)
+        rounds = " ".join(f"{m:.0%}" for m, _ in pairs)
+        print(f"| {key} | {got:.0%} ({rounds}) | {guess:.0%} | {(guess - got) * 100:+.0f} |")
+    print(
+        "\n| 2 workers, from the measured 1-worker step | predicted / measured (median; rounds) "
+        f"| within ±{GOAL:.0%} |"
+    )
+    print("|---|---|---|")
+    for key, values in comm_only.items():
+        median = statistics.median(values)
+        rounds = " ".join(f"{v:.2f}" for v in values)
+        ok = "yes" if abs(median - 1) <= GOAL else "no"
+        print(f"| {key} | {median:.2f} ({rounds}) | {ok} |")
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
-    from dlscale.profiler.scaling import ring_allreduce_s
+    from dlscale.profiler.collectives import TORCH_DDP, allreduce_s, bucket_allreduce_s
     from dlscale.profiler.target import resolve
 
     link = measured_link(get_hardware("local").measured["link"])
@@ -114,11 +176,13 @@ def main() -> None:
     from dlscale.profiler import trace_workload
 
     grads = trace_workload(workload).trainable_params * 4
-    allreduce_ms = ring_allreduce_s(grads, 2, link) * 1e3
+    alone_ms = allreduce_s(grads, 2, link, 1, None)[0] * 1e3
+    inside_ms = bucket_allreduce_s(grads, 2, link, 1, None, TORCH_DDP)[0] * 1e3
     print(
-        f"\nddp 2's all-reduce of {grads:,} bytes: predicted {allreduce_ms:.2f} ms over "
-        f"local-gloo ({link.bytes_per_s / 1e9:.2f} GB/s, {link.latency_s * 1e6:.0f} µs a hop), "
-        f"measured in the training steps {statistics.median(comm_measured) * 1e3:.2f} ms"
+        f"\nddp 2's all-reduce of {grads:,} bytes over local-gloo ({link.bytes_per_s / 1e9:.2f} "
+        f"GB/s, {link.latency_s * 1e6:.0f} µs a hop): {alone_ms:.2f} ms alone, {inside_ms:.2f} ms "
+        f"predicted inside training (contention ×{link.contention:.2f}); measured in the training "
+        f"steps {statistics.median(comm_measured) * 1e3:.2f} ms"
     )
     print(f"goal (every median ratio within ±{GOAL:.0%}): {'met' if met else 'NOT met'}")
 

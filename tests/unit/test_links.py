@@ -16,6 +16,7 @@ from dlscale.hardware.links import (
     device_link,
     load_links,
     lookup_link,
+    measured_link,
     parse_links,
     pcie_link_name,
 )
@@ -230,6 +231,14 @@ def test_a_later_file_replaces_a_link_and_extra_files_come_last(home: Path, tmp_
             '[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\nefficiency = 2\n',
             "efficiency ≤ 1",
         ),
+        (
+            '[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\ncontention = 0.5\n',
+            "contention ≥ 1",
+        ),
+        (
+            '[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\noverlap = 1.5\n',
+            "0 ≤ overlap ≤ 1",
+        ),
         ("link = 3\n", "array of tables"),
         ("[[link]\n", "not valid TOML"),
     ],
@@ -254,3 +263,19 @@ def test_link_is_a_frozen_value():
     assert link.effective_bytes_per_s == 0.5e9
     with pytest.raises(AttributeError):
         link.efficiency = 1.0  # type: ignore[misc]
+
+
+def test_a_links_costs_come_from_its_kind_unless_its_entry_says():
+    """NCCL's 8.4 µs launch (ring/Simple) for GPU links and networks; gloo on loopback: no launch
+    beyond its fitted latency, and the measured contention 2.0 / 1.07 ms."""
+    links = load_links()
+    assert links["nvlink1"].launch_s == pytest.approx(8.4e-6)
+    assert (links["ib-hdr"].overlap, links["ib-hdr"].contention) == (1.0, 1.0)
+    (own,) = parse_links(
+        '[[link]]\nname = "x"\nkind = "pcie"\ngbs = 1\nlatency_us = 1\nlaunch_us = 20\n'
+        "overlap = 0.5\ncontention = 1.5\n",
+        "mine.toml",
+    )
+    assert (own.launch_s, own.overlap, own.contention) == (pytest.approx(20e-6), 0.5, 1.5)
+    local = measured_link({"bytes_per_s": 1e9, "latency_s": 1e-4})
+    assert local.launch_s == 0.0 and local.contention == pytest.approx(2.0 / 1.07)

@@ -8,15 +8,19 @@ from dlscale.errors import UserError
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link, device_link, load_links
+from dlscale.profiler.collectives import (
+    BUCKET_BYTES,
+    Framework,
+    allreduce_s,
+    bucket_allreduce_s,
+    expected_max_normal,
+    overlapped_allreduce,
+    ring_allreduce_s,
+    skew_s,
+)
 from dlscale.profiler.request import ProfileRequest, ScalingRequest, parse_duration
 from dlscale.profiler.roofline import predict
-from dlscale.profiler.scaling import (
-    BUCKET_BYTES,
-    gradient_buckets,
-    overlapped_allreduce,
-    predict_scaling,
-    ring_allreduce_s,
-)
+from dlscale.profiler.scaling import gradient_buckets, predict_scaling
 from dlscale.profiler.scaling_report import Costed, deadline_pick
 from dlscale.profiler.trace import trace_step
 from tests.unit.test_advice import device
@@ -265,3 +269,114 @@ def test_for_a_model_too_big_for_one_device_the_faster_split_is_named():
     assert "on 4, tensor parallel is the better split" in line and "bubble 60%" in line
     report.fits_one_device = True  # a model that fits needs no split: no advice
     assert split_choice(report) == []
+
+
+# ------------------------------------------------------- communication's costs, worked by hand
+
+COSTLY = Link("costly", "costly", "pcie", 10e9, 5e-6, 1.0, launch_s=1e-3, contention=2.0)
+
+
+def test_each_bucket_pays_its_launch_the_framework_wait_and_the_contention():
+    # 4 ranks, 10 MB: ring 1.5 × 10 MB / 10 GB/s = 1.5 ms + 6 hops × 5 µs = 1.53 ms; + 1 ms
+    # launch = 2.53 ms alone; × 2 contention = 5.06 ms; + 0.5 ms framework wait = 5.56 ms.
+    alone, _ = allreduce_s(10e6, 4, COSTLY, 1, None)
+    assert alone == pytest.approx(2.53e-3)
+    horovod_like = Framework("test", bucket_s=0.5e-3)
+    seconds, part = bucket_allreduce_s(10e6, 4, COSTLY, 1, None, horovod_like)
+    assert (seconds, part) == (pytest.approx(5.56e-3), "link")
+    assert bucket_allreduce_s(10e6, 1, COSTLY, 1, None, horovod_like)[0] == 0.0  # one device
+    # Three buckets, none hidden (overlap 0): the step shows 3 × 5.56 ms.
+    buckets = [(10e6, 0.0), (10e6, 0.0), (10e6, 0.0)]
+
+    def reduce(nbytes):
+        return bucket_allreduce_s(nbytes, 4, COSTLY, 1, None, horovod_like)[0]
+
+    exposed, total = overlapped_allreduce(buckets, 1.0, reduce, overlap=0.0)
+    assert exposed == total == pytest.approx(3 * 5.56e-3)
+
+
+def test_overlap_caps_what_the_timeline_hides():
+    # Buckets ready at 1 s and 2 s of a 2 s backward, 0.5 s each: the timeline hides 0.5 s of
+    # 1 s; with overlap 0.25 only 0.25 s counts as hidden, 0.75 s is exposed.
+    exposed, total = overlapped_allreduce([(1, 1.0), (1, 2.0)], 2.0, lambda _: 0.5, overlap=0.25)
+    assert (exposed, total) == (0.75, 1.0)
+    exposed, _ = overlapped_allreduce([(1, 1.0), (1, 2.0)], 2.0, lambda _: 0.5, overlap=1.0)
+    assert exposed == 0.5  # the timeline's own limit: the last bucket cannot hide
+
+
+def test_skew_is_zero_for_one_device_and_grows_with_the_slowest_of_n():
+    # Blom: Φ⁻¹((N − 0.375) / (N + 0.25)); N = 2: Φ⁻¹(0.7222) = 0.589 (exact E[max] 0.564);
+    # N = 8: Φ⁻¹(0.9242) = 1.434; N = 512: Φ⁻¹(0.99878) = 3.03.
+    assert expected_max_normal(1) == 0.0
+    assert expected_max_normal(2) == pytest.approx(0.589, abs=1e-3)
+    assert expected_max_normal(8) == pytest.approx(1.434, abs=1e-3)
+    assert expected_max_normal(512) == pytest.approx(3.03, abs=1e-2)
+    # 1% cv of a 1 s step on 8 devices: the slowest is 14.3 ms late.
+    assert skew_s(1.0, 0.01, 8) == pytest.approx(0.01434, abs=1e-5)
+    trace, device = mlp_trace(), gpu()
+    shaky = Framework("shaky", step_cv=0.1)
+    one, eight = predict_scaling(
+        trace, device, ScalingRequest((1, 8), strategies=("ddp",)), LINK, framework=shaky
+    )
+    assert one.detail["skew_s"] == 0.0 and one.step_s == pytest.approx(one.compute_s)
+    step = predict(trace, device).step_s
+    assert eight.detail["skew_s"] == pytest.approx(0.1 * step * expected_max_normal(8))
+    assert eight.step_s == pytest.approx(eight.compute_s + eight.comm_s + eight.detail["skew_s"])
+
+
+def test_across_nodes_hierarchical_and_flat_rings_by_hand():
+    link = Link("in", "in", "nvlink", 10e9, 5e-6, 1.0)
+    network = Link("net", "net", "infiniband", 1e9, 10e-6, 1.0)
+    # 8 devices on 2 nodes, 40 MB. Hierarchical: within a node, a ring of 4: 6/4 × 40 MB /
+    # 10 GB/s = 6 ms + 6 × 5 µs; between, each device's 10 MB share over its port in a ring of
+    # 2: 2/2 × 10 MB / 1 GB/s = 10 ms + 2 × 10 µs. 16.05 ms.
+    seconds, part = allreduce_s(40e6, 8, link, 2, network)
+    assert (seconds, part) == (pytest.approx(16.05e-3), "network")
+    # Flat: one ring of 8 at its slowest edge, a node's port (4 devices × 1 GB/s = 4 GB/s):
+    # 14/8 × 40 MB / 4 GB/s = 17.5 ms; 14 hops, 2 leaving a node: (12 × 5 + 2 × 10) µs × 1.9 =
+    # 152 µs. 17.652 ms.
+    seconds, _ = allreduce_s(40e6, 8, link, 2, network, hierarchical=False)
+    assert seconds == pytest.approx(17.652e-3)
+
+
+def test_a_ps_server_bound_holds_its_link_and_its_updates():
+    trace, device = mlp_trace(depth=6), gpu()
+    prediction = predict(trace, device)
+    grads = trace.trainable_params * 4
+    for servers in (1, 4):
+        request = ScalingRequest((8,), strategies=("ps",), ps_servers=servers)
+        (point,) = predict_scaling(
+            trace, device, request, LINK, framework=Framework("x", step_cv=0)
+        )
+        # Each server: its shard of 8 workers' gradients over the link, and 8 optimizer steps
+        # on its shard.
+        link_s = 8 * grads / servers / 10e9
+        update_s = 8 * prediction.optimizer_s / servers
+        assert point.detail["server_link_s"] == pytest.approx(link_s)
+        assert point.detail["server_update_s"] == pytest.approx(update_s)
+        worst = max(grads / 10e9, link_s + update_s)
+        # Four blocking messages a step (request, gradients, reply, weights), 5 µs each.
+        assert point.comm_s == pytest.approx(worst + 4 * 5e-6)
+
+
+def test_a_pipeline_pays_a_fixed_cost_per_microbatch_send():
+    trace = mlp_trace(depth=6)
+    (pipe,) = predict_scaling(trace, gpu(), ScalingRequest((4,), strategies=("pipeline",)), COSTLY)
+    # 4 stages, 16 microbatches: 19 slots, each sending forward and back at (5 µs + 1 ms).
+    assert pipe.detail["microbatch_overhead_s"] == pytest.approx(19 * 2 * (5e-6 + 1e-3))
+
+
+def test_the_report_says_where_the_time_goes():
+    from dlscale.profiler.scaling_report import where_time_goes
+
+    request = ScalingRequest((1, 8), strategies=("ddp", "ps", "pipeline", "hybrid"))
+    points = predict_scaling(mlp_trace(depth=6), gpu(), request, COSTLY)
+    lines = where_time_goes(points)
+    assert [line.split(":")[0] for line in lines] == [
+        "ddp × 8",
+        "ps × 8",
+        "pipeline × 8",
+        "hybrid × 8",
+    ]
+    ddp = lines[0]
+    assert "1 ms fixed each, contention ×2.00" in ddp and "skew" in ddp

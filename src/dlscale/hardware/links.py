@@ -23,12 +23,42 @@ from dlscale.hardware.device import Hardware
 
 KINDS = ("pcie", "nvlink", "infinity-fabric", "ici", "infiniband", "ethernet", "loopback")
 SHIPPED_LABEL = "dlscale/hardware/links.toml"
-KEYS = ("name", "display_name", "kind", "gbs", "latency_us", "efficiency", "sources", "notes")
+KEYS = (
+    "name",
+    "display_name",
+    "kind",
+    "gbs",
+    "latency_us",
+    "efficiency",
+    "launch_us",
+    "overlap",
+    "contention",
+    "sources",
+    "notes",
+)
 REQUIRED_KEYS = ("name", "kind", "gbs", "latency_us")
 # A device whose interconnect names no catalogued link (a user's entry without
 # `interconnect_link`) gets one built from its own figures, with these stated defaults.
 DEFAULT_LATENCY_S = 3e-6
 DEFAULT_EFFICIENCY = 0.8
+# What a collective costs beyond bytes and hops, per kind where an entry does not say (links.toml
+# cites each): launch_us, the fixed cost of one collective (one DDP bucket): NCCL's own model
+# charges a ring all-reduce 8.4 µs before its first hop (baseLat, ring/Simple, NCCL
+# src/graph/tuning.cc); overlap, the share of a collective that may run behind backward;
+# contention, how much slower a collective runs inside training than alone. GPU collectives run
+# on their own stream and SMs (overlap 1, contention 1); a CPU's (gloo on loopback) shares the
+# cores with compute: 2.0 ms in training against 1.07 ms alone for the same 69 KB all-reduce
+# on this project's 2-core machine (benchmarks/scale_prediction.py, docs/performance.md).
+NCCL_LAUNCH_US = 8.4
+KIND_COSTS = {  # kind -> (launch_us, overlap, contention)
+    "pcie": (NCCL_LAUNCH_US, 1.0, 1.0),
+    "nvlink": (NCCL_LAUNCH_US, 1.0, 1.0),
+    "infinity-fabric": (NCCL_LAUNCH_US, 1.0, 1.0),  # RCCL is NCCL's fork, same tuning model
+    "ici": (NCCL_LAUNCH_US, 1.0, 1.0),  # no published per-collective cost: NCCL's as a stand-in
+    "infiniband": (NCCL_LAUNCH_US, 1.0, 1.0),
+    "ethernet": (NCCL_LAUNCH_US, 1.0, 1.0),
+    "loopback": (0.0, 1.0, 2.0 / 1.07),
+}
 _NAME = re.compile(r"[a-z0-9][a-z0-9._+-]*")
 # The words --interconnect takes besides a link's name.
 CHOICES = ("nvlink", "pcie")
@@ -46,6 +76,9 @@ class Link:
     efficiency: float  # share of bytes_per_s a large all-reduce reaches (busbw / link rate)
     sources: tuple[str, ...] = ()
     notes: str = ""
+    launch_s: float = 0.0  # fixed cost of one collective (each DDP bucket pays it once)
+    overlap: float = 1.0  # share of a collective's time that may hide behind backward
+    contention: float = 1.0  # a collective's time inside training / its time alone (≥ 1)
 
     @property
     def effective_bytes_per_s(self) -> float:
@@ -107,6 +140,10 @@ def parse_link(table: dict[str, Any], where: str) -> Link:
     efficiency = _number(table, "efficiency", where) if "efficiency" in table else None
     if gbs <= 0 or latency_us < 0 or (efficiency is not None and not 0 < efficiency <= 1):
         raise UserError(f"{where}: needs gbs > 0, latency_us ≥ 0 and 0 < efficiency ≤ 1")
+    costs = dict(zip(("launch_us", "overlap", "contention"), KIND_COSTS[kind], strict=True))
+    costs |= {key: _number(table, key, where) for key in costs if key in table}
+    if costs["launch_us"] < 0 or not 0 <= costs["overlap"] <= 1 or costs["contention"] < 1:
+        raise UserError(f"{where}: needs launch_us ≥ 0, 0 ≤ overlap ≤ 1 and contention ≥ 1")
     sources = table.get("sources", [])
     if not isinstance(sources, list) or not all(isinstance(s, str) and s for s in sources):
         raise UserError(f"{where}: sources must be a list of URLs (strings)")
@@ -124,7 +161,16 @@ def parse_link(table: dict[str, Any], where: str) -> Link:
         efficiency=DEFAULT_EFFICIENCY if efficiency is None else efficiency,
         sources=tuple(sources),
         notes=texts["notes"],
+        launch_s=costs["launch_us"] / 1e6,
+        overlap=costs["overlap"],
+        contention=costs["contention"],
     )
+
+
+def kind_costs(kind: str) -> dict:
+    """A kind's stated launch_s, overlap and contention (KIND_COSTS), as Link's fields."""
+    launch_us, overlap, contention = KIND_COSTS[kind]
+    return {"launch_s": launch_us / 1e6, "overlap": overlap, "contention": contention}
 
 
 def _number(table: dict[str, Any], key: str, where: str) -> float:
@@ -175,6 +221,7 @@ def own_interconnect(hardware: Hardware, links: dict[str, Link]) -> Link | None:
         sources=hardware.sources,
         notes="built from the device's entry: its interconnect total, halved to one direction; "
         "latency and efficiency are the stated defaults",
+        **kind_costs(kind),
     )
 
 
@@ -196,6 +243,7 @@ def host_pcie(hardware: Hardware, links: dict[str, Link]) -> Link | None:
         efficiency=typical.efficiency if typical else DEFAULT_EFFICIENCY,
         sources=hardware.sources,
         notes="built from the device's entry: its host-link rate, one direction",
+        **kind_costs("pcie"),
     )
 
 
@@ -239,6 +287,7 @@ def measured_link(measured: dict) -> Link:
         latency_s=float(measured["latency_s"]),
         efficiency=1.0,  # the measurement is already what an all-reduce reaches
         notes="fitted to timed all-reduces between two local processes",
+        **kind_costs("loopback"),  # its launch is inside the fitted latency
     )
 
 
@@ -264,5 +313,6 @@ def link_to_toml(measured: dict) -> str:
         f"gbs = {allreduce['bytes_per_s'] / 1e9!r}\n"
         f"latency_us = {allreduce['latency_s'] * 1e6!r}\n"
         "efficiency = 1.0\n"
+        "launch_us = 0.0\n"  # the fitted latency already holds each call's fixed cost
         f'notes = "{notes}"\n'
     )

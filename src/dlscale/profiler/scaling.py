@@ -6,18 +6,38 @@ time the caller measured), and adds what moving tensors between devices costs ov
 - ddp: a ring all-reduce of the fp32 gradients, 2(N−1)/N × bytes / bandwidth + 2(N−1) hops of
   latency (Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms", JPDC 2009). As torch's
   DistributedDataParallel does (Li et al., "PyTorch Distributed", VLDB 2020), gradients fill
-  25 MiB buckets in reverse layer order, and a bucket's all-reduce starts once backward has
-  produced its last gradient, so all but what is left after backward hides behind compute.
+  buckets (the framework's size: 25 MiB for torch DDP, 64 MiB for Horovod's fusion buffer) in
+  reverse layer order, and a bucket's all-reduce starts once backward has produced its last
+  gradient. What that costs beyond bytes and hops, each term in a point's detail:
+  - every bucket pays a fixed cost: the link's launch (NCCL's model charges 8.4 µs a ring
+    all-reduce) plus the framework's own (Horovod waits for its next negotiation cycle);
+  - a collective inside training runs `link.contention` times slower than alone (a CPU link
+    whose threads share the cores with compute);
+  - at most `link.overlap` of the all-reduce hides behind backward, and no bucket before it is
+    ready (the timeline): the rest is exposed after backward;
+  - synchronisation skew: every step waits for the slowest of N devices. With a device's step
+    time varying by a coefficient of variation cv from step to step (independent, normal), the
+    slowest of N is late by cv × step × E[max of N standard normals], which grows like
+    √(2 ln N) (the tail-at-scale effect, Dean & Barroso, CACM 2013); E[max] is Blom's
+    approximation Φ⁻¹((N − 0.375)/(N + 0.25)) (Blom, "Statistical Estimates and Transformed
+    Beta-Variables", 1958), 0 for one device.
   Across nodes, the ring is hierarchical: within a node over the link, then between nodes over
-  the network, each device carrying its 1/(devices per node) share (one NIC per device).
+  the network, each device carrying its 1/(devices per node) share (one NIC per device; a port
+  shared by k devices is a network link of 1/k its rate).
 - pipeline: the traced layers split into S contiguous stages balanced by predicted time (the
   planner's partition), M microbatches; a GPipe/1F1B step takes (M + S − 1) slots of the
   slowest stage's microbatch time (the bubble, Huang et al., "GPipe", NeurIPS 2019), each slot
-  also sending a microbatch's activations forward and their gradients back over the link.
+  also sending a microbatch's activations forward and their gradients back over the link, each
+  send paying the link's hop latency and launch (the per-microbatch overhead).
 - ps: synchronous parameter servers; each worker pushes its gradients and pulls the weights
-  (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers.
+  (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers; a
+  server also applies every push to its shard (dlscale's servers step their optimizer once per
+  push, under a lock: N × its share of the optimizer step, at the device's rate), so a
+  server's link and update rate bound the workers' throughput; each step also pays four
+  blocking messages' latency (dlscale's wire: request, gradients, reply, weights), and waits
+  for the slowest worker (skew, as ddp).
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
-  among its replicas after the schedule.
+  among its replicas after the schedule (launch, contention and skew as ddp).
 - tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
   backward time divided by N, every other layer whole on every device; each collective the plan
   implies (ring all-reduce, or all-gather: (N−1)/N × bytes + N−1 hops) runs on the critical
@@ -36,6 +56,16 @@ from dataclasses import dataclass, field
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
+from dlscale.profiler.collectives import (
+    BUCKET_BYTES,
+    TORCH_DDP,
+    Framework,
+    all_gather_s,
+    bucket_allreduce_s,
+    overlapped_allreduce,
+    ring_allreduce_s,
+    skew_s,
+)
 from dlscale.profiler.memory import FP32_BYTES, training_memory
 from dlscale.profiler.pipeline_split import in_flight, partition
 from dlscale.profiler.recorder import LOSS
@@ -43,9 +73,9 @@ from dlscale.profiler.request import ScalingRequest
 from dlscale.profiler.roofline import Prediction, predict
 from dlscale.profiler.trace import StepTrace
 
-BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
+PS_MESSAGES = 4  # a ps step's blocking messages: request, gradients, reply, weights
 
 
 @dataclass(frozen=True)
@@ -64,26 +94,9 @@ class ScalePoint:
     detail: dict = field(default_factory=dict)
 
 
-def ring_allreduce_s(nbytes: float, ranks: int, link: Link) -> float:
-    """Ring all-reduce of `nbytes` among `ranks`: reduce-scatter then all-gather, each N−1 steps
-    sending 1/N of the data."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    steps = 2 * (ranks - 1)
-    return steps / ranks * nbytes / link.effective_bytes_per_s + steps * link.latency_s
-
-
-def allreduce_s(nbytes: float, devices: int, link: Link, nodes: int, network: Link | None):
-    """(seconds, slowest part): flat ring on one node, hierarchical across nodes."""
-    if nodes <= 1 or network is None:
-        return ring_allreduce_s(nbytes, devices, link), "link"
-    per_node = max(1, devices // nodes)
-    inside = ring_allreduce_s(nbytes, per_node, link)
-    between = ring_allreduce_s(nbytes / per_node, nodes, network)
-    return inside + between, "network" if between > inside else "link"
-
-
-def gradient_buckets(trace: StepTrace, prediction: Prediction) -> list[tuple[float, float]]:
+def gradient_buckets(
+    trace: StepTrace, prediction: Prediction, bucket_bytes: float = BUCKET_BYTES
+) -> list[tuple[float, float]]:
     """(bytes, seconds into backward when its last gradient is ready) per DDP bucket: layers in
     reverse order, each layer's gradients ready when its backward ends."""
     params = {layer.name: layer.params for layer in trace.layers}
@@ -92,23 +105,12 @@ def gradient_buckets(trace: StepTrace, prediction: Prediction) -> list[tuple[flo
     for layer in reversed(prediction.layers):
         elapsed += layer.backward.seconds
         filled += params.get(layer.name, 0) * FP32_BYTES
-        if filled >= BUCKET_BYTES:
+        if filled >= bucket_bytes:
             buckets.append((filled, elapsed))
             filled = 0.0
     if filled:
         buckets.append((filled, elapsed))
     return buckets
-
-
-def overlapped_allreduce(buckets, backward_s: float, reduce) -> tuple[float, float]:
-    """(exposed seconds after backward, total all-reduce seconds): buckets reduced in order on
-    one link, each starting when ready and when the one before it is done."""
-    done = total = 0.0
-    for nbytes, ready in buckets:
-        seconds = reduce(nbytes)
-        done = max(done, ready) + seconds
-        total += seconds
-    return max(0.0, done - backward_s), total
 
 
 @dataclass(frozen=True)
@@ -125,6 +127,15 @@ class _Single:
     def compute(self, part: float) -> float:
         return part * self.scale
 
+    @property
+    def per_step_s(self) -> float:
+        """What the step holds beyond forward, backward, the update and the copy in, scaled:
+        whatever predict() adds to its step_s (such as the loop's own per-step cost), paid once
+        a step whatever the strategy."""
+        p = self.prediction
+        parts = p.forward_s + p.backward_s + p.optimizer_s + p.h2d_s
+        return self.compute(max(0.0, p.step_s - parts))
+
 
 def predict_scaling(
     trace: StepTrace,
@@ -135,10 +146,16 @@ def predict_scaling(
     *,
     single_step_s: float | None = None,
     tensor_plans=None,
+    framework: Framework = TORCH_DDP,
 ) -> list[ScalePoint]:
     """A point per strategy and device count of `request`, within a node over `link` and
     between its nodes over `network` (hybrid only where stages × replicas fit; tensor where
-    `tensor_plans`, degree -> TensorPlan or None, has a plan for the count)."""
+    `tensor_plans`, degree -> TensorPlan or None, has a plan for the count); `framework`: how
+    the data-parallel strategies bucket their all-reduces and how much a step varies.
+
+    `single_step_s` replaces the roofline's one-device step (a measured one, or the
+    prediction with costs the roofline lacks, such as the loop's per-step cost): every part of
+    the step is scaled by the same factor."""
     prediction = predict(trace, hardware)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
@@ -147,9 +164,8 @@ def predict_scaling(
     points = []
     for count in request.devices:
         for strategy in request.strategy_names:
-            point = _POINT[strategy](
-                trace, hardware, single, count, link, nodes, network, servers, tensor_plans
-            )
+            where = _Where(link, nodes, network, servers, framework)
+            point = _POINT[strategy](trace, hardware, single, count, where, tensor_plans)
             if point is None:
                 continue
             efficiency = point["samples_per_s"] / (count * baseline)
@@ -161,24 +177,47 @@ def predict_scaling(
     return points
 
 
+@dataclass(frozen=True)
+class _Where:
+    """What a point runs over: the links, the nodes, the ps servers, the framework."""
+
+    link: Link
+    nodes: int
+    network: Link | None
+    servers: int
+    framework: Framework
+
+    def reduce(self, nbytes: float, devices: int, parts: dict) -> float:
+        """One bucket's all-reduce inside training; its slowest part noted in `parts`."""
+        seconds, parts["part"] = bucket_allreduce_s(
+            nbytes, devices, self.link, self.nodes, self.network, self.framework
+        )
+        return seconds
+
+
 def _usable(hardware: Hardware) -> float:
     return hardware.memory_bytes * USABLE_MEMORY_FRACTION
 
 
-def _ddp(trace, hardware, single, count, link, nodes, network, _servers, _plans):
-    p = single.prediction
+def _ddp(trace, hardware, single, count, where, _plans):
+    p, framework, link = single.prediction, where.framework, where.link
     backward = single.compute(p.backward_s)
-    fixed = single.compute(p.forward_s + p.optimizer_s + p.h2d_s)
-    buckets = [(b, single.compute(t)) for b, t in gradient_buckets(trace, p)]
+    fixed = single.step_s - backward  # everything else of the step runs before or after it
+    buckets = [
+        (b, single.compute(t)) for b, t in gradient_buckets(trace, p, framework.bucket_bytes)
+    ]
     parts = {"part": "link"}
+    exposed, total = 0.0, 0.0
+    if count > 1:
 
-    def reduce(nbytes: float) -> float:
-        seconds, parts["part"] = allreduce_s(nbytes, count, link, nodes, network)
-        return seconds
+        def reduce(nbytes: float) -> float:
+            return where.reduce(nbytes, count, parts)
 
-    exposed, total = overlapped_allreduce(buckets, backward, reduce) if count > 1 else (0.0, 0.0)
-    step = fixed + backward + exposed
+        exposed, total = overlapped_allreduce(buckets, backward, reduce, link.overlap)
     compute = fixed + backward
+    skew = skew_s(single.step_s, framework.step_cv, count)
+    step = compute + exposed + skew
+    per_bucket = link.launch_s + framework.bucket_s if count > 1 else 0.0
     return {
         "step_s": step,
         "samples_per_s": count * trace.batch_size / step,
@@ -187,7 +226,18 @@ def _ddp(trace, hardware, single, count, link, nodes, network, _servers, _plans)
         "bound": parts["part"] if total > backward else "compute",
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
-        "detail": {"buckets": len(buckets), "allreduce_s": total, "hidden_s": total - exposed},
+        "detail": {
+            "framework": framework.name,
+            "buckets": len(buckets),
+            "bucket_fixed_s": per_bucket,  # launch + framework wait, each bucket
+            "fixed_s": per_bucket * len(buckets) if count > 1 else 0.0,
+            "contention": link.contention,
+            "overlap": link.overlap,
+            "allreduce_s": total,
+            "hidden_s": total - exposed,
+            "exposed_s": exposed,
+            "skew_s": skew,
+        },
     }
 
 
@@ -211,15 +261,15 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
         return None
     groups, times = split
     stage_s = [single.compute(sum(times.get(r.name, 0.0) for r in group)) for group in groups]
-    # A boundary sends a microbatch's activations forward and their gradients back.
+    # A boundary sends a microbatch's activations forward and their gradients back, each send
+    # paying a hop's latency and a launch: the per-microbatch overhead.
     boundary = [group[-1].output_bytes / microbatches for group in groups[:-1]]
-    send_s = max(
-        (2 * (b / link.effective_bytes_per_s + link.latency_s) for b in boundary), default=0.0
-    )
+    per_send = link.latency_s + link.launch_s
+    send_s = max((2 * (b / link.effective_bytes_per_s + per_send) for b in boundary), default=0.0)
     slot = max(stage_s) / microbatches
     slots = microbatches + stages - 1
     update = single.compute(p.optimizer_s + p.h2d_s) / stages
-    compute = slots * slot + update
+    compute = slots * slot + update + single.per_step_s
     comm = slots * send_s
     memory = training_memory(trace)
     state_per_param = (memory.static_bytes / trace.params) if trace.params else 0.0
@@ -234,6 +284,7 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
         "bubble": (stages - 1) / slots,
         "stage_s": stage_s,
         "boundary_bytes": boundary,
+        "microbatch_overhead_s": slots * 2 * per_send if boundary else 0.0,
         "stage_memory_bytes": worst,
     }
     return compute + comm, compute, comm, worst <= _usable(hardware), detail
@@ -244,10 +295,10 @@ def microbatches(trace: StepTrace, stages: int) -> int:
     return max(1, min(MICROBATCHES_PER_STAGE * stages, trace.batch_size))
 
 
-def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers, _plans):
+def _pipeline(trace, hardware, single, count, where, _plans):
     if count < 2:
         return None
-    step = _pipeline_step(trace, hardware, single, count, link, microbatches(trace, count))
+    step = _pipeline_step(trace, hardware, single, count, where.link, microbatches(trace, count))
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step
@@ -265,16 +316,24 @@ def _pipeline(trace, hardware, single, count, link, _nodes, _network, _servers, 
     }
 
 
-def _ps(trace, hardware, single, count, link, nodes, network, servers, _plans):
-    over = network if nodes > 1 and network is not None else link
+def _ps(trace, hardware, single, count, where, _plans):
+    nodes, network, servers = where.nodes, where.network, where.servers
+    over = network if nodes > 1 and network is not None else where.link
     grad_bytes = trace.trainable_params * FP32_BYTES
     # Each way at once (full duplex): a worker sends its gradients and receives the weights; a
-    # server receives every worker's shard of the gradients and sends its shard of the weights.
-    worker_s = grad_bytes / over.effective_bytes_per_s
-    server_s = count * grad_bytes / servers / over.effective_bytes_per_s
-    comm = max(worker_s, server_s) + 2 * over.latency_s
+    # server receives every worker's shard of the gradients and sends its shard of the weights,
+    # and applies each worker's push to its shard (its share of the optimizer step, N times).
+    worker_s = grad_bytes / over.effective_bytes_per_s * over.contention
+    server_link_s = count * grad_bytes / servers / over.effective_bytes_per_s * over.contention
+    server_update_s = count * single.compute(single.prediction.optimizer_s) / servers
+    server_s = server_link_s + server_update_s
+    # dlscale's ps wire (strategies/ps/server.py): a request header, the gradients, then a reply
+    # header and the weights, each a blocking message: four hops of latency a step.
+    messages_s = PS_MESSAGES * over.latency_s * over.contention + 2 * over.launch_s
+    comm = max(worker_s, server_s) + messages_s
     compute = single.step_s
-    step = compute + comm
+    skew = skew_s(single.step_s, where.framework.step_cv, count)
+    step = compute + comm + skew
     side = "server" if server_s > worker_s else ("network" if over is network else "link")
     return {
         "step_s": step,
@@ -284,23 +343,34 @@ def _ps(trace, hardware, single, count, link, nodes, network, servers, _plans):
         "bound": side if comm > compute else "compute",
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
-        "detail": {"servers": servers, "worker_s": worker_s, "server_s": server_s},
+        "detail": {
+            "servers": servers,
+            "worker_s": worker_s,
+            "server_s": server_s,
+            "server_link_s": server_link_s,
+            "server_update_s": server_update_s,
+            "messages_s": messages_s,
+            "contention": over.contention,
+            "skew_s": skew,
+        },
     }
 
 
-def _hybrid(trace, hardware, single, count, link, nodes, network, _servers, _plans):
+def _hybrid(trace, hardware, single, count, where, _plans):
     stages = HYBRID_STAGES
     if count < 2 * stages or count % stages:
         return None
     replicas = count // stages
-    step = _pipeline_step(trace, hardware, single, stages, link, microbatches(trace, stages))
+    step = _pipeline_step(trace, hardware, single, stages, where.link, microbatches(trace, stages))
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step
     stage_bytes = trace.trainable_params * FP32_BYTES / stages  # roughly each stage's share
-    sync, part = allreduce_s(stage_bytes, replicas, link, nodes, network)
-    total = seconds + sync
-    bound = part if comm + sync > compute else "compute"
+    parts = {"part": "link"}
+    sync = where.reduce(stage_bytes, replicas, parts)
+    skew = skew_s(single.step_s, where.framework.step_cv, replicas)
+    total = seconds + sync + skew
+    bound = parts["part"] if comm + sync > compute else "compute"
     return {
         "step_s": total,
         "samples_per_s": replicas * trace.batch_size / total,
@@ -309,15 +379,8 @@ def _hybrid(trace, hardware, single, count, link, nodes, network, _servers, _pla
         "bound": bound,
         "global_batch": replicas * trace.batch_size,
         "fits": fits,
-        "detail": {**detail, "replicas": replicas, "replica_sync_s": sync},
+        "detail": {**detail, "replicas": replicas, "replica_sync_s": sync, "skew_s": skew},
     }
-
-
-def all_gather_s(nbytes: float, ranks: int, link: Link) -> float:
-    """Ring all-gather of a tensor of `nbytes` in all: N−1 steps, each sending 1/N of it."""
-    if ranks <= 1 or nbytes <= 0:
-        return 0.0
-    return (ranks - 1) / ranks * nbytes / link.effective_bytes_per_s + (ranks - 1) * link.latency_s
 
 
 def _tensor(trace, hardware, single, plan, link):
@@ -326,7 +389,7 @@ def _tensor(trace, hardware, single, plan, link):
     split = split_layers(trace, plan)
     layer_s = sum(lt.seconds / count if lt.name in split else lt.seconds for lt in p.layers)
     share = plan.params_per_device / plan.params if plan.params else 1.0
-    compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s)
+    compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s) + single.per_step_s
     comm = 0.0
     for kind, payload in plan.collectives(trace.batch_size):
         reduce = ring_allreduce_s if kind == "all_reduce" else all_gather_s
@@ -354,10 +417,10 @@ def _tensor(trace, hardware, single, plan, link):
     }
 
 
-def _tensor_at(trace, hardware, single, count, link, _nodes, _network, _servers, plans):
+def _tensor_at(trace, hardware, single, count, where, plans):
     """Where `plans` (degree -> TensorPlan or None) has a plan for `count` devices."""
     plan = plans(count) if plans is not None and count > 1 else None
-    return _tensor(trace, hardware, single, plan, link) if plan else None
+    return _tensor(trace, hardware, single, plan, where.link) if plan else None
 
 
 # strategy -> its point at a device count, or None where it cannot run there

@@ -228,6 +228,8 @@ def render(reports: list[ScalingReport], console: Console) -> None:
             "whole run": f"whole run = {report.epochs} epoch(s) ({report.epochs_from})",
         }
         print_fitted(console, title, SCALING_COLUMNS, rows, notes)
+        for line in where_time_goes([r.point for r in report.rows]):
+            console.print(line)
         for line in split_choice(report):
             console.print(line)
         if report.deadline_s is not None:
@@ -243,6 +245,41 @@ def render(reports: list[ScalingReport], console: Console) -> None:
                     f"{p.strategy}, whole run {duration(report.pick.run_s)}, "
                     f"{_money(report.pick.cost_run)}"
                 )
+
+
+def where_time_goes(points: list[ScalePoint]) -> list[str]:
+    """One line per point on more than one device: the communication terms its step holds."""
+    lines = []
+    for p in points:
+        d = p.detail
+        head = f"{p.strategy} × {p.devices}:"
+        skew = f"skew {duration(d.get('skew_s', 0.0))} (waiting for the slowest device)"
+        if p.devices < 2:
+            continue
+        if p.strategy == "ddp":
+            lines.append(
+                f"{head} all-reduce {duration(d['allreduce_s'])} in {d['buckets']} bucket(s) "
+                f"({duration(d['bucket_fixed_s'])} fixed each, contention ×{d['contention']:.2f}), "
+                f"{duration(d['hidden_s'])} hidden behind backward (at most "
+                f"{d['overlap']:.0%}), {duration(d['exposed_s'])} exposed; {skew}"
+            )
+        elif p.strategy == "ps":
+            lines.append(
+                f"{head} worker link {duration(d['worker_s'])}; each of {d['servers']} "
+                f"server(s): link {duration(d['server_link_s'])} + update "
+                f"{duration(d['server_update_s'])}; messages {duration(d['messages_s'])}; {skew}"
+            )
+        elif p.strategy in ("pipeline", "hybrid"):
+            sync = (
+                f"; replica sync {duration(d['replica_sync_s'])}; {skew}"
+                if p.strategy == "hybrid"
+                else ""
+            )
+            lines.append(
+                f"{head} bubble {d['bubble']:.0%}, per-microbatch sends "
+                f"{duration(d['microbatch_overhead_s'])} of fixed cost{sync}"
+            )
+    return lines
 
 
 def split_choice(report: ScalingReport) -> list[str]:
