@@ -52,9 +52,9 @@ def test_precision_trains_each_format_and_quantizes_after(spec: Path, tmp_path: 
     # bf16 saves the activations backward needs in half the bytes, fp32 weights kept (autocast).
     assert rows["bf16"]["activation_bytes"] < rows["fp32"]["activation_bytes"]
     assert rows["bf16"]["model_bytes"] == rows["fp32"]["model_bytes"]
-    # One note per format against fp32, after one on noise when a latency's rounds spread wide
-    # (this test runs on a shared machine: either may happen, and the JSON says which did).
-    noisy = [row["format"] for row in rows.values() if row["latency_noisy"]]
+    # One note per format against fp32, after one on noise when a time's rounds or steps spread
+    # wide (this test runs on a shared machine: either may happen, and the JSON says which did).
+    noisy = [r for r in rows.values() if r["latency_noisy"] or r["train_step_noisy"]]
     assert data["noisy"] == bool(noisy) and data["latency_batch"] == 32
     compared = [note.split(":")[0] for note in data["notes"][bool(noisy) :]]
     assert compared == ["bf16", "int8 dynamic", "int8 static"]
@@ -128,6 +128,25 @@ def test_a_noisy_latency_is_marked_and_draws_no_comparison(spec: Path, tmp_path:
     assert data["notes"][0].startswith("noisy: the latency rounds of fp32 spread over 10%")
     text = " ".join(result.output.split())
     assert "120.00 ms ±1870% noisy" in text and "× fp32's inference latency" not in text
+
+
+def test_noisy_training_steps_draw_no_step_ratio():
+    # Ten steps: 10th percentile (index int(0.1 × 9) = 0) 2 ms, 90th (index 8) 3 ms: spread 0.5,
+    # over bench io's 25%. Eight steady steps of 4 ms and two of 4.4 ms: spread 0.1, quiet.
+    noisy = precision.step_spread([2e-3] * 8 + [3e-3, 9e-3])
+    quiet = precision.step_spread([4e-3] * 8 + [4.4e-3] * 2)
+    assert noisy == {"train_step_spread": pytest.approx(0.5), "train_step_noisy": True}
+    assert quiet == {"train_step_spread": pytest.approx(0.1), "train_step_noisy": False}
+    rows = [
+        {"format": "fp32", "train_step_s": 2e-3, **noisy, "latency_s": 1e-3},
+        {"format": "bf16", "train_step_s": 4e-3, **quiet, "latency_s": 1e-3},
+    ]
+    for row in rows:
+        row.update(model_bytes=100, latency_spread=0.0, latency_noisy=False)
+    notes = precision._notes(rows, torch.device("cpu"))
+    assert notes[0].startswith("noisy: the training steps of fp32 over 25%")
+    # Latencies agree (1.00×); no 2× training step and no "slower" verdict from noisy steps.
+    assert notes[1] == "bf16: 1.00× fp32's inference latency, 1.00× its bytes"
 
 
 @pytest.mark.slow

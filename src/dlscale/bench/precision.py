@@ -12,7 +12,8 @@ latency and bytes. A format that cannot be applied to the model says why instead
 
 Every latency is timed after all the training, one format after another, so that a change of
 the machine's load between formats' training runs does not enter their ratio. A latency whose
-rounds never agreed within NOISY_SPREAD is marked noisy, and no comparison is drawn from it.
+rounds never agreed within NOISY_SPREAD is marked noisy, and so is a training step whose steps
+spread over STEP_NOISY_SPREAD; no comparison is drawn from a noisy figure.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from dlscale.bench import io_verdict
 from dlscale.errors import UserError, one_line
 from dlscale.jobspec import SingleStrategy, Spec, load_spec
 from dlscale.profiler.calibrate import STABLE_SPREAD, seconds_per_call, spread_log
@@ -40,6 +42,9 @@ LATENCY_BATCH = 32  # samples in the batch whose forward is timed, unless --late
 # A latency whose last rounds still differ by more than this (max / min − 1) after the most
 # rounds the calibration runs was timed while the load changed: the calibration's own bar.
 NOISY_SPREAD = STABLE_SPREAD
+# Training steps are timed one by one: their 10th to 90th percentile, against the bar `bench io`
+# holds repeated steps to.
+STEP_NOISY_SPREAD = io_verdict.NOISY_SPREAD
 CALIBRATION_BATCHES = 8
 
 
@@ -67,6 +72,14 @@ def latency(model: nn.Module, x: torch.Tensor, device, precision: str) -> dict:
     median_s = seconds_per_call(forward, device, LATENCY_TIME_S)
     spread = spread_log()[-1]  # the rounds just timed
     return {"latency_s": median_s, "latency_spread": spread, "latency_noisy": spread > NOISY_SPREAD}
+
+
+def step_spread(step_times: list[float]) -> dict:
+    """The training steps' spread (90th over 10th percentile, less 1) and whether it is noisy."""
+    if not step_times:
+        return {"train_step_spread": None, "train_step_noisy": False}
+    spread = io_verdict.relative_spread(step_times)
+    return {"train_step_spread": spread, "train_step_noisy": spread > STEP_NOISY_SPREAD}
 
 
 def latency_input(loader, samples: int) -> torch.Tensor:
@@ -128,6 +141,7 @@ def run_precision_bench(
                 "kind": "trained",
                 "val_accuracy": record["final"]["val_accuracy"],
                 "train_step_s": record["final"]["median_step_s"],
+                **step_spread(trainer.history.timing.step_times),
                 "model_bytes": model_bytes(model),
                 "activation_bytes": saved_activation_bytes(spec_path, precision),
             }
@@ -151,7 +165,8 @@ def run_precision_bench(
         "batch_size": spec.batch_size,
         "latency_batch": len(x),
         "noisy_spread": NOISY_SPREAD,
-        "noisy": any(row.get("latency_noisy") for row in rows),
+        "step_noisy_spread": STEP_NOISY_SPREAD,
+        "noisy": any(row.get("latency_noisy") or row.get("train_step_noisy") for row in rows),
         "load_average_1m": load,
         "cpu_bf16_units": cpu_has_bf16_units() if device.type == "cpu" else None,
         "rows": rows,
@@ -191,6 +206,7 @@ def _quantized(trainer: Trainer) -> list[tuple[dict, nn.Module | None]]:
             row.update(
                 val_accuracy=accuracy,
                 train_step_s=None,
+                **step_spread([]),
                 model_bytes=model_bytes(model),
                 activation_bytes=None,
             )
@@ -227,18 +243,15 @@ def _static(model: nn.Module, trainer: Trainer) -> nn.Module:
 
 def _notes(rows: list[dict], device) -> list[str]:
     """Plain statements of what was faster or smaller than fp32, and why where it is slower;
-    a latency ratio only where neither latency is noisy."""
+    a ratio of times only where neither time is noisy."""
     notes = []
     by = {row["format"]: row for row in rows if "latency_s" in row}
     fp32 = by.get("fp32")
     if fp32 is None:
         return notes
-    noisy = [name for name, row in by.items() if row["latency_noisy"]]
+    noisy = _noise(by)
     if noisy:
-        notes.append(
-            f"noisy: the latency rounds of {', '.join(noisy)} spread over {NOISY_SPREAD:.0%} "
-            "(the machine's load changed while they were timed); no latency is compared"
-        )
+        notes.append(noisy)
     emulated = device.type == "cpu" and not cpu_has_bf16_units()
     why = (
         "this CPU has no bf16 arithmetic (no AVX-512 BF16 or AMX): bf16 values are converted "
@@ -256,12 +269,33 @@ def _notes(rows: list[dict], device) -> list[str]:
         line = f"{name}: {size:.2f}× fp32's bytes"
         if latency is not None:
             line = f"{name}: {latency:.2f}× fp32's inference latency, {size:.2f}× its bytes"
-        if row.get("train_step_s") and fp32.get("train_step_s"):
-            line += f", {row['train_step_s'] / fp32['train_step_s']:.2f}× its training step"
-        slower = (latency or 0) > 1 or (row.get("train_step_s") or 0) > (
-            fp32.get("train_step_s") or 0
-        )
+        step = None
+        quiet = not (row["train_step_noisy"] or fp32["train_step_noisy"])
+        if row.get("train_step_s") and fp32.get("train_step_s") and quiet:
+            step = row["train_step_s"] / fp32["train_step_s"]
+            line += f", {step:.2f}× its training step"
+        slower = (latency or 0) > 1 or (step or 0) > 1
         if name in ("bf16", "fp16") and slower:
             line += f"; slower where above 1: {why}"
         notes.append(line)
     return notes
+
+
+def _noise(by: dict[str, dict]) -> str | None:
+    """Which times were too noisy to compare, or None."""
+    latencies = [name for name, row in by.items() if row["latency_noisy"]]
+    steps = [name for name, row in by.items() if row["train_step_noisy"]]
+    parts = []
+    if latencies:
+        parts.append(f"the latency rounds of {', '.join(latencies)} spread over {NOISY_SPREAD:.0%}")
+    if steps:
+        parts.append(
+            f"the training steps of {', '.join(steps)} over {STEP_NOISY_SPREAD:.0%} (10th to "
+            "90th percentile)"
+        )
+    if not parts:
+        return None
+    return (
+        f"noisy: {'; '.join(parts)}: the machine's load changed while they were timed, and no "
+        "ratio is drawn from them"
+    )

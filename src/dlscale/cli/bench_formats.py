@@ -21,10 +21,12 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.2f} ms"
 
 
-def _latency(row: dict) -> str:
-    """The median round and the rounds' spread, marked where the spread is too wide to trust."""
-    text = f"{_ms(row['latency_s'])} ±{row['latency_spread']:.0%}"
-    return text + " noisy" if row["latency_noisy"] else text
+def _timed(row: dict, key: str) -> str:
+    """A median time and its spread, marked where the spread is too wide to trust."""
+    if row[f"{key}_s"] is None or row[f"{key}_spread"] is None:
+        return _ms(row[f"{key}_s"])
+    text = f"{_ms(row[f'{key}_s'])} ±{row[f'{key}_spread']:.0%}"
+    return text + " noisy" if row[f"{key}_noisy"] else text
 
 
 @user_errors
@@ -52,7 +54,7 @@ def precision(
         "format",
         "how",
         "val accuracy",
-        "train step",
+        "train step (median ±spread)",
         f"inference, batch {result['latency_batch']} (median ±spread)",
         "model",
         "saved activations",
@@ -67,8 +69,8 @@ def precision(
             row["format"],
             row["kind"],
             f"{100 * row['val_accuracy']:.1f}%",
-            _ms(row["train_step_s"]),
-            _latency(row),
+            _timed(row, "train_step"),
+            _timed(row, "latency"),
             binary_bytes(row["model_bytes"]),
             binary_bytes(activations) if activations else "-",
         )
