@@ -8,6 +8,7 @@ from pathlib import Path
 from dlscale.api import train
 from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
+from dlscale.bench.precision import LATENCY_BATCH
 from dlscale.hardware import Hardware
 from dlscale.jobspec import load_spec
 from dlscale.train.run_folder import new_run_dir
@@ -162,11 +163,19 @@ def write_outputs(name: str, result: dict, out: Path | None) -> tuple[Path, Path
     return write(name, result, out)
 
 
-def bench_precision(spec_path: str | Path, steps: int | None) -> dict:
-    """fp32, bf16 (fp16 on a GPU) and int8 after training, side by side (`bench precision`)."""
+def bench_precision(
+    spec_path: str | Path, steps: int | None, latency_batch: int = LATENCY_BATCH
+) -> dict:
+    """fp32, bf16 (fp16 on a GPU) and int8 after training, side by side (`bench precision`);
+    inference latency timed on a batch of `latency_batch` validation samples."""
     from dlscale.bench.precision import run_precision_bench
 
-    return run_precision_bench(spec_path, steps)
+    return run_precision_bench(spec_path, steps, latency_batch)
+
+
+def default_latency_batch() -> int:
+    """The samples in the batch `bench precision` times a forward of unless told."""
+    return LATENCY_BATCH
 
 
 def bench_sparsity(

@@ -1,13 +1,19 @@
 """`dlscale bench precision SPEC`: the same model trained at fp32 and bf16 (fp16 and tf32 on a GPU),
 and the fp32 model quantized to int8 after training, measured side by side.
 
-Each trained format: final validation accuracy, median training step, median inference latency
-of one batch, the model's bytes (its state dict as saved) and the activations a training step
-saves (the profiler's count at that precision). Post-training int8 quantization with torch's
+Each trained format: final validation accuracy, median training step, inference latency of one
+batch of `--latency-batch` validation samples (the median of rounds, with their spread), the
+model's bytes (its state dict as saved) and the activations a training step saves (the
+profiler's count at that precision). Post-training int8 quantization with torch's
 `torch.ao.quantization` on the CPU: dynamic (Linear weights int8, activations quantized on the
 fly: `quantize_dynamic`) and static (weights and activations int8, calibrated on training
 batches: FX graph mode with the x86 backend's default mapping), each evaluated for accuracy,
 latency and bytes. A format that cannot be applied to the model says why instead of a figure.
+
+Every latency is timed after all the training, one format after another, so that a change of
+the machine's load between formats' training runs does not enter their ratio. A latency whose
+rounds never agreed within NOISY_SPREAD is marked noisy, and so is a training step whose steps
+spread over STEP_NOISY_SPREAD; no comparison is drawn from a noisy figure.
 """
 
 from __future__ import annotations
@@ -15,20 +21,30 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
+import os
 import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from dlscale.bench import io_verdict
 from dlscale.errors import UserError, one_line
 from dlscale.jobspec import SingleStrategy, Spec, load_spec
+from dlscale.profiler.calibrate import STABLE_SPREAD, seconds_per_call, spread_log
 from dlscale.train.device import autocast, resolve_device
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate
 
-SCHEMA = "dlscale.bench.precision/1"
+SCHEMA = "dlscale.bench.precision/2"
 LATENCY_TIME_S = 0.3  # timing one forward: at least this long, in rounds
+LATENCY_BATCH = 32  # samples in the batch whose forward is timed, unless --latency-batch says
+# A latency whose last rounds still differ by more than this (max / min − 1) after the most
+# rounds the calibration runs was timed while the load changed: the calibration's own bar.
+NOISY_SPREAD = STABLE_SPREAD
+# Training steps are timed one by one: their 10th to 90th percentile, against the bar `bench io`
+# holds repeated steps to.
+STEP_NOISY_SPREAD = io_verdict.NOISY_SPREAD
 CALIBRATION_BATCHES = 8
 
 
@@ -42,13 +58,42 @@ def model_bytes(model: nn.Module) -> int:
 def latency_s(model: nn.Module, x: torch.Tensor, device, precision: str) -> float:
     """Seconds of one forward of `x` (inference: no gradients), timed as the calibration times
     its probes (stable median of rounds, after warm-up)."""
-    from dlscale.profiler.calibrate import seconds_per_call
+    return latency(model, x, device, precision)["latency_s"]
+
+
+def latency(model: nn.Module, x: torch.Tensor, device, precision: str) -> dict:
+    """One forward of `x` timed in rounds: the median round's seconds, the rounds' spread
+    (max / min − 1 of the last ones, as the calibration logs it) and whether that is noisy."""
 
     def forward() -> None:
         with torch.no_grad(), autocast(device, precision):
             model(x)
 
-    return seconds_per_call(forward, device, LATENCY_TIME_S)
+    median_s = seconds_per_call(forward, device, LATENCY_TIME_S)
+    spread = spread_log()[-1]  # the rounds just timed
+    return {"latency_s": median_s, "latency_spread": spread, "latency_noisy": spread > NOISY_SPREAD}
+
+
+def step_spread(step_times: list[float]) -> dict:
+    """The training steps' spread (90th over 10th percentile, less 1) and whether it is noisy."""
+    if not step_times:
+        return {"train_step_spread": None, "train_step_noisy": False}
+    spread = io_verdict.relative_spread(step_times)
+    return {"train_step_spread": spread, "train_step_noisy": spread > STEP_NOISY_SPREAD}
+
+
+def latency_input(loader, samples: int) -> torch.Tensor:
+    """The first `samples` validation inputs as one batch: the validation loader's batches are
+    at least 256 samples, which is not the batch a latency is stated for."""
+    parts, have = [], 0
+    for batch in loader:
+        parts.append(batch[0][: samples - have])
+        have += len(parts[-1])
+        if have == samples:
+            return torch.cat(parts)
+    raise UserError(
+        f"--latency-batch {samples}: the validation set has only {have} samples; ask for fewer"
+    )
 
 
 def cpu_has_bf16_units() -> bool:
@@ -70,37 +115,47 @@ def saved_activation_bytes(spec_path: str | Path, precision: str) -> int | None:
         return None
 
 
-def run_precision_bench(spec_path: str | Path, steps: int | None) -> dict:
+def run_precision_bench(
+    spec_path: str | Path, steps: int | None, latency_batch: int = LATENCY_BATCH
+) -> dict:
     spec = load_spec(spec_path)
     if steps is not None and steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
+    if latency_batch < 1:
+        raise UserError(f"--latency-batch: must be a positive integer (got {latency_batch})")
     device = resolve_device(spec.device)
     formats = ["fp32", "bf16"] + (["fp16", "tf32"] if device.type == "cuda" else [])
-    rows, fp32 = [], None
+    rows, timed, fp32, x = [], [], None, None
     with tempfile.TemporaryDirectory() as scratch:
         for name in formats:
             # tf32 (a GPU's): fp32 values, matrix products on Tensor Cores at 10-bit mantissas.
             precision = "fp32" if name == "tf32" else name
             with _tf32(name == "tf32"):
                 trainer = _trainer(spec, steps, precision, Path(scratch) / name)
+                if x is None:  # too few validation samples: one line before any training
+                    x = latency_input(trainer.val_loader, latency_batch)
                 record = trainer.run()
-                x = next(iter(trainer.val_loader))[0].to(device)
-                model = trainer.module.eval()
-                latency = latency_s(model, x, device, precision)
-            rows.append(
-                {
-                    "format": name,
-                    "kind": "trained",
-                    "val_accuracy": record["final"]["val_accuracy"],
-                    "train_step_s": record["final"]["median_step_s"],
-                    "latency_s": latency,
-                    "model_bytes": model_bytes(model),
-                    "activation_bytes": saved_activation_bytes(spec_path, precision),
-                }
-            )
+            model = trainer.module.eval()
+            row = {
+                "format": name,
+                "kind": "trained",
+                "val_accuracy": record["final"]["val_accuracy"],
+                "train_step_s": record["final"]["median_step_s"],
+                **step_spread(trainer.history.timing.step_times),
+                "model_bytes": model_bytes(model),
+                "activation_bytes": saved_activation_bytes(spec_path, precision),
+            }
+            rows.append(row)
+            timed.append((row, model, device, precision, name == "tf32"))
             if name == "fp32":
                 fp32 = trainer
-        rows += _quantized(fp32)
+        quantized = _quantized(fp32)
+    rows += [row for row, _model in quantized]
+    timed += [(row, model, torch.device("cpu"), "fp32", False) for row, model in quantized if model]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    for row, model, on, precision, tf32 in timed:
+        with _tf32(tf32):
+            row.update(latency(model, x.to(on), on, precision))
     return {
         "schema": SCHEMA,
         "spec": str(spec_path),
@@ -108,6 +163,11 @@ def run_precision_bench(spec_path: str | Path, steps: int | None) -> dict:
         "device": str(device),
         "steps": fp32.plan.total_steps,
         "batch_size": spec.batch_size,
+        "latency_batch": len(x),
+        "noisy_spread": NOISY_SPREAD,
+        "step_noisy_spread": STEP_NOISY_SPREAD,
+        "noisy": any(row.get("latency_noisy") or row.get("train_step_noisy") for row in rows),
+        "load_average_1m": load,
         "cpu_bf16_units": cpu_has_bf16_units() if device.type == "cpu" else None,
         "rows": rows,
         "notes": _notes(rows, device),
@@ -132,27 +192,28 @@ def _trainer(spec: Spec, steps: int | None, precision: str, run_dir: Path) -> Tr
     return Trainer(spec.model_copy(update=changes), run_dir)
 
 
-def _quantized(trainer: Trainer) -> list[dict]:
-    """int8 after training: dynamic, then static (FX), each on the CPU."""
+def _quantized(trainer: Trainer) -> list[tuple[dict, nn.Module | None]]:
+    """int8 after training: dynamic, then static (FX), each on the CPU; each row with its model
+    (None where torch could not quantize it) for the latency timed later."""
     cpu = torch.device("cpu")
     fp32 = copy.deepcopy(trainer.module).to(cpu).eval()
-    x = next(iter(trainer.val_loader))[0]
     found = []
     for kind, make in (("int8 dynamic", _dynamic), ("int8 static", _static)):
-        row = {"format": kind, "kind": "post-training"}
+        row, model = {"format": kind, "kind": "post-training"}, None
         try:
             model = make(fp32, trainer)
             _loss, accuracy = evaluate(model, trainer.val_loader, cpu, "fp32")
             row.update(
                 val_accuracy=accuracy,
                 train_step_s=None,
-                latency_s=latency_s(model, x, cpu, "fp32"),
+                **step_spread([]),
                 model_bytes=model_bytes(model),
                 activation_bytes=None,
             )
         except Exception as exc:  # a model torch cannot quantize this way: say why, go on
             row["error"] = f"{type(exc).__name__}: {one_line(exc)}"[:300]
-        found.append(row)
+            model = None
+        found.append((row, model))
     return found
 
 
@@ -181,12 +242,16 @@ def _static(model: nn.Module, trainer: Trainer) -> nn.Module:
 
 
 def _notes(rows: list[dict], device) -> list[str]:
-    """Plain statements of what was faster or smaller than fp32, and why where it is slower."""
+    """Plain statements of what was faster or smaller than fp32, and why where it is slower;
+    a ratio of times only where neither time is noisy."""
     notes = []
     by = {row["format"]: row for row in rows if "latency_s" in row}
     fp32 = by.get("fp32")
     if fp32 is None:
         return notes
+    noisy = _noise(by)
+    if noisy:
+        notes.append(noisy)
     emulated = device.type == "cpu" and not cpu_has_bf16_units()
     why = (
         "this CPU has no bf16 arithmetic (no AVX-512 BF16 or AMX): bf16 values are converted "
@@ -198,13 +263,39 @@ def _notes(rows: list[dict], device) -> list[str]:
     for name, row in by.items():
         if name == "fp32":
             continue
-        latency = row["latency_s"] / fp32["latency_s"]
+        compared = not (row["latency_noisy"] or fp32["latency_noisy"])
+        latency = row["latency_s"] / fp32["latency_s"] if compared else None
         size = row["model_bytes"] / fp32["model_bytes"]
-        line = f"{name}: {latency:.2f}× fp32's inference latency, {size:.2f}× its bytes"
-        if row.get("train_step_s") and fp32.get("train_step_s"):
-            line += f", {row['train_step_s'] / fp32['train_step_s']:.2f}× its training step"
-        slower = latency > 1 or (row.get("train_step_s") or 0) > (fp32.get("train_step_s") or 0)
+        line = f"{name}: {size:.2f}× fp32's bytes"
+        if latency is not None:
+            line = f"{name}: {latency:.2f}× fp32's inference latency, {size:.2f}× its bytes"
+        step = None
+        quiet = not (row["train_step_noisy"] or fp32["train_step_noisy"])
+        if row.get("train_step_s") and fp32.get("train_step_s") and quiet:
+            step = row["train_step_s"] / fp32["train_step_s"]
+            line += f", {step:.2f}× its training step"
+        slower = (latency or 0) > 1 or (step or 0) > 1
         if name in ("bf16", "fp16") and slower:
             line += f"; slower where above 1: {why}"
         notes.append(line)
     return notes
+
+
+def _noise(by: dict[str, dict]) -> str | None:
+    """Which times were too noisy to compare, or None."""
+    latencies = [name for name, row in by.items() if row["latency_noisy"]]
+    steps = [name for name, row in by.items() if row["train_step_noisy"]]
+    parts = []
+    if latencies:
+        parts.append(f"the latency rounds of {', '.join(latencies)} spread over {NOISY_SPREAD:.0%}")
+    if steps:
+        parts.append(
+            f"the training steps of {', '.join(steps)} over {STEP_NOISY_SPREAD:.0%} (10th to "
+            "90th percentile)"
+        )
+    if not parts:
+        return None
+    return (
+        f"noisy: {'; '.join(parts)}: the machine's load changed while they were timed, and no "
+        "ratio is drawn from them"
+    )

@@ -121,7 +121,7 @@ def plot_precision(figure: Figure, result: dict) -> None:
     panels = figure.subplots(1, 3)
     for axes, key, label, scale in (
         (panels[0], "val_accuracy", "validation accuracy (%)", 100),
-        (panels[1], "latency_s", "inference latency of one batch (ms)", 1e3),
+        (panels[1], "latency_s", f"inference, batch {result['latency_batch']} (ms, median)", 1e3),
         (panels[2], "model_bytes", "model (KiB)", 1 / 1024),
     ):
         colours = ["#4c72b0" if r["kind"] == "trained" else "#dd8452" for r in rows]
@@ -129,9 +129,10 @@ def plot_precision(figure: Figure, result: dict) -> None:
         axes.set_ylabel(label)
         axes.tick_params(axis="x", labelrotation=20)
         finish_axes(axes)
+    noisy = [row["format"] for row in rows if row["latency_noisy"]]
     figure.suptitle(
         f"{result['model']}: formats on {result['device']} (blue: trained, orange: "
-        "quantized after training)"
+        "quantized after training)" + (f"; latency noisy: {', '.join(noisy)}" if noisy else "")
     )
 
 

@@ -21,18 +21,31 @@ def _ms(value) -> str:
     return "-" if value is None else f"{value * 1e3:.2f} ms"
 
 
+def _timed(row: dict, key: str) -> str:
+    """A median time and its spread, marked where the spread is too wide to trust."""
+    if row[f"{key}_s"] is None or row[f"{key}_spread"] is None:
+        return _ms(row[f"{key}_s"])
+    text = f"{_ms(row[f'{key}_s'])} ±{row[f'{key}_spread']:.0%}"
+    return text + " noisy" if row[f"{key}_noisy"] else text
+
+
 @user_errors
 def precision(
     spec: Path = typer.Argument(..., help="Job spec (YAML): its model, data and optimizer."),
     steps: int | None = typer.Option(
         None, "--steps", help="Training steps per format (default: the spec's length)."
     ),
+    latency_batch: int = typer.Option(
+        bench.default_latency_batch(),
+        "--latency-batch",
+        help="Validation samples in the batch whose inference latency is timed.",
+    ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """The model trained at fp32 and bf16 (fp16 on a GPU), and quantized to int8 after
     training: accuracy, latency, model and activation bytes."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    result = bench.bench_precision(spec, steps)
+    result = bench.bench_precision(spec, steps, latency_batch)
     table = Table(
         title=f"{result['model']}: number formats on {result['device']}, "
         f"{result['steps']} training steps"
@@ -41,8 +54,8 @@ def precision(
         "format",
         "how",
         "val accuracy",
-        "train step",
-        "inference",
+        "train step (median ±spread)",
+        f"inference, batch {result['latency_batch']} (median ±spread)",
         "model",
         "saved activations",
     ):
@@ -56,8 +69,8 @@ def precision(
             row["format"],
             row["kind"],
             f"{100 * row['val_accuracy']:.1f}%",
-            _ms(row["train_step_s"]),
-            _ms(row["latency_s"]),
+            _timed(row, "train_step"),
+            _timed(row, "latency"),
             binary_bytes(row["model_bytes"]),
             binary_bytes(activations) if activations else "-",
         )

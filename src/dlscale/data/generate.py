@@ -9,14 +9,15 @@ samples however far a run got, and no chunk depends on the previous one's state.
 from __future__ import annotations
 
 import math
+import mmap
 from collections.abc import Iterator
 
 import numpy as np
 
 from dlscale.data.synthetic import IMAGE_NOISE_HALF_WIDTH
 
-# About 4 MiB of uint8 samples a chunk (16 MiB of float32 while drawing): large enough that numpy
-# works in bulk, small against any data set worth converting.
+# About 4 MiB of uint8 samples a chunk (and two 16 MiB float32 buffers to draw it in): large
+# enough that numpy works in bulk, small against any data set worth converting.
 CHUNK_BYTES = 4 * 2**20
 PIXEL_LEVELS = 255  # uint8: 0..255
 
@@ -36,14 +37,34 @@ def synthetic_image_chunks(
     # pair, so chunk generators never share a stream with each other or with the prototypes.
     prototypes = np.random.default_rng([seed, 0]).random((num_classes, *shape), np.float32)
     per_chunk = chunk_samples(shape)
+    # Peak memory must not grow with the number of chunks. Once glibc has freed one large block
+    # it serves blocks of that size from its heap instead of fresh pages (its mmap threshold
+    # rises), and a heap that chunk-sized blocks come and go from, between the encoder's small
+    # allocations, grows: 24 chunks of 3×64×64 peaked 8–16 MiB above 3 chunks (0.2–0.6 MiB with
+    # the threshold held by MALLOC_MMAP_THRESHOLD_). So every chunk is drawn into the same two
+    # float32 buffers, allocated once, and each uint8 chunk handed out gets pages of its own
+    # (mapped_uint8), unmapped when the consumer lets go of it.
+    buffer = np.empty((min(per_chunk, num_samples), *shape), np.float32)  # (n, *shape)
+    chosen = np.empty_like(buffer)  # the prototype of each sample's class
     for chunk in range(start // per_chunk, -(-num_samples // per_chunk)):
         first = chunk * per_chunk
         count = min(per_chunk, num_samples - first)
         rng = np.random.default_rng([seed, 1, chunk])
         y = rng.integers(num_classes, size=count, dtype=np.int64)  # (n,)
-        x = rng.random((count, *shape), np.float32)  # (n, *shape) in [0, 1)
+        x = rng.random(dtype=np.float32, out=buffer[:count])  # (n, *shape) in [0, 1)
         # Uniform noise in ±half width, in place: float32 throughout, no float64 temporaries.
         x *= 2 * IMAGE_NOISE_HALF_WIDTH
-        x += prototypes[y] - IMAGE_NOISE_HALF_WIDTH
+        np.take(prototypes, y, axis=0, out=chosen[:count])
+        chosen[:count] -= IMAGE_NOISE_HALF_WIDTH
+        x += chosen[:count]
         np.clip(x, 0.0, 1.0, out=x)
-        yield first, np.rint(x * PIXEL_LEVELS).astype(np.uint8), y
+        x *= PIXEL_LEVELS
+        stored = mapped_uint8(x.shape)
+        np.copyto(stored, np.rint(x, out=x), casting="unsafe")  # exact integers 0..255
+        yield first, stored, y
+
+
+def mapped_uint8(shape: tuple[int, ...]) -> np.ndarray:
+    """A uint8 array of `shape` in pages of its own (an anonymous mapping), given back to the
+    system when its last view is dropped, never left behind as a hole in the C heap."""
+    return np.frombuffer(mmap.mmap(-1, math.prod(shape)), np.uint8).reshape(shape)

@@ -151,11 +151,12 @@ def _is_image(x: torch.Tensor) -> bool:
 
 
 def _check_generation_memory(shape: list[int], num_classes: int) -> None:
-    """Generating holds the class prototypes and a chunk of at least one sample as float32
-    (data/generate.py), however many samples are written."""
-    values = (num_classes + chunk_samples(shape)) * math.prod(shape)
+    """Generating holds the class prototypes and two chunks of at least one sample as float32,
+    and the chunk as uint8 (data/generate.py), however many samples are written."""
+    chunk = chunk_samples(shape) * math.prod(shape)
+    needed = 4 * (num_classes * math.prod(shape) + 2 * chunk) + chunk
     shown = ",".join(str(d) for d in shape)
-    check_fits_in_memory(4 * values, f"synthetic: --shape {shown} and {num_classes} classes")
+    check_fits_in_memory(needed, f"synthetic: --shape {shown} and {num_classes} classes")
 
 
 def _stored(x: torch.Tensor, as_images: bool) -> np.ndarray:
