@@ -20,8 +20,9 @@ DEFAULT_OP_OVERHEAD_S = {"cpu": 5e-6, "gpu": 8e-6, "tpu": 10e-6}
 # host work, and after the loss read-back (which waits for the device every step) the device's
 # queue is empty until the next step's first launch, so on an accelerator it overlaps nothing:
 # it adds in full. `bench machine` measures it (`loop_step_s`); this default is the figure it
-# measured on the 2-core development machine (Intel Xeon, torch 2.x, 2026-11-27: 0.1–0.2 ms),
-# rounded up, taken as the cost of the same Python on any host core.
+# measured on the 2-core development machine (AMD EPYC, torch 2.13, one thread, 2026-11-27:
+# 0.1–0.3 ms at a load average near 2, 0.3–1.0 ms at 4–7), its quieter figure rounded, taken as
+# the cost of the same Python on any host core.
 DEFAULT_STEP_OVERHEAD_S = {"cpu": 2e-4, "gpu": 2e-4, "tpu": 2e-4}
 
 
