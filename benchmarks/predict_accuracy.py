@@ -1,107 +1,236 @@
-"""Roofline prediction vs measured training step time on this machine (`local`), per workload.
+"""Roofline prediction vs measured training step on this machine (`local`): every zoo model and
+Hugging Face GPT-2 and BERT, three batch sizes each.
 
-A round: measure the machine (`bench machine`: matmul FLOP/s, memory bandwidth, per-op overhead,
-convolution and attention rates), then for mlp, lenet, resnet18 and gpt at two batch sizes each,
-time real training steps on synthetic data of the same shape and take predicted / measured.
-Rounds repeat the whole (calibration and measurement side by side each time), since this shared
-machine's speed drifts by tens of percent within minutes; each workload's figure is its median
-ratio over the rounds, printed beside every round's, and the spread of its measured step across
-rounds (max / min), which shows how far the machine moved under the same workload. Goal: every
-median ratio in 0.7–1.3.
+A round: measure the machine (`bench machine --quick` unless --full-machine: matmul curve,
+bandwidth, per-op cost, dlscale's loop per step, convolution and attention rates, elementwise
+shares), then for every workload train real steps through dlscale's own loop (`Trainer.run_epoch`
+on seeded synthetic data of the model's input shape; each step's time as the loop records it,
+the median after warm-up) and take predicted / measured. Rounds repeat the whole (calibration and
+measurement side by side each time), since this shared machine's speed drifts by tens of percent
+within minutes; each workload's figure is its median ratio over the rounds, printed beside every
+round's, and the spread of its measured step across rounds (max / min). The load average is
+printed with every round. Goal: every median ratio within 0.8–1.2.
 
-    .venv/bin/python benchmarks/predict_accuracy.py [--rounds 3] [--quick-machine] [--steps 10]
+Image models run at reduced inputs (64×64; VGG at 32×32) and GPT-2/BERT at
+reduced sizes (benchmarks/hf_lm.py), so that a round takes minutes on two cores.
+
+    .venv/bin/python benchmarks/predict_accuracy.py [--rounds 2] [--quick] [--models mlp,gpt2]
+        [--full-machine] [--threads 1] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from dlscale import profiler
-from dlscale.bench.batch import synthetic_spec
 from dlscale.bench.machine import machine_hardware, run_machine_bench
-from dlscale.profiler.estimate import measure_steps
+from dlscale.jobspec import parse_spec
 from dlscale.profiler.target import resolve
 from dlscale.train.loop import Trainer
 
-GOAL = (0.7, 1.3)
-# (model, kwargs, one sample's shape, token input?, two batch sizes)
-WORKLOADS = [
-    ("mlp", {"hidden": [512, 256]}, [784], False, (32, 256)),
-    ("lenet", {}, [1, 28, 28], False, (32, 256)),
-    ("resnet18", {"num_classes": 10}, [3, 64, 64], False, (8, 32)),
-    ("gpt", {}, [64], True, (8, 32)),
+GOAL = (0.8, 1.2)
+IMAGE, LM, SEQUENCE = "image", "language_modeling", "classification"
+
+
+@dataclass(frozen=True)
+class Case:
+    label: str
+    model: str  # a zoo name or package.module:factory
+    shape: list[int]  # one sample
+    data: str  # IMAGE | LM (tokens, next-token targets) | SEQUENCE (tokens, one class)
+    batches: tuple[int, int, int]
+    kwargs: dict = field(default_factory=dict)
+
+
+CASES = [
+    Case("mlp", "mlp", [784], IMAGE, (32, 128, 512)),
+    Case("lenet", "lenet", [1, 28, 28], IMAGE, (32, 128, 512)),
+    Case("alexnet", "alexnet", [3, 64, 64], IMAGE, (4, 8, 16), {"num_classes": 10}),
+    Case("alexnet_2gpu", "alexnet_2gpu", [3, 64, 64], IMAGE, (4, 8, 16), {"num_classes": 10}),
+    Case("vgg11", "vgg11", [3, 32, 32], IMAGE, (2, 4, 8), {"num_classes": 10}),
+    Case("vgg16", "vgg16", [3, 32, 32], IMAGE, (2, 4, 8), {"num_classes": 10}),
+    Case("resnet18", "resnet18", [3, 64, 64], IMAGE, (4, 8, 16), {"num_classes": 10}),
+    Case("resnet50", "resnet50", [3, 64, 64], IMAGE, (2, 4, 8), {"num_classes": 10}),
+    Case("gpt", "gpt", [64], LM, (8, 16, 32), {"vocab_size": 256}),
+    Case("lstm", "lstm", [64], SEQUENCE, (8, 32, 128), {"vocab_size": 256}),
+    Case("gpt2", "hf_lm:gpt2", [64], LM, (1, 2, 4)),
+    Case("bert", "hf_lm:bert", [64], LM, (1, 2, 4)),
 ]
 
 
-def measure_round(args) -> list[tuple[str, float, float]]:
-    """One round: measure the machine, then each workload: (label, measured s, predicted s)."""
-    local = machine_hardware(run_machine_bench(quick=args.quick_machine))
-    print(
-        f"local: fp32 {local.peak_flops['fp32'] / 1e9:,.1f} GFLOP/s, "
-        f"{local.memory_bandwidth_bytes_per_s / 1e9:,.1f} GB/s, "
-        f"op overhead {local.overhead_per_op_s * 1e6:.1f} µs"
+def spec_for(case: Case, batch: int, steps: int):
+    """`steps` steps of `case` at `batch` on seeded synthetic data shaped like its input."""
+    if case.data == IMAGE:
+        data = {"name": "synthetic", "shape": case.shape, "num_classes": 10}
+    else:
+        data = {
+            "name": "synthetic",
+            "kind": "tokens",
+            "task": case.data,
+            "seq_len": case.shape[0],
+            "vocab_size": 256,
+            "num_classes": 10,
+        }
+    data["num_samples"] = 2 * batch * steps  # the reader keeps a fifth aside for validation
+    return parse_spec(
+        {
+            "name": f"accuracy-{case.label}",
+            "model": {"name": case.model, "kwargs": case.kwargs},
+            "data": data,
+            "batch_size": batch,
+            "steps": steps,
+            "device": "cpu",
+        }
     )
-    print(f"  {'workload':<20} {'measured':>10} {'predicted':>10} {'ratio':>6}")
+
+
+def measured_step_s(case: Case, batch: int, warmup: int, steps: int) -> float:
+    """The median step of dlscale's loop, as it records each step, after `warmup` steps."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(spec_for(case, batch, warmup + steps), Path(scratch))
+        trainer.run_epoch(0)
+        records = trainer.history.steps.records[warmup:]
+    return statistics.median(record["step_s"] for record in records)
+
+
+def predicted(case: Case, batch: int, local):
+    tokens = case.data != IMAGE
+    workload = resolve(case.model, batch, case.shape, "fp32", "adam", tokens, case.kwargs)
+    return profiler.profile(workload, [local]).reports[0].prediction
+
+
+def measure_round(cases: list[Case], args) -> list[dict]:
+    """One round: measure the machine, then each case at each batch."""
+    load = os.getloadavg()
+    print(
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} torch threads"
+    )
+    start = time.perf_counter()
+    local = machine_hardware(run_machine_bench(quick=not args.full_machine))
+    print(
+        f"local ({time.perf_counter() - start:.0f} s): fp32 "
+        f"{local.peak_flops['fp32'] / 1e9:,.1f} GFLOP/s, "
+        f"{local.memory_bandwidth_bytes_per_s / 1e9:,.1f} GB/s, "
+        f"op {local.overhead_per_op_s * 1e6:.1f} µs, loop {local.overhead_per_step_s * 1e3:.3f} ms"
+        f", spread {local.measured['spread']['median']:.0%}"
+    )
+    print(f"  {'workload':<22} {'measured':>10} {'predicted':>10} {'ratio':>6}  parts")
     found = []
-    for model, kwargs, shape, tokens, batches in WORKLOADS:
-        for batch in batches:
-            spec = synthetic_spec(model, kwargs, shape, tokens, batch, batch * 40, "cpu")
-            with tempfile.TemporaryDirectory() as scratch:
-                trainer = Trainer(spec, Path(scratch))
-                times = sorted(measure_steps(trainer, warmup=3, steps=args.steps))
-            measured = times[len(times) // 2]
-            workload = resolve(model, batch, shape, "fp32", "adam", tokens, kwargs)
-            predicted = profiler.profile(workload, [local]).reports[0].prediction.step_s
-            label = f"{model} batch {batch}"
+    for case in cases:
+        for batch in case.batches:
+            measured = measured_step_s(case, batch, args.warmup, args.steps)
+            prediction = predicted(case, batch, local)
+            sources = prediction.phase_sources()
+            row = {
+                "label": f"{case.label} batch {batch}",
+                "measured_s": measured,
+                "predicted_s": prediction.step_s,
+                "loop_s": prediction.loop_s,
+                "optimizer_s": prediction.optimizer_s,
+                "roofline_phases": sources["roofline"],
+                "phases": sources["roofline"] + sources["measured"],
+            }
             print(
-                f"  {label:<20} {measured * 1e3:>8.2f}ms {predicted * 1e3:>8.2f}ms "
-                f"{predicted / measured:>6.2f}"
+                f"  {row['label']:<22} {measured * 1e3:>8.2f}ms {prediction.step_s * 1e3:>8.2f}ms "
+                f"{prediction.step_s / measured:>6.2f}  loop {prediction.loop_s * 1e3:.2f} ms, "
+                f"optimizer {prediction.optimizer_s * 1e3:.2f} ms, roofline phases "
+                f"{row['roofline_phases']}/{row['phases']}"
             )
-            found.append((label, measured, predicted))
+            found.append(row)
     return found
+
+
+def summary(rounds: list[list[dict]]) -> list[dict]:
+    """Per workload over the rounds: median measured and predicted, drift, median ratio."""
+    rows = []
+    for index, first in enumerate(rounds[0]):
+        found = [each[index] for each in rounds]
+        measured = [row["measured_s"] for row in found]
+        ratios = [row["predicted_s"] / row["measured_s"] for row in found]
+        rows.append(
+            {
+                "label": first["label"],
+                "measured_s": statistics.median(measured),
+                "measured_max_over_min": max(measured) / min(measured),
+                "predicted_s": statistics.median(row["predicted_s"] for row in found),
+                "ratio": statistics.median(ratios),
+                "ratios": ratios,
+                "roofline_phases": first["roofline_phases"],
+                "phases": first["phases"],
+            }
+        )
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        "\n| workload | measured | measured max/min | predicted | ratio | ratios by round |"
+        "\n|---|---|---|---|---|---|"
+    )
+    for row in rows:
+        outside = not GOAL[0] <= row["ratio"] <= GOAL[1]
+        ratio = f"**{row['ratio']:.2f}**" if outside else f"{row['ratio']:.2f}"
+        print(
+            f"| {row['label']} | {row['measured_s'] * 1e3:.2f} ms | "
+            f"{row['measured_max_over_min']:.2f} | {row['predicted_s'] * 1e3:.2f} ms | {ratio} | "
+            f"{' '.join(f'{r:.2f}' for r in row['ratios'])} |"
+        )
+    inside = sum(GOAL[0] <= row["ratio"] <= GOAL[1] for row in rows)
+    every = [r for row in rows for r in row["ratios"]]
+    print(
+        f"\n{inside}/{len(rows)} median ratios within {GOAL[0]}–{GOAL[1]} (medians "
+        f"{min(r['ratio'] for r in rows):.2f}–{max(r['ratio'] for r in rows):.2f}; single rounds "
+        f"{sum(GOAL[0] <= r <= GOAL[1] for r in every)}/{len(every)} within)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick-machine", action="store_true", help="quick machine bench")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per workload")
-    parser.add_argument("--rounds", type=int, default=3, help="machine bench + workloads, repeated")
+    parser.add_argument("--rounds", type=int, default=2, help="machine bench + workloads, repeated")
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per workload")
+    parser.add_argument("--warmup", type=int, default=3, help="steps before the timed ones")
+    parser.add_argument("--quick", action="store_true", help="4 timed steps after 2 warm-up")
+    parser.add_argument("--models", default="", help="comma-separated labels (default: all)")
+    parser.add_argument("--full-machine", action="store_true", help="full machine bench")
+    parser.add_argument("--json", type=Path, help="write every round's rows here")
+    parser.add_argument(
+        "--threads", type=int, help="torch threads for calibration and training alike"
+    )
     args = parser.parse_args()
-    if args.rounds < 1 or args.steps < 1:
-        parser.error("--rounds and --steps must be at least 1")
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.steps, args.warmup = 4, 2
+    if args.rounds < 1 or args.steps < 1 or args.warmup < 0:
+        parser.error("--rounds and --steps must be at least 1, --warmup not negative")
+    wanted = [name for name in args.models.split(",") if name]
+    unknown = set(wanted) - {case.label for case in CASES}
+    if unknown:
+        parser.error(f"unknown models {sorted(unknown)}; known: {[c.label for c in CASES]}")
+    cases = [case for case in CASES if not wanted or case.label in wanted]
 
     rounds = []
     for number in range(1, args.rounds + 1):
         print(f"round {number}")
-        rounds.append(measure_round(args))
-    print(
-        f"\n{'workload':<20} {'median measured':>16} {'measured max/min':>17} "
-        f"{'median predicted':>17} {'median ratio':>13}  ratios by round"
-    )
-    medians = []
-    for index, (label, _, _) in enumerate(rounds[0]):
-        rows = [found[index] for found in rounds]
-        ratios = [predicted / measured for _, measured, predicted in rows]
-        ratio = statistics.median(ratios)
-        medians.append(ratio)
-        steps = [measured for _, measured, _ in rows]
-        spread = max(steps) / min(steps)  # the same step, minutes apart: the machine's drift
-        predicted = statistics.median(predicted for _, _, predicted in rows)
-        by_round = " ".join(f"{r:.2f}" for r in ratios)
-        print(
-            f"{label:<20} {statistics.median(steps) * 1e3:>14.2f}ms {spread:>17.2f} "
-            f"{predicted * 1e3:>15.2f}ms {ratio:>13.2f}  {by_round}"
-        )
-    inside = sum(GOAL[0] <= r <= GOAL[1] for r in medians)
-    every = [predicted / measured for found in rounds for _, measured, predicted in found]
-    print(
-        f"{inside}/{len(medians)} median ratios within ±30% "
-        f"(medians {min(medians):.2f}–{max(medians):.2f}; single rounds {min(every):.2f}–"
-        f"{max(every):.2f}, {sum(GOAL[0] <= r <= GOAL[1] for r in every)}/{len(every)} within)"
-    )
+        rounds.append(measure_round(cases, args))
+        if args.json:  # kept after every round: a long run stopped early still has its rounds
+            args.json.write_text(json.dumps({"rounds": rounds}, indent=1))
+    rows = summary(rounds)
+    print_table(rows)
+    if args.json:
+        args.json.write_text(json.dumps({"rounds": rounds, "summary": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -75,6 +75,11 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Pat
     # autograd and the optimizer, so it is dearer than a bare dispatch.
     assert local.op_overhead_s == pytest.approx(result["training_op_overhead_s"])
     assert local.op_overhead_s > result["op_overhead_s"]["add_s"]
+    # dlscale's own loop per step: a real epoch of a tiny model less its bare steps, added to
+    # every step predicted on the entry.
+    loop = result["loop"]
+    assert loop["probe_step_s"] > 0 and loop["bare_step_s"] > 0 and loop["loop_step_s"] >= 0
+    assert local.overhead_per_step_s == pytest.approx(loop["loop_step_s"])
     assert local.compute_efficiency == 1.0 and local.memory_efficiency == 1.0
     assert local.memory_bytes == result["memory_bytes"]
     fp32_at_64 = next(r for r in result["matmul"] if (r["precision"], r["size"]) == ("fp32", 64))
@@ -105,6 +110,11 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Pat
     profiled = profile(ProfileRequest("lenet", hardware=("local",)))
     shown = profile_json(profiled)["hardware"][0]
     assert shown["step_spread"] == pytest.approx(result["spread"]["median"])
+    assert shown["loop_s"] == pytest.approx(loop["loop_step_s"])
+    parts = ("forward_s", "backward_s", "optimizer_s", "h2d_s", "loop_s")
+    assert shown["step_s"] == pytest.approx(sum(shown[part] for part in parts))
+    # LeNet's products run on the measured matmul and conv curves: measured phases are counted.
+    assert shown["phase_sources"]["measured"] > 0
 
     link = {f"{m}_{d}_bytes_per_s": 1e10 for m in ("pinned", "pageable") for d in ("h2d", "d2h")}
     link["pinned_h2d_bytes_per_s"] = 2.5e10

@@ -54,6 +54,12 @@ def machine_result(readings: dict) -> dict:
         "bandwidth": {"tensor_bytes": 2**26, "copy_bytes_per_s": 1e10, "triad_bytes_per_s": 1e10},
         "host_link": None,
         "op_overhead_s": {"add_s": 1e-6, "mm_s": 2e-6},
+        "loop": {
+            "loop_step_s": 2e-4,
+            "bare_step_s": 1e-3,
+            "probe_step_s": 1.2e-3,
+            "probe_batch": 4,
+        },
         "conv_flops_per_s": {"forward": [[200, 128, 1e9]], "backward": [[200, 128, 1e9]]},
         "attention_flops_per_s": {"full": {"forward": [[64, 1e9]], "backward": [[64, 1e9]]}},
         "op_efficiency": {"relu": 0.8},
@@ -160,3 +166,18 @@ def test_estimate_and_bench_batch_name_the_calibration_they_used(home, tmp_path)
     batch = run_batch_bench("lenet", [2], None, 1)
     assert batch["calibration"] == trust.calibration(get_hardware("local"))
     assert batch["calibration"]["reliable"] is False
+
+
+def test_a_noisier_measurement_keeps_the_saved_entry_unless_forced(home, monkeypatch):
+    """Both reliable (median spread under 10%), but 9% against 2%: the saved entry stays, and
+    the one line says why; --force replaces it."""
+    save_local(machine_hardware(machine_result(IDLE)))
+    noisier = {**IDLE, "spread": {"median": 0.09, "worst": 0.3, "probes": 40}}
+    noisier["loop"] = {**machine_result({})["loop"], "loop_step_s": 5e-4}
+    said = " ".join(bench_machine(monkeypatch, noisier).stdout.split())
+    assert "not saved: this measurement is worse than the saved 'local' entry (its probes " in said
+    assert "spread 9% (median) against 2%)" in said
+    assert get_hardware("local").overhead_per_step_s == pytest.approx(2e-4)  # the saved one
+    forced = bench_machine(monkeypatch, noisier, "--force")
+    assert forced.exit_code == 0 and "saved as hardware 'local'" in forced.stdout
+    assert get_hardware("local").overhead_per_step_s == pytest.approx(5e-4)

@@ -4,9 +4,13 @@ measurement never silently replacing a better one."""
 import itertools
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlscale.bench import plausible
 from dlscale.profiler import calibrate
+from dlscale.profiler.recorder import LOSS
+from dlscale.profiler.trace import trace_step
 
 
 def test_a_stable_probe_stops_after_three_rounds_and_a_noisy_one_keeps_going():
@@ -71,11 +75,51 @@ def test_a_timed_training_step_never_sends_gradients_back_to_the_callers_tensor(
     """The probes build their input on the host and time it on the device: a gradient that
     flowed back through the copy would time a device→host copy in every step (on an H200 every
     elementwise op's share of bandwidth sat at the floor, 0.01, because of it)."""
-    import torch
-
     x = torch.randn(4, 8, requires_grad=True)
     model = torch.nn.Linear(8, 2)
     seconds = calibrate._time_training_step(model, x, torch.device("cpu"), 0.01)
     assert seconds > 0
     assert x.grad is None
     assert model.weight.grad is not None
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops that run, `detach` aside (autograd's bookkeeping, no kernel)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket.__name__ != "detach":
+            self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind", calibrate.PROBES)
+def test_a_probe_times_exactly_the_ops_the_tracer_counts(kind, monkeypatch):
+    """An elementwise probe's share of bandwidth is the traced bytes over the timed step: an
+    untraced op in the step (a loss reading the output, the input's gradient added to the last
+    step's) made every share too low. The step's ops are counted as they run."""
+    channels = 64 if kind == "layer_norm" else 16
+    shape = (16, 8, channels)
+    timed = {}
+    monkeypatch.setattr(
+        calibrate, "seconds_per_call", lambda fn, device, min_time_s: timed.setdefault("fn", fn)
+    )
+    x = torch.randn(2, *shape, requires_grad=True)
+    calibrate._time_training_step(calibrate._Probe(kind, channels), x, torch.device("cpu"), 0.01)
+    timed["fn"]()  # the first step: the input's gradient does not exist yet in any case
+    with _CountOps() as counted:
+        timed["fn"]()
+    step = trace_step(
+        lambda: calibrate._Probe(kind, channels),
+        torch.zeros(shape),
+        2,
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+        True,
+    )
+    layers = [layer for layer in step.layers if layer.name != LOSS]
+    assert len(counted.ops) == sum(layer.forward.ops + layer.backward.ops for layer in layers)

@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 import torch
 
 from dlscale.bench import plausible
+from dlscale.bench.loop_cost import measure_loop_cost
 from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
 from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
@@ -252,6 +253,8 @@ def run_machine_bench(
         "host_link": host_link_bandwidth(dev, link_bytes, run_time_s) if on_gpu else None,
         "op_overhead_s": op_overhead(dev, run_time_s),
         "training_op_overhead_s": training_overhead_s,
+        # dlscale's own loop per step, beyond the model's ops (sampler, timers, loss read-back).
+        "loop": measure_loop_cost(dev, run_time_s),
         # Efficiencies of real training ops, for the roofline: convolutions by size, and the
         # share of stream bandwidth each common memory-bound op reaches.
         "conv_flops_per_s": conv_rates(dev, training_overhead_s, run_time_s),
@@ -333,6 +336,9 @@ def measured_tables(result: dict) -> dict:
         "host_link": result["host_link"],
         "op_overhead_s": dict(result["op_overhead_s"]),
         "training_op_overhead_s": result["training_op_overhead_s"],
+        # Hardware.overhead_per_step_s reads it; a result from before it was measured has none.
+        "loop_step_s": (result.get("loop") or {}).get("loop_step_s"),
+        "loop": result.get("loop"),
         "conv_flops_per_s": result["conv_flops_per_s"],
         "attention_flops_per_s": result.get("attention_flops_per_s"),
         "op_efficiency": result["op_efficiency"],

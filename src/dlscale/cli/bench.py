@@ -147,6 +147,13 @@ def machine_table(result: dict) -> Table:
     table.add_row("per-op overhead: add of 1 element", seconds(overhead["add_s"]))
     table.add_row("per-op overhead: 8×8 matmul", seconds(overhead["mm_s"]))
     table.add_row("per-op overhead in a training step", seconds(result["training_op_overhead_s"]))
+    loop = result.get("loop")
+    if loop:
+        table.add_row(
+            "dlscale's loop per step, beyond the ops",
+            f"{seconds(loop['loop_step_s'])} (a tiny model's step: "
+            f"{seconds(loop['probe_step_s'])} in the loop, {seconds(loop['bare_step_s'])} bare)",
+        )
     shares = ", ".join(
         f"{binary_bytes(size)} {share:.2f}×" for size, share in result["optimizer_efficiency"]
     )

@@ -166,6 +166,12 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
             "op overhead",
             _default_marked(device.overhead_per_op_s * 1e6, device.op_overhead_s, " µs"),
         ),
+        (
+            "dlscale loop per step",
+            _default_marked(
+                device.overhead_per_step_s * 1e3, device.measured.get("loop_step_s"), " ms"
+            ),
+        ),
         ("sources", "\n".join(device.sources) or "—"),
         ("notes", device.notes or "—"),
     ]

@@ -15,6 +15,15 @@ PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8")
 DEFAULT_COMPUTE_EFFICIENCY = {"cpu": 0.7, "gpu": 0.7, "tpu": 0.6}
 DEFAULT_MEMORY_EFFICIENCY = {"cpu": 0.7, "gpu": 0.8, "tpu": 0.8}
 DEFAULT_OP_OVERHEAD_S = {"cpu": 5e-6, "gpu": 8e-6, "tpu": 10e-6}
+# The fixed cost of one step of dlscale's own loop, outside the model's ops: the sampler and the
+# batch gather, the step's timers, the loss read back to the host, the progress events. It is
+# host work, and after the loss read-back (which waits for the device every step) the device's
+# queue is empty until the next step's first launch, so on an accelerator it overlaps nothing:
+# it adds in full. `bench machine` measures it (`loop_step_s`); this default is the figure it
+# measured on the 2-core development machine (AMD EPYC, torch 2.13, one thread, 2026-11-27:
+# 0.1–0.3 ms at a load average near 2, 0.3–1.0 ms at 4–7), its quieter figure rounded, taken as
+# the cost of the same Python on any host core.
+DEFAULT_STEP_OVERHEAD_S = {"cpu": 2e-4, "gpu": 2e-4, "tpu": 2e-4}
 
 # Winograd's minimal filtering F(2×2, 3×3) computes a 2×2 output tile of a 3×3 convolution with
 # 16 multiplies instead of 36: 2.25× fewer (Lavin and Gray, "Fast Algorithms for Convolutional
@@ -95,6 +104,29 @@ class Hardware:
             return self.op_overhead_s
         return DEFAULT_OP_OVERHEAD_S[self.kind]
 
+    @property
+    def overhead_per_step_s(self) -> float:
+        """The fixed cost of one step of dlscale's loop: measured (`local`), else the default."""
+        measured = self.measured.get("loop_step_s")
+        return DEFAULT_STEP_OVERHEAD_S[self.kind] if measured is None else float(measured)
+
+    def measures_matmul(self, precision: str) -> bool:
+        """Whether products at this precision run at a measured curve, not the peak."""
+        return bool(self.measured.get("matmul_flops_per_s", {}).get(self.peak(precision)[1]))
+
+    def measures_rate(self, precision: str, path: tuple[str, ...]) -> bool:
+        """Whether an op whose measured points sit at `path` (conv, attention) gets a measured
+        rate: its own points at fp32, else the matmul curve it falls back to."""
+        if precision == "fp32" and self._points(path):
+            return True
+        return self.measures_matmul(precision)
+
+    def measures_memory_op(self, op: str, working_set_bytes: int | None = None) -> bool:
+        """Whether a memory-bound op's share of bandwidth was measured, not the default."""
+        if working_set_bytes is not None and self.measured.get("optimizer_efficiency"):
+            return True
+        return op in self.measured.get("op_efficiency", {})
+
     def matmul_rate(self, precision: str, flops_per_op: float) -> float:
         """FLOP/s one matrix product of this size reaches.
 
@@ -174,12 +206,17 @@ class Hardware:
         """`read` applied to the measured list of points at `path` in `measured`, for an fp32 op
         that computes; where there is none (another precision, no FLOPs, an entry of another
         shape), what a matrix product of the op's FLOPs reaches."""
+        found = self._points(path)
+        if not found or flops <= 0 or precision != "fp32":
+            return self.matmul_rate(precision, flops)
+        return read(found)
+
+    def _points(self, path: tuple[str, ...]) -> list | None:
+        """The measured list of points at `path` in `measured`, or None."""
         found = self.measured
         for key in path:
             found = found.get(key) if isinstance(found, dict) else None
-        if not found or not isinstance(found, list) or flops <= 0 or precision != "fp32":
-            return self.matmul_rate(precision, flops)
-        return read(found)
+        return found if isinstance(found, list) and found else None
 
     def op_efficiency(self, op: str, working_set_bytes: int | None = None) -> float:
         """Share of memory bandwidth a memory-bound op reaches: measured per op, or the default.

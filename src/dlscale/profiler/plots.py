@@ -191,6 +191,7 @@ def _step_time(result: ProfileResult, path: Path) -> Path:
         "backward": [r.prediction.backward_s for r in result.reports],
         "optimizer": [r.prediction.optimizer_s for r in result.reports],
         "host→device": [r.prediction.h2d_s for r in result.reports],
+        "dlscale loop": [r.prediction.loop_s for r in result.reports],
     }
     width = max(8, 1.2 * len(names) + 4)
     figure, (left, right) = plt.subplots(1, 2, figsize=(width, 4.5))

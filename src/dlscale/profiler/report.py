@@ -132,6 +132,8 @@ def _hardware_json(report) -> dict:
         "backward_s": pred.backward_s,
         "optimizer_s": pred.optimizer_s,
         "h2d_s": pred.h2d_s,
+        # dlscale's own loop per step (measured by `bench machine` on `local`, else a default).
+        "loop_s": pred.loop_s,
         "step_s": pred.step_s,
         # The calibration's median probe spread (measured entries): the step's relative
         # uncertainty, shown as ±.
@@ -147,12 +149,17 @@ def _hardware_json(report) -> dict:
         "compute_bound_layers": pred.bound_layers("compute"),
         "memory_bound_layers": pred.bound_layers("memory"),
         "overhead_bound_layers": pred.bound_layers("overhead"),
+        # Layer phases timed from measured rates against those from the roofline's peaks.
+        "phase_sources": pred.phase_sources(),
+        "roofline_layers": pred.roofline_layers(),
         "layers": [
             {
                 "name": t.name,
                 "forward_s": t.forward.seconds,
                 "backward_s": t.backward.seconds,
                 "bound": t.bound,
+                "forward_source": t.forward.source,
+                "backward_source": t.backward.source,
                 "intensity": t.intensity,
             }
             for t in pred.layers
@@ -201,6 +208,7 @@ def render(result: ProfileResult, console: Console) -> None:
     if result.reports:
         _print_hardware_table(data["hardware"], console)
         for hw in data["hardware"]:
+            console.print(Text(step_parts_line(hw)))
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
             if hw["calibration"]:
                 style = "" if hw["calibration"]["reliable"] else "yellow"
@@ -214,6 +222,28 @@ def render(result: ProfileResult, console: Console) -> None:
     console.print(
         f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
     )
+
+
+def step_parts_line(hw: dict) -> str:
+    """One device's predicted step as its parts, and where the layers' rates came from."""
+    parts = [
+        ("forward", hw["forward_s"]),
+        ("backward", hw["backward_s"]),
+        ("optimizer", hw["optimizer_s"]),
+        ("host→device", hw["h2d_s"]),
+        ("dlscale loop", hw["loop_s"]),
+    ]
+    listed = " + ".join(f"{name} {seconds(value)}" for name, value in parts if value)
+    sources = hw["phase_sources"]
+    line = (
+        f"{hw['name']}: step {seconds(hw['step_s'])} = {listed}; layer phases timed from "
+        f"measured rates {sources['measured']}, from the roofline's peaks {sources['roofline']}"
+    )
+    shown = hw["roofline_layers"][:4]
+    if shown and sources["measured"]:  # a datasheet entry: every layer, not worth listing
+        more = len(hw["roofline_layers"]) - len(shown)
+        line += f" ({', '.join(shown)}{f' and {more} more' if more else ''})"
+    return line
 
 
 # What a person reads first stays longest when the terminal is narrow (lower `keep`).

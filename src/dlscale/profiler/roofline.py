@@ -13,7 +13,12 @@ peak × the precision's efficiency (3×3 stride-1 convolutions on a catalogue GP
 Winograd's saving, hardware.device.winograd_speedup); elementwise work runs on the vector units,
 at the fp32 rate. The overhead term is the fixed cost of launching one kernel or dispatching one
 eager op (autograd included), which is what small layers mostly pay. A step adds the
-optimizer update and the host→device copy of the batch over the host link (not overlapped).
+optimizer update, the host→device copy of the batch over the host link (not overlapped) and the
+fixed cost of one step of dlscale's own loop (`Hardware.overhead_per_step_s`).
+
+Each phase says where the rate that sets its time came from: `measured` (a curve or share that
+`bench machine` timed here, or the measured per-op cost) or `roofline` (a datasheet peak × an
+efficiency, a default share or the default per-op cost).
 """
 
 from __future__ import annotations
@@ -31,6 +36,23 @@ class PhaseTime:
     compute_s: float
     memory_s: float
     overhead_s: float
+    compute_measured: bool = False  # the larger part of compute_s ran at measured rates
+    memory_measured: bool = False  # the larger part of memory_s ran at measured shares
+    overhead_measured: bool = False  # the per-op cost was measured
+
+    @property
+    def source(self) -> str:
+        """Where the rate that sets this phase's time came from: 'measured', 'roofline' (a
+        peak × efficiency or a default) or 'none' (no op runs)."""
+        measured = {
+            "none": None,
+            "compute": self.compute_measured,
+            "memory": self.memory_measured,
+            "overhead": self.overhead_measured,
+        }[self.bound]
+        if measured is None:
+            return "none"
+        return "measured" if measured else "roofline"
 
     @property
     def bound(self) -> str:
@@ -67,6 +89,7 @@ class Prediction:
     backward_s: float
     optimizer_s: float
     h2d_s: float
+    loop_s: float  # dlscale's own loop per step: sampler, timers, loss read-back, progress
     step_s: float
     samples_per_s: float
     steps_per_epoch: int | None
@@ -74,6 +97,24 @@ class Prediction:
 
     def bound_layers(self, bound: str) -> list[str]:
         return [layer.name for layer in self.layers if layer.bound == bound]
+
+    def phase_sources(self) -> dict[str, int]:
+        """How many layer phases (forward and backward apart) took their time from measured
+        rates and how many from the roofline's peaks; phases where no op runs are left out."""
+        counts = {"measured": 0, "roofline": 0}
+        for layer in self.layers:
+            for phase in (layer.forward, layer.backward):
+                if phase.source != "none":
+                    counts[phase.source] += 1
+        return counts
+
+    def roofline_layers(self) -> list[str]:
+        """Layers with a phase whose time came from the roofline's peaks, not a measurement."""
+        return [
+            layer.name
+            for layer in self.layers
+            if "roofline" in (layer.forward.source, layer.backward.source)
+        ]
 
     def time_share(self, bound: str) -> float:
         """Share of forward+backward time spent in layers limited by `bound`."""
@@ -91,33 +132,62 @@ def phase_time(
     """One phase of one layer; `working_set_bytes`: the optimizer's update of one tensor (or of
     all of them, for foreach kernels), whose bytes moved run at the rate measured for updates
     of that working set."""
-    products_s = sum(
-        flops / hardware.conv_rate(precision, flops, weight, pixels, phase, winograd)
+    products: list[tuple[float, bool]] = [
+        (
+            flops / hardware.conv_rate(precision, flops, weight, pixels, phase, winograd),
+            hardware.measures_rate(precision, ("conv_flops_per_s", phase)),
+        )
         for flops, weight, pixels, winograd in cost.convs_with_winograd()
         if flops
-    )
-    products_s += sum(
-        flops / hardware.attention_rate(precision, flops, keys, causal, phase)
+    ]
+    products += [
+        (
+            flops / hardware.attention_rate(precision, flops, keys, causal, phase),
+            hardware.measures_rate(
+                precision, ("attention_flops_per_s", "causal" if causal else "full", phase)
+            ),
+        )
         for flops, keys, causal in cost.attention
         if flops
-    )
+    ]
     other_products = cost.matmul_flops - cost.conv_flops - cost.attention_flops
     if other_products:
         per_op = other_products / max(1, cost.matmul_ops - len(cost.convs) - len(cost.attention))
-        products_s += other_products / hardware.matmul_rate(precision, per_op)
-    vector_peak = hardware.peak_flops["fp32"] * hardware.efficiency_compute
-    compute_s = products_s + cost.other_flops / vector_peak
+        seconds = other_products / hardware.matmul_rate(precision, per_op)
+        products.append((seconds, hardware.measures_matmul(precision)))
+    products_s = sum(seconds for seconds, _ in products)
+    # Elementwise FLOPs run on the vector units at the fp32 peak: a roofline figure everywhere.
+    vector_s = cost.other_flops / (hardware.peak_flops["fp32"] * hardware.efficiency_compute)
+    compute_s = products_s + vector_s
     bandwidth = hardware.memory_bandwidth_bytes_per_s
     # Memory-bound ops at their own measured efficiency (max-pooling on a CPU reaches a tenth of
     # the stream bandwidth that ReLU reaches); everything else at the device's default.
-    memory_s = sum(
-        moved / (bandwidth * hardware.op_efficiency(op, working_set_bytes))
+    moves = [
+        (
+            moved / (bandwidth * hardware.op_efficiency(op, working_set_bytes)),
+            hardware.measures_memory_op(op, working_set_bytes),
+        )
         for op, moved in cost.bytes_by_op.items()
-    )
+    ]
     rest = cost.bytes - sum(cost.bytes_by_op.values())
-    memory_s += rest / (bandwidth * hardware.efficiency_memory)
+    moves.append((rest / (bandwidth * hardware.efficiency_memory), False))
+    memory_s = sum(seconds for seconds, _ in moves)
     overhead_s = cost.ops * hardware.overhead_per_op_s
-    return PhaseTime(max(compute_s, memory_s) + overhead_s, compute_s, memory_s, overhead_s)
+    return PhaseTime(
+        max(compute_s, memory_s) + overhead_s,
+        compute_s,
+        memory_s,
+        overhead_s,
+        compute_measured=_mostly_measured([*products, (vector_s, False)]),
+        memory_measured=_mostly_measured(moves),
+        overhead_measured="training_op_overhead_s" in hardware.measured,
+    )
+
+
+def _mostly_measured(parts: list[tuple[float, bool]]) -> bool:
+    """Whether the measured parts of a sum of (seconds, measured?) outweigh the others."""
+    measured = sum(seconds for seconds, is_measured in parts if is_measured)
+    return measured > 0 and measured >= sum(seconds for seconds, _ in parts) - measured
 
 
 def host_to_device_s(batch_bytes: int, hardware: Hardware) -> float:
@@ -158,7 +228,8 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
     h2d_s = host_to_device_s(trace.batch_bytes, hardware)
     forward_s = sum(layer.forward.seconds for layer in layers)
     backward_s = sum(layer.backward.seconds for layer in layers)
-    step_s = forward_s + backward_s + optimizer_s + h2d_s
+    loop_s = hardware.overhead_per_step_s
+    step_s = forward_s + backward_s + optimizer_s + h2d_s + loop_s
     steps = dataset_size // trace.batch_size if dataset_size else None
     return Prediction(
         hardware=hardware.name,
@@ -168,6 +239,7 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         backward_s=backward_s,
         optimizer_s=optimizer_s,
         h2d_s=h2d_s,
+        loop_s=loop_s,
         step_s=step_s,
         samples_per_s=trace.batch_size / step_s,
         steps_per_epoch=steps,

@@ -331,7 +331,8 @@ def _ps(trace, hardware, single, count, where, _plans):
     # header and the weights, each a blocking message: four hops of latency a step.
     messages_s = PS_MESSAGES * over.latency_s * over.contention + 2 * over.launch_s
     comm = max(worker_s, server_s) + messages_s
-    compute = single.step_s
+    # A worker steps no optimizer of its own: the servers' update is the one above.
+    compute = single.step_s - single.compute(single.prediction.optimizer_s)
     skew = skew_s(single.step_s, where.framework.step_cv, count)
     step = compute + comm + skew
     side = "server" if server_s > worker_s else ("network" if over is network else "link")

@@ -1,0 +1,125 @@
+"""The fixed cost of one step of dlscale's own training loop on this machine, beyond its ops.
+
+A step of the loop (`Trainer.run_epoch`) does more than the model's forward, backward and update:
+the sampler hands out a batch and it is gathered, the batch is copied to the device, the step's
+timers and records are kept, the loss is read back and checked, progress events go out. None of
+that is an op of the model, so the per-op model does not price it; on a small model it is most
+of the step. It is measured on a model so small that its compute and bytes are negligible, as
+the loop's step less a bare training step (zero_grad, forward, loss, backward, Adam, the loss
+read back: what the per-op cost is measured on and prices) of the same model, optimizer and
+batch, timed in the same round so that a machine whose speed drifts cancels out.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from dlscale.jobspec import parse_spec
+from dlscale.profiler.calibrate import ROUNDS, settle_allocator, stable_median
+from dlscale.train.device import synchronize
+from dlscale.train.loop import Trainer
+from dlscale.train.score import compute_loss
+
+# Eight values a sample, four hidden layers of eight, ten classes, batch 4: about 700 parameters,
+# so each op's compute and bytes are nanoseconds and the step is its ops' fixed costs.
+LOOP_INPUT = 8
+LOOP_HIDDEN = (8, 8, 8, 8)
+LOOP_CLASSES = 10
+LOOP_BATCH = 4
+# Steps an epoch: its start (the sampler's shuffle, a new iterator) is paid once per epoch, as in
+# training, and shared among them.
+LOOP_EPOCH_STEPS = 50
+
+
+def _spec(device: torch.device, steps: int):
+    """One epoch of `steps` batches of the probe's model on synthetic data."""
+    return parse_spec(
+        {
+            "name": "bench-loop-cost",
+            "model": {"name": "mlp", "kwargs": {"hidden": list(LOOP_HIDDEN)}},
+            "data": {
+                "name": "synthetic",
+                "shape": [LOOP_INPUT],
+                "num_classes": LOOP_CLASSES,
+                # Room for the validation split the reader keeps aside.
+                "num_samples": 2 * LOOP_BATCH * steps,
+            },
+            "batch_size": LOOP_BATCH,
+            "epochs": 1,
+            "device": str(device),
+        }
+    )
+
+
+def loop_step_cost(rounds: list[tuple[float, float]]) -> float:
+    """The loop's own cost per step from (bare step s, loop step s) pairs, each pair timed in one
+    round: the median of their differences, never below zero (a loop step timed faster than the
+    bare one is noise, not a negative cost)."""
+    return max(0.0, statistics.median(loop - bare for bare, loop in rounds))
+
+
+def _timed_round(run, calls_per_run: int, min_time_s: float) -> float:
+    """Seconds per call of `run()` (which makes `calls_per_run` calls), run at least once and
+    for at least `min_time_s`."""
+    runs, start = 0, time.perf_counter()
+    while runs == 0 or time.perf_counter() - start < min_time_s:
+        run()
+        runs += 1
+    return (time.perf_counter() - start) / (runs * calls_per_run)
+
+
+def loop_rounds(device: torch.device, min_time_s: float) -> list[tuple[float, float]]:
+    """(bare step s, loop step s) of the probe's model in each of the last ROUNDS rounds; rounds
+    repeat until the loop's steps agree (calibrate.stable_median, spread logged)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(_spec(device, LOOP_EPOCH_STEPS), Path(scratch))
+        steps = trainer.plan.steps_per_epoch
+        x, y, *_ = next(iter(trainer.train_loader))
+        x, y = x.to(device), y.to(device)
+        model, optimizer = trainer.model, trainer.optimizer
+
+        def bare_step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            loss = compute_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            loss.item()
+
+        def epoch() -> None:
+            trainer.step = 0
+            trainer.run_epoch(0)
+
+        def bare_steps() -> None:
+            for _ in range(steps):
+                bare_step()
+            synchronize(device)
+
+        pairs: list[tuple[float, float]] = []
+
+        def one_round() -> float:
+            bare = _timed_round(bare_steps, steps, min_time_s / (2 * ROUNDS))
+            loop = _timed_round(epoch, steps, min_time_s / (2 * ROUNDS))
+            pairs.append((bare, loop))
+            return loop
+
+        settle_allocator()
+        epoch()  # warm-up: first calls, allocator, caches
+        bare_steps()
+        stable_median(one_round)
+        return pairs[-ROUNDS:]
+
+
+def measure_loop_cost(device: torch.device, min_time_s: float) -> dict:
+    """The loop's fixed cost per step, with the figures it came from."""
+    rounds = loop_rounds(device, min_time_s)
+    return {
+        "loop_step_s": loop_step_cost(rounds),
+        "bare_step_s": statistics.median(bare for bare, _ in rounds),
+        "probe_step_s": statistics.median(loop for _, loop in rounds),
+        "probe_batch": LOOP_BATCH,
+    }

@@ -1,0 +1,116 @@
+"""The step's parts that are not a layer's: dlscale's own loop per step, and where each layer
+phase's rate came from (a measured curve or the roofline's peak). Numbers worked by hand."""
+
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+from dlscale.bench.loop_cost import loop_step_cost
+from dlscale.hardware.device import DEFAULT_STEP_OVERHEAD_S, Hardware
+from dlscale.profiler.recorder import PhaseCost
+from dlscale.profiler.roofline import phase_time, predict
+from dlscale.profiler.trace import trace_step
+
+
+def device(**overrides) -> Hardware:
+    fields = {
+        "name": "toy",
+        "display_name": "toy",
+        "kind": "cpu",
+        "vendor": "x",
+        "peak_flops": {"fp32": 1e12},
+        "memory_bytes": 2**30,
+        "memory_bandwidth_bytes_per_s": 1e11,
+        "compute_efficiency": 0.5,
+        "memory_efficiency": 0.5,
+        "op_overhead_s": 1e-6,
+    }
+    return Hardware(**{**fields, **overrides})
+
+
+def test_every_step_pays_the_loop_cost_measured_or_the_default():
+    step = trace_step(lambda: nn.Linear(10, 10), torch.zeros(10), 4, "fp32", torch.optim.SGD, "sgd")
+    measured = predict(step, device(measured={"loop_step_s": 2.5e-4}))
+    assert measured.loop_s == 2.5e-4
+    parts = measured.forward_s + measured.backward_s + measured.optimizer_s + measured.h2d_s
+    assert measured.step_s == pytest.approx(parts + 2.5e-4)
+    assert measured.samples_per_s == pytest.approx(4 / measured.step_s)
+    catalogue = predict(step, device())
+    assert catalogue.loop_s == DEFAULT_STEP_OVERHEAD_S["cpu"]
+    assert catalogue.step_s - measured.step_s == pytest.approx(
+        DEFAULT_STEP_OVERHEAD_S["cpu"] - 2.5e-4
+    )
+
+
+def test_a_tiny_step_is_its_ops_and_the_loop_by_hand():
+    """Rates so high that FLOPs and bytes cost nothing: the step is ops × 1 µs + the loop."""
+    step = trace_step(lambda: nn.Linear(10, 10), torch.zeros(10), 4, "fp32", torch.optim.SGD, "sgd")
+    fast = device(
+        peak_flops={"fp32": 1e30}, memory_bandwidth_bytes_per_s=1e30, measured={"loop_step_s": 3e-4}
+    )
+    ops = sum(layer.forward.ops + layer.backward.ops for layer in step.layers)
+    ops += sum(tensor.cost.ops for tensor in step.optimizer_tensors)
+    assert predict(step, fast).step_s == pytest.approx(ops * 1e-6 + 3e-4)
+
+
+def test_the_loop_cost_is_the_median_of_paired_differences_never_negative():
+    # Three rounds, each (bare step, loop step): differences 0.2, 0.1 and 0.4 ms.
+    assert loop_step_cost([(1.0e-3, 1.2e-3), (2.0e-3, 2.1e-3), (1.1e-3, 1.5e-3)]) == (
+        pytest.approx(2e-4)
+    )
+    assert loop_step_cost([(1e-3, 0.9e-3), (1e-3, 0.8e-3), (1e-3, 1.05e-3)]) == 0.0
+
+
+def test_each_phase_says_whether_a_measured_rate_or_the_roofline_set_it():
+    curve = {"fp32": {"64": 1e10, "1024": 5e11}}
+    measured = device(measured={"matmul_flops_per_s": curve, "op_efficiency": {"relu": 0.8}})
+    catalogue = device()
+    products = PhaseCost(matmul_flops=int(1e9), matmul_ops=1, bytes=int(1e3), ops=1)
+    assert phase_time(products, measured, "fp32").source == "measured"
+    assert phase_time(products, catalogue, "fp32").source == "roofline"
+    relu = PhaseCost(other_flops=10, bytes=int(1e9), ops=1, bytes_by_op=Counter(relu=int(1e9)))
+    assert phase_time(relu, measured, "fp32").bound == "memory"
+    assert phase_time(relu, measured, "fp32").source == "measured"
+    # An op without a measured share (a layer norm here) streams at the default efficiency.
+    norm = PhaseCost(bytes=int(1e9), ops=1, bytes_by_op=Counter(native_layer_norm=int(1e9)))
+    assert phase_time(norm, measured, "fp32").source == "roofline"
+    # Half the bytes at a measured share (2e9 B at 0.8: 25 ms), half at the default (1e9 B at
+    # 0.5: 20 ms): the measured part is the larger, so the phase counts as measured.
+    mixed = PhaseCost(
+        bytes=int(3e9), ops=1, bytes_by_op=Counter(relu=int(2e9), native_layer_norm=int(1e9))
+    )
+    assert phase_time(mixed, measured, "fp32").memory_s == pytest.approx(0.025 + 0.02)
+    assert phase_time(mixed, measured, "fp32").source == "measured"
+    # A view runs no op: no rate to name. Too little work: the per-op cost sets it, measured
+    # only where `bench machine` measured it.
+    assert phase_time(PhaseCost(), measured, "fp32").source == "none"
+    tiny = PhaseCost(matmul_flops=10, matmul_ops=1, bytes=10, ops=3)
+    assert phase_time(tiny, measured, "fp32").source == "roofline"
+    timed = device(measured={"training_op_overhead_s": 1e-6})
+    assert phase_time(tiny, timed, "fp32").source == "measured"
+
+
+def test_a_prediction_counts_its_phases_by_source():
+    step = trace_step(
+        lambda: nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Flatten()),
+        torch.zeros(256),
+        512,
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+    )
+    curve = {"fp32": {"64": 1e10, "1024": 5e11}}
+    hw = device(op_overhead_s=0.0, measured={"matmul_flops_per_s": curve})
+    result = predict(step, hw)
+    sources = {layer.name: (layer.forward.source, layer.backward.source) for layer in result.layers}
+    assert sources["0"] == ("measured", "measured")  # the products, on the measured curve
+    assert sources["1"] == ("roofline", "roofline")  # ReLU at the default share of bandwidth
+    assert sources["2"] == ("none", "none")  # Flatten: a view
+    counts = result.phase_sources()
+    assert counts["measured"] >= 2 and counts["roofline"] >= 2
+    assert counts["measured"] + counts["roofline"] == sum(
+        source != "none" for pair in sources.values() for source in pair
+    )
+    assert "1" in result.roofline_layers() and "0" not in result.roofline_layers()
