@@ -23,7 +23,14 @@ QUICK_SIZES_BYTES = (4 * 2**10, 4 * 2**20)
 # that is bandwidth-bound, each alone and inside compute, in rounds that alternate the two.
 CONTENTION_SIZES_BYTES = (64 * 2**10, 1 * 2**20, 8 * 2**20)
 # What the `local` entry keeps of the local probe (hardware.links.measured_link reads it).
-SAVED_KEYS = ("bytes_per_s", "latency_s", "fit_max_error", "contention", "contention_quartiles")
+SAVED_KEYS = (
+    "bytes_per_s",
+    "latency_s",
+    "fit_max_error",
+    "contention",
+    "contention_quartiles",
+    "contention_by_size",
+)
 
 
 def _worker(rank: int, port: int, sizes: tuple[int, ...], repeats: int, results) -> None:

@@ -48,7 +48,9 @@ DEFAULT_EFFICIENCY = 0.8
 # contention, how much slower a collective runs inside training than alone. GPU collectives run
 # on their own stream and SMs (overlap 1, contention 1); a CPU's (gloo on loopback) shares the
 # cores with compute: 2.0 ms in training against 1.07 ms alone for the same 69 KB all-reduce
-# on this project's 2-core machine (benchmarks/scale_prediction.py, docs/performance.md).
+# on this project's 2-core machine (benchmarks/scale_prediction.py, docs/performance.md). A
+# measured link carries its own contention (bench/link.py); loopback's is the fallback for a
+# `local` entry measured before bench machine timed it.
 NCCL_LAUNCH_US = 8.4
 KIND_COSTS = {  # kind -> (launch_us, overlap, contention)
     "pcie": (NCCL_LAUNCH_US, 1.0, 1.0),
