@@ -18,6 +18,7 @@ not hide the error of what the model adds for two workers.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import subprocess
@@ -183,6 +184,17 @@ def main() -> None:
         f"GB/s, {link.latency_s * 1e6:.0f} µs a hop): {alone_ms:.2f} ms alone, {inside_ms:.2f} ms "
         f"predicted inside training (contention ×{link.contention:.2f}); measured in the training "
         f"steps {statistics.median(comm_measured) * 1e3:.2f} ms"
+    )
+    # The contention bench machine measured (an all-reduce beside a compute burst / alone)
+    # against what the training steps show: their all-reduce over the fit's time alone.
+    probe = get_hardware("local").measured["link"]
+    low, high = probe.get("contention_quartiles", [math.nan, math.nan])
+    in_training = [seconds * 1e3 / alone_ms for seconds in comm_measured]
+    print(
+        f"contention: measured by bench machine ×{link.contention:.2f} (quartiles ×{low:.2f}–"
+        f"{high:.2f}); in the training steps ×{statistics.median(in_training):.2f} ("
+        + " ".join(f"{ratio:.2f}" for ratio in in_training)
+        + ")"
     )
     print(f"goal (every median ratio within ±{GOAL:.0%}): {'met' if met else 'NOT met'}")
 

@@ -100,6 +100,8 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Pat
     assert result["spread"]["probes"] > 10 and result["spread"]["worst"] >= 0
     assert local.measured["spread"] == pytest.approx(result["spread"])
     assert local.measured["link"]["bytes_per_s"] > 0  # two local processes, gloo
+    # The same all-reduce beside compute over alone: the contention the scaling model prices.
+    assert local.measured["link"]["contention"] >= 1
     from dlscale.api.bench import worse_than_saved
     from dlscale.api.profiling import ProfileRequest, profile, profile_json
 

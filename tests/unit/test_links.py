@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from dlscale.bench.link import summarize_contention
 from dlscale.errors import UserError
 from dlscale.hardware.catalogue import entry_to_toml, load_catalogue, parse_catalogue
 from dlscale.hardware.links import (
     KINDS,
     Link,
     device_link,
+    link_to_toml,
     load_links,
     lookup_link,
     measured_link,
@@ -279,3 +282,43 @@ def test_a_links_costs_come_from_its_kind_unless_its_entry_says():
     assert (own.launch_s, own.overlap, own.contention) == (pytest.approx(20e-6), 0.5, 1.5)
     local = measured_link({"bytes_per_s": 1e9, "latency_s": 1e-4})
     assert local.launch_s == 0.0 and local.contention == pytest.approx(2.0 / 1.07)
+
+
+def test_a_measured_contention_replaces_the_kinds_stated_one():
+    """`bench machine` measures contention beside compute: measured_link uses it; an entry saved
+    before it did keeps loopback's stated 2.0 / 1.07 (KIND_COSTS)."""
+    fit = {"bytes_per_s": 1e9, "latency_s": 1e-4}
+    measured = measured_link({**fit, "contention": 2.6, "contention_quartiles": [1.9, 3.4]})
+    assert measured.contention == 2.6 and measured.launch_s == 0.0
+    assert "contention measured" in measured.notes
+    assert measured_link(fit).contention == pytest.approx(2.0 / 1.07)
+
+
+@pytest.mark.parametrize("bad", [0.5, math.nan, math.inf, "2", True])
+def test_a_bad_measured_contention_is_one_line(bad):
+    message = one_line_error(
+        lambda: measured_link({"bytes_per_s": 1e9, "latency_s": 1e-4, "contention": bad})
+    )
+    assert message.startswith("the local entry's measured link") and "contention" in message
+
+
+def test_bench_links_measured_contention_round_trips_through_its_toml():
+    fit = {"bytes_per_s": 11.8e6, "latency_s": 210e-6, "fit_max_error": 0.04, "timed": {}}
+    result = {"hosts": ["10.0.0.1", "10.0.0.2"], "p2p": fit, "name": "link-a-b"}
+    (link,) = parse_links(link_to_toml({**result, "allreduce": {**fit, "contention": 1.35}}), "w")
+    assert (link.kind, link.contention, link.launch_s) == ("ethernet", 1.35, 0.0)
+    (old,) = parse_links(link_to_toml({**result, "allreduce": fit}), "w")
+    assert old.contention == 1.0  # measured before contention was: ethernet's stated one
+    bad = {**result, "allreduce": {**fit, "contention": 0.9}}
+    assert "contention ≥ 1" in one_line_error(lambda: link_to_toml(bad))
+
+
+def test_contention_is_the_median_ratio_never_under_one():
+    """Ratios (inside compute / alone) by size and round: sorted 0.9 1.2 1.5 2.0 3.0, median 1.5;
+    quartiles by statistics' exclusive method at positions 1.5 and 4.5 of 5: 1.05 and 2.5."""
+    found = summarize_contention({65536: [1.2, 0.9, 1.5], 1048576: [3.0, 2.0]})
+    assert found["contention"] == pytest.approx(1.5)
+    assert found["contention_quartiles"] == pytest.approx([1.05, 2.5])
+    assert found["contention_by_size"] == pytest.approx({"65536": 1.2, "1048576": 2.5})
+    assert summarize_contention({65536: [0.8, 0.9, 0.95]})["contention"] == 1.0
+    assert summarize_contention({65536: [1.4]})["contention_quartiles"] == [1.4, 1.4]

@@ -283,10 +283,10 @@ def run_machine_bench(
 
 
 def _link_probe(quick: bool) -> dict:
-    from dlscale.bench.link import measure_link
+    from dlscale.bench.link import SAVED_KEYS, measure_link
 
     link = measure_link(quick)
-    return {key: link[key] for key in ("bytes_per_s", "latency_s", "fit_max_error")}
+    return {key: link[key] for key in SAVED_KEYS}
 
 
 def machine_hardware(result: dict) -> Hardware:

@@ -65,4 +65,11 @@ def link_table(result: dict) -> Table:
             duration(fit["latency_s"]),
             f"{fit['fit_max_error']:.0%}",
         )
+    if "contention" in result["allreduce"]:  # what the scaling model multiplies it by in training
+        allreduce = result["allreduce"]
+        low, high = allreduce["contention_quartiles"]
+        table.caption = (
+            f"the all-reduce beside compute: ×{allreduce['contention']:.2f} its time alone "
+            f"(quartiles ×{low:.2f}–{high:.2f})"
+        )
     return table

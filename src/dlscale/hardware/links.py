@@ -48,7 +48,9 @@ DEFAULT_EFFICIENCY = 0.8
 # contention, how much slower a collective runs inside training than alone. GPU collectives run
 # on their own stream and SMs (overlap 1, contention 1); a CPU's (gloo on loopback) shares the
 # cores with compute: 2.0 ms in training against 1.07 ms alone for the same 69 KB all-reduce
-# on this project's 2-core machine (benchmarks/scale_prediction.py, docs/performance.md).
+# on this project's 2-core machine (benchmarks/scale_prediction.py, docs/performance.md). A
+# measured link carries its own contention (bench/link.py); loopback's is the fallback for a
+# `local` entry measured before bench machine timed it.
 NCCL_LAUNCH_US = 8.4
 KIND_COSTS = {  # kind -> (launch_us, overlap, contention)
     "pcie": (NCCL_LAUNCH_US, 1.0, 1.0),
@@ -278,7 +280,12 @@ def device_link(hardware: Hardware, choice: str | None, links: dict[str, Link]) 
 
 
 def measured_link(measured: dict) -> Link:
-    """The link `dlscale bench machine` measured between two local processes (gloo)."""
+    """The link `dlscale bench machine` measured between two local processes (gloo), with the
+    contention it measured; an entry saved before it measured contention gets loopback's stated
+    one (KIND_COSTS)."""
+    costs = kind_costs("loopback")  # its launch is inside the fitted latency
+    if "contention" in measured:
+        costs["contention"] = _contention(measured, "the local entry's measured link")
     return Link(
         name="local-gloo",
         display_name="this machine's processes (gloo, measured)",
@@ -286,9 +293,18 @@ def measured_link(measured: dict) -> Link:
         bytes_per_s=float(measured["bytes_per_s"]),
         latency_s=float(measured["latency_s"]),
         efficiency=1.0,  # the measurement is already what an all-reduce reaches
-        notes="fitted to timed all-reduces between two local processes",
-        **kind_costs("loopback"),  # its launch is inside the fitted latency
+        notes="fitted to timed all-reduces between two local processes"
+        + ("; contention measured beside compute" if "contention" in measured else ""),
+        **costs,
     )
+
+
+def _contention(measured: dict, where: str) -> float:
+    """A measured contention, checked as a [[link]] table's is."""
+    contention = _number(measured, "contention", where)
+    if contention < 1:
+        raise UserError(f"{where}: needs contention ≥ 1, not {contention!r}")
+    return contention
 
 
 MEASURED_BY = "measured by dlscale bench link"
@@ -314,5 +330,10 @@ def link_to_toml(measured: dict) -> str:
         f"latency_us = {allreduce['latency_s'] * 1e6!r}\n"
         "efficiency = 1.0\n"
         "launch_us = 0.0\n"  # the fitted latency already holds each call's fixed cost
-        f'notes = "{notes}"\n'
+        + (
+            f"contention = {_contention(allreduce, 'the measured all-reduce')!r}\n"
+            if "contention" in allreduce
+            else ""  # measured before contention was: the kind's stated one
+        )
+        + f'notes = "{notes}"\n'
     )
