@@ -120,3 +120,12 @@ def test_profile_inference_cli_json_and_one_line_refusals():
     assert gpt.exit_code == 2
     assert "'tok_emb' (Embedding) runs aten.embedding" in " ".join(gpt.output.split())
     assert "no quantized (int8) kernel" in " ".join(gpt.output.split())
+
+
+def test_dataflow_help_says_every_matrix_product_is_mapped():
+    # --dataflow maps every GEMM the step runs (transformers' Conv1D, attention's products),
+    # not only conv and linear layers.
+    result = CliRunner().invoke(app, ["profile", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert "map each conv and linear layer" not in result.output
+    assert "matrix product" in result.output
