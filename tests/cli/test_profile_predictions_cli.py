@@ -39,6 +39,10 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
     assert single["energy_per_epoch_kwh"] == pytest.approx(300 * single["epoch_s"] / 3.6e6)
     (report,) = json.loads(out.stdout)["scaling"]
     assert report["link"]["name"] == "pcie3-x16" and report["epochs"] == 2
+    # The link's costs beyond bytes and hops, as `hardware links --json` gives them: PCIe's
+    # stated launch (NCCL's 8.4 µs), full overlap, no contention.
+    link = report["link"]
+    assert (link["launch_s"], link["overlap"], link["contention"]) == pytest.approx((8.4e-6, 1, 1))
     ddp4 = next(p for p in report["points"] if p["strategy"] == "ddp" and p["devices"] == 4)
     assert ddp4["run_s"] == pytest.approx(2 * ddp4["epoch_s"])
     assert ddp4["cost_epoch"] == pytest.approx(4 * 1.46 * ddp4["epoch_s"] / 3600)
