@@ -445,6 +445,12 @@ def _derive(run, trace, hardware, setting: Setting, one_s) -> float:
     return (low + high) / 2
 
 
+def _signed(points: float) -> str:
+    """Points to one decimal with a sign; a calibrating row met to a float residue below zero
+    prints +0.0, not -0.0 (+ 0.0 turns a rounded -0.0 into 0.0)."""
+    return f"{round(points, 1) + 0.0:+.1f}"
+
+
 def scaling_table() -> None:
     """Print the published multi-device rows beside dlscale's prediction (a Markdown table)."""
     hardware = get_hardware(SCALING_DEVICE)
@@ -482,7 +488,7 @@ def scaling_table() -> None:
             worst = max(worst, abs(points))
         print(
             f"| {run.label} | {run.batch} | {setting.framework.name} | {run.efficiency:.1%} | "
-            f"{point.efficiency:.1%} | {points:+.1f} | {before:.1%} | "
+            f"{point.efficiency:.1%} | {_signed(points)} | {before:.1%} | "
             f"{point.detail['exposed_s'] * 1e3:.0f} ms | "
             f"{point.detail['skew_s'] * 1e3:.1f} ms | {one_s * 1e3:.0f} ms ({origin}) | "
             f"{run.role} |"

@@ -39,6 +39,10 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
     assert single["energy_per_epoch_kwh"] == pytest.approx(300 * single["epoch_s"] / 3.6e6)
     (report,) = json.loads(out.stdout)["scaling"]
     assert report["link"]["name"] == "pcie3-x16" and report["epochs"] == 2
+    # The link's costs beyond bytes and hops, as `hardware links --json` gives them: PCIe's
+    # stated launch (NCCL's 8.4 µs), full overlap, no contention.
+    link = report["link"]
+    assert (link["launch_s"], link["overlap"], link["contention"]) == pytest.approx((8.4e-6, 1, 1))
     ddp4 = next(p for p in report["points"] if p["strategy"] == "ddp" and p["devices"] == 4)
     assert ddp4["run_s"] == pytest.approx(2 * ddp4["epoch_s"])
     assert ddp4["cost_epoch"] == pytest.approx(4 * 1.46 * ddp4["epoch_s"] / 3600)
@@ -120,3 +124,12 @@ def test_profile_inference_cli_json_and_one_line_refusals():
     assert gpt.exit_code == 2
     assert "'tok_emb' (Embedding) runs aten.embedding" in " ".join(gpt.output.split())
     assert "no quantized (int8) kernel" in " ".join(gpt.output.split())
+
+
+def test_dataflow_help_says_every_matrix_product_is_mapped():
+    # --dataflow maps every GEMM the step runs (transformers' Conv1D, attention's products),
+    # not only conv and linear layers.
+    result = CliRunner().invoke(app, ["profile", "--help"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0
+    assert "map each conv and linear layer" not in result.output
+    assert "matrix product" in result.output

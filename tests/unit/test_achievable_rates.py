@@ -163,3 +163,17 @@ def test_prices_parse_with_their_source_and_date():
         if device.price_per_hour is not None:
             assert device.price_source.startswith("https://") and device.price_date[:2] == "20"
     assert load_catalogue()["h100-sxm"].price_per_hour == 2.49  # a GPU cloud's rate, 2026-11
+
+
+@pytest.mark.parametrize(
+    ("conv", "sample"),
+    [(nn.Conv1d, torch.zeros(4, 8)), (nn.Conv3d, torch.zeros(4, 8, 8, 8))],
+)
+def test_only_2d_3x3_convolutions_are_winograd_eligible(conv, sample):
+    # A 1-D kernel of 3 runs as a 1×3 filter (cuDNN's Winograd needs 3×3), and a 3×3×3 one
+    # would not save F(2×2, 3×3)'s 36/16: neither gets its 2.25×.
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    step = trace_step(lambda: conv(4, 4, kernel_size=3, padding=1), sample, 2, "fp32", sgd, "sgd")
+    layer = step.layers[0]
+    assert layer.forward.conv_winograd == [False]
+    assert layer.backward.conv_winograd == [False] * len(layer.backward.convs)

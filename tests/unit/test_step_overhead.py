@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from dlscale.bench.loop_cost import loop_step_cost
+from dlscale.bench.scale import worker_step_s
 from dlscale.hardware.device import DEFAULT_STEP_OVERHEAD_S, Hardware
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.roofline import phase_time, predict
@@ -114,3 +115,13 @@ def test_a_prediction_counts_its_phases_by_source():
         source != "none" for pair in sources.values() for source in pair
     )
     assert "1" in result.roofline_layers() and "0" not in result.roofline_layers()
+
+
+def test_a_worker_with_fewer_threads_slows_its_ops_but_not_the_loop():
+    # `local` measured with 2 threads; a worker of `dlscale scale` has 1: its ops run 2× slower,
+    # the loop's own per-step cost (Python on one core) does not.
+    step = trace_step(lambda: nn.Linear(10, 10), torch.zeros(10), 4, "fp32", torch.optim.SGD, "sgd")
+    prediction = predict(step, device(measured={"loop_step_s": 2.5e-4}))
+    ops = prediction.step_s - 2.5e-4
+    assert worker_step_s(prediction, 2, 1) == pytest.approx(ops * 2 + 2.5e-4)
+    assert worker_step_s(prediction, 2, 2) == pytest.approx(prediction.step_s)

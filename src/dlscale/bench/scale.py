@@ -150,6 +150,14 @@ def scale_result(
     }
 
 
+def worker_step_s(prediction, calibrated_threads: int, threads: int) -> float:
+    """One worker's predicted step when `local` was measured with `calibrated_threads` and the
+    worker has `threads`: its ops `calibrated_threads / threads` times slower, the loop's own
+    per-step cost (host Python on one core: `prediction.loop_s`) the same."""
+    ops_s = prediction.step_s - prediction.loop_s
+    return ops_s * calibrated_threads / threads + prediction.loop_s
+
+
 def predicted_rows(
     spec_path: str, workers: list[int], threads: int, local, link, strategy: str = "ddp"
 ) -> list[dict]:
@@ -169,7 +177,7 @@ def predicted_rows(
     workload = resolve(spec_path)
     trace = trace_workload(workload)
     calibrated = int(local.measured.get("threads") or threads)
-    step_s = predict(trace, local).step_s * calibrated / threads
+    step_s = worker_step_s(predict(trace, local), calibrated, threads)
     plans = (
         plans_for(workload.build, workload.sample, trace.params, workload.precision)
         if strategy == "tensor"

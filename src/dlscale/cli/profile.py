@@ -78,8 +78,9 @@ def profile(
     dataflow: str | None = typer.Option(
         None,
         "--dataflow",
-        help="ws | is | os | all: map each conv and linear layer onto the "
-        "systolic arrays of --hardware (TPUs, or your own array description).",
+        help="ws | is | os | all: map every matrix product of the step (linear and conv "
+        "layers, transformers' Conv1D, attention) onto the systolic arrays of --hardware "
+        "(TPUs, or your own array description).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object."),
     plot: Path | None = typer.Option(None, "--plot", help="Write PNG plots into this folder."),

@@ -109,13 +109,18 @@ def overlapped_allreduce(
 ) -> tuple[float, float]:
     """(exposed seconds after backward, total all-reduce seconds): buckets reduced in order on
     one link, each starting when ready and when the one before it is done; of what that
-    timeline hides behind backward, no more than `overlap` × the total counts as hidden."""
-    done = total = 0.0
+    timeline hides behind backward, no more than `overlap` × the total counts as hidden.
+
+    What hides is summed bucket by bucket (the part of each before backward ends), so a bucket
+    that starts when backward ends hides exactly nothing, not a float residue of end − start."""
+    done = total = before = 0.0
     for nbytes, ready in buckets:
         seconds = reduce(nbytes)
-        done = max(done, ready) + seconds
+        start = max(done, ready)
+        done = start + seconds
         total += seconds
-    hidden = min(total - max(0.0, done - backward_s), overlap * total)
+        before += max(0.0, min(done, backward_s) - start)
+    hidden = min(before, overlap * total)
     return total - hidden, total
 
 

@@ -357,9 +357,12 @@ def conv_shape(name: str, args, out, flops: int) -> tuple[int, int, int]:
 
 
 def winograd_eligible(name: str, args) -> bool:
-    """A 3×3 (or 3×3×3) convolution of stride 1, no dilation and one group, not transposed: the
-    shape Winograd's F(2×2, 3×3) computes. The same for its backward, whose input and weight
-    gradients cuDNN also has Winograd kernels for."""
+    """A 2-D 3×3 convolution of stride 1, no dilation and one group, not transposed: the shape
+    Winograd's F(2×2, 3×3) computes. The same for its backward, whose input and weight
+    gradients cuDNN also has Winograd kernels for. Not a 1-D kernel of 3 (cuDNN runs it as a
+    1×3 filter, and its Winograd algorithm "requires 3x3 filter": NVIDIA's forum,
+    https://forums.developer.nvidia.com/t/cudnn-status-not-supported-for-algo-6-and-3/165802,
+    read 2026-11-27) nor a 3×3×3 one (F(2×2, 3×3)'s 36/16 is not its saving)."""
     # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding,
     # groups); convolution_backward(grad_output, input, weight, bias_sizes, stride, padding,
     # dilation, transposed, output_padding, groups, output_mask)
@@ -367,8 +370,7 @@ def winograd_eligible(name: str, args) -> bool:
     stride, _, dilation, transposed, _, groups = rest[:6]
     kernel = tuple(weight.shape[2:])
     return (
-        bool(kernel)
-        and all(size == 3 for size in kernel)
+        kernel == (3, 3)
         and all(step == 1 for step in stride)
         and all(gap == 1 for gap in dilation)
         and not transposed

@@ -98,18 +98,23 @@ def gradient_buckets(
     trace: StepTrace, prediction: Prediction, bucket_bytes: float = BUCKET_BYTES
 ) -> list[tuple[float, float]]:
     """(bytes, seconds into backward when its last gradient is ready) per DDP bucket: layers in
-    reverse order, each layer's gradients ready when its backward ends."""
+    reverse order, each layer's gradients ready when its backward ends, that is backward's
+    total less the backward of the layers before it (still to run). Counted from the total, the
+    last bucket is ready at exactly `prediction.backward_s`, not at a re-summed total a float
+    residue away from it."""
     params = {layer.name: layer.params for layer in trace.layers}
+    to_run = [0.0]  # per layer, in forward order: the backward of the layers before it
+    for layer in prediction.layers[:-1]:
+        to_run.append(to_run[-1] + layer.backward.seconds)
     buckets: list[tuple[float, float]] = []
-    elapsed = filled = 0.0
-    for layer in reversed(prediction.layers):
-        elapsed += layer.backward.seconds
+    filled = 0.0
+    for layer, later_s in zip(reversed(prediction.layers), reversed(to_run), strict=True):
         filled += params.get(layer.name, 0) * FP32_BYTES
         if filled >= bucket_bytes:
-            buckets.append((filled, elapsed))
+            buckets.append((filled, prediction.backward_s - later_s))
             filled = 0.0
     if filled:
-        buckets.append((filled, elapsed))
+        buckets.append((filled, prediction.backward_s))
     return buckets
 
 

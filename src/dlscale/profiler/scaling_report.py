@@ -150,6 +150,9 @@ def to_json(report: ScalingReport) -> dict:
             "bytes_per_s": report.link.bytes_per_s,
             "latency_s": report.link.latency_s,
             "efficiency": report.link.efficiency,
+            "launch_s": report.link.launch_s,
+            "overlap": report.link.overlap,
+            "contention": report.link.contention,
         },
         "price_per_hour": report.hardware.price_per_hour,
         "price_source": report.hardware.price_source,
@@ -248,30 +251,35 @@ def render(reports: list[ScalingReport], console: Console) -> None:
 
 
 def where_time_goes(points: list[ScalePoint]) -> list[str]:
-    """One line per point on more than one device: the communication terms its step holds."""
+    """One line per point that communicates (every one on more than one device, and ps on
+    one, which still talks to its server): the communication terms its step holds."""
     lines = []
     for p in points:
         d = p.detail
         head = f"{p.strategy} × {p.devices}:"
-        skew = f"skew {duration(d.get('skew_s', 0.0))} (waiting for the slowest device)"
-        if p.devices < 2:
+        skew = (  # none on one device: nothing to wait for
+            f"; skew {duration(d['skew_s'])} (waiting for the slowest device)"
+            if d.get("skew_s")
+            else ""
+        )
+        if p.devices < 2 and not p.comm_s:
             continue
         if p.strategy == "ddp":
             lines.append(
                 f"{head} all-reduce {duration(d['allreduce_s'])} in {d['buckets']} bucket(s) "
                 f"({duration(d['bucket_fixed_s'])} fixed each, contention ×{d['contention']:.2f}), "
                 f"{duration(d['hidden_s'])} hidden behind backward (at most "
-                f"{d['overlap']:.0%}), {duration(d['exposed_s'])} exposed; {skew}"
+                f"{d['overlap']:.0%}), {duration(d['exposed_s'])} exposed{skew}"
             )
         elif p.strategy == "ps":
             lines.append(
                 f"{head} worker link {duration(d['worker_s'])}; each of {d['servers']} "
                 f"server(s): link {duration(d['server_link_s'])} + update "
-                f"{duration(d['server_update_s'])}; messages {duration(d['messages_s'])}; {skew}"
+                f"{duration(d['server_update_s'])}; messages {duration(d['messages_s'])}{skew}"
             )
         elif p.strategy in ("pipeline", "hybrid"):
             sync = (
-                f"; replica sync {duration(d['replica_sync_s'])}; {skew}"
+                f"; replica sync {duration(d['replica_sync_s'])}{skew}"
                 if p.strategy == "hybrid"
                 else ""
             )
