@@ -1,4 +1,4 @@
-"""Matrix-product timing: torch's Timer, FLOP/s of square products, where a GPU starts to win."""
+"""Matrix-product timing: torch's Timer, FLOP/s of square and skinny products, GPU vs CPU."""
 
 from __future__ import annotations
 
@@ -26,6 +26,10 @@ GPU_EXTRA_SIZES = (4096,)
 # bf16 instructions is ~10× slower than fp32) must not eat the whole time budget.
 MAX_PRODUCT_S = 0.5
 MAX_CPU_PRODUCT_S = 2.0  # the CPU-vs-GPU bench: past this the GPU has won by a wide margin
+# Each of M, K and N of the products timed by shape: a training step's products are skinny
+# (tokens × d × d, tokens × d × 4d, and in backward d × tokens × 4d), so every combination of
+# a small, a middle and a large side is timed, the three squares among them.
+SHAPE_SIDES = (64, 256, 1024)
 
 
 def matmul_memory_bytes(n: int, precision: str) -> int:
@@ -135,6 +139,24 @@ def matmul_sweep(
         if time_s > MAX_PRODUCT_S:
             return rows, ordered[index + 1 :]
     return rows, []
+
+
+def shape_grid(
+    device: torch.device, min_run_time_s: float, sides: Iterable[int] = SHAPE_SIDES
+) -> list[list[float]]:
+    """fp32 FLOP/s of (M × K) · (K × N) products, every combination of `sides` for M, K and N:
+    [M, K, N, FLOP/s] points, what Hardware.gemm_rate interpolates a product's shape on."""
+    sides = sorted(set(sides))
+    points = []
+    with float32_products("fp32", device):
+        for m in sides:
+            for k in sides:
+                for n in sides:
+                    a = torch.randn(m, k, device=device)
+                    b = torch.randn(k, n, device=device)
+                    time_s = median_time_s("torch.mm(a, b)", {"a": a, "b": b}, min_run_time_s)
+                    points.append([m, k, n, 2 * m * k * n / time_s])
+    return points
 
 
 def first_gpu_win(rows: list[dict], key: str) -> int | None:
