@@ -119,9 +119,8 @@ def test_a_traced_linear_layers_products_are_priced_by_shape():
     )
 
 
-def test_the_bench_times_every_combination_of_sides_and_the_entry_keeps_them():
-    points = shape_grid(torch.device("cpu"), 0.001, sides=(2, 4))
-    assert [point[:3] for point in points] == [
-        [m, k, n] for m in (2, 4) for k in (2, 4) for n in (2, 4)
-    ]
+def test_the_bench_times_every_combination_of_sides_up_to_its_largest_product():
+    points = shape_grid(torch.device("cpu"), 0.001, sides=(2, 4), most_macs=32)
+    shapes = [[m, k, n] for m in (2, 4) for k in (2, 4) for n in (2, 4)]
+    assert [point[:3] for point in points] == shapes[:-1]  # 4³ = 64 > 32: left out
     assert all(point[3] > 0 for point in points)
