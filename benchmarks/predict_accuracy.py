@@ -1,9 +1,9 @@
 """Roofline prediction vs measured training step on this machine (`local`): every zoo model and
 Hugging Face GPT-2 and BERT, three batch sizes each.
 
-A round: measure the machine (`bench machine --quick` unless --full-machine: matmul curve,
-bandwidth, per-op cost, dlscale's loop per step, convolution and attention rates, elementwise
-shares), then for every workload train real steps through dlscale's own loop (`Trainer.run_epoch`
+A round: measure the machine (`bench machine --quick` unless --full-machine: matmul curve and
+products by shape, bandwidth, per-op cost, dlscale's loop per step, convolution and attention
+rates, elementwise shares), then for every workload train real steps through dlscale's own loop (`Trainer.run_epoch`
 on seeded synthetic data of the model's input shape; each step's time as the loop records it,
 the median after warm-up) and take predicted / measured. Rounds repeat the whole (calibration and
 measurement side by side each time), since this shared machine's speed drifts by tens of percent
