@@ -3,15 +3,15 @@ Hugging Face GPT-2 and BERT, three batch sizes each.
 
 A round: measure the machine (`bench machine --quick` unless --full-machine: matmul curve and
 products by shape, bandwidth, per-op cost, dlscale's loop per step, convolution and attention
-rates, elementwise shares), then for every workload train real steps through dlscale's own loop (`Trainer.run_epoch`
-on seeded synthetic data of the model's input shape; each step's time as the loop records it,
-the median after warm-up) and take predicted / measured. Rounds repeat the whole (calibration and
-measurement side by side each time), since this shared machine's speed drifts by tens of percent
-within minutes; each workload's figure is its median ratio over the rounds, printed beside every
-round's, and the spread of its measured step across rounds (max / min). The load average is
-printed with every round. Goal: every median ratio within 0.8–1.2. Beside it, the ratio the same
-calibration gives with every matrix product priced at the square curve's rate for its FLOPs
-instead of its own shape's (the model before the (M, K, N) grid): a paired before/after.
+rates, elementwise shares), then for every workload train real steps through dlscale's own loop
+(`Trainer.run_epoch` on seeded synthetic data of the model's input shape; each step's time as the
+loop records it, the median after warm-up) and take predicted / measured. Rounds repeat the whole
+(calibration and measurement side by side each time), since this shared machine's speed drifts by
+tens of percent within minutes; each workload's figure is its median ratio over the rounds, printed
+beside every round's, and the spread of its measured step across rounds (max / min). The load
+average is printed with every round. Goal: every median ratio within 0.8–1.2. Beside it, the ratio
+the same calibration gives with every matrix product priced at the square curve's rate for its
+FLOPs instead of its own shape's (the model before the (M, K, N) grid): a paired before/after.
 
 Image models run at reduced inputs (64×64; VGG at 32×32) and GPT-2/BERT at
 reduced sizes (benchmarks/hf_lm.py), so that a round takes minutes on two cores.
