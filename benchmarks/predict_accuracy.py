@@ -1,15 +1,17 @@
 """Roofline prediction vs measured training step on this machine (`local`): every zoo model and
 Hugging Face GPT-2 and BERT, three batch sizes each.
 
-A round: measure the machine (`bench machine --quick` unless --full-machine: matmul curve,
-bandwidth, per-op cost, dlscale's loop per step, convolution and attention rates, elementwise
-shares), then for every workload train real steps through dlscale's own loop (`Trainer.run_epoch`
-on seeded synthetic data of the model's input shape; each step's time as the loop records it,
-the median after warm-up) and take predicted / measured. Rounds repeat the whole (calibration and
-measurement side by side each time), since this shared machine's speed drifts by tens of percent
-within minutes; each workload's figure is its median ratio over the rounds, printed beside every
-round's, and the spread of its measured step across rounds (max / min). The load average is
-printed with every round. Goal: every median ratio within 0.8–1.2.
+A round: measure the machine (`bench machine --quick` unless --full-machine: matmul curve and
+products by shape, bandwidth, per-op cost, dlscale's loop per step, convolution and attention
+rates, elementwise shares), then for every workload train real steps through dlscale's own loop
+(`Trainer.run_epoch` on seeded synthetic data of the model's input shape; each step's time as the
+loop records it, the median after warm-up) and take predicted / measured. Rounds repeat the whole
+(calibration and measurement side by side each time), since this shared machine's speed drifts by
+tens of percent within minutes; each workload's figure is its median ratio over the rounds, printed
+beside every round's, and the spread of its measured step across rounds (max / min). The load
+average is printed with every round. Goal: every median ratio within 0.8–1.2. Beside it, the ratio
+the same calibration gives with every matrix product priced at the square curve's rate for its
+FLOPs instead of its own shape's (the model before the (M, K, N) grid): a paired before/after.
 
 Image models run at reduced inputs (64×64; VGG at 32×32) and GPT-2/BERT at
 reduced sizes (benchmarks/hf_lm.py), so that a round takes minutes on two cores.
@@ -21,6 +23,7 @@ reduced sizes (benchmarks/hf_lm.py), so that a round takes minutes on two cores.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -108,6 +111,12 @@ def predicted(case: Case, batch: int, local):
     return profiler.profile(workload, [local]).reports[0].prediction
 
 
+def without_shape_grid(local):
+    """The same calibration with products at the square curve: the model before the grid."""
+    measured = {k: v for k, v in local.measured.items() if k != "matmul_shape_flops_per_s"}
+    return dataclasses.replace(local, measured=measured)
+
+
 def measure_round(cases: list[Case], args) -> list[dict]:
     """One round: measure the machine, then each case at each batch."""
     load = os.getloadavg()
@@ -130,11 +139,13 @@ def measure_round(cases: list[Case], args) -> list[dict]:
         for batch in case.batches:
             measured = measured_step_s(case, batch, args.warmup, args.steps)
             prediction = predicted(case, batch, local)
+            square = predicted(case, batch, without_shape_grid(local))
             sources = prediction.phase_sources()
             row = {
                 "label": f"{case.label} batch {batch}",
                 "measured_s": measured,
                 "predicted_s": prediction.step_s,
+                "square_predicted_s": square.step_s,
                 "loop_s": prediction.loop_s,
                 "optimizer_s": prediction.optimizer_s,
                 "roofline_phases": sources["roofline"],
@@ -142,7 +153,8 @@ def measure_round(cases: list[Case], args) -> list[dict]:
             }
             print(
                 f"  {row['label']:<22} {measured * 1e3:>8.2f}ms {prediction.step_s * 1e3:>8.2f}ms "
-                f"{prediction.step_s / measured:>6.2f}  loop {prediction.loop_s * 1e3:.2f} ms, "
+                f"{prediction.step_s / measured:>6.2f}  (square curve "
+                f"{square.step_s / measured:.2f}) loop {prediction.loop_s * 1e3:.2f} ms, "
                 f"optimizer {prediction.optimizer_s * 1e3:.2f} ms, roofline phases "
                 f"{row['roofline_phases']}/{row['phases']}"
             )
@@ -165,6 +177,9 @@ def summary(rounds: list[list[dict]]) -> list[dict]:
                 "predicted_s": statistics.median(row["predicted_s"] for row in found),
                 "ratio": statistics.median(ratios),
                 "ratios": ratios,
+                "square_ratio": statistics.median(
+                    row["square_predicted_s"] / row["measured_s"] for row in found
+                ),
                 "roofline_phases": first["roofline_phases"],
                 "phases": first["phases"],
             }
@@ -174,8 +189,9 @@ def summary(rounds: list[list[dict]]) -> list[dict]:
 
 def print_table(rows: list[dict]) -> None:
     print(
-        "\n| workload | measured | measured max/min | predicted | ratio | ratios by round |"
-        "\n|---|---|---|---|---|---|"
+        "\n| workload | measured | measured max/min | predicted | ratio | ratios by round "
+        "| ratio, products at the square curve |"
+        "\n|---|---|---|---|---|---|---|"
     )
     for row in rows:
         outside = not GOAL[0] <= row["ratio"] <= GOAL[1]
@@ -183,7 +199,7 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"| {row['label']} | {row['measured_s'] * 1e3:.2f} ms | "
             f"{row['measured_max_over_min']:.2f} | {row['predicted_s'] * 1e3:.2f} ms | {ratio} | "
-            f"{' '.join(f'{r:.2f}' for r in row['ratios'])} |"
+            f"{' '.join(f'{r:.2f}' for r in row['ratios'])} | {row['square_ratio']:.2f} |"
         )
     inside = sum(GOAL[0] <= row["ratio"] <= GOAL[1] for row in rows)
     every = [r for row in rows for r in row["ratios"]]

@@ -17,7 +17,7 @@ import torch
 
 from dlscale.bench import plausible
 from dlscale.bench.loop_cost import measure_loop_cost
-from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s
+from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s, shape_grid
 from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
@@ -249,6 +249,8 @@ def run_machine_bench(
         "threads": torch.get_num_threads(),
         "quick": quick,
         **matmul_table(sizes, dev, run_time_s),
+        # fp32 products by shape (M, K, N): a step's skinny products priced by their own shape.
+        "matmul_shape_flops_per_s": shape_grid(dev, run_time_s),
         "bandwidth": bandwidth,
         "host_link": host_link_bandwidth(dev, link_bytes, run_time_s) if on_gpu else None,
         "op_overhead_s": op_overhead(dev, run_time_s),
@@ -330,6 +332,7 @@ def measured_tables(result: dict) -> dict:
         "threads": result["threads"],
         "quick": result["quick"],
         "matmul_flops_per_s": flops_by_size,
+        "matmul_shape_flops_per_s": result.get("matmul_shape_flops_per_s"),
         "bandwidth_tensor_bytes": bandwidth["tensor_bytes"],
         "copy_bytes_per_s": bandwidth["copy_bytes_per_s"],
         "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],

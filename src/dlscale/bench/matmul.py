@@ -1,4 +1,4 @@
-"""Matrix-product timing: torch's Timer, FLOP/s of square products, where a GPU starts to win."""
+"""Matrix-product timing: torch's Timer, FLOP/s of square and skinny products, GPU vs CPU."""
 
 from __future__ import annotations
 
@@ -26,6 +26,14 @@ GPU_EXTRA_SIZES = (4096,)
 # bf16 instructions is ~10× slower than fp32) must not eat the whole time budget.
 MAX_PRODUCT_S = 0.5
 MAX_CPU_PRODUCT_S = 2.0  # the CPU-vs-GPU bench: past this the GPU has won by a wide margin
+# Each of M, K and N of the products timed by shape: a training step's products are skinny
+# (batch × 9216 × 4096 in an image model's classifier, its weight's gradient 4096 × batch ×
+# 9216; tokens × d × 4d in a transformer), so every combination of the sides is timed, the
+# squares among them, but for those above SHAPE_MOST_MACS (the 2048³ square: 17 GFLOP, a
+# second or more on a CPU core), which clamp to their neighbours.
+SHAPE_SIDES = (4, 32, 256, 2048)
+SHAPE_MOST_MACS = 256 * 2048 * 2048
+SHAPE_PASSES = 3  # the grid is timed this many times over, interleaved; the median counts
 
 
 def matmul_memory_bytes(n: int, precision: str) -> int:
@@ -135,6 +143,34 @@ def matmul_sweep(
         if time_s > MAX_PRODUCT_S:
             return rows, ordered[index + 1 :]
     return rows, []
+
+
+def shape_grid(
+    device: torch.device,
+    min_run_time_s: float,
+    sides: Iterable[int] = SHAPE_SIDES,
+    most_macs: int = SHAPE_MOST_MACS,
+) -> list[list[float]]:
+    """fp32 FLOP/s of (M × K) · (K × N) products, every combination of `sides` for M, K and N up
+    to `most_macs` multiply-accumulates: [M, K, N, FLOP/s] points, what Hardware.gemm_rate
+    interpolates a product's shape on.
+
+    Each product is timed once in each of SHAPE_PASSES passes over the whole grid, for a share
+    of `min_run_time_s`, and the median pass counts: a burst of load on a shared machine then
+    slows one pass of every shape instead of every pass of a few neighbouring shapes."""
+    sides = sorted(set(sides))
+    shapes = [(m, k, n) for m in sides for k in sides for n in sides if m * k * n <= most_macs]
+    times: dict[tuple[int, int, int], list[float]] = {shape: [] for shape in shapes}
+    with float32_products("fp32", device):
+        for _ in range(SHAPE_PASSES):
+            for m, k, n in shapes:
+                env = {"a": torch.randn(m, k, device=device), "b": torch.randn(k, n, device=device)}
+                run_s = min_run_time_s / SHAPE_PASSES
+                times[m, k, n].append(median_time_s("torch.mm(a, b)", env, run_s))
+    return [
+        [m, k, n, 2 * m * k * n / sorted(found)[len(found) // 2]]
+        for (m, k, n), found in times.items()
+    ]
 
 
 def first_gpu_win(rows: list[dict], key: str) -> int | None:

@@ -142,6 +142,28 @@ class Hardware:
         size = max(1.0, flops_per_op / 2) ** (1 / 3)
         return _interpolate({int(n): rate for n, rate in curve.items()}, size)
 
+    def measures_gemm(self, precision: str) -> bool:
+        """Whether products at this precision run at measured rates: by shape, else by size."""
+        if precision == "fp32" and self._points(("matmul_shape_flops_per_s",)):
+            return True
+        return self.measures_matmul(precision)
+
+    def gemm_rate(self, precision: str, m: float, k: float, n: float) -> float:
+        """FLOP/s one (M × K) · (K × N) product reaches: on a measured fp32 grid of (M, K, N,
+        FLOP/s) points (`local`), interpolated in log M, log K and log N and clamped to the
+        grid; else (another precision, an entry measured before the grid) the square curve at
+        its FLOPs (matmul_rate).
+
+        A training step's products are skinny (tokens × d × 4d, d × tokens × 4d in backward):
+        the square of equal FLOPs can run at another rate than the shape itself.
+        """
+        return self._measured_rate(
+            precision,
+            2 * m * k * n,
+            ("matmul_shape_flops_per_s",),
+            lambda grid: _on_grid(grid, m, k, n),
+        )
+
     def conv_rate(
         self,
         precision: str,
@@ -234,14 +256,17 @@ class Hardware:
         return self.measured.get("op_efficiency", {}).get(op, self.efficiency_memory)
 
 
-def _on_grid(grid: list, weight: float, pixels: float) -> float:
-    """y on a grid of (weight, pixels, y) points: interpolated in log pixels along each measured
-    weight, then in log weight across them; clamped to the grid."""
-    by_weight: dict[float, dict[float, float]] = {}
-    for point_weight, point_pixels, rate in grid:
-        by_weight.setdefault(float(point_weight), {})[float(point_pixels)] = rate
-    at_weight = {w: _interpolate(row, max(1.0, pixels)) for w, row in by_weight.items()}
-    return _interpolate(at_weight, max(1.0, weight))
+def _on_grid(grid: list, *at: float) -> float:
+    """y at `at` on a grid of (x1, …, xd, y) points (convolutions: weight, pixels; products: M,
+    K, N): interpolated in log of the last coordinate along each measured value of the ones
+    before it, then in log of each earlier one across them; clamped to the grid."""
+    if len(at) == 1:
+        return _interpolate({float(x): y for x, y in grid}, max(1.0, at[0]))
+    by_first: dict[float, list] = {}
+    for first, *rest in grid:
+        by_first.setdefault(float(first), []).append(rest)
+    inner = {x: _on_grid(rest, *at[1:]) for x, rest in by_first.items()}
+    return _interpolate(inner, max(1.0, at[0]))
 
 
 def _interpolate(curve: dict[float, float], x: float) -> float:

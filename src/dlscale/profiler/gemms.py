@@ -39,6 +39,8 @@ class Gemm:
 _MM = {"mm": (0, 1), "addmm": (1, 2), "_scaled_mm": (0, 1)}  # which args are the two operands
 _BMM = {"bmm": (0, 1), "baddbmm": (1, 2)}
 _CONVOLUTION = {"convolution", "_convolution"}  # (input, weight, bias, stride, ..., groups, ...)
+# The plain products (neither convolution nor attention): each one GEMM, named by its op.
+PRODUCTS = frozenset({*_MM, *_BMM})
 
 
 def op_gemms(name: str, args: tuple, out) -> list[Gemm]:

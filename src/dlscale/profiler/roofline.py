@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale.hardware.device import Hardware
+from dlscale.profiler.gemms import PRODUCTS
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.trace import StepTrace
 
@@ -150,11 +151,7 @@ def phase_time(
         for flops, keys, causal in cost.attention
         if flops
     ]
-    other_products = cost.matmul_flops - cost.conv_flops - cost.attention_flops
-    if other_products:
-        per_op = other_products / max(1, cost.matmul_ops - len(cost.convs) - len(cost.attention))
-        seconds = other_products / hardware.matmul_rate(precision, per_op)
-        products.append((seconds, hardware.measures_matmul(precision)))
+    products += plain_products(cost, hardware, precision)
     products_s = sum(seconds for seconds, _ in products)
     # Elementwise FLOPs run on the vector units at the fp32 peak: a roofline figure everywhere.
     vector_s = cost.other_flops / (hardware.peak_flops["fp32"] * hardware.efficiency_compute)
@@ -182,6 +179,28 @@ def phase_time(
         memory_measured=_mostly_measured(moves),
         overhead_measured="training_op_overhead_s" in hardware.measured,
     )
+
+
+def plain_products(cost: PhaseCost, hardware: Hardware, precision: str) -> list[tuple[float, bool]]:
+    """(seconds, measured?) of the phase's plain matrix products (neither convolution nor
+    attention): each GEMM the tracer mapped (profiler/gemms.py) at the rate of its own shape; a
+    batched product's batch counts as more rows (M × batch), as its kernel streams through them.
+    Products known only by FLOPs (an op not mapped, a cost built by hand) at the square curve's
+    rate for their mean FLOPs per op."""
+    others = cost.matmul_flops - cost.conv_flops - cost.attention_flops
+    ops = cost.matmul_ops - len(cost.convs) - len(cost.attention)
+    found = []
+    for gemm in cost.gemms:
+        if gemm.name in PRODUCTS and gemm.macs:
+            flops = 2 * gemm.macs
+            rate = hardware.gemm_rate(precision, gemm.m * gemm.repeats, gemm.k, gemm.n)
+            found.append((flops / rate, hardware.measures_gemm(precision)))
+            others -= flops
+            ops -= 1
+    if others > 0:
+        seconds = others / hardware.matmul_rate(precision, others / max(1, ops))
+        found.append((seconds, hardware.measures_matmul(precision)))
+    return found
 
 
 def _mostly_measured(parts: list[tuple[float, bool]]) -> bool:

@@ -1,0 +1,126 @@
+"""Matrix products priced by their own shape on a measured (M, K, N) grid, the square curve
+where there is none; every rate worked out by hand."""
+
+import pytest
+import torch
+from torch import nn
+
+from dlscale.bench.matmul import shape_grid
+from dlscale.hardware.device import Hardware
+from dlscale.profiler.gemms import Gemm
+from dlscale.profiler.recorder import PhaseCost
+from dlscale.profiler.roofline import phase_time
+from dlscale.profiler.trace import trace_step
+
+G = 1e9
+# Measured squares: 1 GFLOP/s at n = 10, 8 at n = 1000.
+SQUARES = {"fp32": {"10": 1 * G, "1000": 8 * G}}
+
+
+def rate(m: int, k: int, n: int) -> float:
+    """The injected grid's rates: 1 GFLOP/s, + 2 for a long M, + 1 for a long K, + 4 for a
+    long N. Linear in each side's log, so interpolating the grid gives it back exactly."""
+    return (1 + 2 * (m == 1000) + 1 * (k == 1000) + 4 * (n == 1000)) * G
+
+
+GRID = [[m, k, n, rate(m, k, n)] for m in (10, 1000) for k in (10, 1000) for n in (10, 1000)]
+
+
+def cpu(measured: dict) -> Hardware:
+    return Hardware(
+        name="local",
+        display_name="local",
+        kind="cpu",
+        vendor="x",
+        peak_flops={"fp32": 8 * G, "bf16": 2 * G},
+        memory_bytes=2**30,
+        memory_bandwidth_bytes_per_s=1e10,
+        op_overhead_s=0.0,
+        compute_efficiency=1.0,
+        measured=measured,
+    )
+
+
+def test_a_skinny_product_runs_at_its_shapes_rate_not_at_the_squares():
+    hw = cpu({"matmul_flops_per_s": SQUARES, "matmul_shape_flops_per_s": GRID})
+    # M = 100 is half way from 10 to 1000 in log: 1 + 2·½ + 1 + 4 = 7 GFLOP/s.
+    assert hw.gemm_rate("fp32", 100, 1000, 1000) == pytest.approx(7 * G)
+    # The square of its FLOPs, n = (2e8 / 2)^(1/3) = 464, is 5/6 of the way up in log n (ln
+    # 46.4 / ln 100 = 0.833): 1 + 7 × 0.833 = 6.83 GFLOP/s, which the shape no longer uses.
+    assert hw.matmul_rate("fp32", 2e8) == pytest.approx(6.833 * G, rel=1e-3)
+    assert hw.gemm_rate("fp32", 1000, 100, 10) == pytest.approx(3.5 * G)  # 1 + 2 + ½
+    assert hw.gemm_rate("fp32", 5, 5000, 1) == pytest.approx(2 * G)  # clamped to the grid
+    assert hw.measures_gemm("fp32")
+
+
+def test_without_a_grid_a_product_falls_back_to_the_square_curve():
+    old_entry = cpu({"matmul_flops_per_s": SQUARES})  # measured before the grid existed
+    flops = 2 * 100 * 1000 * 1000
+    assert old_entry.gemm_rate("fp32", 100, 1000, 1000) == old_entry.matmul_rate("fp32", flops)
+    assert old_entry.measures_gemm("fp32")
+    # The grid is fp32's: bf16 products take the curve (none here: the bf16 peak).
+    hw = cpu({"matmul_flops_per_s": SQUARES, "matmul_shape_flops_per_s": GRID})
+    assert hw.gemm_rate("bf16", 100, 1000, 1000) == pytest.approx(2 * G)
+    assert not cpu({}).measures_gemm("fp32")
+
+
+def test_each_product_of_a_phase_pays_its_own_shape_and_the_unmapped_rest_the_square():
+    hw = cpu({"matmul_flops_per_s": SQUARES, "matmul_shape_flops_per_s": GRID})
+    linear = Gemm("addmm", 100, 1000, 1000)  # 2e8 FLOPs at 7 GFLOP/s
+    # 10 products of 10 × 1000 × 100 run as M = 100 rows: 1 + 1 + 1 + 2 = 5 GFLOP/s.
+    batched = Gemm("bmm", 10, 1000, 100, repeats=10)
+    unmapped = 16_000  # one product known only by its FLOPs: n = 20 on the squares
+    cost = PhaseCost(
+        matmul_flops=2 * linear.macs + 2 * batched.macs + unmapped,
+        matmul_ops=3,
+        gemms=[linear, batched],
+    )
+    square_rate = (1 + 7 * 0.150515) * G  # log(20 / 10) / log(1000 / 10) = 0.150515
+    expected = 2e8 / (7 * G) + 2e7 / (5 * G) + unmapped / square_rate
+    assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(expected, rel=1e-5)
+    assert phase_time(cost, hw, "fp32").compute_measured
+
+
+def test_a_traced_linear_layers_products_are_priced_by_shape():
+    """Forward x·Wᵀ (32 × 64 × 256), backward dY·W (32 × 256 × 64) and dYᵀ·x (256 × 32 × 64):
+    each at its own grid rate (the grid: 1 GFLOP/s per long side of 1000, sides 10 and 1000)."""
+    grid = [
+        [m, k, n, (1 + (m == 1000) + (k == 1000) + (n == 1000)) * G]
+        for m in (10, 1000)
+        for k in (10, 1000)
+        for n in (10, 1000)
+    ]
+    hw = cpu({"matmul_shape_flops_per_s": grid})
+    step = trace_step(
+        lambda: nn.Linear(64, 256),
+        torch.zeros(64),
+        32,
+        "fp32",
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        "sgd",
+        input_requires_grad=True,
+    )
+    layer = next(layer for layer in step.layers if layer.forward.gemms)
+
+    def at(side: int) -> float:  # log(side / 10) / log(100): a side's share of a long one
+        return torch.tensor(side / 10).log().item() / torch.tensor(100.0).log().item()
+
+    def seconds(m, k, n):
+        return 2 * m * k * n / ((1 + at(m) + at(k) + at(n)) * G)
+
+    forward = seconds(32, 64, 256)
+    backward = seconds(32, 256, 64) + seconds(256, 32, 64)
+    assert [(g.m, g.k, g.n) for g in layer.backward.gemms] == [(32, 256, 64), (256, 32, 64)]
+    assert phase_time(layer.forward, hw, "fp32").compute_s == pytest.approx(
+        forward + layer.forward.other_flops / (8 * G), rel=1e-5
+    )
+    assert phase_time(layer.backward, hw, "fp32", "backward").compute_s == pytest.approx(
+        backward + layer.backward.other_flops / (8 * G), rel=1e-5
+    )
+
+
+def test_the_bench_times_every_combination_of_sides_up_to_its_largest_product():
+    points = shape_grid(torch.device("cpu"), 0.001, sides=(2, 4), most_macs=32)
+    shapes = [[m, k, n] for m in (2, 4) for k in (2, 4) for n in (2, 4)]
+    assert [point[:3] for point in points] == shapes[:-1]  # 4³ = 64 > 32: left out
+    assert all(point[3] > 0 for point in points)
