@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ from dlscale.profiler.recorder import (
     nbytes,
     storage_id,
 )
+from dlscale.profiler.recurrent import cpu_fused_ops
 
 
 @dataclass
@@ -66,10 +67,21 @@ class LayerTrace:
     forward: PhaseCost = field(default_factory=PhaseCost)
     backward: PhaseCost = field(default_factory=PhaseCost)
     saved_bytes: int = 0
+    # (forward, backward) aten ops a CPU dispatches for this layer where torch runs it as one
+    # fused kernel per layer (an fp32 LSTM: profiler/recurrent.py); None: the trace's ops run
+    cpu_fused_ops: tuple[int, int] | None = None
 
     @property
     def working_set_bytes(self) -> int:
         return self.input_bytes + self.output_bytes + self.weight_bytes
+
+    def phases(self, kind: str) -> tuple[PhaseCost, PhaseCost]:
+        """Forward and backward as a device of `kind` runs them: on a CPU that fuses the layer,
+        the same FLOPs, bytes and products (done inside the kernel) in fewer dispatched ops."""
+        if kind != "cpu" or self.cpu_fused_ops is None:
+            return self.forward, self.backward
+        forward_ops, backward_ops = self.cpu_fused_ops
+        return replace(self.forward, ops=forward_ops), replace(self.backward, ops=backward_ops)
 
 
 @dataclass(frozen=True)
@@ -110,8 +122,9 @@ class StepTrace:
 class _ModuleWatcher:
     """Module hooks: the forward stack, call order, input/output bytes and shapes, node claims."""
 
-    def __init__(self, model: nn.Module, recorder: Recorder):
+    def __init__(self, model: nn.Module, recorder: Recorder, precision: str):
         self.recorder = recorder
+        self.precision = precision
         self.layers: dict[str, LayerTrace] = {}
         self.handles = []
         self.calls = 0
@@ -130,7 +143,7 @@ class _ModuleWatcher:
             self.handles.append(
                 module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True)
             )
-            self.handles.append(module.register_forward_hook(self._hook(name)))
+            self.handles.append(module.register_forward_hook(self._hook(name), with_kwargs=True))
 
     def _pre_hook(self, name: str):
         """Order is when a module starts: a container comes just before its children."""
@@ -147,7 +160,7 @@ class _ModuleWatcher:
         return hook
 
     def _hook(self, name: str):
-        def hook(module, inputs, output):
+        def hook(module, inputs, kwargs, output):
             popped = self.recorder.stack.pop()
             assert popped == name, f"module stack out of order: {popped} != {name}"
             self.recorder.claim(output, name, self.boundaries.pop())
@@ -160,6 +173,10 @@ class _ModuleWatcher:
                 nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)
             )
             layer.output_bytes += sum(nbytes(t) for t in outs)
+            fused = cpu_fused_ops(module, inputs, kwargs, self.precision)
+            if fused is not None:
+                done = layer.cpu_fused_ops or (0, 0)
+                layer.cpu_fused_ops = (done[0] + fused[0], done[1] + fused[1])
 
         return hook
 
@@ -220,7 +237,7 @@ def trace_step(
                     tensor.requires_grad_(True)
         model.train()
         recorder = Recorder()
-        watcher = _ModuleWatcher(model, recorder)
+        watcher = _ModuleWatcher(model, recorder, precision)
         saved = _SavedTensors(model, recorder)
         try:
             with recorder, FusedAttention():
