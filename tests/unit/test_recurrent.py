@@ -4,6 +4,7 @@ issues (counted here on real CPU tensors), the trace's FLOPs, bytes and per-step
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlscale.hardware.device import Hardware
 from dlscale.profiler.recorder import MODEL, Recorder
@@ -49,7 +50,8 @@ def test_the_fused_op_count_is_what_the_cpu_dispatches(case):
     x = torch.randn(shape, requires_grad=needs_grad)
     forward, backward, names = real_ops(lstm, x)
     assert "mkldnn_rnn_layer" in names  # the CPU ran the fused kernel
-    assert cpu_fused_ops(lstm, (x,), {}, "fp32") == (forward, backward)
+    fused = cpu_fused_ops(lstm, (x,), {}, "fp32")
+    assert (fused.forward_ops, fused.backward_ops) == (forward, backward)
 
 
 def test_a_given_state_creates_no_zeros():
@@ -57,8 +59,9 @@ def test_a_given_state_creates_no_zeros():
     x = torch.randn(6, 4, 8, requires_grad=True)
     hx = (torch.zeros(1, 4, 16), torch.zeros(1, 4, 16))
     forward, backward, _ = real_ops(lstm, x, hx)
-    assert cpu_fused_ops(lstm, (x, hx), {}, "fp32") == (forward, backward)
-    assert cpu_fused_ops(lstm, (x,), {"hx": hx}, "fp32") == (forward, backward)
+    for args, kwargs in (((x, hx), {}), ((x,), {"hx": hx})):
+        fused = cpu_fused_ops(lstm, args, kwargs, "fp32")
+        assert (fused.forward_ops, fused.backward_ops) == (forward, backward)
 
 
 def test_layers_torch_decomposes_on_a_cpu_keep_the_traced_count():
@@ -101,16 +104,18 @@ def test_a_traced_lstm_keeps_its_flops_and_per_step_products_in_fewer_ops():
     _step, layer = traced_lstm(size, steps, batch)
     real = nn.LSTM(size, size, batch_first=True)
     forward_ops, backward_ops, _ = real_ops(real, torch.randn(batch, steps, size).requires_grad_())
-    assert layer.cpu_fused_ops == (forward_ops, backward_ops) == (6, 3)
+    fused = layer.cpu_fused
+    assert (fused.forward_ops, fused.backward_ops) == (forward_ops, backward_ops) == (6, 3)
     forward, backward = layer.phases("cpu")
     assert (forward.ops, backward.ops) == (6, 3)
     assert layer.forward.ops > 10 * steps  # the decomposed path the trace took
     assert layer.phases("gpu") == (layer.forward, layer.backward)  # not counted on a GPU
-    for fused, traced in ((forward, layer.forward), (backward, layer.backward)):
-        assert fused.matmul_flops == traced.matmul_flops
-        assert fused.other_flops == traced.other_flops
-        assert fused.bytes == traced.bytes
-        assert fused.matmul_ops == traced.matmul_ops
+    for phase, traced in ((forward, layer.forward), (backward, layer.backward)):
+        assert phase.matmul_flops == traced.matmul_flops
+        assert phase.other_flops == traced.other_flops
+        assert phase.matmul_ops == traced.matmul_ops
+    assert forward.bytes == layer.forward.bytes
+    assert backward.bytes == layer.backward.bytes - fused.accumulation_bytes
     # Forward: per step one product for the input and one for the state, each (batch × size)
     # by (size × 4·size): 2 · 4 · 16 · 64 = 8,192 FLOPs each, 12 products in all.
     assert forward.matmul_ops == 2 * steps
@@ -166,3 +171,47 @@ def test_the_products_run_at_the_rate_of_one_steps_product():
     vector_s = forward.other_flops / 5e11
     timed = phase_time(forward, hardware, "fp32")
     assert timed.compute_s == pytest.approx(forward.matmul_flops / rate + vector_s)
+
+
+class AccumulationAdds(TorchDispatchMode):
+    """Bytes of backward `add`s whose output has a parameter's shape: autograd summing the
+    gradients of a weight used at every time step."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.shapes, self.bytes = shapes, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        backward = torch._C._current_autograd_node() is not None
+        if backward and func.overloadpacket.__name__ == "add" and tuple(out.shape) in self.shapes:
+            self.bytes += 3 * out.numel() * out.element_size()  # two read, one written
+        return out
+
+
+@pytest.mark.parametrize(
+    "options", [{"batch_first": True}, {"num_layers": 2, "bidirectional": True}]
+)
+def test_the_backward_drops_the_traced_adds_that_sum_per_step_weight_gradients(options):
+    size, steps, batch = 16, 6, 4
+    with torch.device("meta"):
+        lstm = nn.LSTM(size, 2 * size, **options)
+        x = torch.empty(batch, steps, size, requires_grad=True)
+    if not lstm.batch_first:
+        x = x.transpose(0, 1)
+    counter = AccumulationAdds({tuple(p.shape) for p in lstm.parameters()})
+    with counter:
+        out, _ = lstm(x)
+        out.backward(torch.empty_like(out))
+    # (T - 1) adds of every weight: 5 × 3 × its bytes
+    weights = sum(p.numel() * 4 for p in lstm.parameters())
+    assert counter.bytes == (steps - 1) * 3 * weights
+    assert cpu_fused_ops(lstm, (x,), {}, "fp32").accumulation_bytes == counter.bytes
+    # and the real fused backward issues no add of a weight's shape
+    real = nn.LSTM(size, 2 * size, **options)
+    x = torch.randn(x.shape, requires_grad=True)
+    counter = AccumulationAdds({tuple(p.shape) for p in real.parameters()})
+    with counter:
+        out, _ = real(x)
+        out.backward(torch.ones_like(out))
+    assert counter.bytes == 0

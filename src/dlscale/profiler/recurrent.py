@@ -9,7 +9,9 @@ and its backward as one `mkldnn_rnn_layer_backward` each (aten/src/ATen/native/R
 hidden rows, so the trace's FLOPs, bytes and products (which set the rate) stand; only the ops
 that each pay the per-op dispatch cost are fewer: the kernels and the few ops around them, counted
 here. The counts were read from real CPU tensors under a dispatch-counting mode and are checked
-against it in tests/unit/test_recurrent.py.
+against it in tests/unit/test_recurrent.py. The bytes stay the trace's but for one part the kernel
+does not move: the decomposed backward sums each weight's per-step gradients with T - 1 separate
+`add`s (each reads two weight-sized tensors and writes one); the kernel accumulates them inside.
 
 Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
 projections, and bf16/fp16 (fused only on CPUs with oneDNN's bf16/fp16 support, not assumed).
@@ -19,13 +21,31 @@ one: a GPU keeps the decomposed count.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 
-def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> tuple[int, int] | None:
-    """(forward, backward) aten ops of one call of `module` on a CPU that fuses it; None where
-    torch's CPU path decomposes it (the trace's count then stands)."""
+@dataclass(frozen=True)
+class FusedCalls:
+    """What a CPU that fuses the layer does differently from the trace, over the layer's calls."""
+
+    forward_ops: int
+    backward_ops: int
+    accumulation_bytes: int  # the trace's backward `add`s summing per-step weight gradients
+
+    def __add__(self, other: FusedCalls) -> FusedCalls:
+        return FusedCalls(
+            self.forward_ops + other.forward_ops,
+            self.backward_ops + other.backward_ops,
+            self.accumulation_bytes + other.accumulation_bytes,
+        )
+
+
+def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls | None:
+    """One call of `module` on a CPU that fuses it; None where torch's CPU path decomposes it
+    (the trace's count then stands)."""
     if not isinstance(module, nn.LSTM) or module.proj_size or precision != "fp32":
         return None
     if not torch.backends.mkldnn.is_available():
@@ -50,4 +70,6 @@ def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> tuple[int,
         backward += module.num_layers - (0 if x.requires_grad else 1)
     if batch_first_copy and x.requires_grad:  # new_empty_strided, copy_: back to batch-first
         backward += 2
-    return forward, backward
+    steps = x.shape[1] if batch_first_copy else x.shape[0]
+    weights = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return FusedCalls(forward, backward, max(0, steps - 1) * 3 * weights)

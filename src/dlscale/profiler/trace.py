@@ -47,7 +47,7 @@ from dlscale.profiler.recorder import (
     nbytes,
     storage_id,
 )
-from dlscale.profiler.recurrent import cpu_fused_ops
+from dlscale.profiler.recurrent import FusedCalls, cpu_fused_ops
 
 
 @dataclass
@@ -67,9 +67,9 @@ class LayerTrace:
     forward: PhaseCost = field(default_factory=PhaseCost)
     backward: PhaseCost = field(default_factory=PhaseCost)
     saved_bytes: int = 0
-    # (forward, backward) aten ops a CPU dispatches for this layer where torch runs it as one
-    # fused kernel per layer (an fp32 LSTM: profiler/recurrent.py); None: the trace's ops run
-    cpu_fused_ops: tuple[int, int] | None = None
+    # Where a CPU runs this layer as one fused kernel per layer (an fp32 LSTM): the ops it
+    # dispatches and the bytes it does not move (profiler/recurrent.py); None: as traced
+    cpu_fused: FusedCalls | None = None
 
     @property
     def working_set_bytes(self) -> int:
@@ -77,11 +77,20 @@ class LayerTrace:
 
     def phases(self, kind: str) -> tuple[PhaseCost, PhaseCost]:
         """Forward and backward as a device of `kind` runs them: on a CPU that fuses the layer,
-        the same FLOPs, bytes and products (done inside the kernel) in fewer dispatched ops."""
-        if kind != "cpu" or self.cpu_fused_ops is None:
+        the same FLOPs and products (done inside the kernel) in fewer dispatched ops, without the
+        backward's separate accumulation of per-step weight gradients."""
+        fused = self.cpu_fused
+        if kind != "cpu" or fused is None:
             return self.forward, self.backward
-        forward_ops, backward_ops = self.cpu_fused_ops
-        return replace(self.forward, ops=forward_ops), replace(self.backward, ops=backward_ops)
+        by_op = Counter(self.backward.bytes_by_op)
+        by_op["add"] -= fused.accumulation_bytes
+        backward = replace(
+            self.backward,
+            ops=fused.backward_ops,
+            bytes=self.backward.bytes - fused.accumulation_bytes,
+            bytes_by_op=+by_op,
+        )
+        return replace(self.forward, ops=fused.forward_ops), backward
 
 
 @dataclass(frozen=True)
@@ -175,8 +184,7 @@ class _ModuleWatcher:
             layer.output_bytes += sum(nbytes(t) for t in outs)
             fused = cpu_fused_ops(module, inputs, kwargs, self.precision)
             if fused is not None:
-                done = layer.cpu_fused_ops or (0, 0)
-                layer.cpu_fused_ops = (done[0] + fused[0], done[1] + fused[1])
+                layer.cpu_fused = fused if layer.cpu_fused is None else layer.cpu_fused + fused
 
         return hook
 
