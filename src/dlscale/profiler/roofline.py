@@ -239,8 +239,9 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
     """Step (and epoch) time of a traced training step on `hardware`."""
     layers = []
     for layer in trace.layers:
-        forward = phase_time(layer.forward, hardware, trace.precision)
-        backward = phase_time(layer.backward, hardware, trace.precision, "backward")
+        forward_cost, backward_cost = layer.phases(hardware.kind)  # an LSTM fused on a CPU
+        forward = phase_time(forward_cost, hardware, trace.precision)
+        backward = phase_time(backward_cost, hardware, trace.precision, "backward")
         intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
         layers.append(LayerTime(layer.name, forward, backward, intensity))
     optimizer_s = optimizer_seconds(trace, hardware)

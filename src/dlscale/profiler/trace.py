@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -47,6 +47,7 @@ from dlscale.profiler.recorder import (
     nbytes,
     storage_id,
 )
+from dlscale.profiler.recurrent import FusedCalls, cpu_fused_ops
 
 
 @dataclass
@@ -66,10 +67,30 @@ class LayerTrace:
     forward: PhaseCost = field(default_factory=PhaseCost)
     backward: PhaseCost = field(default_factory=PhaseCost)
     saved_bytes: int = 0
+    # Where a CPU runs this layer as one fused kernel per layer (an fp32 LSTM): the ops it
+    # dispatches and the bytes it does not move (profiler/recurrent.py); None: as traced
+    cpu_fused: FusedCalls | None = None
 
     @property
     def working_set_bytes(self) -> int:
         return self.input_bytes + self.output_bytes + self.weight_bytes
+
+    def phases(self, kind: str) -> tuple[PhaseCost, PhaseCost]:
+        """Forward and backward as a device of `kind` runs them: on a CPU that fuses the layer,
+        the same FLOPs and products (done inside the kernel) in fewer dispatched ops, without the
+        backward's separate accumulation of per-step weight gradients."""
+        fused = self.cpu_fused
+        if kind != "cpu" or fused is None:
+            return self.forward, self.backward
+        by_op = Counter(self.backward.bytes_by_op)
+        by_op["add"] -= fused.accumulation_bytes
+        backward = replace(
+            self.backward,
+            ops=fused.backward_ops,
+            bytes=self.backward.bytes - fused.accumulation_bytes,
+            bytes_by_op=+by_op,
+        )
+        return replace(self.forward, ops=fused.forward_ops), backward
 
 
 @dataclass(frozen=True)
@@ -110,8 +131,9 @@ class StepTrace:
 class _ModuleWatcher:
     """Module hooks: the forward stack, call order, input/output bytes and shapes, node claims."""
 
-    def __init__(self, model: nn.Module, recorder: Recorder):
+    def __init__(self, model: nn.Module, recorder: Recorder, precision: str):
         self.recorder = recorder
+        self.precision = precision
         self.layers: dict[str, LayerTrace] = {}
         self.handles = []
         self.calls = 0
@@ -130,7 +152,7 @@ class _ModuleWatcher:
             self.handles.append(
                 module.register_forward_pre_hook(self._pre_hook(name), with_kwargs=True)
             )
-            self.handles.append(module.register_forward_hook(self._hook(name)))
+            self.handles.append(module.register_forward_hook(self._hook(name), with_kwargs=True))
 
     def _pre_hook(self, name: str):
         """Order is when a module starts: a container comes just before its children."""
@@ -147,7 +169,7 @@ class _ModuleWatcher:
         return hook
 
     def _hook(self, name: str):
-        def hook(module, inputs, output):
+        def hook(module, inputs, kwargs, output):
             popped = self.recorder.stack.pop()
             assert popped == name, f"module stack out of order: {popped} != {name}"
             self.recorder.claim(output, name, self.boundaries.pop())
@@ -160,6 +182,9 @@ class _ModuleWatcher:
                 nbytes(t) for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)
             )
             layer.output_bytes += sum(nbytes(t) for t in outs)
+            fused = cpu_fused_ops(module, inputs, kwargs, self.precision)
+            if fused is not None:
+                layer.cpu_fused = fused if layer.cpu_fused is None else layer.cpu_fused + fused
 
         return hook
 
@@ -220,7 +245,7 @@ def trace_step(
                     tensor.requires_grad_(True)
         model.train()
         recorder = Recorder()
-        watcher = _ModuleWatcher(model, recorder)
+        watcher = _ModuleWatcher(model, recorder, precision)
         saved = _SavedTensors(model, recorder)
         try:
             with recorder, FusedAttention():

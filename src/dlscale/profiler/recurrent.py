@@ -1,0 +1,75 @@
+"""The aten ops torch dispatches for an LSTM that a CPU runs as oneDNN's fused kernel.
+
+A trace on meta (or fake) tensors takes torch's decomposed RNN path: per time step and layer a
+product for the input, one for the hidden state and about ten elementwise ops, each dispatched on
+its own (773 forward and 1,529 backward ops for the zoo's 64-step LSTM). On a CPU torch 2.13
+instead runs a fp32 LSTM without projections as one `mkldnn_rnn_layer` per layer and direction,
+and its backward as one `mkldnn_rnn_layer_backward` each (aten/src/ATen/native/RNN.cpp,
+`use_mkldnn`). The same products are done inside that kernel, one per time step of batch ×
+hidden rows, so the trace's FLOPs, bytes and products (which set the rate) stand; only the ops
+that each pay the per-op dispatch cost are fewer: the kernels and the few ops around them, counted
+here. The counts were read from real CPU tensors under a dispatch-counting mode and are checked
+against it in tests/unit/test_recurrent.py. The bytes stay the trace's but for one part the kernel
+does not move: the decomposed backward sums each weight's per-step gradients with T - 1 separate
+`add`s (each reads two weight-sized tensors and writes one); the kernel accumulates them inside.
+
+Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
+projections, and bf16/fp16 (fused only on CPUs with oneDNN's bf16/fp16 support, not assumed).
+GPUs run every RNN through cuDNN (`_cudnn_rnn`), whose dispatched ops have not been counted on
+one: a GPU keeps the decomposed count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class FusedCalls:
+    """What a CPU that fuses the layer does differently from the trace, over the layer's calls."""
+
+    forward_ops: int
+    backward_ops: int
+    accumulation_bytes: int  # the trace's backward `add`s summing per-step weight gradients
+
+    def __add__(self, other: FusedCalls) -> FusedCalls:
+        return FusedCalls(
+            self.forward_ops + other.forward_ops,
+            self.backward_ops + other.backward_ops,
+            self.accumulation_bytes + other.accumulation_bytes,
+        )
+
+
+def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls | None:
+    """One call of `module` on a CPU that fuses it; None where torch's CPU path decomposes it
+    (the trace's count then stands)."""
+    if not isinstance(module, nn.LSTM) or module.proj_size or precision != "fp32":
+        return None
+    if not torch.backends.mkldnn.is_available():
+        return None
+    given = [*args, *kwargs.values()]
+    x = given[0] if given else None
+    if not isinstance(x, torch.Tensor):  # a PackedSequence takes another path
+        return None
+    hx = given[1] if len(given) > 1 else None
+    kernels = module.num_layers * (2 if module.bidirectional else 1)
+    batch_first_copy = module.batch_first and x.dim() == 3  # time-major copy of the input
+    forward = (
+        kernels  # mkldnn_rnn_layer
+        + 2  # stack: h_n and c_n over layers
+        + (2 if hx is None else 0)  # zeros: h_0 and c_0
+        + (0 if module.bias else 2 * kernels)  # zeros: the missing biases
+        + (1 if batch_first_copy else 0)  # clone
+        + (module.num_layers if module.bidirectional else 0)  # cat: both directions' outputs
+    )
+    backward = kernels  # mkldnn_rnn_layer_backward
+    if module.bidirectional:  # add: the two directions' input gradients, where one is needed
+        backward += module.num_layers - (0 if x.requires_grad else 1)
+    if batch_first_copy and x.requires_grad:  # new_empty_strided, copy_: back to batch-first
+        backward += 2
+    steps = x.shape[1] if batch_first_copy else x.shape[0]
+    weights = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return FusedCalls(forward, backward, max(0, steps - 1) * 3 * weights)
