@@ -397,7 +397,11 @@ def _one_step(run: ScalingRun, trace: StepTrace, hardware) -> tuple[float, str]:
 
 def _efficiency(run, trace, hardware, setting: Setting, value: float, one_s: float):
     link = setting.with_value(value).link
-    network = setting.network
+    return _ddp_point(run, trace, hardware, link, setting.network, one_s, setting.framework)
+
+
+def _ddp_point(run, trace, hardware, link: Link, network: Link | None, one_s: float, framework):
+    """The ddp point of `run`'s device count, over `link` within a node and `network` between."""
     request = ScalingRequest(
         (run.devices,),
         nodes=run.nodes,
@@ -405,7 +409,7 @@ def _efficiency(run, trace, hardware, setting: Setting, value: float, one_s: flo
         strategies=("ddp",),
     )
     (point,) = predict_scaling(
-        trace, hardware, request, link, network, single_step_s=one_s, framework=setting.framework
+        trace, hardware, request, link, network, single_step_s=one_s, framework=framework
     )
     return point
 
@@ -418,16 +422,7 @@ def _before(run, trace, hardware, setting: Setting, one_s: float) -> float:
     network = setting.network
     if network is not None:
         network = dataclasses.replace(network, launch_s=0.0, contention=1.0, overlap=1.0)
-    request = ScalingRequest(
-        (run.devices,),
-        nodes=run.nodes,
-        network=network.name if network else None,
-        strategies=("ddp",),
-    )
-    (point,) = predict_scaling(
-        trace, hardware, request, link, network, single_step_s=one_s, framework=plain
-    )
-    return point.efficiency
+    return _ddp_point(run, trace, hardware, link, network, one_s, plain).efficiency
 
 
 def _derive(run, trace, hardware, setting: Setting, one_s) -> float:

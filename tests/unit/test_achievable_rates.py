@@ -13,22 +13,22 @@ from dlscale.hardware.catalogue import entry_to_toml, parse_catalogue
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.roofline import phase_time
 from dlscale.profiler.trace import trace_step
+from tests.toy_hardware import toy_hardware
 
 T = 1e12
 
 
 def gpu(**overrides) -> Hardware:
+    """A GPU with no efficiency of its own (the kind's defaults apply) and no per-op cost."""
     fields = {
-        "name": "toy",
-        "display_name": "toy",
         "kind": "gpu",
-        "vendor": "x",
         "peak_flops": {"fp32": 10 * T, "bf16": 100 * T},
-        "memory_bytes": 2**30,
         "memory_bandwidth_bytes_per_s": 1e12,
+        "compute_efficiency": None,
+        "memory_efficiency": None,
         "op_overhead_s": 0.0,
     }
-    return Hardware(**{**fields, **overrides})
+    return toy_hardware(**{**fields, **overrides})
 
 
 @pytest.fixture(autouse=True)

@@ -11,6 +11,7 @@ from dlscale.profiler.recorder import MODEL, Recorder
 from dlscale.profiler.recurrent import cpu_fused_ops
 from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.trace import trace_step
+from tests.toy_hardware import toy_hardware
 
 pytestmark = pytest.mark.skipif(
     not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN"
@@ -123,19 +124,7 @@ def test_a_traced_lstm_keeps_its_flops_and_per_step_products_in_fewer_ops():
 
 
 def cpu(**overrides) -> Hardware:
-    fields = {
-        "name": "toy-cpu",
-        "display_name": "toy cpu",
-        "kind": "cpu",
-        "vendor": "x",
-        "peak_flops": {"fp32": 1e12},
-        "memory_bytes": 2**30,
-        "memory_bandwidth_bytes_per_s": 1e11,
-        "compute_efficiency": 0.5,
-        "memory_efficiency": 0.5,
-        "op_overhead_s": 10e-6,
-    }
-    return Hardware(**{**fields, **overrides})
+    return toy_hardware(op_overhead_s=10e-6, **overrides)
 
 
 def test_a_small_batch_lstm_with_a_large_state_is_bound_by_memory_bandwidth():

@@ -9,36 +9,21 @@ from torch import nn
 
 from dlscale.bench.loop_cost import loop_step_cost
 from dlscale.bench.scale import worker_step_s
-from dlscale.hardware.device import DEFAULT_STEP_OVERHEAD_S, Hardware
+from dlscale.hardware.device import DEFAULT_STEP_OVERHEAD_S
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.trace import trace_step
-
-
-def device(**overrides) -> Hardware:
-    fields = {
-        "name": "toy",
-        "display_name": "toy",
-        "kind": "cpu",
-        "vendor": "x",
-        "peak_flops": {"fp32": 1e12},
-        "memory_bytes": 2**30,
-        "memory_bandwidth_bytes_per_s": 1e11,
-        "compute_efficiency": 0.5,
-        "memory_efficiency": 0.5,
-        "op_overhead_s": 1e-6,
-    }
-    return Hardware(**{**fields, **overrides})
+from tests.toy_hardware import toy_hardware
 
 
 def test_every_step_pays_the_loop_cost_measured_or_the_default():
     step = trace_step(lambda: nn.Linear(10, 10), torch.zeros(10), 4, "fp32", torch.optim.SGD, "sgd")
-    measured = predict(step, device(measured={"loop_step_s": 2.5e-4}))
+    measured = predict(step, toy_hardware(measured={"loop_step_s": 2.5e-4}))
     assert measured.loop_s == 2.5e-4
     parts = measured.forward_s + measured.backward_s + measured.optimizer_s + measured.h2d_s
     assert measured.step_s == pytest.approx(parts + 2.5e-4)
     assert measured.samples_per_s == pytest.approx(4 / measured.step_s)
-    catalogue = predict(step, device())
+    catalogue = predict(step, toy_hardware())
     assert catalogue.loop_s == DEFAULT_STEP_OVERHEAD_S["cpu"]
     assert catalogue.step_s - measured.step_s == pytest.approx(
         DEFAULT_STEP_OVERHEAD_S["cpu"] - 2.5e-4
@@ -48,7 +33,7 @@ def test_every_step_pays_the_loop_cost_measured_or_the_default():
 def test_a_tiny_step_is_its_ops_and_the_loop_by_hand():
     """Rates so high that FLOPs and bytes cost nothing: the step is ops × 1 µs + the loop."""
     step = trace_step(lambda: nn.Linear(10, 10), torch.zeros(10), 4, "fp32", torch.optim.SGD, "sgd")
-    fast = device(
+    fast = toy_hardware(
         peak_flops={"fp32": 1e30}, memory_bandwidth_bytes_per_s=1e30, measured={"loop_step_s": 3e-4}
     )
     ops = sum(layer.forward.ops + layer.backward.ops for layer in step.layers)
@@ -66,8 +51,8 @@ def test_the_loop_cost_is_the_median_of_paired_differences_never_negative():
 
 def test_each_phase_says_whether_a_measured_rate_or_the_roofline_set_it():
     curve = {"fp32": {"64": 1e10, "1024": 5e11}}
-    measured = device(measured={"matmul_flops_per_s": curve, "op_efficiency": {"relu": 0.8}})
-    catalogue = device()
+    measured = toy_hardware(measured={"matmul_flops_per_s": curve, "op_efficiency": {"relu": 0.8}})
+    catalogue = toy_hardware()
     products = PhaseCost(matmul_flops=int(1e9), matmul_ops=1, bytes=int(1e3), ops=1)
     assert phase_time(products, measured, "fp32").source == "measured"
     assert phase_time(products, catalogue, "fp32").source == "roofline"
@@ -89,7 +74,7 @@ def test_each_phase_says_whether_a_measured_rate_or_the_roofline_set_it():
     assert phase_time(PhaseCost(), measured, "fp32").source == "none"
     tiny = PhaseCost(matmul_flops=10, matmul_ops=1, bytes=10, ops=3)
     assert phase_time(tiny, measured, "fp32").source == "roofline"
-    timed = device(measured={"training_op_overhead_s": 1e-6})
+    timed = toy_hardware(measured={"training_op_overhead_s": 1e-6})
     assert phase_time(tiny, timed, "fp32").source == "measured"
 
 
@@ -103,7 +88,7 @@ def test_a_prediction_counts_its_phases_by_source():
         "sgd",
     )
     curve = {"fp32": {"64": 1e10, "1024": 5e11}}
-    hw = device(op_overhead_s=0.0, measured={"matmul_flops_per_s": curve})
+    hw = toy_hardware(op_overhead_s=0.0, measured={"matmul_flops_per_s": curve})
     result = predict(step, hw)
     sources = {layer.name: (layer.forward.source, layer.backward.source) for layer in result.layers}
     assert sources["0"] == ("measured", "measured")  # the products, on the measured curve
@@ -121,7 +106,7 @@ def test_a_worker_with_fewer_threads_slows_its_ops_but_not_the_loop():
     # `local` measured with 2 threads; a worker of `dlscale scale` has 1: its ops run 2× slower,
     # the loop's own per-step cost (Python on one core) does not.
     step = trace_step(lambda: nn.Linear(10, 10), torch.zeros(10), 4, "fp32", torch.optim.SGD, "sgd")
-    prediction = predict(step, device(measured={"loop_step_s": 2.5e-4}))
+    prediction = predict(step, toy_hardware(measured={"loop_step_s": 2.5e-4}))
     ops = prediction.step_s - 2.5e-4
     assert worker_step_s(prediction, 2, 1) == pytest.approx(ops * 2 + 2.5e-4)
     assert worker_step_s(prediction, 2, 2) == pytest.approx(prediction.step_s)
