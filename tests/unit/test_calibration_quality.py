@@ -2,6 +2,7 @@
 measurement never silently replacing a better one."""
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -123,3 +124,26 @@ def test_a_probe_times_exactly_the_ops_the_tracer_counts(kind, monkeypatch):
     )
     layers = [layer for layer in step.layers if layer.name != LOSS]
     assert len(counted.ops) == sum(layer.forward.ops + layer.backward.ops for layer in layers)
+
+
+def test_normalization_probes_run_at_the_sizes_models_have(monkeypatch):
+    """A GPU's batch norm share depends on its channel count (on an H100, 16 channels reached
+    0.09 of bandwidth and 256 reached 0.90): each normalization probe is built for its own
+    sample shape, and the other probes keep the common one."""
+    timed = {}
+
+    def fake_step(model, x, device, min_time_s):
+        timed[model.kind] = (model, tuple(x.shape))
+        return 1.0
+
+    monkeypatch.setattr(calibrate, "_time_training_step", fake_step)
+    calibrate.op_efficiencies(torch.device("cpu"), 1e9, 0.0)
+    batch = calibrate.PROBE_BATCH["cpu"]
+    bn, bn_shape = timed["batch_norm"]
+    assert bn_shape == (batch, 256, 16, 16) and bn.batch_norm.num_features == 256
+    ln, ln_shape = timed["layer_norm"]
+    assert ln_shape == (batch, 64, 1024) and ln.norm.normalized_shape == (1024,)
+    assert timed["relu"][1] == (batch, *calibrate.PROBE_SHAPE)
+    # every probe still moves the same bytes a sample
+    for kind in calibrate.PROBES:
+        assert math.prod(timed[kind][1][1:]) == math.prod(calibrate.PROBE_SHAPE)

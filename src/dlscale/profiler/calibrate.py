@@ -277,7 +277,25 @@ PROBES = ("relu", "gelu", "max_pool", "softmax", "add", "layer_norm", "batch_nor
 # A GPU streams 2 MiB in about a microsecond, well under one kernel launch, so it is timed on
 # 128 MiB tensors: what its share of bandwidth is when a layer is big enough for bandwidth to count.
 PROBE_SHAPE = (16, 64, 64)
+# The normalizations' shares depend on the normalized axis, so each is probed at a size the
+# models in the zoo have (same 256 KiB a sample): layer norm over 1,024 features (GPT-2's 768,
+# BERT's 1,024), batch norm over 256 channels of 16 × 16 (ResNet-50 has 64 to 2,048). Measured on
+# an H100 (2026-11-27, `benchmarks/norm_probe_sizes.py`): batch norm reached
+# 0.09 of bandwidth at 16 channels, 0.35 at 64, 0.90 at 256, 0.81 at 1,024 — few channels leave
+# most of the 132 SMs idle; layer norm 0.18 over 64 features, 0.47 over 256, 0.55 over 1,024.
+PROBE_SHAPES = {"layer_norm": (64, 1024), "batch_norm": (256, 16, 16)}
 PROBE_BATCH = {"cpu": 8, "cuda": 512}
+
+
+def probe_shape(kind: str) -> tuple[int, ...]:
+    """One sample's shape for the probe of `kind`."""
+    return PROBE_SHAPES.get(kind, PROBE_SHAPE)
+
+
+def probe_module(kind: str) -> _Probe:
+    """The probe of `kind`, its normalization sized for `probe_shape(kind)`."""
+    shape = probe_shape(kind)
+    return _Probe(kind, shape[-1] if kind == "layer_norm" else shape[0])
 
 
 def op_efficiencies(
@@ -290,12 +308,11 @@ def op_efficiencies(
     optimizer's elementwise ops are probed apart, by `optimizer_efficiencies`.
     """
     found: dict[str, float] = {}
-    channels = PROBE_SHAPE[-1]
     batch = PROBE_BATCH.get(device.type, PROBE_BATCH["cpu"])
     for kind in PROBES:
         step = trace_step(
-            lambda k=kind: _Probe(k, channels if k == "layer_norm" else PROBE_SHAPE[0]),
-            torch.zeros(PROBE_SHAPE),
+            lambda k=kind: probe_module(k),
+            torch.zeros(probe_shape(kind)),
             batch,
             "fp32",
             torch.optim.SGD,
@@ -306,8 +323,8 @@ def op_efficiencies(
         costs = [layer.forward for layer in rows] + [layer.backward for layer in rows]
         by_op = sum((cost.bytes_by_op for cost in costs), Counter())
         ops = sum(cost.ops for cost in costs)
-        model = _Probe(kind, channels if kind == "layer_norm" else PROBE_SHAPE[0])
-        x = torch.randn(batch, *PROBE_SHAPE, device=device, requires_grad=True)
+        model = probe_module(kind)
+        x = torch.randn(batch, *probe_shape(kind), device=device, requires_grad=True)
         seconds = _time_training_step(model, x, device, min_time_s) - ops * overhead_s
         efficiency = sum(by_op.values()) / max(seconds, 1e-9) / bandwidth_bytes_per_s
         for op in by_op:
