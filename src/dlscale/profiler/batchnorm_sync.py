@@ -10,11 +10,13 @@ Read off torch's own implementation (torch/nn/modules/_functions.py, class SyncB
   the layer's input gradient. A layer whose input needs no gradient (a batch norm applied to
   the data itself) skips it; the count here assumes every layer's input needs one.
 
-The values are the statistics' accumulate type, fp32, whatever the training precision (bf16 and
-fp16 inputs are reduced in fp32). Both collectives are blocking (`async_op=False`) inside forward
-and backward, so nothing hides them behind compute: each pays its launch and its hops on the
-step's critical path. The weight and bias gradients are not sent here: DDP's buckets average
-them with the rest.
+The values are the statistics' accumulate type, fp32, whatever the training precision:
+batch_norm_stats_cuda allocates mean and invstd as toAccumulateType(input) (fp32 for bf16 and
+fp16; aten/src/ATen/native/cuda/Normalization.cu, read 2026-11-27), the count is cast to the
+mean's type, and the backward sums come out in the statistics' type. Both collectives are
+blocking (`async_op=False`) inside forward and backward, so nothing hides them behind compute:
+each pays its launch and its hops on the step's critical path. The weight and bias gradients
+are not sent here: DDP's buckets average them with the rest.
 """
 
 from __future__ import annotations
