@@ -71,6 +71,11 @@ def profile(
     strategies: str | None = typer.Option(
         None, "--strategies", help="ddp,pipeline,ps,hybrid,tensor (default: all)."
     ),
+    sync_batchnorm: bool = typer.Option(
+        False,
+        "--sync-batchnorm",
+        help="ddp points run torch's SyncBatchNorm: count its collectives (GPUs only).",
+    ),
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs of the whole run."),
     deadline: str | None = typer.Option(
         None, "--deadline", help="Pick the cheapest device count finishing within: 2h, 30m."
@@ -113,6 +118,7 @@ def profile(
         strategies=parse_names(strategies),
         epochs=epochs,
         deadline=deadline,
+        sync_batchnorm=sync_batchnorm,
     )
     if plot is not None:
         profiling.profile_plot_folder(plot)

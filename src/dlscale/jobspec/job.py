@@ -65,6 +65,11 @@ class Spec(Strict):
         self.strategy.check_precision(self.precision)
         return self
 
+    @model_validator(mode="after")
+    def _strategy_device(self) -> Spec:
+        self.strategy.check_device(self.device)
+        return self
+
     def warnings(self) -> list[str]:
         """Settings the user gave that will have no effect (each deserves a warning)."""
         found = []
@@ -111,5 +116,10 @@ class Spec(Strict):
             "data": {"stage"},
             "model": {"inputs"},
         }
-        canonical = json.dumps(self.model_dump(mode="json", exclude=ignored), sort_keys=True)
+        resolved = self.model_dump(mode="json", exclude=ignored)
+        # A setting added later is left out at its default (the step it changes is not taken),
+        # so a run from before it keeps its hash and resumes.
+        if resolved["strategy"].get("sync_batchnorm") is False:
+            del resolved["strategy"]["sync_batchnorm"]
+        canonical = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

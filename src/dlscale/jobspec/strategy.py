@@ -83,6 +83,18 @@ class StrategySection(Strict):
     def check_precision(self, precision: str) -> None:
         """A ValueError for a precision the strategy cannot train in."""
 
+    def check_device(self, device: str) -> None:
+        """A ValueError for the spec's device (auto, cpu, cuda, cuda:N, mps) where the strategy
+        cannot train on it whatever the machine (`auto` is the run's to resolve)."""
+
+
+def sync_batchnorm_refusal(device: str) -> str:
+    """The one line that refuses `sync_batchnorm` off CUDA."""
+    return (
+        f"strategy.sync_batchnorm needs CUDA GPUs (device is {device}): torch's SyncBatchNorm "
+        "has no CPU implementation; set it false, or train on device cuda"
+    )
+
 
 def _settings(current: StrategySection) -> dict:
     """The settings the user gave a section (not its defaults)."""
@@ -123,6 +135,8 @@ class DdpStrategy(StrategySection):
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None  # rendezvous; None: a free one
     timeout_s: PositiveFloat = 60.0  # a collective waiting longer than this fails the job
     heartbeat_warn_s: HeartbeatWarnS = 5.0  # a worker silent this long is named (stopped?)
+    # BatchNorm statistics over the global batch: torch's SyncBatchNorm, which runs on GPUs only
+    sync_batchnorm: bool = False
 
     @property
     def processes(self) -> int:
@@ -142,6 +156,13 @@ class DdpStrategy(StrategySection):
     def compared(self, workers: int, current: StrategySection, batch_size: int) -> dict:
         kept = _settings(current) if isinstance(current, DdpStrategy) else {}
         return {**kept, "name": "ddp", "workers": workers}
+
+    def check_device(self, device: str) -> None:
+        # torch 2.13's SyncBatchNorm refuses CPU input and has no CPU kernels for its
+        # statistics (aten::batch_norm_stats and the rest are CUDA's); DDP refuses it on a CPU
+        # module too. `auto` and `cuda` are left for the run to resolve.
+        if self.sync_batchnorm and not device.startswith(("auto", "cuda")):
+            raise ValueError(sync_batchnorm_refusal(device))
 
 
 class StragglerSpec(Strict):

@@ -60,13 +60,14 @@ class ScalingRequest:
     epochs: int | None = None  # of the whole run; None: the spec's, or one
     deadline: str | None = None  # pick the cheapest count finishing within it: 2h, 30m
     ps_servers: int = 1  # parameter servers of the ps strategy
+    sync_batchnorm: bool = False  # ddp with torch's SyncBatchNorm (its collectives counted)
 
     def __post_init__(self) -> None:
         asked = self.interconnect or self.network or self.deadline or self.strategies
-        if not self.devices and (asked or self.nodes != 1):
+        if not self.devices and (asked or self.nodes != 1 or self.sync_batchnorm):
             raise UserError(
-                "--interconnect, --nodes, --network, --strategies and --deadline need "
-                "--devices, e.g. --devices 1,2,4,8"
+                "--interconnect, --nodes, --network, --strategies, --deadline and "
+                "--sync-batchnorm need --devices, e.g. --devices 1,2,4,8"
             )
         if self.epochs is not None and self.epochs <= 0:
             raise UserError(f"--epochs must be a positive number (got {self.epochs})")

@@ -21,6 +21,9 @@ time the caller measured), and adds what moving tensors between devices costs ov
     √(2 ln N) (the tail-at-scale effect, Dean & Barroso, CACM 2013); E[max] is Blom's
     approximation Φ⁻¹((N − 0.375)/(N + 0.25)) (Blom, "Statistical Estimates and Transformed
     Beta-Variables", 1958), 0 for one device.
+  With SyncBatchNorm (--sync-batchnorm), every batch-norm layer also runs an all-gather of its
+  statistics in forward and an all-reduce of two gradient sums in backward, blocking, on the
+  critical path (profiler/batchnorm_sync.py counts them from torch's implementation).
   Across nodes, the ring is hierarchical: within a node over the link, then between nodes over
   the network, each device carrying its 1/(devices per node) share (one NIC per device; a port
   shared by k devices is a network link of 1/k its rate).
@@ -56,6 +59,7 @@ from dataclasses import dataclass, field
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.links import Link
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
+from dlscale.profiler.batchnorm_sync import sync_batchnorm_collectives, sync_batchnorm_s
 from dlscale.profiler.collectives import (
     BUCKET_BYTES,
     TORCH_DDP,
@@ -169,7 +173,7 @@ def predict_scaling(
     points = []
     for count in request.devices:
         for strategy in request.strategy_names:
-            where = _Where(link, nodes, network, servers, framework)
+            where = _Where(link, nodes, network, servers, framework, request.sync_batchnorm)
             point = _POINT[strategy](trace, hardware, single, count, where, tensor_plans)
             if point is None:
                 continue
@@ -191,6 +195,7 @@ class _Where:
     network: Link | None
     servers: int
     framework: Framework
+    sync_batchnorm: bool = False  # ddp: torch's SyncBatchNorm in place of every batch norm
 
     def reduce(self, nbytes: float, devices: int, parts: dict) -> float:
         """One bucket's all-reduce inside training; its slowest part noted in `parts`."""
@@ -221,14 +226,17 @@ def _ddp(trace, hardware, single, count, where, _plans):
         exposed, total = overlapped_allreduce(buckets, backward, reduce, link.overlap)
     compute = fixed + backward
     skew = skew_s(single.step_s, framework.step_cv, count)
-    step = compute + exposed + skew
+    # On one process torch's SyncBatchNorm falls back to plain batch norm: nothing is sent.
+    synced = sync_batchnorm_collectives(trace) if where.sync_batchnorm and count > 1 else []
+    sync_s = sync_batchnorm_s(synced, count, link, where.nodes, where.network)
+    step = compute + exposed + sync_s + skew
     per_bucket = link.launch_s + framework.bucket_s if count > 1 else 0.0
     return {
         "step_s": step,
         "samples_per_s": count * trace.batch_size / step,
         "compute_s": compute,
-        "comm_s": exposed,
-        "bound": parts["part"] if total > backward else "compute",
+        "comm_s": exposed + sync_s,
+        "bound": parts["part"] if total > backward or sync_s > compute else "compute",
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
         "detail": {
@@ -242,7 +250,24 @@ def _ddp(trace, hardware, single, count, where, _plans):
             "hidden_s": total - exposed,
             "exposed_s": exposed,
             "skew_s": skew,
+            **_sync_detail(synced, count, sync_s),
         },
+    }
+
+
+def _sync_detail(synced, count: int, seconds: float) -> dict:
+    """SyncBatchNorm's collectives of a ddp step, when it has them."""
+    if not synced:
+        return {}
+    return {
+        "sync_batchnorm": {
+            "layers": len({each.layer for each in synced}),
+            "all_gathers": sum(each.kind == "all_gather" for each in synced),
+            "all_reduces": sum(each.kind == "all_reduce" for each in synced),
+            "payload_bytes": sum(each.payload_bytes for each in synced),
+            "bytes_sent_per_device": sum(each.bytes_sent_per_device(count) for each in synced),
+            "seconds": seconds,
+        }
     }
 
 

@@ -269,7 +269,8 @@ def where_time_goes(points: list[ScalePoint]) -> list[str]:
                 f"{head} all-reduce {duration(d['allreduce_s'])} in {d['buckets']} bucket(s) "
                 f"({duration(d['bucket_fixed_s'])} fixed each, contention ×{d['contention']:.2f}), "
                 f"{duration(d['hidden_s'])} hidden behind backward (at most "
-                f"{d['overlap']:.0%}), {duration(d['exposed_s'])} exposed{skew}"
+                f"{d['overlap']:.0%}), {duration(d['exposed_s'])} exposed"
+                f"{_sync_batchnorm(d.get('sync_batchnorm'))}{skew}"
             )
         elif p.strategy == "ps":
             lines.append(
@@ -288,6 +289,18 @@ def where_time_goes(points: list[ScalePoint]) -> list[str]:
                 f"{duration(d['microbatch_overhead_s'])} of fixed cost{sync}"
             )
     return lines
+
+
+def _sync_batchnorm(sync: dict | None) -> str:
+    """SyncBatchNorm's part of a ddp line: its blocking collectives and what they send."""
+    if not sync:
+        return ""
+    return (
+        f"; SyncBatchNorm {sync['all_gathers']} all-gather(s) + {sync['all_reduces']} "
+        f"all-reduce(s) over {sync['layers']} layer(s), "
+        f"{units.binary_bytes(sync['bytes_sent_per_device'])} sent per device, "
+        f"{duration(sync['seconds'])} on the critical path"
+    )
 
 
 def split_choice(report: ScalingReport) -> list[str]:

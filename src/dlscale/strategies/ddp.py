@@ -16,9 +16,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
+from dlscale.data import DataBundle
+from dlscale.errors import UserError
 from dlscale.jobspec import Spec
+from dlscale.jobspec.strategy import sync_batchnorm_refusal
 from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.strategies.parent import launch
 from dlscale.strategies.worker import backend_for, join, run_trainer
@@ -80,6 +84,18 @@ class DdpExchange(Exchange):
         self.trainers = self.data_world = context.world_size
         self.timer = AllreduceTimer(context.world_size)
 
+    def prepare(self, model: nn.Module, data: DataBundle, device: torch.device) -> nn.Module:
+        module = super().prepare(model, data, device)
+        if self.spec.strategy.sync_batchnorm:
+            # torch's own conversion, before the optimizer and DDP see the model: each BatchNorm
+            # becomes a SyncBatchNorm over the whole group, keeping its parameters and buffers
+            # (so checkpoints load into the plain model).
+            module = nn.SyncBatchNorm.convert_sync_batchnorm(module)
+            if self.rank == 0 and not batchnorm_layers(module):
+                # Said through the launcher: the parent's terminal, and the run's record.
+                self.context.send("warn", no_batchnorm_warning(self.spec.model.name))
+        return module
+
     def connect(self, module: nn.Module, optimizer) -> None:
         strategy = self.spec.strategy
         join(self.context, backend_for(self.device, strategy.backend), strategy.timeout_s)
@@ -134,7 +150,10 @@ def run(
     early_warnings: Sequence[str] = (),
 ) -> dict:
     """Start `spec.strategy.workers` workers with the launcher; return worker 0's record."""
-    gpus = 1.0 if resolve_device(spec.device).type == "cuda" else 0.0
+    device = resolve_device(spec.device)
+    if spec.strategy.sync_batchnorm and device.type != "cuda":  # `auto` found no GPU here
+        raise UserError(sync_batchnorm_refusal(f"{spec.device}, {device.type} here"))
+    gpus = 1.0 if device.type == "cuda" else 0.0
     cpus = float(spec.threads or 1)  # a Ray cluster reserves each worker its threads' cores
     return launch(
         spec,
@@ -146,4 +165,17 @@ def run(
         Resources(cpus=cpus, gpus=gpus),
         own_gpu=spec.strategy.backend != "gloo",
         early_warnings=early_warnings,
+    )
+
+
+def batchnorm_layers(model: nn.Module) -> int:
+    """The layers convert_sync_batchnorm replaces: every BatchNorm1d, 2d or 3d (their base)."""
+    return sum(isinstance(module, _BatchNorm) for module in model.modules())
+
+
+def no_batchnorm_warning(model_name: str) -> str:
+    """A model without batch norm trains as plain ddp: worth a word, not a refusal."""
+    return (
+        f"strategy.sync_batchnorm: model '{model_name}' has no BatchNorm layer, so nothing is "
+        "synchronised"
     )
