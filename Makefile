@@ -34,7 +34,7 @@ format: setup
 	$(BIN)/ruff format .
 
 test: system-deps lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=40
 
 bench: setup
 	$(BIN)/python benchmarks/loop_overhead.py
