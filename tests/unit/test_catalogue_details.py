@@ -33,6 +33,8 @@ def one(text: str):
     [
         ("xeon-platinum-8180", 28, 56, 32, 1024, 38.5),  # Skylake-SP: 1 MB L2 a core
         ("epyc-7601", 32, 64, 32, 512, 64),  # Zen 1: 8 MB L3 per 4-core CCX × 8
+        ("i7-7700k", 4, 8, 32, 256, 8),
+        ("ryzen-9-5950x", 16, 32, 32, 512, 64),  # Zen 3: 32 MB L3 per 8-core CCD × 2
     ],
 )
 def test_cpu_entries_carry_cores_threads_and_caches(name, cores, threads, l1d, l2, l3):
@@ -40,9 +42,10 @@ def test_cpu_entries_carry_cores_threads_and_caches(name, cores, threads, l1d, l
     assert (cpu.cores, cpu.threads) == (cores, threads)
     assert (cpu.l1d_kib_per_core, cpu.l2_kib_per_core, cpu.l3_mib) == (l1d, l2, l3)
     # The peak the entry states is its cores' (the notes' product): cores × clock × FLOP/cycle.
-    per_cycle = {"xeon-platinum-8180": 64, "epyc-7601": 16}[name]  # fp32 FLOP a cycle a core
-    clock = {"xeon-platinum-8180": 1.7e9, "epyc-7601": 2.2e9}[name]
-    assert cpu.peak_flops["fp32"] == pytest.approx(cpu.cores * clock * per_cycle)
+    per_cycle = {"xeon-platinum-8180": 64, "epyc-7601": 16, "i7-7700k": 32, "ryzen-9-5950x": 32}
+    clock = {"xeon-platinum-8180": 1.7e9, "epyc-7601": 2.2e9, "i7-7700k": 4.2e9}
+    clock["ryzen-9-5950x"] = 3.4e9
+    assert cpu.peak_flops["fp32"] == pytest.approx(cpu.cores * clock[name] * per_cycle[name])
 
 
 def test_gpu_entries_carry_their_multiprocessors():
