@@ -126,7 +126,7 @@ def test_cli_show_gives_int4_or_says_which_rate_it_falls_back_to():
     assert a100["peak int4"] == "1,248 TOP/s" and a100["multiprocessors"] == "108 SMs"
     assert a100["MIG slices"].startswith("a100-40gb:1g.5gb, a100-40gb:1g.10gb")
     h100 = shown_rows(runner.invoke(app, ["hardware", "show", "h100-sxm"]).stdout)
-    assert h100["peak int4"] == "— (none published; int4 runs at the int8 rate)"
+    assert h100["peak int4"] == "— (none catalogued; int4 runs at the int8 rate)"
 
 
 def test_cli_list_mig_puts_each_slice_under_its_gpu():

@@ -152,7 +152,7 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
         rows.append((f"peak {precision}", f"{_number(flops / 1e12)} {unit}"))
     if "int4" not in device.peak_flops and device.kind == "gpu":
         used = device.peak("int4")[1]
-        rows.append(("peak int4", f"— (none published; int4 runs at the {used} rate)"))
+        rows.append(("peak int4", f"— (none catalogued; int4 runs at the {used} rate)"))
     rows += _cores_and_caches(device)
     rows += [
         ("memory", f"{_number(device.memory_bytes / 2**30)} GiB"),
