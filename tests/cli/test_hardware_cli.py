@@ -95,3 +95,49 @@ def test_hardware_links_lists_the_catalogue():
     assert result.exit_code == 0 and "nvlink1" in result.stdout and "ib-ndr" in result.stdout
     shown = CliRunner().invoke(app, ["hardware", "show", "p100-sxm2-16gb"]).stdout
     assert "$1.46/hour" in shown and "2019-04)" in shown
+
+
+def shown_rows(stdout: str) -> dict[str, str]:
+    """`hardware show`'s table as field -> its value, wrapped lines joined (text only)."""
+    rows: dict[str, str] = {}
+    field = ""
+    for line in stdout.splitlines():
+        cells = [cell.strip() for cell in line.strip("│").split("│")]
+        if len(cells) != 2:
+            continue
+        field = cells[0] or field
+        rows[field] = f"{rows.get(field, '')} {cells[1]}".strip()
+    return rows
+
+
+def test_cli_show_gives_cores_caches_and_the_figures_that_differ():
+    result = runner.invoke(app, ["hardware", "show", "xeon-platinum-8180"])
+    assert result.exit_code == 0, result.output
+    rows = shown_rows(result.stdout)
+    assert rows["cores"] == "28, 56 threads" and rows["L3"] == "38.5 MiB per socket"
+    assert rows["L1 data"] == "32 KiB per core" and rows["L2"] == "1,024 KiB per core"
+    differs = rows["differs from"]
+    assert differs.startswith("clock behind the peak: ours 1.7 GHz AVX-512 base")
+    assert "4.48 TFLOP/s" in differs and "specification update 336065" in differs
+
+
+def test_cli_show_gives_int4_or_says_which_rate_it_falls_back_to():
+    a100 = shown_rows(runner.invoke(app, ["hardware", "show", "a100-40gb"]).stdout)
+    assert a100["peak int4"] == "1,248 TOP/s" and a100["multiprocessors"] == "108 SMs"
+    assert a100["MIG slices"].startswith("a100-40gb:1g.5gb, a100-40gb:1g.10gb")
+    h100 = shown_rows(runner.invoke(app, ["hardware", "show", "h100-sxm"]).stdout)
+    assert h100["peak int4"] == "— (none catalogued; int4 runs at the int8 rate)"
+
+
+def test_cli_list_mig_puts_each_slice_under_its_gpu():
+    plain = runner.invoke(app, ["hardware", "list", "--json"])
+    assert not any(":" in row["name"] for row in json.loads(plain.stdout))
+    result = runner.invoke(app, ["hardware", "list", "--mig", "--json"])
+    assert result.exit_code == 0, result.output
+    names = [row["name"] for row in json.loads(result.stdout)]
+    at = names.index("a100-40gb")
+    assert names[at + 1 : at + 7] == [
+        f"a100-40gb:{p}" for p in ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+    ]
+    shown = runner.invoke(app, ["hardware", "show", "h100-sxm:1g.10gb", "--json"])
+    assert json.loads(shown.stdout)["sm_count"] == 16

@@ -14,6 +14,7 @@ from dlscale.api.capacity import check_one_process, check_run, check_trials, loc
 from dlscale.api.rundir import train_in_folder
 from dlscale.errors import UserError
 from dlscale.hardware import Hardware, load_catalogue, lookup
+from dlscale.hardware.mig import slices as mig_slices
 from dlscale.jobspec import Spec, load_spec
 from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.strategies import CHECKS, STRATEGIES
@@ -117,13 +118,17 @@ def show_value(value) -> str:
 
 
 def hardware(
-    names: list[str] | None = None, extra_files: list[Path] | None = None
+    names: list[str] | None = None,
+    extra_files: list[Path] | None = None,
+    with_mig: bool = False,
 ) -> list[Hardware]:
-    """Every catalogued device (shipped, user files, `extra_files`), or just the named ones."""
+    """Every catalogued device (shipped, user files, `extra_files`), or just the named ones
+    (a MIG slice by PARENT:PROFILE); `with_mig`: each GPU followed by its MIG slices."""
     catalogue = load_catalogue(extra_files)
-    if names is None:
-        return list(catalogue.values())
-    return [lookup(catalogue, name) for name in names]
+    found = list(catalogue.values()) if names is None else [lookup(catalogue, n) for n in names]
+    if not with_mig:
+        return found
+    return [each for device in found for each in (device, *mig_slices(device))]
 
 
 def links(extra_files: list[Path] | None = None) -> list:
@@ -135,7 +140,9 @@ def links(extra_files: list[Path] | None = None) -> list:
 
 
 def device_links(
-    names: list[str] | None = None, extra_files: list[Path] | None = None
+    names: list[str] | None = None,
+    extra_files: list[Path] | None = None,
+    with_mig: bool = False,
 ) -> list[tuple[Hardware, str | None]]:
     """Each device (all, or the named ones) with the name of the link its copies talk over by
     default (its interconnect, else its PCIe host link), or None where its entry has neither."""
@@ -143,7 +150,7 @@ def device_links(
 
     found = load_links(extra_files)
     rows = []
-    for device in hardware(names, extra_files):
+    for device in hardware(names, extra_files, with_mig):
         linked = device.interconnect_link or device.interconnect or device.host_link
         linked = linked or device.measured.get("link")
         rows.append((device, device_link(device, None, found).name if linked else None))

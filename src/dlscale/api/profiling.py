@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from dlscale.profiler.request import ProfileRequest, ScalingRequest
+from dlscale.profiler.request import INTEGER_PRECISIONS, ProfileRequest, ScalingRequest
 
 DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
 
@@ -35,11 +35,12 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
 
     input_shape = list(request.input_shape) if request.input_shape is not None else None
     precision = request.precision
+    quantized = precision in INTEGER_PRECISIONS
     workload = resolve(
         request.target,
         request.batch_size,
         input_shape,
-        "fp32" if precision == "int8" else precision,  # int8: the fp32 trace, counted at 1 byte
+        "fp32" if quantized else precision,  # int8/int4: the fp32 trace, counted at 1 or ½ byte
         request.optimizer,
         request.tokens,
         request.model_kwargs,
@@ -49,11 +50,11 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
     hardware = profile_hardware(request.hardware, request.hardware_files)
     result = profiler.profile(workload, hardware)
     if request.inference:
-        from dlscale.profiler.inference import check_int8, predict_inference
+        from dlscale.profiler.inference import check_quantized, predict_inference
 
         wanted = precision or workload.precision
-        if wanted == "int8":
-            check_int8(result.trace)
+        if wanted in INTEGER_PRECISIONS:
+            check_quantized(result.trace, wanted)
         result.inference = [
             predict_inference(result.trace, report.hardware, wanted) for report in result.reports
         ]

@@ -37,9 +37,12 @@ AS_JSON = typer.Option(False, "--json", help="Print JSON in SI units (FLOP/s, by
 def list_devices(
     as_json: bool = AS_JSON,
     hardware_files: list[Path] | None = HARDWARE_FILES,
+    mig: bool = typer.Option(
+        False, "--mig", help="Also list each MIG slice (PARENT:PROFILE) under its GPU."
+    ),
 ) -> None:
     """List every known device: shipped ones, ~/.dlscale/hardware/*.toml, and --hardware-file."""
-    rows = api.device_links(extra_files=hardware_files)
+    rows = api.device_links(extra_files=hardware_files, with_mig=mig)
     if as_json:
         print(json.dumps([record(device) | {"link": link} for device, link in rows], indent=2))
         return
@@ -72,6 +75,7 @@ def list_devices(
         "precision at its fp32 rate. link: what its copies talk over by default (see "
         "'dlscale hardware links'). $ per hour: a cloud's on-demand price per device, where one "
         "rents it. 'dlscale hardware show NAME' gives every figure's source and date."
+        + ("" if mig else " --mig lists each GPU's MIG slices (a100-40gb:1g.5gb).")
     )
 
 
@@ -143,9 +147,13 @@ def record(device: api.Hardware) -> dict:
 
 def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
     rows = [("kind", device.kind), ("vendor", device.vendor)]
-    for precision, flops in device.peak_flops.items():  # the catalogue's order, fp64 to int8
-        unit = "TOP/s" if precision == "int8" else "TFLOP/s"
+    for precision, flops in device.peak_flops.items():  # the catalogue's order, fp64 to int4
+        unit = "TOP/s" if precision.startswith("int") else "TFLOP/s"
         rows.append((f"peak {precision}", f"{_number(flops / 1e12)} {unit}"))
+    if "int4" not in device.peak_flops and device.kind == "gpu":
+        used = device.peak("int4")[1]
+        rows.append(("peak int4", f"— (none catalogued; int4 runs at the {used} rate)"))
+    rows += _cores_and_caches(device)
     rows += [
         ("memory", f"{_number(device.memory_bytes / 2**30)} GiB"),
         ("memory bandwidth", f"{_number(device.memory_bandwidth_bytes_per_s / 1e9)} GB/s"),
@@ -175,11 +183,41 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
         ("sources", "\n".join(device.sources) or "—"),
         ("notes", device.notes or "—"),
     ]
+    rows += [("differs from", _differs_line(row)) for row in device.differs]
+    if device.mig:
+        profiles = ", ".join(f"{device.name}:{p}" for p in device.mig["profiles"])
+        rows.append(("MIG slices", f"{profiles} ({device.mig['source']})"))
     found = bench.hardware_calibration(device)
     if found:
         rows.append(("calibration", bench.calibration_line(found)))
     if device.measured:
         rows.append(("measured", json.dumps(device.measured, indent=2)))
+    return rows
+
+
+def _differs_line(row: dict[str, str]) -> str:
+    """One figure another source gives differently: ours, theirs with its source, and why."""
+    return (
+        f"{row['figure']}: ours {row['ours']}; {row['source']} gives {row['theirs']} ({row['why']})"
+    )
+
+
+def _cores_and_caches(device: api.Hardware) -> list[tuple[str, str]]:
+    """Cores, threads and caches (CPUs), SMs and L2 (GPUs), where the entry gives them."""
+    rows = []
+    if device.cores:
+        threads = f", {device.threads} threads" if device.threads else ""
+        rows.append(("cores", f"{device.cores}{threads}"))
+    if device.sm_count:
+        unit = "compute units" if device.vendor == "AMD" else "SMs"
+        rows.append(("multiprocessors", f"{device.sm_count} {unit}"))
+    caches = [
+        ("L1 data", device.l1d_kib_per_core, " KiB per core"),
+        ("L2", device.l2_kib_per_core, " KiB per core"),
+        ("L2", device.l2_mib, " MiB"),
+        ("L3", device.l3_mib, " MiB per socket"),
+    ]
+    rows += [(name, f"{_number(size)}{unit}") for name, size, unit in caches if size]
     return rows
 
 

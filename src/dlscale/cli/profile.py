@@ -38,7 +38,9 @@ def profile(
         None, "--kwargs", help="Model kwargs as JSON: '{\"hidden\": [64]}'"
     ),
     precision: str | None = typer.Option(
-        None, "--precision", help="fp32 | bf16 | fp16 | int8 (int8: with --inference)."
+        None,
+        "--precision",
+        help="fp32 | bf16 | fp16 | int8 | int4 (int8, int4: with --inference).",
     ),
     inference: bool = typer.Option(
         False, "--inference", help="Also predict inference: the forward pass alone."

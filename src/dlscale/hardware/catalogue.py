@@ -18,7 +18,9 @@ from typing import Any
 
 from dlscale.atomic import write_atomic
 from dlscale.errors import UserError
+from dlscale.hardware.details import CORE_KEYS, cores_and_caches, differs
 from dlscale.hardware.device import PRECISIONS, Hardware
+from dlscale.hardware.mig import mig_slice, parse_mig, split_name
 from dlscale.home import dlscale_home
 
 KINDS = ("cpu", "gpu", "tpu")
@@ -43,7 +45,7 @@ _SCALED = {
     "interconnect_gbs": ("interconnect_bytes_per_s", 9),
     "op_overhead_us": ("op_overhead_s", -6),
 }
-_PEAK_EXPONENT = 12  # TFLOP/s (int8: TOPS) -> FLOP/s
+_PEAK_EXPONENT = 12  # TFLOP/s (int8, int4: TOPS) -> FLOP/s
 REQUIRED_KEYS = (
     "name",
     "display_name",
@@ -74,6 +76,9 @@ KEYS = (
     "notes",
     "measured",
     "systolic",
+    *CORE_KEYS,
+    "differs",
+    "mig",
 )
 # A systolic array description: its keys, and whether each must be a whole number.
 SYSTOLIC_KEYS = {"rows": True, "cols": True, "arrays": True, "clock_mhz": False, "sram_kib": False}
@@ -106,10 +111,14 @@ def load_catalogue(extra_files: list[Path] | None = None) -> dict[str, Hardware]
 
 
 def lookup(catalogue: dict[str, Hardware], name: str) -> Hardware:
-    """One device of a loaded catalogue by name, case-insensitively; UserError if unknown."""
+    """One device of a loaded catalogue by name, case-insensitively; UserError if unknown.
+    'PARENT:PROFILE' ('a100-40gb:1g.5gb') is a MIG slice of a catalogue GPU (hardware/mig.py)."""
     key = name.strip().lower()
     if key in catalogue:
         return catalogue[key]
+    parts = split_name(key)
+    if parts is not None:
+        return mig_slice(lookup(catalogue, parts[0]), parts[1])
     if key == "local":
         raise UserError(
             f"no 'local' hardware entry in {local_entry_path()}: "
@@ -213,6 +222,13 @@ def parse_entry(entry: dict[str, Any], where: str) -> Hardware:
     )
     if "systolic" in entry:
         fields["systolic"] = _systolic(_table(entry, "systolic", where), where)
+    fields.update(cores_and_caches(entry, where))
+    if "differs" in entry:
+        fields["differs"] = differs(entry["differs"], where)
+    if "mig" in entry:
+        if "sm_count" not in entry:
+            raise UserError(f"{where}: a mig table needs the GPU's sm_count")
+        fields["mig"] = parse_mig(entry["mig"], where)
     return Hardware(**fields)
 
 
@@ -371,6 +387,7 @@ def entry_to_toml(hardware: Hardware) -> str:
         "memory_efficiency": hardware.memory_efficiency,
         "sources": list(hardware.sources),
         "notes": hardware.notes,
+        **{key: getattr(hardware, key) for key in CORE_KEYS},
     }
     for key, (field_name, exponent) in _SCALED.items():
         scalars[key] = _shifted(getattr(hardware, field_name), -exponent)
@@ -389,6 +406,11 @@ def entry_to_toml(hardware: Hardware) -> str:
         )
     if hardware.measured:
         lines.extend(_toml_table("device.measured", hardware.measured))
+    if hardware.mig:
+        lines.extend(_toml_table("device.mig", hardware.mig))
+    for row in hardware.differs:
+        lines.extend(["", "[[device.differs]]"])
+        lines.extend(f"{key} = {_toml_value(value)}" for key, value in row.items())
     return "\n".join(lines) + "\n"
 
 

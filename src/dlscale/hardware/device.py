@@ -7,7 +7,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8")
+PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8", "int4")
+# Integer formats count operations (TOP/s), not FLOPs: a device without an int4 peak runs int4
+# products at best as int8 (weights unpacked to bytes), and without that at its fp32 rate.
+PEAK_FALLBACK = {"int4": ("int8", "fp32")}
 
 # Fallbacks when an entry gives none. Efficiency: the fraction of a published peak that a large,
 # well-shaped kernel reaches in practice. Op overhead: fixed time per operator (kernel launch and
@@ -73,15 +76,33 @@ class Hardware:
     measured: dict = field(default_factory=dict)  # `local` only: raw `bench machine` results
     # A systolic-array chip: rows, cols, arrays, clock_mhz, sram_kib (profiler/systolic.py).
     systolic: dict | None = None
+    # Cores and caches. CPUs (one socket): cores, hardware threads, L1 data and L2 per core, L3
+    # per socket. GPUs: streaming multiprocessors (NVIDIA) or compute units (AMD), L2 per device.
+    cores: int | None = None
+    threads: int | None = None
+    sm_count: int | None = None
+    l1d_kib_per_core: float | None = None
+    l2_kib_per_core: float | None = None
+    l2_mib: float | None = None
+    l3_mib: float | None = None
+    # Published figures another source gives differently: figure, ours, theirs, source, why.
+    differs: tuple[dict, ...] = ()
+    # MIG profiles (hardware/mig.py): name -> {compute_slices, memory_slices}, with
+    # sms_per_slice and the profile table's source; empty where the GPU has no MIG.
+    mig: dict = field(default_factory=dict)
 
     def peak(self, precision: str) -> tuple[float, str]:
         """Peak FLOP/s for a training precision, and the precision actually used for it.
 
         Mixed precision trains its matrix products in bf16/fp16; a device without those units
-        runs them at its fp32 rate. fp32 training is not assumed to use TF32.
+        runs them at its fp32 rate. fp32 training is not assumed to use TF32. int4 without an
+        int4 peak runs at the int8 one where there is one (PEAK_FALLBACK).
         """
         if precision in self.peak_flops:
             return self.peak_flops[precision], precision
+        for fallback in PEAK_FALLBACK.get(precision, ()):
+            if fallback in self.peak_flops:
+                return self.peak_flops[fallback], fallback
         return self.peak_flops["fp32"], "fp32"
 
     @property

@@ -1,10 +1,11 @@
-"""`dlscale profile … --inference [--precision int8]`: the forward pass alone, predicted per
+"""`dlscale profile … --inference [--precision int8|int4]`: the forward pass alone, predicted per
 device at the format's rates and bytes.
 
 Inference runs each layer's forward and nothing else: no backward, no optimizer, no saved
 activations; memory is the weights plus the largest live input and output. For int8 the traced
 (fp32) step's bytes are counted at one byte an element and its matrix products at the device's
-int8 peak (a device without one falls back, and says so). int8 needs a quantized kernel for every
+int8 peak (a device without one falls back, and says so); int4 at half a byte an element and the
+int4 peak, else the int8 one, else fp32 (said the same way). int8 needs a quantized kernel for every
 op the model runs: torch's x86/fbgemm backend has them for convolutions, linear layers and the
 elementwise, pooling and shape ops around them; a model with an op outside that set (layer
 norm's statistics are fine, attention and embeddings are not) is refused in one line naming the
@@ -76,23 +77,24 @@ class InferenceRow:
     bound: str  # the bound of most of the forward's time: compute, memory, overhead
 
 
-def check_int8(trace: StepTrace) -> None:
-    """One line for an op int8 inference has no kernel for (named with its layer)."""
+def check_quantized(trace: StepTrace, precision: str = "int8") -> None:
+    """One line for an op integer (int8 or int4) inference has no kernel for, named with its
+    layer. int4 is held to the same op set (no separate list of int4 kernels was found)."""
     for layer in trace.layers:
         if layer.name == LOSS:
             continue
         if layer.forward.attention:
             raise UserError(
-                f"--precision int8: '{layer.name}' ({layer.type}) runs attention, "
-                "which torch has no quantized (int8) kernel for; int8 inference "
+                f"--precision {precision}: '{layer.name}' ({layer.type}) runs attention, "
+                f"which torch has no quantized ({precision}) kernel for; {precision} inference "
                 "covers convolutions, linear layers and the elementwise, pooling "
                 "and shape ops around them"
             )
         for op in layer.forward.bytes_by_op:
             if op not in INT8_OPS and not op.startswith(ATTENTION_OPS):
                 raise UserError(
-                    f"--precision int8: '{layer.name}' ({layer.type}) runs aten.{op}, "
-                    "which torch has no quantized (int8) kernel for; int8 inference "
+                    f"--precision {precision}: '{layer.name}' ({layer.type}) runs aten.{op}, "
+                    f"which torch has no quantized ({precision}) kernel for; {precision} inference "
                     "covers convolutions, linear layers and the elementwise, "
                     "pooling and shape ops around them"
                 )

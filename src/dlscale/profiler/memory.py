@@ -7,7 +7,8 @@ from dataclasses import asdict, dataclass
 from dlscale.profiler.trace import StepTrace, meta_model_state
 
 FP32_BYTES = 4  # master weights and their gradients stay fp32, mixed precision included
-ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}  # one element, by number format
+# One element, by number format; int4 packs two elements a byte.
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1, "int4": 0.5}
 
 
 @dataclass(frozen=True)

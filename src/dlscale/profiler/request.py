@@ -11,7 +11,8 @@ from dlscale.errors import UserError
 
 # The strategies the scaling model predicts (profiler/scaling.py), in the order it shows them.
 STRATEGIES = ("ddp", "pipeline", "ps", "hybrid", "tensor")
-PROFILE_PRECISIONS = ("fp32", "bf16", "fp16", "int8")
+PROFILE_PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4")
+INTEGER_PRECISIONS = ("int8", "int4")  # inference only: quantized weights and activations
 PROFILE_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 
 
@@ -23,7 +24,7 @@ class ProfileRequest:
     target: str  # a zoo model, package.module:factory, or a spec file
     batch_size: int | None = None
     input_shape: tuple[int, ...] | None = None  # one sample's shape
-    precision: str | None = None  # fp32 | bf16 | fp16 | int8 (int8: inference only)
+    precision: str | None = None  # fp32 | bf16 | fp16 | int8 | int4 (integers: inference only)
     optimizer: str | None = None
     tokens: bool = False  # samples are int64 token ids
     model_kwargs: dict | None = None
@@ -37,14 +38,17 @@ class ProfileRequest:
     def __post_init__(self) -> None:
         if self.precision is not None and self.precision not in PROFILE_PRECISIONS:
             raise UserError(
-                f"--precision must be fp32, bf16, fp16 or int8 (got '{self.precision}')"
+                f"--precision must be fp32, bf16, fp16, int8 or int4 (got '{self.precision}')"
             )
         if self.optimizer is not None and self.optimizer not in PROFILE_OPTIMIZERS:
             raise UserError(
                 f"--optimizer must be sgd, momentum, adam or adamw (got '{self.optimizer}')"
             )
-        if self.precision == "int8" and not self.inference:
-            raise UserError("--precision int8 is for inference (no int8 training): add --inference")
+        if self.precision in INTEGER_PRECISIONS and not self.inference:
+            raise UserError(
+                f"--precision {self.precision} is for inference (no {self.precision} training): "
+                "add --inference"
+            )
 
 
 @dataclass(frozen=True)
