@@ -135,3 +135,21 @@ def test_the_spec_hash_keeps_earlier_runs_and_tells_k_apart():
     plain = parse_spec(BASE)
     assert parse_spec({**BASE, "accumulate": 1}).spec_hash() == plain.spec_hash()
     assert parse_spec({**BASE, "accumulate": 2}).spec_hash() != plain.spec_hash()
+
+
+def test_a_specs_accumulation_reaches_the_scaling_prediction(tmp_path):
+    """`dlscale profile SPEC --devices 2`: the spec's K reaches the ddp point (one all-reduce a
+    step over 2 × 4 × 32 samples), and the strategies that refuse K are left out."""
+    import yaml
+
+    from dlscale.api.profiling import profile
+    from dlscale.profiler.request import ProfileRequest, ScalingRequest
+
+    spec = {**base_spec("acc", {"name": "digits"}), "batch_size": 32, "accumulate": 4}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump({**spec, "model": {"name": "mlp"}}))
+    result = profile(ProfileRequest(str(path), hardware=("a100-40gb",)), ScalingRequest((2,)))
+    (report,) = result.scaling
+    (ddp,) = [row.point for row in report.rows]
+    assert (ddp.strategy, ddp.global_batch, ddp.detail["accumulate"]) == ("ddp", 256, 4)
+    assert result.workload.accumulate == 4
