@@ -153,3 +153,18 @@ def test_a_specs_accumulation_reaches_the_scaling_prediction(tmp_path):
     (ddp,) = [row.point for row in report.rows]
     assert (ddp.strategy, ddp.global_batch, ddp.detail["accumulate"]) == ("ddp", 256, 4)
     assert result.workload.accumulate == 4
+
+
+def test_fp16_loss_scaling_scales_each_micro_batch_and_steps_once():
+    """GradScaler on the CPU (torch's own, as on a GPU): each micro-batch's loss is scaled, the
+    gradients are unscaled once before the one update, and the scaler counts optimizer steps
+    (its growth tracker: 3 clean steps, not 12 micro-batches)."""
+    generator = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(16, 6, generator=generator), torch.randint(0, 4, (16,)))] * 3
+    big, micro = mlp(), mlp()
+    big_step, _ = steps_of(big, "sgd", "fp16", 1, batches)
+    micro_step, _ = steps_of(micro, "sgd", "fp16", 4, batches)
+    assert micro_step.scaler._get_growth_tracker() == big_step.scaler._get_growth_tracker() == 3
+    assert micro_step.scaler.get_scale() == big_step.scaler.get_scale() == 2.0**16
+    for mine, theirs in zip(micro.parameters(), big.parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=2e-2, atol=2e-3)
