@@ -64,6 +64,12 @@ def test_the_start_line_says_when_the_spec_caps_the_steps():
     assert "120 steps over 3 epochs (capped by the spec's steps; 51 per epoch)" in over
 
 
+def test_the_start_line_names_accumulated_micro_batches():
+    line = start_line(batch_size=16, global_batch_size=64, accumulate=4)
+    assert "batch 64 (4 accumulated micro-batches of 16 a step), 51 steps" in line
+    assert "accumulated" not in start_line()
+
+
 def test_the_summary_never_cuts_a_path(tmp_path: Path):
     out = tmp_path / ("a-folder-with-a-long-name-" * 4) / "run"
     spec = parse_spec(

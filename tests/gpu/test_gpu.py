@@ -82,3 +82,24 @@ def test_ddp_on_one_gpu_equals_one_process_on_it(tmp_path: Path):
     one, other = (final_weights(tmp_path / name) for name in ("single", "ddp"))
     for name, value in one.items():
         assert torch.allclose(other[name], value, rtol=1e-4, atol=1e-6), name
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_accumulating_on_cuda_tracks_one_batch_of_k_b(tmp_path: Path, precision: str):
+    """4 micro-batches of 4 against one batch of 16 on the GPU (ddp over NCCL where there are
+    GPUs for 2 workers), fp16's GradScaler included: fp32 within 1e-4, fp16 within its
+    rounding; ddp all-reduces once per optimizer step."""
+    gpus = torch.cuda.device_count()
+    strategy = {"name": "ddp", "workers": 2} if gpus >= 2 else {"name": "single"}
+    workers = strategy.get("workers", 1)
+    big = {**BASE, "precision": precision, "batch_size": 16}
+    api.train(parse_spec(big), out_dir=tmp_path / "big")
+    micro = {**big, "batch_size": 16 // (4 * workers), "accumulate": 4, "strategy": strategy}
+    record = api.train(parse_spec(micro), out_dir=tmp_path / "micro")
+    if workers > 1:
+        assert record["distributed"]["allreduces_per_step"] == 1.0
+    tolerance = 1e-4 if precision == "fp32" else 2e-2
+    one, other = (final_weights(tmp_path / name) for name in ("big", "micro"))
+    for name, value in one.items():
+        difference = (other[name] - value).norm() / value.norm().clamp_min(1e-12)
+        assert difference <= tolerance, (name, float(difference))

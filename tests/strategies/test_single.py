@@ -41,6 +41,7 @@ def test_run_record_schema(tmp_path: Path, reporter):
         "epochs": 2,
         "batch_size": 16,
         "global_batch_size": 16,
+        "accumulate": 1,
     }
     assert [e["epoch"] for e in on_disk["epochs"]] == [1, 2]
     assert [s["step"] for s in on_disk["steps"]] == list(range(1, 41))

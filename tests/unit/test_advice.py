@@ -1,16 +1,18 @@
 """Advice consistent with the request: what was asked is never advised back, a note about a kind
-of layer appears only when those layers behave that way, and a zoo model's data size counts."""
+of layer appears only when those layers behave that way, a zoo model's data size counts, and a
+batch that does not fit is offered as accumulated micro-batches."""
 
 import torch
 from torch import nn
 
 from dlscale.hardware.device import Hardware
 from dlscale.profiler import profile
-from dlscale.profiler.advice import verdict
-from dlscale.profiler.memory import training_memory
+from dlscale.profiler.advice import accumulated_bytes, accumulation_offer, verdict
+from dlscale.profiler.memory import TrainingMemory, training_memory
 from dlscale.profiler.roofline import predict
 from dlscale.profiler.target import resolve
 from dlscale.profiler.trace import trace_step
+from dlscale.units import binary_bytes as _b
 
 
 def device(**changes) -> Hardware:
@@ -90,3 +92,35 @@ def test_a_zoo_model_with_a_dataset_size_is_told_to_stream_data_that_does_not_fi
     assert "stream it from disk" in note
     small = profile(resolve("mlp", dataset_size=1000), [device()])
     assert not any("stream" in n for n in small.reports[0].verdict.advice)
+
+
+GIB, MIB = 2**30, 2**20
+
+
+def test_a_batch_that_does_not_fit_is_offered_as_accumulated_micro_batches():
+    """By hand: 8 GiB of state, 16 GiB of activations at batch 256 (64 MiB a sample) and
+    256 MiB of inputs; 16 GiB × 0.9 = 14.4 GiB usable. K micro-batches need
+    8 + 16/K + 0.25 GiB: K = 2 needs 16.25, K = 3 does not divide 256, K = 4 needs 12.25."""
+    memory = TrainingMemory(
+        weights_bytes=4 * GIB,
+        gradients_bytes=4 * GIB,
+        optimizer_state_bytes=0,
+        activations_bytes=16 * GIB,
+        batch_bytes=256 * MIB,
+        batch_size=256,
+    )
+    usable = int(16 * GIB * 0.9)
+    assert accumulated_bytes(memory, 2) == int(16.25 * GIB)
+    assert accumulation_offer(memory, usable) == (4, int(12.25 * GIB))
+    assert accumulation_offer(memory, int(8.3 * GIB)) is None  # 1-sample pieces: 8.31 GiB
+
+
+def test_the_verdict_offers_accumulation_with_its_peak():
+    step = traced(lambda: nn.Linear(1000, 1000), torch.zeros(1000), 4096, "bf16")
+    memory = training_memory(step)
+    small = device(memory_bytes=40 * 2**20)
+    notes = verdict(memory, predict(step, small), small, {"": "Linear"}, precision="bf16").advice
+    k, peak = accumulation_offer(memory, int(40 * 2**20 * 0.9))
+    assert k > 1 and 4096 % k == 0 and peak <= int(40 * 2**20 * 0.9)
+    offer = f"keep batch 4096 as batch_size {4096 // k} with accumulate: {k} (peak {_b(peak)})"
+    assert offer in notes[0] and notes[0].startswith("batch 4096 does not fit")

@@ -394,3 +394,29 @@ def test_a_bucket_ready_at_the_end_of_backward_hides_nothing(depth):
     assert point.detail["buckets"] == 1
     assert point.detail["hidden_s"] == 0.0
     assert point.detail["exposed_s"] == point.detail["allreduce_s"]
+
+
+def test_ddp_with_accumulation_reduces_once_per_optimizer_step():
+    """K = 4 micro-batches of 64 on 4 devices, by hand from one device's predicted parts: the
+    step adds 3 × (forward + backward + copy in), the update and per-step cost stay once, and
+    the exposed all-reduce is the K = 1 step's (one per optimizer step, behind the last
+    backward only). No skew (cv 0), so step = compute + exposed."""
+    trace, device = mlp_trace(width=2048, depth=4), gpu()
+    steady = Framework("steady", step_cv=0.0)
+    request = ScalingRequest((1, 4), strategies=("ddp", "pipeline", "ps"))
+    plain = predict_scaling(trace, device, request, LINK, framework=steady)
+    one, four = predict_scaling(trace, device, request, LINK, framework=steady, accumulate=4)
+    assert [p.strategy for p in (one, four)] == ["ddp", "ddp"]  # the others refuse K
+    p = predict(trace, device)
+    micro = p.forward_s + p.backward_s + p.h2d_s
+    assert one.step_s == pytest.approx(p.step_s + 3 * micro)
+    (plain_four,) = [q for q in plain if q.strategy == "ddp" and q.devices == 4]
+    assert four.detail["allreduce_s"] == pytest.approx(plain_four.detail["allreduce_s"])
+    assert four.comm_s == pytest.approx(plain_four.comm_s) and four.comm_s > 0
+    assert four.step_s == pytest.approx(p.step_s + 3 * micro + plain_four.comm_s)
+    assert (four.global_batch, four.detail["accumulate"]) == (4 * 4 * 64, 4)
+    assert four.samples_per_s == pytest.approx(4 * 4 * 64 / four.step_s)
+    # Efficiency against one device that accumulates too: the same exposed share, amortised.
+    assert one.efficiency == pytest.approx(1.0)
+    assert four.efficiency == pytest.approx(one.step_s / four.step_s)
+    assert four.efficiency > plain_four.efficiency

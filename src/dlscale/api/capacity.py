@@ -123,7 +123,9 @@ def check_memory(spec: Spec, is_local: bool) -> None:
     state = model_state_of(spec, data) or ModelState(0, 0, 0)
     if device.type == "cuda" and is_local:
         check_gpu(spec, state, device)
-    host = host_need(spec, state, data_bytes(data, spec.batch_size, spec.loader), is_local, device)
+    # A loader batch is a whole optimizer step's samples: its accumulated micro-batches.
+    step_batch = spec.batch_size * spec.accumulate
+    host = host_need(spec, state, data_bytes(data, step_batch, spec.loader), is_local, device)
     available = available_memory_bytes(torch.device("cpu"))
     if host.total_bytes > available:
         raise host_error(spec, host, available)

@@ -44,8 +44,8 @@ class RichReporter:
         self.console.print(
             f"[bold]{plan['name']}[/]: {plan['model']} ({plan['parameters']:,} parameters) on "
             f"{plan['device']}, {plan['precision']}{how}; {plan['train_samples']:,} training / "
-            f"{plan['val_samples']:,} validation samples; batch {plan['global_batch_size']}, "
-            f"{run_length(plan)}{resumed}"
+            f"{plan['val_samples']:,} validation samples; batch {plan['global_batch_size']}"
+            f"{accumulated(plan)}, {run_length(plan)}{resumed}"
         )
         if "pipeline" in plan:
             self.console.print(split_table(plan["pipeline"]))
@@ -101,6 +101,13 @@ class RichReporter:
             self.progress = None
 
 
+def accumulated(plan: dict) -> str:
+    """' (4 accumulated micro-batches of 16 a step)', or nothing for a run that steps once a
+    batch."""
+    k = plan.get("accumulate", 1)
+    return f" ({k} accumulated micro-batches of {plan['batch_size']} a step)" if k > 1 else ""
+
+
 def run_length(plan: dict) -> str:
     """'51 steps × 3 epochs = 153 steps', or for a run the spec's `steps` cuts short
     '20 steps (capped by the spec's steps; 51 per epoch)'."""
@@ -119,10 +126,14 @@ def summary_table(record: dict) -> Table:
     table.add_column("value", overflow="fold")  # a long path folds onto more lines, never "…"
     table.add_row("validation accuracy", percent(final["val_accuracy"]))
     table.add_row("validation loss", decimal(final["val_loss"]))
-    replicas = plan["global_batch_size"] // plan["batch_size"]
+    accumulate = plan.get("accumulate", 1)  # absent from runs before accumulation
+    replicas = plan["global_batch_size"] // (plan["batch_size"] * accumulate)
+    parts = [f"{replicas} workers"] if replicas > 1 else []
+    if accumulate > 1:
+        parts.append(f"{accumulate} accumulated")
     batch = f"batch {plan['global_batch_size']}"
-    if replicas > 1:
-        batch += f" = {replicas} workers × {plan['batch_size']}"
+    if parts:
+        batch += " = " + " × ".join([*parts, str(plan["batch_size"])])
     table.add_row("steps", f"{final['step']:,} ({batch})")
     table.add_row("wall time", f"{final['wall_s']:.1f} s (setup {final['setup_s']:.1f} s)")
     median = final["median_step_s"]

@@ -32,6 +32,10 @@ class Spec(Strict):
     model: ModelSpec
     data: DataSpec
     batch_size: PositiveInt
+    # Gradient accumulation: each optimizer step runs `accumulate` micro-batches of batch_size
+    # (per worker), so its effective batch is accumulate × batch_size × replicas; steps,
+    # epochs' step counts and checkpoint.every_steps count optimizer steps.
+    accumulate: PositiveInt = 1
     epochs: PositiveInt | None = None
     steps: PositiveInt | None = None
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
@@ -68,6 +72,12 @@ class Spec(Strict):
     @model_validator(mode="after")
     def _strategy_device(self) -> Spec:
         self.strategy.check_device(self.device)
+        return self
+
+    @model_validator(mode="after")
+    def _strategy_accumulate(self) -> Spec:
+        if self.accumulate > 1:
+            self.strategy.check_accumulate()
         return self
 
     def warnings(self) -> list[str]:
@@ -112,6 +122,8 @@ class Spec(Strict):
         # A model's example inputs are for `dlscale profile` only: training never reads them.
         ignored = {
             "threads": True,
+            # Added later: a spec that does not accumulate keeps the hash it had before.
+            **({"accumulate": True} if self.accumulate == 1 else {}),
             "strategy": {"heartbeat_warn_s"},
             "data": {"stage"},
             "model": {"inputs"},

@@ -87,6 +87,10 @@ class StrategySection(Strict):
         """A ValueError for the spec's device (auto, cpu, cuda, cuda:N, mps) where the strategy
         cannot train on it whatever the machine (`auto` is the run's to resolve)."""
 
+    def check_accumulate(self) -> None:
+        """A ValueError if the strategy cannot accumulate gradients over micro-batches (the
+        spec's `accumulate` above 1)."""
+
 
 def sync_batchnorm_refusal(device: str) -> str:
     """The one line that refuses `sync_batchnorm` off CUDA."""
@@ -244,6 +248,13 @@ class PsStrategy(StrategySection):
             )
         return found
 
+    def check_accumulate(self) -> None:
+        # A ps worker pushes after every step; its own accumulation is downpour's n_push.
+        raise ValueError(
+            "accumulate is for strategies single, ddp and tensor: ps workers accumulate "
+            "gradients with mode downpour's n_push (push every n_push steps)"
+        )
+
     @model_validator(mode="after")
     def _straggler_exists(self) -> PsStrategy:
         if self.straggler is not None and self.straggler.worker >= self.workers:
@@ -299,6 +310,13 @@ class PipelineStrategy(StrategySection):
         if kept.get("split") not in (None, "auto") and len(kept["split"]) != workers - 1:
             kept.pop("split")  # a split for another stage count
         return {**kept, "name": "pipeline", "stages": workers}
+
+    def check_accumulate(self) -> None:
+        # The schedule already runs each batch as microbatches and steps once after them all.
+        raise ValueError(
+            f"accumulate is for strategies single, ddp and tensor: {self.name} already "
+            "accumulates over strategy.microbatches; give batch_size K·B and microbatches K"
+        )
 
     def warnings(self, optimizer: str) -> list[str]:
         if self.schedule == "naive" and "microbatches" in self.model_fields_set:

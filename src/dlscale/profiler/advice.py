@@ -70,6 +70,27 @@ def split_advice(static_bytes: int, usable_bytes: int, precision: str = "fp32") 
     )
 
 
+def accumulated_bytes(memory: TrainingMemory, accumulate: int) -> int:
+    """A step's peak with the batch run as `accumulate` micro-batches: the saved activations
+    of one micro-batch (they scale with the batch), and the whole step's inputs, which the
+    loop copies to the device at once before cutting them."""
+    activations = math.ceil(memory.activations_bytes / accumulate)
+    return memory.static_bytes + activations + memory.batch_bytes
+
+
+def accumulation_offer(memory: TrainingMemory, usable_bytes: int) -> tuple[int, int] | None:
+    """(K, peak bytes) for the fewest micro-batches that keep the batch and fit `usable_bytes`:
+    K divides the batch (equal micro-batches), so the step still sees the whole batch; None
+    when even micro-batches of one sample do not fit."""
+    batch = memory.batch_size
+    for accumulate in range(2, batch + 1):
+        if batch % accumulate == 0:
+            peak = accumulated_bytes(memory, accumulate)
+            if peak <= usable_bytes:
+                return accumulate, peak
+    return None
+
+
 def loader_rate(memory: TrainingMemory, prediction: Prediction) -> str:
     """What the device consumes, a batch per predicted step: samples/s and decoded MB/s."""
     samples_per_s = memory.batch_size / prediction.step_s
@@ -110,9 +131,17 @@ def _advice(memory, prediction, hardware, module_types, data, result, precision)
         notes.append(split_advice(memory.static_bytes, usable, precision))
     elif not result.fits:
         bf16 = "bf16 activations, " if precision == "fp32" else ""
+        offer = accumulation_offer(memory, usable)
+        keep = ""
+        if offer is not None:  # the same batch per optimizer step, in pieces that fit
+            k, peak = offer
+            keep = (
+                f"keep batch {memory.batch_size} as batch_size {memory.batch_size // k} with "
+                f"accumulate: {k} (peak {_b(peak)}), "
+            )
         notes.append(
             f"batch {memory.batch_size} does not fit ({_b(memory.total_bytes)} needed, "
-            f"{_b(usable)} usable): use batch ≤ {result.max_batch:,}, {bf16}or "
+            f"{_b(usable)} usable): {keep}use batch ≤ {result.max_batch:,}, {bf16}or "
             "split the model across devices (strategy: {name: pipeline, stages: 2})"
         )
     else:

@@ -47,6 +47,12 @@ time the caller measured), and adds what moving tensors between devices costs ov
   path, not behind compute (Megatron-LM, Shoeybi et al. 2019). Weights, gradients and optimizer
   state shrink to the device's share; so do the split layers' saved activations.
 
+Gradient accumulation (the spec's `accumulate` K, ddp only here): an optimizer step runs the
+traced batch K times, forward, backward and the copy in each time, and the update and the loop's
+per-step cost once; DDP's no_sync keeps the first K−1 backwards local, so one all-reduce of the
+gradients per optimizer step overlaps only the last backward. The other strategies are left out
+of a prediction with K > 1 (ps and pipeline refuse it; tensor's is not modelled yet).
+
 Weak scaling: each device (ddp, ps) or replica (hybrid) keeps the traced batch, as
 `dlscale scale` runs; a pipeline and a tensor-parallel group split one batch.
 Efficiency = throughput / (N × one device's).
@@ -79,6 +85,7 @@ from dlscale.profiler.trace import StepTrace
 
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
+ACCUMULATING = ("ddp",)  # the strategies whose points model gradient accumulation
 PS_MESSAGES = 4  # a ps step's blocking messages: request, gradients, reply, weights
 
 
@@ -145,6 +152,13 @@ class _Single:
         parts = p.forward_s + p.backward_s + p.optimizer_s + p.h2d_s
         return self.compute(max(0.0, p.step_s - parts))
 
+    def accumulated_s(self, accumulate: int) -> float:
+        """One device's optimizer step over `accumulate` micro-batches of the traced batch:
+        forward, backward and the copy in run for each, the update and per-step cost once."""
+        p = self.prediction
+        micro = self.compute(p.forward_s + p.backward_s + p.h2d_s)
+        return self.step_s + (accumulate - 1) * micro
+
 
 def predict_scaling(
     trace: StepTrace,
@@ -156,6 +170,7 @@ def predict_scaling(
     single_step_s: float | None = None,
     tensor_plans=None,
     framework: Framework = TORCH_DDP,
+    accumulate: int = 1,
 ) -> list[ScalePoint]:
     """A point per strategy and device count of `request`, within a node over `link` and
     between its nodes over `network` (hybrid only where stages × replicas fit; tensor where
@@ -164,16 +179,21 @@ def predict_scaling(
 
     `single_step_s` replaces the roofline's one-device step (a measured one, or the
     prediction with costs the roofline lacks, such as the loop's per-step cost): every part of
-    the step is scaled by the same factor."""
+    the step is scaled by the same factor. `accumulate`: micro-batches of the traced batch per
+    optimizer step (ddp's points only; one device's baseline accumulates as well)."""
     prediction = predict(trace, hardware)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
-    baseline = trace.batch_size / single.step_s
+    baseline = accumulate * trace.batch_size / single.accumulated_s(accumulate)
     nodes, servers = request.nodes, request.ps_servers
     points = []
     for count in request.devices:
         for strategy in request.strategy_names:
-            where = _Where(link, nodes, network, servers, framework, request.sync_batchnorm)
+            if accumulate > 1 and strategy not in ACCUMULATING:
+                continue
+            where = _Where(
+                link, nodes, network, servers, framework, request.sync_batchnorm, accumulate
+            )
             point = _POINT[strategy](trace, hardware, single, count, where, tensor_plans)
             if point is None:
                 continue
@@ -196,6 +216,7 @@ class _Where:
     servers: int
     framework: Framework
     sync_batchnorm: bool = False  # ddp: torch's SyncBatchNorm in place of every batch norm
+    accumulate: int = 1  # micro-batches per optimizer step
 
     def reduce(self, nbytes: float, devices: int, parts: dict) -> float:
         """One bucket's all-reduce inside training; its slowest part noted in `parts`."""
@@ -210,9 +231,10 @@ def _usable(hardware: Hardware) -> float:
 
 
 def _ddp(trace, hardware, single, count, where, _plans):
-    p, framework, link = single.prediction, where.framework, where.link
+    p, framework, link, k = single.prediction, where.framework, where.link, where.accumulate
     backward = single.compute(p.backward_s)
-    fixed = single.step_s - backward  # everything else of the step runs before or after it
+    one_device = single.accumulated_s(k)
+    fixed = one_device - backward  # everything else of the step runs before or after it
     buckets = [
         (b, single.compute(t)) for b, t in gradient_buckets(trace, p, framework.bucket_bytes)
     ]
@@ -223,24 +245,31 @@ def _ddp(trace, hardware, single, count, where, _plans):
         def reduce(nbytes: float) -> float:
             return where.reduce(nbytes, count, parts)
 
+        # With accumulation only the last micro-batch's backward reduces (no_sync before it).
         exposed, total = overlapped_allreduce(buckets, backward, reduce, link.overlap)
     compute = fixed + backward
-    skew = skew_s(single.step_s, framework.step_cv, count)
+    skew = skew_s(one_device, framework.step_cv, count)
     # On one process torch's SyncBatchNorm falls back to plain batch norm: nothing is sent.
+    # Its collectives run in every micro-batch's forward and backward (no_sync spares only
+    # DDP's gradient all-reduce), so K micro-batches send them K times.
     synced = sync_batchnorm_collectives(trace) if where.sync_batchnorm and count > 1 else []
-    sync_s = sync_batchnorm_s(synced, count, link, where.nodes, where.network)
+    sync_s = k * sync_batchnorm_s(synced, count, link, where.nodes, where.network)
     step = compute + exposed + sync_s + skew
     per_bucket = link.launch_s + framework.bucket_s if count > 1 else 0.0
+    memory = training_memory(trace)
+    # The loop copies a whole step's inputs (K micro-batches) to the device at once.
+    peak = memory.total_bytes + (k - 1) * memory.batch_bytes
     return {
         "step_s": step,
-        "samples_per_s": count * trace.batch_size / step,
+        "samples_per_s": count * k * trace.batch_size / step,
         "compute_s": compute,
         "comm_s": exposed + sync_s,
         "bound": parts["part"] if total > backward or sync_s > compute else "compute",
-        "global_batch": count * trace.batch_size,
-        "fits": training_memory(trace).total_bytes <= _usable(hardware),
+        "global_batch": count * k * trace.batch_size,
+        "fits": peak <= _usable(hardware),
         "detail": {
             "framework": framework.name,
+            "accumulate": k,
             "buckets": len(buckets),
             "bucket_fixed_s": per_bucket,  # launch + framework wait, each bucket
             "fixed_s": per_bucket * len(buckets) if count > 1 else 0.0,

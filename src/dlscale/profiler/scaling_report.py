@@ -118,7 +118,15 @@ def scaling_reports(
     reports = []
     for device in hardware:
         link = device_link(device, request.interconnect, links)
-        points = predict_scaling(trace, device, request, link, network, tensor_plans=tensor_plans)
+        points = predict_scaling(
+            trace,
+            device,
+            request,
+            link,
+            network,
+            tensor_plans=tensor_plans,
+            accumulate=workload.accumulate,
+        )
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
         usable = device.memory_bytes * USABLE_MEMORY_FRACTION
@@ -132,7 +140,7 @@ def scaling_reports(
                 continue
             if other.name != link.name:
                 report.other_links[other.name] = predict_scaling(
-                    trace, device, ddp_only, other, network
+                    trace, device, ddp_only, other, network, accumulate=workload.accumulate
                 )
         reports.append(report)
     return reports
@@ -224,8 +232,16 @@ def render(reports: list[ScalingReport], console: Console) -> None:
             if hw.price_per_hour is not None
             else "no price in the catalogue (set price_per_hour in your own entry)"
         )
+        weak = "weak scaling: each device keeps the batch (pipeline and tensor split it)"
+        accumulate = max((r.point.detail.get("accumulate", 1) for r in report.rows), default=1)
+        if accumulate > 1:
+            weak = (
+                f"weak scaling: each device keeps the batch, as accumulate: {accumulate} "
+                "micro-batches a step with one all-reduce (ddp only: the others do not "
+                "accumulate here)"
+            )
         notes = {
-            "devices": "weak scaling: each device keeps the batch (pipeline and tensor split it)",
+            "devices": weak,
             "cost / epoch": price,
             "energy / epoch": f"energy at TDP {hw.tdp_w or '?'} W (an upper bound)",
             "whole run": f"whole run = {report.epochs} epoch(s) ({report.epochs_from})",

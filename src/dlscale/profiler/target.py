@@ -37,6 +37,7 @@ class Workload:
     epochs: int | None = None  # the spec's epochs (its steps, in whole epochs), for run figures
     inputs: Callable[[int], Any] | None = None  # example inputs at a batch size (--inputs)
     inputs_label: str = ""
+    accumulate: int = 1  # the spec's micro-batches per optimizer step (scaling predictions)
 
 
 def resolve(
@@ -127,7 +128,7 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
     x = data.example(1)[0]
     defaults = data.model_defaults()
     name, kwargs = spec.model.name, dict(spec.model.kwargs)
-    steps_per_epoch = max(1, data.num_train // spec.batch_size)
+    steps_per_epoch = max(1, data.num_train // (spec.batch_size * spec.accumulate))
     epochs = spec.epochs or (-(-spec.steps // steps_per_epoch) if spec.steps else None)
     workload = Workload(
         label=str(path),
@@ -141,6 +142,7 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         dataset_bytes=data.num_train * data.sample_bytes,
         data_from_disk=not data.in_memory,
         epochs=epochs,
+        accumulate=spec.accumulate,
     )
     if spec.model.inputs is not None:
         _with_inputs(workload, spec.model.inputs)

@@ -44,6 +44,7 @@ class AllreduceTimer:
         self.world_size = world_size
         self.seconds = 0.0
         self.payload_bytes = 0
+        self.allreduces = 0  # buckets reduced: a step that accumulates reduces once, not K times
         self._lock = threading.Lock()  # callbacks run on the backend's threads
 
     # No annotations here: DDP checks that `bucket` is annotated as the GradBucket class itself,
@@ -52,6 +53,8 @@ class AllreduceTimer:
         start = time.perf_counter()
         tensor = bucket.buffer().div_(self.world_size)
         size = tensor.numel() * tensor.element_size()
+        with self._lock:
+            self.allreduces += 1
         future = dist.all_reduce(tensor, async_op=True).get_future()
 
         def record(done: torch.futures.Future) -> torch.Tensor:
@@ -103,6 +106,11 @@ class DdpExchange(Exchange):
         self.model = DistributedDataParallel(module, device_ids=device_ids)  # rank 0's weights
         self.model.register_comm_hook(state=None, hook=self.timer.hook)
 
+    def accumulating(self):
+        # DDP's own switch: backward leaves the gradients in `.grad` without a bucket's
+        # all-reduce; the step's last micro-batch reduces the sum.
+        return self.model.no_sync()
+
     def comm_totals(self) -> tuple[float, int]:
         return self.timer.totals()
 
@@ -125,7 +133,9 @@ class DdpExchange(Exchange):
                 "workers": self.trainers,
                 "backend": dist.get_backend() if dist.is_initialized() else None,
                 "per_worker_batch_size": self.spec.batch_size,
-                "global_batch_size": self.spec.batch_size * self.trainers,
+                "accumulate": self.spec.accumulate,
+                "global_batch_size": self.spec.batch_size * self.spec.accumulate * self.trainers,
+                "allreduces_per_step": self.timer.allreduces / steps,
                 "allreduce_s_per_step": seconds / steps,
                 "allreduce_share": seconds / step_s if step_s else 0.0,
                 "allreduce_payload_bytes_per_step": payload_per_step,

@@ -13,6 +13,7 @@ exchange starts from: one plain subclass each, overriding only the hooks it need
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -95,6 +96,12 @@ class Exchange:
     def forward_backward(self, step: Step, x: torch.Tensor, y: torch.Tensor):
         """Gradients in `.grad`; the loss (None on a trainer that does not see it)."""
         return step.forward_backward(x, y)
+
+    def accumulating(self) -> AbstractContextManager:
+        """Around a micro-batch's backward that is not a step's last (the spec's `accumulate`):
+        its gradients stay in `.grad` here, to be summed with the next micro-batch's, and
+        nothing moves (ddp: DistributedDataParallel.no_sync)."""
+        return nullcontext()
 
     def after_backward(self, step: Step) -> None:
         """Gradients are this trainer's own; make them what the update needs."""

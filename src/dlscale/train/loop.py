@@ -74,18 +74,21 @@ class Trainer:
         if self.exchange.trainers > 1:
             torch.manual_seed(spec.seed + 1 + self.exchange.seed_rank)  # dropout per trainer
         self.step_fn = TrainStep(
-            self.model, self.optimizer, self.device, spec.precision, self.exchange
+            self.model, self.optimizer, self.device, spec.precision, self.exchange, spec.accumulate
         )
         world = self.exchange.data_world
         self.plan = Plan.of(spec, self.data.num_train, world)
+        # A loader batch is a whole optimizer step's samples (its K micro-batches): steps,
+        # epochs, checkpoints and resume stay at optimizer-step boundaries.
+        step_batch = self.plan.step_batch_size
         if self.data.streamed:  # the stream yields each rank's batches itself
             self.sampler = StreamSampler(
-                self.data.train, spec.batch_size, self.exchange.data_rank, world
+                self.data.train, step_batch, self.exchange.data_rank, world
             )
         else:
             self.sampler = GlobalBatchSampler(
                 self.data.num_train,
-                spec.batch_size,
+                step_batch,
                 spec.seed,
                 self.exchange.data_rank,
                 world,
@@ -168,7 +171,7 @@ class Trainer:
                 self.data.train.position(
                     epoch,
                     batch,
-                    self.spec.batch_size,
+                    self.plan.step_batch_size,
                     self.exchange.data_rank,
                     self.exchange.data_world,
                 )

@@ -17,21 +17,25 @@ from dlscale.models.registry import user_code_failure
 
 @dataclass
 class Plan:
-    """How long the run is, in steps and epochs, for this worker's share of the data."""
+    """How long the run is, in optimizer steps and epochs, for this worker's share of the data.
+    `batch_size` is a micro-batch; with `accumulate` K, a worker's step runs K of them, so a
+    step's global batch is K × batch_size × workers."""
 
     steps_per_epoch: int
     total_steps: int
     epochs: int
     batch_size: int
     global_batch_size: int
+    accumulate: int = 1
 
     @classmethod
     def of(cls, spec: Spec, num_train: int, world_size: int = 1) -> Plan:
-        global_batch = spec.batch_size * world_size
+        global_batch = spec.batch_size * spec.accumulate * world_size
         steps_per_epoch = num_train // global_batch
         if steps_per_epoch == 0:
             raise UserError(
                 f"batch_size {spec.batch_size}"
+                + (f" × accumulate {spec.accumulate}" if spec.accumulate > 1 else "")
                 + (f" × {world_size} workers" if world_size > 1 else "")
                 + f" is larger than the training set ({num_train} samples)"
             )
@@ -41,7 +45,12 @@ class Plan:
         else:
             epochs = spec.epochs or 1
             total = epochs * steps_per_epoch
-        return cls(steps_per_epoch, total, epochs, spec.batch_size, global_batch)
+        return cls(steps_per_epoch, total, epochs, spec.batch_size, global_batch, spec.accumulate)
+
+    @property
+    def step_batch_size(self) -> int:
+        """The samples one worker takes per optimizer step: its K micro-batches."""
+        return self.batch_size * self.accumulate
 
 
 def check_model_fits_data(model: nn.Module, data: DataBundle, model_name: str) -> None:

@@ -43,6 +43,7 @@ class PlanInfo(_Strict):
     epochs: int
     batch_size: int
     global_batch_size: int
+    accumulate: int = 1  # micro-batches of batch_size per optimizer step (older runs: 1)
 
 
 class Timing(_Strict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 from torch import nn
 
@@ -42,8 +44,15 @@ class TrainStep:
         on the weights.
 
     The exchange decides what moves between processes; this class does the rest for all of
-    them: autocast, fp16 loss scaling (with the overflow check agreed between trainers), and
-    the update.
+    them: autocast, fp16 loss scaling (with the overflow check agreed between trainers),
+    gradient accumulation, and the update.
+
+    With `accumulate` K the batch is run as K micro-batches, one forward and backward each,
+    their gradients summed in `.grad` before the one update: each micro-batch's mean loss is
+    weighted by its share of the batch (1/K), so the sum is the gradient of the whole batch's
+    mean loss, as one pass over it would give (BatchNorm's statistics excepted: they are each
+    micro-batch's). Only the last micro-batch's backward lets the exchange synchronise (ddp's
+    all-reduce); the others run inside `exchange.accumulating()`.
     """
 
     def __init__(
@@ -53,6 +62,7 @@ class TrainStep:
         device: torch.device,
         precision: str,
         exchange: Exchange | None = None,
+        accumulate: int = 1,
     ):
         self.model = model
         self.optimizer = optimizer
@@ -60,16 +70,30 @@ class TrainStep:
         self.precision = precision
         self.exchange = exchange or Exchange()
         self.scaler = grad_scaler(device, precision)
+        self.accumulate = accumulate
 
     def forward_backward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Gradients of the mean loss land in `.grad` (added to what is there); returns the
-        loss, detached."""
+        """Gradients of the batch's mean loss land in `.grad` (added to what is there), over
+        `accumulate` micro-batches; returns the batch's mean loss, detached."""
+        if self.accumulate == 1:
+            return self.micro_step(x, y, 1.0)
+        xs, ys = x.tensor_split(self.accumulate), y.tensor_split(self.accumulate)
+        total = torch.zeros((), device=self.device)
+        for i, (x_micro, y_micro) in enumerate(zip(xs, ys, strict=True)):
+            last = i == self.accumulate - 1
+            with nullcontext() if last else self.exchange.accumulating():
+                total += self.micro_step(x_micro, y_micro, y_micro.shape[0] / y.shape[0])
+        return total
+
+    def micro_step(self, x: torch.Tensor, y: torch.Tensor, share: float) -> torch.Tensor:
+        """Forward and backward of `share` × the mean loss on (x, y); that share, detached."""
         with autocast(self.device, self.precision):
             loss = compute_loss(self.model(x), y)
         if not loss.requires_grad:  # backward would fail in autograd, naming no one
             raise NoGradient()
-        self.backward(loss)
-        return loss.detach()
+        weighted = loss * share if share != 1.0 else loss
+        self.backward(weighted)
+        return weighted.detach()
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is not None:

@@ -13,7 +13,13 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
         kind: {"count": entry["count"] / steps, "payload_bytes": entry["payload_bytes"] / steps}
         for kind, entry in exchange.meter.counts.items()
     }
-    predicted = plan.comm_per_step(spec.batch_size)
+    # Every micro-batch of an accumulating step runs the plan's collectives (they carry its
+    # activations); the replicas' gradient averaging runs once a step.
+    micro = plan.comm_per_step(spec.batch_size)
+    predicted = {
+        kind: {key: value * spec.accumulate for key, value in entry.items()}
+        for kind, entry in micro.items()
+    }
     comm_s = exchange.meter.seconds / steps
     sync_s = exchange.sync_s / steps
     return {
@@ -21,7 +27,8 @@ def tensor_section(exchange, summaries: list[dict | None]) -> dict:
         "data_parallel": exchange.replicas,
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "per_replica_batch_size": spec.batch_size,
-        "global_batch_size": spec.batch_size * exchange.replicas,
+        "accumulate": spec.accumulate,
+        "global_batch_size": spec.batch_size * spec.accumulate * exchange.replicas,
         "plan_source": plan.source,
         "plan": plan.styles,
         "params": plan.params,
