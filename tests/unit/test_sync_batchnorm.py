@@ -156,6 +156,19 @@ def test_ddp_step_pays_them_on_the_critical_path():
     }
 
 
+def test_with_accumulation_every_micro_batch_sends_them():
+    """SyncBatchNorm's collectives sit in each micro-batch's forward and backward (DDP's
+    `no_sync` spares only its gradient all-reduce): K micro-batches send them K times."""
+    trace, hardware = bn_trace(), gpu()
+    request = ScalingRequest((4,), strategies=("ddp",))
+    synced = ScalingRequest((4,), strategies=("ddp",), sync_batchnorm=True)
+    plain = predict_scaling(trace, hardware, request, LINK, accumulate=3)
+    both = predict_scaling(trace, hardware, synced, LINK, accumulate=3)
+    sync_s = 828 / 10e9 + 27 * 5e-6
+    assert both[0].step_s == pytest.approx(plain[0].step_s + 3 * sync_s)
+    assert both[0].global_batch == plain[0].global_batch == 4 * 3 * trace.batch_size
+
+
 def test_sync_batchnorm_needs_devices():
     with pytest.raises(UserError, match="--sync-batchnorm need --devices"):
         ScalingRequest(sync_batchnorm=True)
