@@ -33,6 +33,8 @@ from dlscale.jobspec import HfData, WebDatasetData
 KINDS = ("images", "npz", "tokens", "webdataset", "hf")
 TOKEN_SUFFIXES = (".txt",)
 HF_MARKERS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes
+USUAL_COLUMNS = ("image", "input", "x", "text")
+USUAL_SETTINGS = ("image_column", "input_column", "input_column", "text_column")
 # (inputs, labels or None, one name per sample): what every source yields.
 Batch = tuple[torch.Tensor, torch.Tensor | None, list[str]]
 
@@ -198,18 +200,15 @@ def _webdataset(path: str, trained: TrainedModel, split: str | None) -> Source:
 
 def _hf(path: str, trained: TrainedModel, split: str | None) -> Source:
     """A split of a saved data set (default: its validation split, else the one data set),
-    read with the run's columns when it trained on one (else the usual names)."""
+    read with the run's columns when it trained on one, else the usual column names (those
+    `dlscale data convert --format hf` writes)."""
+    where = HfData(name="hf", path=path, split=split, image_column="image")
+    first, validation = load_split(where)
+    dataset = validation if split is None and validation is not None else first
     run = trained.data_spec if trained.data_spec.get("name") == "hf" else {}
     settings = ("image_column", "input_column", "text_column", "label_column")
-    columns = {key: run[key] for key in settings if run.get(key)}
-    if not any(key in columns for key in settings[:3]):
-        usual = {"image": "image_column", "tokens": "text_column", "features": "input_column"}
-        columns[usual[trained.input_kind]] = {"image": "image", "tokens": "text"}.get(
-            trained.input_kind, "x"
-        )
+    columns = {key: run[key] for key in settings if run.get(key)} or _usual(dataset, path)
     spec = HfData(name="hf", path=path, split=split, seq_len=trained.input_shape[0], **columns)
-    first, validation = load_split(spec)
-    dataset = validation if split is None and validation is not None else first
     rows = HfRows(dataset, None, inspect_columns(dataset, spec), spec)
     if rows.columns.kind in ("image", "image_array"):
         rows.layout = trained.image_layout()
@@ -223,6 +222,18 @@ def _hf(path: str, trained: TrainedModel, split: str | None) -> Source:
             yield x, y, [rows.where(i) for i in indices]
 
     return Source(path, "hf", len(rows), True, batches)
+
+
+def _usual(dataset, path: str) -> dict[str, str]:
+    """The input column by its usual name: `image`, `input` (data convert's), `x`, `text`."""
+    names = dataset.column_names
+    for name, setting in zip(USUAL_COLUMNS, USUAL_SETTINGS, strict=True):
+        if name in names:
+            return {setting: name}
+    raise UserError(
+        f"{path}: no input column named {', '.join(USUAL_COLUMNS)} (columns: "
+        f"{', '.join(names)}); the run did not train on a Hugging Face data set to name one"
+    )
 
 
 OPENERS: dict[str, Callable[[str, TrainedModel, str | None], Source]] = {
