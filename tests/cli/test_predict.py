@@ -222,3 +222,16 @@ def test_a_checkpoint_of_another_model_or_spec_is_one_line(run, tmp_path):
     record["spec_hash"] = "0" * 16  # a run whose checkpoint another spec wrote
     (copy / "run.json").write_text(json.dumps(record))
     assert "was written by another spec" in bad(str(copy), str(run["val"]))
+
+
+def test_progress_hears_every_batch_and_the_verb_matches_the_command(run):
+    heard = []
+    result = inference.predict(
+        run["folder"] / "run",
+        [run["val"]],
+        batch_size=100,
+        device="cpu",
+        progress=lambda done, total: heard.append((done, total)),
+    )
+    assert heard == [(100, 397), (200, 397), (300, 397), (397, 397)]
+    assert result["accuracy"] == run["record"]["final"]["val_accuracy"]

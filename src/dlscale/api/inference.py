@@ -16,7 +16,8 @@ Contract of `load_predictor(run_or_checkpoint, device="auto", precision="fp32") 
 - `Predictor.predict(x)`: `x` a tensor (N, *input_shape); returns a `Prediction` with
   `.classes` (N ints: the class, or for a language model the next token after the sequence),
   `.confidence` (N floats: its softmax probability) and `.logits` (float32, CPU). A batch of
-  another shape or dtype is a one-line `UserError`. Thread-compatible: no state changes.
+  another shape or dtype is a one-line `UserError`. It changes no state (eval mode,
+  no gradients), so one Predictor may answer many requests.
 - `Predictor.check(x)`: the same shape check alone; `Predictor.images(files)`: image files or
   bytes decoded into a batch as the run's reader decoded its images.
 """
