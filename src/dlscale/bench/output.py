@@ -149,6 +149,7 @@ def plot_width(figure: Figure, result: dict) -> None:
                 label = f"working set > {name} ({binary_bytes(sizes[name])}) from w = {first}"
                 axes.axvline(first, color="grey", linestyle=styles[index % 5], label=label)
         _log2_ticks(axes, widths)
+        axes.tick_params(axis="x", labelrotation=60)  # widths close on a log axis: 4096, 5120
         axes.set_yscale("log")
         axes.set_xlabel("hidden width w (mlp hidden=[w, w])")
         finish_axes(axes)
