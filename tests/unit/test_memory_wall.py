@@ -3,15 +3,18 @@
 sysfs and /proc text the levels and the cgroup are read from."""
 
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from dlscale.bench import swap_file
 from dlscale.bench.machine import data_caches
 from dlscale.bench.memory_cgroup import NoMemoryCgroup, memory_hierarchy
-from dlscale.bench.swap_file import PREFIX, stale_swap_files
+from dlscale.bench.swap_file import PREFIX, NoSwap, bounded_swap, stale_swap_files
 from dlscale.bench.width import crossings, level_of, memory_estimate_bytes, thousand_epochs_s
 from dlscale.units import duration
 
@@ -107,3 +110,20 @@ def test_a_swap_file_left_by_a_killed_run_is_found_by_its_dead_pid(tmp_path: Pat
         (tmp_path / f"{PREFIX}{pid}").write_bytes(b"")
     (tmp_path / "unrelated").write_bytes(b"")
     assert stale_swap_files(tmp_path) == [tmp_path / f"{PREFIX}{gone}"]
+
+
+def test_no_swap_file_is_made_where_the_machine_has_the_swap_already(tmp_path: Path):
+    with bounded_swap(0, tmp_path) as made:  # any machine has 0 bytes of swap free
+        assert made is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_swap_file_that_would_crowd_the_disk_is_refused_in_one_line(tmp_path: Path, monkeypatch):
+    # 3 GiB free, 2 GiB kept free: 1,024 MiB to spare, and 4 GiB asked for.
+    monkeypatch.setattr(swap_file, "free_swap_bytes", lambda: 0)
+    usage = shutil.disk_usage(tmp_path)._replace(free=3 * 2**30)
+    monkeypatch.setattr(swap_file.shutil, "disk_usage", lambda folder: usage)
+    expected = re.escape(f"{tmp_path} has 1024 MiB to spare for a swap file")
+    with pytest.raises(NoSwap, match=expected), bounded_swap(4 * 2**30, tmp_path):
+        pass
+    assert list(tmp_path.iterdir()) == []

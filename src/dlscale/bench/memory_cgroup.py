@@ -128,6 +128,7 @@ def limited(
     the way out, whatever happened inside."""
     assert "/" not in name and limit_bytes > 0 and swap_bytes >= 0, (name, limit_bytes)
     group = MemoryCgroup(parent / name)
+    group.remove()  # one of the same name left by a killed run (names carry the bench's pid)
     group.folder.mkdir()
     try:
         # memory+swap is never below memory: the memory limit goes first while memsw is unset.
