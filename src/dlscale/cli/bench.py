@@ -310,7 +310,8 @@ def width(
     memory_limit: str | None = typer.Option(
         None,
         "--memory-limit",
-        help="Time each width in a cgroup of this much memory (e.g. 1GiB): the memory wall.",
+        help="Time each width on the CPU in a cgroup of this much memory (e.g. 1GiB): the "
+        "memory wall.",
     ),
     swap: str | None = typer.Option(
         None,
