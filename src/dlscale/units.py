@@ -67,6 +67,8 @@ def si(value: float, unit: str = "") -> str:
 def duration(value: float | None) -> str:
     if value is None:
         return "-"
+    if value >= 2 * 86400:  # "1,000 epochs would take 90 days", not "2160 h"
+        return f"{value / 86400:,.1f} days"
     if value >= 3600:
         return f"{value / 3600:.2f} h"
     if value >= 60:

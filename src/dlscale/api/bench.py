@@ -107,10 +107,49 @@ def default_loader_steps() -> int:
     return DEFAULT_LOADER_STEPS
 
 
-def bench_width(widths: list[int], batch: int) -> dict:
+def bench_width(
+    widths: list[int],
+    batch: int,
+    dataset_size: int,
+    threads: int | None = None,
+    memory_limit: str | None = None,
+    swap: str | None = None,
+    swap_dir: Path | None = None,
+) -> dict:
+    """An MLP's step time as its width grows (`bench width`), in this process; or, with a
+    `memory_limit` ('512MiB'), each width in a cgroup of that much memory and `swap` more of
+    swap (default twice the limit), so that the widest run past it into swap."""
     from dlscale.bench.width import run_width_bench
+    from dlscale.bench.width_wall import run_wall_bench
+    from dlscale.errors import UserError
+    from dlscale.units import parse_bytes
 
-    return run_width_bench(widths, batch)
+    if memory_limit is None:
+        if swap is not None or swap_dir is not None:
+            raise UserError("--swap and --swap-dir take effect only with --memory-limit")
+        return run_width_bench(widths, batch, dataset_size=dataset_size, threads=threads)
+    sizes = {}
+    for option, text in (("--memory-limit", memory_limit), ("--swap", swap)):
+        try:
+            sizes[option] = None if text is None else parse_bytes(text)
+        except ValueError as error:
+            raise UserError(f"{option}: {error}") from None
+    return run_wall_bench(
+        widths,
+        batch,
+        sizes["--memory-limit"],
+        sizes["--swap"],
+        swap_dir,
+        dataset_size=dataset_size,
+        threads=threads,
+    )
+
+
+def default_dataset_size() -> int:
+    """The samples an epoch has in `bench width`'s 1,000-epoch estimate unless told (MNIST's)."""
+    from dlscale.bench.width import DEFAULT_DATASET_SIZE
+
+    return DEFAULT_DATASET_SIZE
 
 
 def bench_batch(

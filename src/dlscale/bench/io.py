@@ -23,7 +23,13 @@ from pathlib import Path
 
 import torch
 
-from dlscale.bench.io_verdict import io_noise, io_verdict, relative_spread, with_noise
+from dlscale.bench.io_verdict import (
+    NOISY_SPREAD,
+    io_noise,
+    io_verdict,
+    relative_spread,
+    with_noise,
+)
 from dlscale.bench.memory import load_averages
 from dlscale.data.lazy import IO_FIELDS
 from dlscale.errors import UserError
@@ -286,7 +292,8 @@ def run_io_bench(
     noise = io_noise(
         model["step_spread"], decode["batch_spread"], load_before[0] if load_before else None, cores
     )
-    verdict = with_noise(verdict, noise)
+    spread = max(model["step_spread"], decode["batch_spread"])
+    verdict = with_noise(verdict, noise, spread)
     return {
         "schema": SCHEMA,
         "spec": spec.name,
@@ -299,5 +306,6 @@ def run_io_bench(
         "loader_workers": spec.loader.workers,
         "cores": cores,
         **verdict,
+        "noisy_spread": NOISY_SPREAD,
         "load_average_1m_5m_15m": load_averages(),
     }

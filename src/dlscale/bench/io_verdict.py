@@ -79,25 +79,36 @@ def io_noise(
     return reasons
 
 
-def with_noise(verdict: dict, noise: list[str]) -> dict:
-    """The verdict, with the runner-up and, when the measurements were noisy, a warning that
-    says how close the runner-up is (a close one may swap places on a rerun)."""
+def with_noise(verdict: dict, noise: list[str], spread: float = 0.0) -> dict:
+    """The verdict, with the runner-up; when the measurements were noisy, either a warning that
+    says how far the runner-up is, or, where it is close enough to swap places with the bound
+    (within CLOSE_CALL, or within the repeats' own `spread` where that is wider), no verdict at
+    all: `noisy`, the rates and why, as `bench precision` draws no ratio from a noisy time."""
     bounds = verdict["bounds_samples_per_s"]
-    bound = verdict["bound"]
-    runner_up = min((name for name in bounds if name != bound), key=bounds.__getitem__)
-    ratio = bounds[runner_up] / max(bounds[bound], 1e-12)
+    slowest = verdict["bound"]
+    runner_up = min((name for name in bounds if name != slowest), key=bounds.__getitem__)
+    ratio = bounds[runner_up] / max(bounds[slowest], 1e-12)
+    close = max(CLOSE_CALL, 1 + spread)
+    drawn = not noise or ratio >= close
     text = verdict["verdict"]
-    if noise:
-        text += f". But the measurements were noisy ({'; '.join(noise)}): "
+    if not drawn:
+        text = (
+            f"noisy: no verdict: {slowest} ({bounds[slowest]:,.0f} samples/s) and {runner_up} "
+            f"({bounds[runner_up]:,.0f}) are within {ratio:.2f}× of each other, closer than "
+            f"noisy measurements can tell apart ({'; '.join(noise)}); rerun on an idle "
+            "machine, or with a longer --seconds"
+        )
+    elif noise:
         text += (
-            f"the runner-up, {runner_up}, is within {ratio:.2f}× of it: the verdict may flip; "
-            "rerun on an idle machine, or with a longer --seconds"
-            if ratio < CLOSE_CALL
-            else f"the runner-up, {runner_up}, is {ratio:.1f}× away, so the verdict likely holds"
+            f". The measurements were noisy ({'; '.join(noise)}), but the runner-up, "
+            f"{runner_up}, is {ratio:.1f}× away, so the verdict likely holds"
         )
     return {
         **verdict,
+        "bound": slowest if drawn else None,
+        "slowest_measured": slowest,
         "verdict": text,
+        "verdict_drawn": drawn,
         "runner_up": runner_up,
         "runner_up_ratio": ratio,
         "noisy": bool(noise),

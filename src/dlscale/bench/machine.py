@@ -85,26 +85,33 @@ def parse_cache_size(text: str) -> int:
     return int(text.rstrip("KMG")) * scale
 
 
+def data_caches(folder: str = "/sys/devices/system/cpu/cpu0") -> list[tuple[str, int]]:
+    """The CPU's data caches, innermost first, as sysfs states them: [("L1", bytes), ("L2",
+    bytes), ...] (instruction caches left out; empty where sysfs has no cache entries)."""
+    found = []
+    for index in glob.glob(f"{folder}/cache/index*"):
+        try:
+            with open(f"{index}/type") as handle:
+                if handle.read().strip() == "Instruction":
+                    continue
+            with open(f"{index}/level") as handle:
+                level = int(handle.read())
+            with open(f"{index}/size") as handle:
+                size = parse_cache_size(handle.read())
+        except (OSError, ValueError):
+            continue
+        found.append((level, size))
+    return [(f"L{level}", size) for level, size in sorted(found)]
+
+
 def last_level_cache_bytes(device: torch.device | None = None) -> int | None:
     """The largest data cache: the GPU's L2, or the CPU's highest-level cache from sysfs."""
     if device is not None and device.type == "cuda":
         size = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
         return int(size) or None
-    best: tuple[int, int] | None = None
-    for folder in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
-        try:
-            with open(f"{folder}/type") as handle:
-                if handle.read().strip() == "Instruction":
-                    continue
-            with open(f"{folder}/level") as handle:
-                level = int(handle.read())
-            with open(f"{folder}/size") as handle:
-                size = parse_cache_size(handle.read())
-        except (OSError, ValueError):
-            continue
-        best = max(best or (level, size), (level, size))
-    if best is not None:
-        return best[1]
+    caches = data_caches()
+    if caches:
+        return caches[-1][1]
     try:  # glibc knows it on Linux systems without sysfs cache entries
         return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or None
     except (ValueError, OSError, AttributeError):

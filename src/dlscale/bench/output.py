@@ -27,6 +27,7 @@ from dlscale.bench.run_plots import (
 )
 from dlscale.train.ownership import claim
 from dlscale.train.run_folder import output_dir
+from dlscale.units import binary_bytes
 
 GIGA = 1e9
 
@@ -129,7 +130,8 @@ def plot_loader(figure: Figure, result: dict) -> None:
 
 
 def plot_width(figure: Figure, result: dict) -> None:
-    """Step time and time per parameter vs width (log-log), with the cache crossings marked."""
+    """Step time and time per parameter vs width (log-log), with a line where the working set
+    leaves each cache and RAM (at the first width past it)."""
     rows = [row for row in result["rows"] if row["step_time_s"] is not None]
     widths = [row["width"] for row in rows]
     step = figure.add_subplot(1, 2, 1)
@@ -138,19 +140,26 @@ def plot_width(figure: Figure, result: dict) -> None:
     step.set_ylabel("training step time (s)")
     per_param.plot(widths, [row["time_per_parameter_s"] * 1e9 for row in rows], marker="o")
     per_param.set_ylabel("step time per parameter (ns)")
-    marks = (
-        ("state_exceeds_cache_from_width", "--", "weights+grads+Adam > cache"),
-        ("weight_matrix_exceeds_cache_from_width", ":", "one w×w weight > cache"),
-    )
+    styles = ("--", ":", "-.", (0, (5, 1)), (0, (1, 3)))
+    sizes = {level["name"]: level["bytes"] for level in result["levels"]}
+    crossed = result["working_set_exceeds_from_width"]
     for axes in (step, per_param):
-        _vertical_marks(axes, result, marks, "{label} ({value})")
+        for index, (name, first) in enumerate(crossed.items()):
+            if first is not None:
+                label = f"working set > {name} ({binary_bytes(sizes[name])}) from w = {first}"
+                axes.axvline(first, color="grey", linestyle=styles[index % 5], label=label)
         _log2_ticks(axes, widths)
+        axes.tick_params(axis="x", labelrotation=60)  # widths close on a log axis: 4096, 5120
         axes.set_yscale("log")
         axes.set_xlabel("hidden width w (mlp hidden=[w, w])")
         finish_axes(axes)
     skipped = [row["width"] for row in result["rows"] if row["skipped"]]
-    note = f"; skipped (memory): {skipped}" if skipped else ""
-    figure.suptitle(f"MLP width sweep, batch {result['batch_size']}, {result['device']}{note}")
+    note = f"; not timed: {skipped}" if skipped else ""
+    limit = result.get("memory_limit_bytes")
+    where = f", in a {binary_bytes(limit)} cgroup" if limit else ""
+    figure.suptitle(
+        f"MLP width sweep, batch {result['batch_size']}, {result['device']}{where}{note}"
+    )
 
 
 def _vertical_marks(axes: Axes, result: dict, marks: tuple, template: str) -> None:

@@ -299,51 +299,103 @@ def width(
         help="Hidden widths w: the MLP has two hidden layers of w units.",
     ),
     batch: int = typer.Option(64, "--batch", help="Batch size of each training step."),
+    dataset_size: int = typer.Option(
+        bench.default_dataset_size(),
+        "--dataset-size",
+        help="Samples in an epoch, for the '1,000 epochs would take' column (default: MNIST's).",
+    ),
+    threads: int | None = typer.Option(
+        None, "--threads", help="Intra-op threads (default: torch's, one a core)."
+    ),
+    memory_limit: str | None = typer.Option(
+        None,
+        "--memory-limit",
+        help="Time each width on the CPU in a cgroup of this much memory (e.g. 1GiB): the "
+        "memory wall.",
+    ),
+    swap: str | None = typer.Option(
+        None,
+        "--swap",
+        help="Swap the cgroup may use past --memory-limit (default twice the limit); a swap "
+        "file is added for the run if the machine has less free.",
+    ),
+    swap_dir: Path | None = typer.Option(
+        None, "--swap-dir", help="Folder for that swap file (default $DLSCALE_HOME)."
+    ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
-    """An MLP's training-step time as its width doubles, against the last-level cache and RAM."""
+    """An MLP's training-step time as its width grows, against each cache and RAM (with
+    --memory-limit, past it into swap), and what 1,000 epochs would take."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
     if batch < 1:
         raise UserError(f"--batch: must be a positive integer (got {batch})")
-    result = bench.bench_width(parse_int_list(widths, "--widths"), batch)
+    result = bench.bench_width(
+        parse_int_list(widths, "--widths"),
+        batch,
+        dataset_size,
+        threads,
+        memory_limit,
+        swap,
+        swap_dir,
+    )
+    for warning in result.get("warnings", []):
+        console.print(f"warning: {escape(warning)}", soft_wrap=True)
     console.print(width_table(result))
     print_written(*bench.write_outputs("width", result, out))
 
 
 def width_table(result: dict) -> Table:
-    cache = result["last_level_cache_bytes"]
-    title = f"mlp(hidden=[w, w]) training steps, batch {result['batch_size']}, {result['device']}"
+    title = (
+        f"mlp(hidden=[w, w]) training steps, batch {result['batch_size']}, {result['device']}, "
+        f"{result['threads']} thread(s)"
+    )
     table = Table(title=escape(title))
-    for name in ("w", "parameters", "state", "step", "per param", "GFLOP/s", "note"):
-        table.add_column(name, justify="left" if name == "note" else "right")
+    columns = ("w", "parameters", "working set", "fits in", "step (±spread)", "per param")
+    for name in (*columns, "GFLOP/s", "1,000 epochs", "note"):
+        table.add_column(name, justify="left" if name in ("fits in", "note") else "right")
     for row in result["rows"]:
-        where = "" if not cache else "in cache" if row["state_bytes"] <= cache else "> cache"
         per_param = row["time_per_parameter_s"]
+        step = seconds(row["step_time_s"])
+        if row["step_spread"] is not None:
+            step += f" ±{row['step_spread']:.0%}"
         table.add_row(
             str(row["width"]),
             f"{row['parameters']:,}",
-            binary_bytes(row["state_bytes"]),
-            seconds(row["step_time_s"]),
+            binary_bytes(row["memory_estimate_bytes"]),
+            row["level"],
+            step,
             "-" if per_param is None else f"{per_param * 1e9:.2f} ns",
             giga(row["flops_per_s"]),
-            row["skipped"] or where,
+            seconds(row["thousand_epochs_s"]),
+            row["skipped"] or "",
         )
-    marks = [
-        f"{label} from w = {result[key]}"
-        for key, label in (
-            ("state_exceeds_cache_from_width", "the state exceeds it"),
-            ("weight_matrix_exceeds_cache_from_width", "one w×w weight exceeds it"),
-        )
-        if result[key] is not None
-    ]
-    table.caption = "; ".join(
-        [
-            "state: weights, gradients and Adam's two moments (16 bytes a parameter)",
-            f"last-level cache {binary_bytes(cache) if cache else 'unknown'}",
-            *marks,
-        ]
-    )
+    table.caption = "; ".join(width_notes(result))
     return table
+
+
+def width_notes(result: dict) -> list[str]:
+    """The caption: what the working set is, each level's size and the width that leaves it."""
+    crossed = result["working_set_exceeds_from_width"]
+    levels = []
+    for level in result["levels"]:
+        first = crossed[level["name"]]
+        leaves = f"exceeded from w = {first}" if first is not None else "never exceeded"
+        levels.append(f"{level['name']} {binary_bytes(level['bytes'])} ({leaves})")
+    notes = [
+        "working set: weights, gradients, Adam's two moments (16 B a parameter) and activations",
+        ", ".join(levels),
+        f"1,000 epochs of {result['dataset_size']:,} samples",
+    ]
+    limit = result["memory_limit_bytes"]
+    if limit:
+        notes.append(
+            f"RAM here: a cgroup of {binary_bytes(limit)} less the measuring process's own "
+            f"{binary_bytes(result['process_baseline_bytes'])}, with "
+            f"{binary_bytes(result['swap_bytes'])} of swap past it"
+        )
+    else:
+        notes.append("RAM here: the free memory (widths over half of it are skipped)")
+    return notes
 
 
 @app.command()

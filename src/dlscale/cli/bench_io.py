@@ -66,7 +66,11 @@ def io_table(result: dict) -> Table:
         f"reading {seconds(decode['read_s_per_sample'])}, decoding "
         f"{seconds(decode['decode_s_per_sample'])} a sample"
     )
-    row("decode, 1 loader worker", decode["samples_per_s"], split)
+    row(
+        "decode, 1 loader worker",
+        decode["samples_per_s"],
+        f"{split}; {spread(decode['batch_spread'], 'batches', result['noisy_spread'])}",
+    )
     if workers > 1:
         row(
             f"decode, {workers} loader workers",
@@ -76,7 +80,8 @@ def io_table(result: dict) -> Table:
     row(
         f"model step ({result['device']})",
         model["samples_per_s"],
-        f"{seconds(model['step_time_s'])} a step",
+        f"{seconds(model['step_time_s'])} a step; "
+        f"{spread(model['step_spread'], 'steps', result['noisy_spread'])}",
     )
     cache = (
         "page cache dropped before each measurement"
@@ -93,6 +98,12 @@ def io_table(result: dict) -> Table:
         facts.append(f"load average {load[0]:.1f} on {result['cores']} cores")
     table.caption = escape(f"{result['verdict']}\n" + "; ".join(facts))
     return table
+
+
+def spread(value: float, repeats: str, noisy_spread: float) -> str:
+    """How far the repeats (steps, batches) varied, 10th to 90th percentile; marked noisy where
+    that is too wide to rank the rates by."""
+    return f"{repeats} ±{value:.0%}" + (" noisy" if value > noisy_spread else "")
 
 
 def storage_note(measured: dict) -> str:

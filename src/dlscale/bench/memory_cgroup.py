@@ -1,0 +1,149 @@
+"""A memory-limited cgroup (v1 memory controller) for one bench child process: its limit, the
+swap it may use beyond it, what it ran into, and its removal however the run ends.
+
+The memory-wall run (`bench width --memory-limit`) makes a model's training state outgrow the
+memory it may use on purpose. Done in the open, that would push the whole machine into swap or
+its out-of-memory killer; inside a cgroup only the child is squeezed: past `limit_bytes` the
+kernel reclaims the child's pages to swap (at most `swap_bytes` of it, where swap is accounted),
+and past both it kills the child alone.
+
+The service's jobs get their limits from service/cgroups.py (v1 and v2, memory, pids and cpu,
+beneath the server's own cgroup); a bench may not import the service, and needs one controller
+with a swap bound the jobs never get, so this is that one controller, v1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REMOVE_TRIES = 50  # × 0.1 s: a killed task leaves its cgroup within milliseconds
+
+
+class NoMemoryCgroup(Exception):
+    """Why no memory-limited cgroup can be made here (one line)."""
+
+
+def memory_hierarchy(proc: Path = Path("/proc/self")) -> Path:
+    """This process's own folder in the cgroup v1 memory hierarchy, where a child cgroup can be
+    made; NoMemoryCgroup saying why not (no v1 memory controller, not writable: not root)."""
+    try:
+        mountinfo = (proc / "mountinfo").read_text()
+        own = (proc / "cgroup").read_text()
+    except OSError as error:
+        raise NoMemoryCgroup(f"cannot read {proc}/cgroup: {error.strerror}") from None
+    mount = None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        v1 = len(fields) >= 5 and len(tail) >= 3 and tail[0] == "cgroup"
+        if v1 and "memory" in tail[2].split(","):  # its super options name its controllers
+            mount = (fields[3], Path(fields[4]))
+    if mount is None:
+        raise NoMemoryCgroup("no cgroup v1 memory controller is mounted here")
+    path = "/"
+    for line in own.splitlines():  # "4:memory:/a/b"
+        _, controllers, where = line.split(":", 2)
+        path = where if "memory" in controllers.split(",") else path
+    root, mount_point = mount
+    relative = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
+    folder = mount_point if relative in ("", ".") else mount_point / relative
+    if not os.access(folder, os.W_OK):
+        raise NoMemoryCgroup(f"cgroup {folder} is not writable by this user (run as root)")
+    return folder
+
+
+@dataclass(frozen=True)
+class MemoryUsage:
+    """What the child ran into, read from its cgroup."""
+
+    peak_bytes: int | None  # resident memory at its highest
+    peak_with_swap_bytes: int | None  # resident memory plus swap at its highest
+    oom_kills: int  # processes the kernel killed at the limit (memory and swap both full)
+
+    def as_dict(self) -> dict:
+        return {
+            "peak_bytes": self.peak_bytes,
+            "peak_with_swap_bytes": self.peak_with_swap_bytes,
+            "oom_kills": self.oom_kills,
+        }
+
+
+class MemoryCgroup:
+    """One child cgroup in the memory hierarchy: made by `limited`, which removes it."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def command(self, argv: list[str]) -> list[str]:
+        """`argv` run by a shell that first moves itself into this cgroup, then execs it: every
+        page the command ever touches is charged here."""
+        script = 'echo $$ > "$1" || exit 125; shift; exec "$@"'
+        return ["/bin/sh", "-c", script, "dlscale-enter", str(self.folder / "cgroup.procs"), *argv]
+
+    def pids(self) -> list[int]:
+        with contextlib.suppress(OSError):
+            return [int(p) for p in (self.folder / "cgroup.procs").read_text().split()]
+        return []
+
+    def usage(self) -> MemoryUsage:
+        oom = 0
+        with contextlib.suppress(OSError, ValueError):
+            for line in (self.folder / "memory.oom_control").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                oom = int(value) if name == "oom_kill" else oom
+        return MemoryUsage(
+            _read_int(self.folder / "memory.max_usage_in_bytes"),
+            _read_int(self.folder / "memory.memsw.max_usage_in_bytes"),
+            oom,
+        )
+
+    def remove(self) -> None:
+        """Kill whatever is left in it and remove it (rmdir fails while a task is exiting)."""
+        for _ in range(REMOVE_TRIES):
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                self.folder.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+@contextlib.contextmanager
+def limited(
+    parent: Path, name: str, limit_bytes: int, swap_bytes: int
+) -> Iterator[tuple[MemoryCgroup, bool]]:
+    """A new cgroup `name` under `parent` holding at most `limit_bytes` in memory and
+    `swap_bytes` more in swap; yields it and whether the swap bound is enforced (the kernel
+    accounts swap only with swapaccount=1: else the swap space itself is the bound). Removed on
+    the way out, whatever happened inside."""
+    assert "/" not in name and limit_bytes > 0 and swap_bytes >= 0, (name, limit_bytes)
+    group = MemoryCgroup(parent / name)
+    group.remove()  # one of the same name left by a killed run (names carry the bench's pid)
+    group.folder.mkdir()
+    try:
+        # memory+swap is never below memory: the memory limit goes first while memsw is unset.
+        (group.folder / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        memsw = group.folder / "memory.memsw.limit_in_bytes"
+        bounded = memsw.exists()
+        if bounded:
+            memsw.write_text(str(limit_bytes + swap_bytes))
+        yield group, bounded
+    finally:
+        group.remove()
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
