@@ -41,12 +41,14 @@ ALLOWED = {
     # A strategy is an exchange for the one loop, placed by a launcher; a pipeline plans its
     # split with the profiler on the hardware model.
     "strategies": TRAIN | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"},
+    # Using a trained model: the run's model and reader rebuilt, no training, no processes.
+    "infer": TRAIN | {"dlscale.infer"},
     # A sweep runs its trials with the strategies, on a launcher's task pool.
     "sweep": TRAIN | {"dlscale.launch", "dlscale.strategies", "dlscale.sweep"},
     # The verbs: everything below them.
     "api": TRAIN
     | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"}
-    | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep"},
+    | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep", "dlscale.infer"},
     # A front door calls the verbs and nothing else; `dlscale serve` runs the service in-process.
     "cli": BASE | {"dlscale.api", "dlscale.service"},
     # The service is a front door like the CLI: its routes and job processes call the verbs

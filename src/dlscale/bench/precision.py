@@ -31,6 +31,7 @@ from torch import nn
 from dlscale.bench import io_verdict
 from dlscale.errors import UserError, one_line
 from dlscale.jobspec import SingleStrategy, Spec, load_spec
+from dlscale.models.quantize import quantize_dynamic_int8
 from dlscale.profiler.calibrate import STABLE_SPREAD, seconds_per_call, spread_log
 from dlscale.train.device import autocast, resolve_device
 from dlscale.train.loop import Trainer
@@ -218,12 +219,7 @@ def _quantized(trainer: Trainer) -> list[tuple[dict, nn.Module | None]]:
 
 
 def _dynamic(model: nn.Module, trainer: Trainer) -> nn.Module:
-    from torch.ao.quantization import quantize_dynamic
-
-    quantized = quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
-    if not any("quantized" in type(m).__module__ for m in quantized.modules()):
-        raise UserError("no Linear layer: dynamic quantization changes nothing here")
-    return quantized
+    return quantize_dynamic_int8(model)
 
 
 def _static(model: nn.Module, trainer: Trainer) -> nn.Module:

@@ -364,6 +364,7 @@ class Trainer:
                 "input_shape": list(data.input_shape),
                 "num_classes": data.num_classes,
                 "task": data.task,
+                "vocab_size": data.vocab_size,
                 "source": spec.data.name,
                 "read_from_disk": not data.in_memory,
                 "streamed": data.streamed,

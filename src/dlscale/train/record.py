@@ -31,6 +31,7 @@ class DataInfo(_Strict):
     input_shape: list[int]
     num_classes: int
     task: str
+    vocab_size: int | None = None  # token inputs: the embedding's rows (what predict rebuilds)
     source: str  # the data kind: digits, npz, webdataset, ...
     read_from_disk: bool  # read while training (hf, webdataset, images), not held in memory
     streamed: bool  # read front to back through a shuffle buffer (webdataset)

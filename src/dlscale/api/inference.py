@@ -1,0 +1,39 @@
+"""The verbs that use a trained model: `load_predictor` (a run or checkpoint, ready for
+batches) and `predict` (a run over files of inputs, with the accuracy where they carry labels).
+
+Contract of `load_predictor(run_or_checkpoint, device="auto", precision="fp32") -> Predictor`
+(what `dlscale predict` and `dlscale serve-model` both build on; kept stable):
+
+- `run_or_checkpoint`: a run folder (its newest checkpoint) or a checkpoint inside a run's
+  `checkpoints/` folder. The model, its arguments and the input layout come from the run's
+  run.json; weights load with `torch.load(weights_only=True)`, checked against their digest and
+  the run's spec hash. Anything wrong is a one-line `UserError` (exit 2).
+- `device`: "auto" (cuda, then mps, then cpu), "cpu", "cuda", "cuda:N".
+- `precision`: "fp32"; "bf16" (autocast, weights fp32); "int8" (torch's dynamic quantization of
+  the Linear layers, as `bench precision` measures it; CPU only).
+- `Predictor.input_shape` (one sample, no batch dimension), `.input_kind` ("image": float32
+  (C, H, W) in [0, 1]; "features": float32; "tokens": int64 ids), `.task`, `.num_classes`.
+- `Predictor.predict(x)`: `x` a tensor (N, *input_shape); returns a `Prediction` with
+  `.classes` (N ints: the class, or for a language model the next token after the sequence),
+  `.confidence` (N floats: its softmax probability) and `.logits` (float32, CPU). A batch of
+  another shape or dtype is a one-line `UserError`. Thread-compatible: no state changes.
+- `Predictor.check(x)`: the same shape check alone; `Predictor.images(files)`: image files or
+  bytes decoded into a batch as the run's reader decoded its images.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dlscale.infer.predictor import Prediction, Predictor, build_predictor
+from dlscale.infer.trained import load_trained
+
+__all__ = ["Prediction", "Predictor", "load_predictor"]
+
+
+def load_predictor(
+    run_or_checkpoint: str | Path, device: str = "auto", precision: str = "fp32"
+) -> Predictor:
+    """A trained run's model, rebuilt from its record with its checkpoint's weights, on
+    `device` at `precision` (fp32, bf16 or int8), ready for `predict(batch)`."""
+    return build_predictor(load_trained(run_or_checkpoint), device, precision)
