@@ -70,12 +70,12 @@ def parse_body(body: object, model: Model) -> Batch:
 
 def _array(index: int, sample: object, model: Model) -> torch.Tensor:
     where = f"inputs[{index}]"
+    if not _only_numbers(sample):
+        raise BadInput(f"{where}: not a rectangular array of numbers")
     try:
         values = np.asarray(sample, dtype=np.float64)
-    except (ValueError, TypeError):
+    except ValueError:  # ragged
         raise BadInput(f"{where}: not a rectangular array of numbers") from None
-    if values.dtype == object or _has_bool(sample):
-        raise BadInput(f"{where}: not a rectangular array of numbers")
     if tuple(values.shape) != tuple(model.input_shape):
         raise BadInput(
             f"{where}: shape {tuple(values.shape)}; this model takes one sample of shape "
@@ -92,11 +92,12 @@ def _array(index: int, sample: object, model: Model) -> torch.Tensor:
     return torch.from_numpy(values.astype(np.int64))
 
 
-def _has_bool(sample: object) -> bool:
-    # numpy reads True as 1.0; a JSON true where a number belongs is the client's mistake.
-    if isinstance(sample, bool):
-        return True
-    return isinstance(sample, list) and any(_has_bool(item) for item in sample)
+def _only_numbers(sample: object) -> bool:
+    """Lists of numbers all the way down. numpy would read "3" as 3.0 and true as 1.0: in a
+    JSON body either is the client's mistake, said rather than guessed."""
+    if isinstance(sample, list):
+        return all(_only_numbers(item) for item in sample)
+    return isinstance(sample, int | float) and not isinstance(sample, bool)
 
 
 def _images(samples: list[str], model: Model) -> torch.Tensor:
