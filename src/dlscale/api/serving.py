@@ -1,6 +1,6 @@
 """The verb that serves a trained model over HTTP: `serve_model` checks the run and the
 options here, then starts a Ray Serve deployment of it (local Ray, or a cluster's) and returns
-the running server; `serve_plain` is the one-process endpoint it is measured against."""
+the running server; `plain_app` is the one-process endpoint it is measured against."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from dlscale.api.inference import Predictor, load_predictor
 from dlscale.errors import UserError, one_line
 from dlscale.launch.ray_cluster import connect, import_ray, leave
 from dlscale.serving.inputs import MAX_SAMPLES_PER_REQUEST
+from dlscale.serving.plain import build_plain_app
 
 SERVE_DEVICES = ("auto", "cpu", "cuda")
 
@@ -155,3 +156,12 @@ def _check_port_free(host: str, port: int, address: str | None) -> None:
             probe.bind((host, port))
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def plain_app(run: str | Path, device: str = "cpu", precision: str = "fp32"):
+    """The same routes over the same model in this one process, with no Ray and no batching
+    (each request one model call): what serve-model is measured against. Run it with uvicorn."""
+    run = Path(run).resolve()
+    predictor = load_predictor(run, device=device, precision=precision)
+    info = model_info(run, predictor, ServingOptions(precision=precision))
+    return build_plain_app(predictor, info)

@@ -35,6 +35,6 @@ class PlainEngine:
         return {"status": "ok", "engine": "plain", **self.info}
 
 
-def plain_app(predictor, info: dict) -> FastAPI:
+def build_plain_app(predictor, info: dict) -> FastAPI:
     """A FastAPI app serving `predictor` from this process (run it with uvicorn)."""
     return build_app(PlainEngine(predictor, info))
