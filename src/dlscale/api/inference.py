@@ -23,12 +23,17 @@ Contract of `load_predictor(run_or_checkpoint, device="auto", precision="fp32") 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
+from dlscale.errors import UserError
+from dlscale.infer.inputs import open_source
+from dlscale.infer.output import check_out, write_predictions
+from dlscale.infer.predict import Progress, run_sources
 from dlscale.infer.predictor import Prediction, Predictor, build_predictor
 from dlscale.infer.trained import load_trained
 
-__all__ = ["Prediction", "Predictor", "load_predictor"]
+__all__ = ["Prediction", "Predictor", "load_predictor", "predict"]
 
 
 def load_predictor(
@@ -37,3 +42,30 @@ def load_predictor(
     """A trained run's model, rebuilt from its record with its checkpoint's weights, on
     `device` at `precision` (fp32, bf16 or int8), ready for `predict(batch)`."""
     return build_predictor(load_trained(run_or_checkpoint), device, precision)
+
+
+def predict(
+    run_or_checkpoint: str | Path,
+    inputs: Sequence[str | Path],
+    batch_size: int = 64,
+    device: str = "auto",
+    precision: str = "fp32",
+    split: str | None = None,
+    out: str | Path | None = None,
+    progress: Progress | None = None,
+) -> dict:
+    """Run a trained model over input files (images or folders of them, .npz, .txt tokens,
+    WebDataset shards, a saved Hugging Face data set; `split` picks the latter's split), in
+    batches of `batch_size`. Returns the result (schema dlscale.predict/1): one row per sample
+    (input, predicted, confidence, label) and, where the inputs carry labels, the accuracy
+    beside the run's recorded validation accuracy; also written to `out` (.json or .csv)."""
+    if not inputs:
+        raise UserError("no inputs given: name image files or folders, .npz, .txt, shards")
+    if out is not None:
+        check_out(out)  # before the model loads: a wrong suffix is said at once
+    predictor = load_predictor(run_or_checkpoint, device, precision)
+    sources = [open_source(path, predictor.trained, split) for path in inputs]
+    result = run_sources(predictor, sources, batch_size, progress)
+    if out is not None:
+        result["out"] = str(write_predictions(result, out))
+    return result

@@ -17,6 +17,7 @@ from dlscale.cli.errors import stderr, user_errors
 from dlscale.cli.hardware import app as hardware_app
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.pipes import guard_streams, stdout_closed
+from dlscale.cli.predict import predict as predict_command
 from dlscale.cli.profile import estimate as estimate_command
 from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
@@ -267,6 +268,7 @@ def compare(
 app.command(name="profile")(profile_command)
 app.command(name="estimate")(estimate_command)
 app.command(name="sweep")(sweep_command)
+app.command(name="predict")(predict_command)
 app.command(name="serve-model")(serve_model_command)
 
 

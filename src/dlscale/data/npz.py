@@ -49,15 +49,16 @@ def read_npz(spec: NpzData, seed: int) -> DataBundle:
     )
 
 
-def read_npz_file(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """One archive's (x, y) as tensors, converted and checked; UserError if malformed."""
-    raw_x, raw_y = _load_arrays(path)
+def read_npz_file(path: Path, labels: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One archive's (x, y) as tensors, converted and checked; UserError if malformed. With
+    `labels=False` (inputs to predict on), y may be absent: then it is None."""
+    raw_x, raw_y = _load_arrays(path, labels)
     x = _convert_x(path, raw_x)
-    y = _convert_y(path, raw_y, raw_x)
+    y = None if raw_y is None else _convert_y(path, raw_y, raw_x)
     return x, y
 
 
-def _load_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def _load_arrays(path: Path, labels: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Arrays x and y from the archive, without ever unpickling (allow_pickle=False)."""
     _check_is_zip(path)
     # numpy's parser fails on damaged bytes with many exception types (BadZipFile, zlib.error,
@@ -67,14 +68,14 @@ def _load_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     except Exception as exc:
         raise UserError(f"{path}: cannot read as a NumPy .npz archive ({one_line(exc)})") from None
     with loaded:
-        for name in ("x", "y"):
+        for name in ("x", "y") if labels else ("x",):
             if name not in loaded.files:
                 found = ", ".join(loaded.files) or "none"
                 raise UserError(
                     f"{path}: missing array '{name}' (expected arrays x and y; found: {found})"
                 )
         try:
-            return loaded["x"], loaded["y"]
+            return loaded["x"], loaded["y"] if "y" in loaded.files else None
         except Exception as exc:
             raise UserError(f"{path}: cannot read arrays x and y ({one_line(exc)})") from None
 

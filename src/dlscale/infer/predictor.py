@@ -10,9 +10,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dlscale.data.lazy import to_tensor
-from dlscale.data.pixels import open_image, to_chw
 from dlscale.errors import UserError
+from dlscale.infer.inputs import decode_images
 from dlscale.infer.trained import TrainedModel
 from dlscale.models import build_model
 from dlscale.models.quantize import quantize_dynamic_int8
@@ -62,40 +61,24 @@ class Predictor:
     def num_classes(self) -> int:
         return self.trained.num_classes
 
-    def check(self, x: torch.Tensor) -> None:
-        """A batch this model takes, or one line saying what it got and what it needs."""
+    def check(self, x: torch.Tensor, where: str = "inputs") -> None:
+        """A batch this model takes, or one line saying what it got (from `where`) and what it
+        needs."""
         expected = ("N", *self.input_shape)
         if x.ndim != len(expected) or tuple(x.shape[1:]) != self.input_shape:
             raise UserError(
-                f"inputs of shape {tuple(x.shape)}; this model takes "
+                f"{where}: shape {tuple(x.shape)}; this model takes "
                 f"({', '.join(map(str, expected))}) ({self.input_kind}, as its run trained on)"
             )
         if self.input_kind == "tokens" and x.is_floating_point():
-            raise UserError(f"inputs are {x.dtype}; this model takes int64 token ids")
+            raise UserError(f"{where}: {x.dtype}; this model takes int64 token ids")
         if self.input_kind != "tokens" and not x.is_floating_point():
-            raise UserError(f"inputs are {x.dtype}; this model takes float32 {self.input_kind}")
+            raise UserError(f"{where}: {x.dtype}; this model takes float32 {self.input_kind}")
 
     def images(self, sources: Sequence[bytes | str | Path]) -> torch.Tensor:
         """Image files (or their bytes) as one batch (N, C, H, W), decoded as the run's reader
-        decoded its images; one that does not decode, or has another size where the run did
-        not resize, is one line naming it."""
-        layout = self.trained.image_layout()
-        decoded = []
-        for index, source in enumerate(sources):
-            where = f"image {index}" if isinstance(source, bytes) else str(source)
-            try:
-                image = open_image(source)
-            except ValueError as exc:
-                raise UserError(f"{where}: {exc}") from None
-            if not layout.resize and (image.height, image.width) != (layout.height, layout.width):
-                raise UserError(
-                    f"{where}: image is {image.height}×{image.width} (H×W); this model takes "
-                    f"{layout.height}×{layout.width} (its run did not resize its images)"
-                )
-            decoded.append(to_tensor(to_chw(image, layout, where)))
-        if not decoded:
-            raise UserError("no images given")
-        return torch.stack(decoded)
+        decoded its images; a bad one is one line naming it."""
+        return decode_images(self.trained.image_layout(), sources)
 
     @torch.no_grad()
     def logits(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,37 @@
+"""Predictions written to a file: JSON (the whole result) or CSV (one row per sample), chosen by
+the file's suffix, written whole or not at all."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from dlscale.atomic import write_atomic, write_json_atomic
+from dlscale.errors import UserError
+
+COLUMNS = ("input", "predicted", "confidence", "label")
+FORMATS = (".json", ".csv")
+
+
+def check_out(path: str | Path) -> Path:
+    """`--out` names a format we write: said before any work."""
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise UserError(f"--out {path}: choose a .json or .csv file")
+    return path
+
+
+def write_predictions(result: dict, path: str | Path) -> Path:
+    path = check_out(path)
+    if path.suffix.lower() == ".json":
+        write_json_atomic(path, result)
+        return path
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in result["rows"]:
+        writer.writerow({key: "" if row[key] is None else row[key] for key in COLUMNS})
+    text = buffer.getvalue().encode()
+    write_atomic(path, lambda handle: handle.write(text))
+    return path
