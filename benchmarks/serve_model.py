@@ -98,14 +98,18 @@ async def level(url: str, clients: int, requests_per_client: int, body: bytes) -
 
         await asyncio.gather(*(one_client(WARMUP_REQUESTS // clients + 1) for _ in range(clients)))
         latencies.clear()
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one_client(requests_per_client) for _ in range(clients)))
         wall_s = time.perf_counter() - began
+        client_cpu_s = time.process_time() - began_cpu
     ordered = sorted(latencies)
     return {
         "requests_per_s": len(ordered) / wall_s,
         "p50_ms": 1000 * ordered[len(ordered) // 2],
         "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+        # The clients' own CPU over the wall time: near 1, one core spent by the clients alone,
+        # the level measures them as much as the server.
+        "client_cpu": client_cpu_s / wall_s,
     }
 
 
@@ -173,14 +177,16 @@ def main() -> None:
     finally:
         for process in processes.values():
             stop(process)
-    print(f"\n{'server':<14} {'clients':>7}  {'requests/s':<22} {'p50 ms':<22} {'p99 ms':<22}")
+    header = f"{'server':<14} {'clients':>7}  {'requests/s':<18} {'p50 ms':<24} {'p99 ms':<24}"
+    print(f"\n{header} client CPU/wall")
     for c in levels:
         for name in servers:
             rows = results[name, c]
             print(
-                f"{name:<14} {c:>7}  {spread([r['requests_per_s'] for r in rows]):<22} "
-                f"{spread([r['p50_ms'] for r in rows], 1):<22} "
-                f"{spread([r['p99_ms'] for r in rows], 1):<22}"
+                f"{name:<14} {c:>7}  {spread([r['requests_per_s'] for r in rows]):<18} "
+                f"{spread([r['p50_ms'] for r in rows], 1):<24} "
+                f"{spread([r['p99_ms'] for r in rows], 1):<24} "
+                f"{spread([r['client_cpu'] for r in rows], 2)}"
             )
     sizes = ", ".join(f"{size}: {calls}" for size, calls in batches["batch_sizes"].items())
     print(f"\nray-serve's model calls by requests batched in one (warm-up included): {sizes}")
