@@ -73,11 +73,17 @@ class ModelServer:
             time.sleep(3600)
 
     def stop(self) -> None:
-        """Take the model away, and stop the Ray this server started (not a cluster's)."""
+        """Stop the Ray this server started, Serve and the model with it; on a cluster, take
+        only the model away."""
         from dlscale.serving.deployment import undeploy
 
         try:
-            undeploy(self._stats, whole_serve=self._started_ray)
+            # Not serve.shutdown() on our own Ray: Ctrl-C at a terminal (or `timeout`) signals
+            # the whole process group, Ray's own processes included, and Serve's graceful
+            # shutdown then waits 30 s for a controller that is gone. ray.shutdown() ends
+            # every process it started either way.
+            if not self._started_ray:
+                undeploy(self._stats)
         finally:
             leave(self._ray)
 

@@ -128,10 +128,8 @@ def deploy(config: ServingConfig, scaling: Scaling, host: str, port: int):
     return stats
 
 
-def undeploy(stats, whole_serve: bool) -> None:
-    """Remove the model; `whole_serve` (a Ray this command started) also stops Serve itself."""
-    if whole_serve:
-        serve.shutdown()
-    else:  # a cluster's Serve may run other applications: take only ours away
-        serve.delete(APP_NAME)
+def undeploy(stats) -> None:
+    """Take the model and its statistics actor off a cluster whose Serve may run other
+    applications (a Ray this process started is simply shut down, Serve with it)."""
+    serve.delete(APP_NAME)
     ray.kill(stats)
