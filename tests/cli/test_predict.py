@@ -17,6 +17,7 @@ from dlscale import api
 from dlscale.api import inference
 from dlscale.api.data import convert_data
 from dlscale.cli.main import app
+from dlscale.train import checkpoint as ckpt
 
 runner = CliRunner()
 PIXEL_SCALE = 16  # sklearn's digits are 0..16; ×16 (clipped) makes them uint8 pixels
@@ -222,3 +223,29 @@ def test_a_checkpoint_of_another_model_or_spec_is_one_line(run, tmp_path):
     record["spec_hash"] = "0" * 16  # a run whose checkpoint another spec wrote
     (copy / "run.json").write_text(json.dumps(record))
     assert "was written by another spec" in bad(str(copy), str(run["val"]))
+
+
+def test_progress_hears_every_batch_and_the_verb_matches_the_command(run):
+    heard = []
+    result = inference.predict(
+        run["folder"] / "run",
+        [run["val"]],
+        batch_size=100,
+        device="cpu",
+        progress=lambda done, total: heard.append((done, total)),
+    )
+    assert heard == [(100, 397), (200, 397), (300, 397), (397, 397)]
+    assert result["accuracy"] == run["record"]["final"]["val_accuracy"]
+
+
+def test_a_checkpoint_on_its_own_carries_its_model_and_an_old_one_is_one_line(run, tmp_path):
+    checkpoint = sorted((run["folder"] / "run" / "checkpoints").glob("*.pt"))[-1]
+    alone = tmp_path / "model.pt"
+    shutil.copy(checkpoint, alone)
+    result = predict_json(str(alone), str(run["val"]))
+    assert result["run_dir"] is None and result["run_val_accuracy"] is None
+    assert result["accuracy"] == run["record"]["final"]["val_accuracy"]
+    state = ckpt.load_checkpoint(checkpoint)
+    del state["model_source"]  # as checkpoints were before they carried it
+    torch.save(ckpt.sealed({k: v for k, v in state.items() if k != "format"}), alone)
+    assert "written before checkpoints carried their model's spec" in bad(str(alone), "x.npz")

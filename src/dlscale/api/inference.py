@@ -4,10 +4,12 @@ batches) and `predict` (a run over files of inputs, with the accuracy where they
 Contract of `load_predictor(run_or_checkpoint, device="auto", precision="fp32") -> Predictor`
 (what `dlscale predict` and `dlscale serve-model` both build on; kept stable):
 
-- `run_or_checkpoint`: a run folder (its newest checkpoint) or a checkpoint inside a run's
-  `checkpoints/` folder. The model, its arguments and the input layout come from the run's
-  run.json; weights load with `torch.load(weights_only=True)`, checked against their digest and
-  the run's spec hash. Anything wrong is a one-line `UserError` (exit 2).
+- `run_or_checkpoint`: a run folder (its newest checkpoint) or a checkpoint file. The model,
+  its arguments and the input layout come from the run's run.json (two folders above a
+  checkpoint in its run), else from the checkpoint itself (the spec and data layout the
+  training loop saves in it as `model_source`). Weights load with
+  `torch.load(weights_only=True)`, checked against their digest and the run's spec hash.
+  Anything wrong is a one-line `UserError` (exit 2).
 - `device`: "auto" (cuda, then mps, then cpu), "cpu", "cuda", "cuda:N".
 - `precision`: "fp32"; "bf16" (autocast, weights fp32); "int8" (torch's dynamic quantization of
   the Linear layers, as `bench precision` measures it; CPU only).
@@ -16,7 +18,8 @@ Contract of `load_predictor(run_or_checkpoint, device="auto", precision="fp32") 
 - `Predictor.predict(x)`: `x` a tensor (N, *input_shape); returns a `Prediction` with
   `.classes` (N ints: the class, or for a language model the next token after the sequence),
   `.confidence` (N floats: its softmax probability) and `.logits` (float32, CPU). A batch of
-  another shape or dtype is a one-line `UserError`. Thread-compatible: no state changes.
+  another shape or dtype is a one-line `UserError`. It changes no state (eval mode,
+  no gradients), so one Predictor may answer many requests.
 - `Predictor.check(x)`: the same shape check alone; `Predictor.images(files)`: image files or
   bytes decoded into a batch as the run's reader decoded its images.
 """

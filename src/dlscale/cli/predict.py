@@ -77,7 +77,8 @@ def rows_table(result: dict) -> Table:
 
 def summary(result: dict) -> str:
     """One line: how many, and the accuracy beside the run's own where labels were there."""
-    line = f"{result['samples']:,} samples from step {result['step']} of {result['run_dir']}"
+    where = result["run_dir"] or result["checkpoint"]
+    line = f"{result['samples']:,} samples from step {result['step']} of {where}"
     if result["accuracy"] is None:
         return line + " (no labels: no accuracy)"
     per = " tokens" if result["task"] == "language_modeling" else ""

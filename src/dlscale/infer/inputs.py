@@ -183,7 +183,9 @@ def _tokens(path: str, trained: TrainedModel, split: str | None) -> Source:
 
 def _webdataset(path: str, trained: TrainedModel, split: str | None) -> Source:
     """Every sample of the shards once, in file order: read as the run's validation stream."""
-    size = trained.data_spec.get("image_size")
+    # Resized to the model's size where the run resized its images (digits give one number).
+    resized = trained.input_kind == "image" and trained.data_spec.get("image_size") is not None
+    size = list(trained.input_shape[1:]) if resized else None
     spec = WebDatasetData(
         name="webdataset", urls=path, val_urls=path, shuffle_buffer=0, image_size=size
     )

@@ -50,7 +50,7 @@ def run_sources(
     trained = predictor.trained
     return {
         "schema": SCHEMA,
-        "run_dir": str(trained.run_dir),
+        "run_dir": None if trained.run_dir is None else str(trained.run_dir),
         "checkpoint": str(trained.checkpoint),
         "step": trained.step,
         "model": trained.model_name,

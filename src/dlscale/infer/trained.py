@@ -19,7 +19,7 @@ RUN_RECORD = "run.json"
 class TrainedModel:
     """What a predictor is rebuilt from; every field is read from the run, none from the user."""
 
-    run_dir: Path
+    run_dir: Path | None  # None: a checkpoint on its own, which carries its model's spec
     checkpoint: Path
     step: int
     model_name: str
@@ -45,7 +45,7 @@ class TrainedModel:
         else RGB) and size; resized only where the run resized its own images (`image_size`)."""
         if self.input_kind != "image":
             raise UserError(
-                f"model '{self.model_name}' of {self.run_dir} takes {self.input_kind} of shape "
+                f"model '{self.model_name}' of {self.checkpoint} takes {self.input_kind} of shape "
                 f"{self.input_shape}, not images"
             )
         channels, height, width = self.input_shape
@@ -66,9 +66,10 @@ class TrainedModel:
         return defaults
 
 
-def locate(path: str | Path) -> tuple[Path, Path]:
-    """(run folder, checkpoint) for a run folder (its newest checkpoint) or a checkpoint file
-    inside one (runs/<run>/checkpoints/step-N.pt, whose run.json says how to rebuild it)."""
+def locate(path: str | Path) -> tuple[Path | None, Path]:
+    """(run folder, checkpoint) for a run folder (its newest checkpoint) or a checkpoint file:
+    inside its run (runs/<run>/checkpoints/step-N.pt, with run.json two folders up) or on its
+    own (run folder None: the checkpoint must say how to rebuild its model)."""
     path = Path(path)
     if not path.exists():
         raise UserError(f"{path}: no such run folder or checkpoint")
@@ -80,13 +81,7 @@ def locate(path: str | Path) -> tuple[Path, Path]:
             raise UserError(f"{path}: the run saved no checkpoint, so it has no model to use")
         return path, newest
     run_dir = path.resolve().parent.parent
-    if not (run_dir / RUN_RECORD).is_file():
-        raise UserError(
-            f"{path}: a checkpoint without its run record ({run_dir / RUN_RECORD} not found): "
-            "the record says which model and preprocessing it needs; pass the run folder, or "
-            "keep the checkpoint in its run's checkpoints/ folder"
-        )
-    return run_dir, path
+    return (run_dir if (run_dir / RUN_RECORD).is_file() else None), path
 
 
 def read_record(run_dir: Path) -> dict[str, Any]:
@@ -100,21 +95,37 @@ def read_record(run_dir: Path) -> dict[str, Any]:
     return record
 
 
-def load_trained(path: str | Path) -> TrainedModel:
-    """The run (or checkpoint) at `path`; weights loaded with `weights_only=True` and checked
-    against their digest and against the run's spec."""
-    run_dir, checkpoint = locate(path)
+def model_source(run_dir: Path | None, checkpoint: Path, state: dict) -> dict[str, Any]:
+    """The spec and data layout the model is rebuilt from: the run's record, else what the
+    checkpoint itself carries (`model_source`, written by the training loop)."""
+    if run_dir is None:
+        carried = state.get("model_source")
+        if not isinstance(carried, dict):
+            raise UserError(
+                f"{checkpoint}: a checkpoint away from its run's {RUN_RECORD}, and written "
+                "before checkpoints carried their model's spec: pass the run folder, or put the "
+                "checkpoint back in its run's checkpoints/ folder"
+            )
+        return {**carried, "final": {}}
     record = read_record(run_dir)
-    state = ckpt.load_checkpoint(checkpoint)
     if state.get("spec_hash") != record["spec_hash"]:
         raise UserError(
             f"{checkpoint} was written by another spec (hash {state.get('spec_hash')}) than "
             f"the run at {run_dir} (hash {record['spec_hash']}): its weights do not fit that model"
         )
+    return record
+
+
+def load_trained(path: str | Path) -> TrainedModel:
+    """The run (or checkpoint) at `path`; weights loaded with `weights_only=True` and checked
+    against their digest and against the run's spec."""
+    run_dir, checkpoint = locate(path)
+    state = ckpt.load_checkpoint(checkpoint)
     if not isinstance(state.get("model"), dict):
         raise UserError(f"{checkpoint}: holds no model weights")
-    spec, data = record["spec"], record["data"]
-    final = record.get("final") or {}
+    source = model_source(run_dir, checkpoint, state)
+    spec, data = source["spec"], source["data"]
+    final = source.get("final") or {}
     vocab_size = data.get("vocab_size")
     if vocab_size is None and data["task"] == "language_modeling":
         vocab_size = data["num_classes"]  # records before vocab_size: the vocabulary is the classes

@@ -155,8 +155,23 @@ class Trainer:
             "history": self.history.to_state(),
             "exchange": exchange.extra_state(),
             "data_position": self.data_position(),
+            "model_source": self.model_source(),
         }
         return ckpt.save_checkpoint(self.run_dir, self.step, state, self.spec.checkpoint.keep_last)
+
+    def model_source(self) -> dict:
+        """What rebuilds this model and its inputs from a checkpoint alone (`dlscale predict`
+        on a checkpoint copied away from its run.json): the spec and the data's layout."""
+        data = self.data
+        return {
+            "spec": self.spec.model_dump(mode="json"),
+            "data": {
+                "input_shape": list(data.input_shape),
+                "num_classes": data.num_classes,
+                "task": data.task,
+                "vocab_size": data.vocab_size,
+            },
+        }
 
     def data_position(self) -> dict:
         """Where training stands in the data: the epoch, the batch within it and, for a stream,
