@@ -43,12 +43,16 @@ ALLOWED = {
     "strategies": TRAIN | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"},
     # Using a trained model: the run's model and reader rebuilt, no training, no processes.
     "infer": TRAIN | {"dlscale.infer"},
+    # Serving a model over HTTP: request checks, statistics, routes, the Ray Serve deployment;
+    # the model itself comes from the verb that starts it (a Predictor), not from infer.
+    "serving": BASE | {"dlscale.serving"},
     # A sweep runs its trials with the strategies, on a launcher's task pool.
     "sweep": TRAIN | {"dlscale.launch", "dlscale.strategies", "dlscale.sweep"},
     # The verbs: everything below them.
     "api": TRAIN
     | {"dlscale.launch", "dlscale.profiler", "dlscale.hardware"}
-    | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep", "dlscale.infer"},
+    | {"dlscale.bench", "dlscale.strategies", "dlscale.sweep", "dlscale.infer"}
+    | {"dlscale.serving"},
     # A front door calls the verbs and nothing else; `dlscale serve` runs the service in-process.
     "cli": BASE | {"dlscale.api", "dlscale.service"},
     # The service is a front door like the CLI: its routes and job processes call the verbs

@@ -23,6 +23,7 @@ from dlscale.cli.profile import profile as profile_command
 from dlscale.cli.progress import RichReporter
 from dlscale.cli.remote import app as remote_app
 from dlscale.cli.serve import app as serve_app
+from dlscale.cli.serve_model import serve_model_command
 from dlscale.cli.sweep import sweep as sweep_command
 from dlscale.signals import stop_on_sigterm
 
@@ -268,6 +269,7 @@ app.command(name="profile")(profile_command)
 app.command(name="estimate")(estimate_command)
 app.command(name="sweep")(sweep_command)
 app.command(name="predict")(predict_command)
+app.command(name="serve-model")(serve_model_command)
 
 
 def main() -> None:

@@ -1,0 +1,86 @@
+"""The HTTP face of a served model, the same for every engine behind it: POST /predict,
+GET /health, GET /metrics (Prometheus text, or JSON with ?format=json)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import Protocol
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from dlscale.serving.inputs import MAX_BODY_BYTES, BadInput, Batch, Model, parse_body
+from dlscale.serving.stats import prometheus_text
+
+
+class Answer(Protocol):
+    classes: list[int]
+    confidence: list[float]
+
+
+class Engine(Protocol):
+    """What runs the model behind the routes: in one process, or a Ray Serve replica that
+    batches concurrent requests into one model call."""
+
+    model: Model
+
+    async def predict(self, batch: Batch, arrived_s: float) -> Answer: ...
+
+    async def refused(self, status: int) -> None: ...
+
+    async def snapshot(self) -> dict: ...
+
+    def health(self) -> dict: ...
+
+
+def build_app(engine: Engine) -> FastAPI:
+    """The three routes over `engine`; no interactive docs (nothing to serve but predictions)."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/predict")
+    async def predict(request: Request):
+        arrived_s = time.perf_counter()
+        try:
+            batch = parse_body(await _json_body(request), engine.model)
+        except BadInput as exc:
+            await engine.refused(exc.status)
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
+        answer = await engine.predict(batch, arrived_s)
+        return {"predictions": predictions(answer)}
+
+    @app.get("/health")
+    async def health():
+        return engine.health()
+
+    @app.get("/metrics")
+    async def metrics(format: str = "prometheus"):
+        snapshot = await engine.snapshot()
+        if format == "json":
+            return snapshot
+        return PlainTextResponse(prometheus_text(snapshot), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+async def _json_body(request: Request) -> object:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise BadInput(f"a body of {declared} bytes; at most {MAX_BODY_BYTES} are read", 413)
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise BadInput(f"a body of {len(raw)} bytes; at most {MAX_BODY_BYTES} are read", 413)
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadInput(f"the body is not JSON ({exc})", 400) from None
+
+
+def predictions(answer: Answer) -> list[dict]:
+    """One {"class", "confidence"} per sample; a NaN confidence (a diverged model) as null,
+    since JSON has no NaN."""
+    return [
+        {"class": cls, "confidence": conf if math.isfinite(conf) else None}
+        for cls, conf in zip(answer.classes, answer.confidence, strict=True)
+    ]

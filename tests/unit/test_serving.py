@@ -1,0 +1,119 @@
+"""A served model's request checks and statistics, without a server: every malformed body is
+one status and one line; counts and quantiles worked out by hand."""
+
+import base64
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+from dlscale.errors import UserError
+from dlscale.serving.inputs import MAX_SAMPLES_PER_REQUEST, BadInput, parse_body
+from dlscale.serving.stats import ServingStats, prometheus_text, quantile
+
+
+class Model:
+    """A stand-in for a Predictor: only what the checks read."""
+
+    def __init__(self, input_shape, input_kind, num_classes=10):
+        self.input_shape = input_shape
+        self.input_kind = input_kind
+        self.num_classes = num_classes
+
+    def images(self, files):
+        decoded = []
+        for file in files:
+            try:
+                image = Image.open(io.BytesIO(file))
+                image.load()
+            except OSError:
+                raise UserError("Pillow cannot decode it") from None
+            decoded.append(torch.zeros(self.input_shape))
+        return torch.stack(decoded)
+
+
+FEATURES = Model((2, 3), "features")
+TOKENS = Model((4,), "tokens", num_classes=50)
+IMAGES = Model((1, 2, 2), "image")
+
+
+def status_of(body, model) -> tuple[int, str]:
+    with pytest.raises(BadInput) as caught:
+        parse_body(body, model)
+    return caught.value.status, str(caught.value)
+
+
+def test_arrays_become_one_batch_of_the_models_dtype():
+    batch = parse_body({"inputs": [[[1, 2, 3], [4, 5, 6]], [[0, 0, 0], [0, 0, 0.5]]]}, FEATURES)
+    assert batch.num_samples == 2 and batch.tensor.dtype == torch.float32
+    assert batch.tensor[0].tolist() == [[1, 2, 3], [4, 5, 6]] and batch.tensor[1, 1, 2] == 0.5
+    tokens = parse_body({"inputs": [[0, 1, 2, 49]]}, TOKENS).tensor
+    assert tokens.dtype == torch.int64 and tokens.tolist() == [[0, 1, 2, 49]]
+
+
+@pytest.mark.parametrize(
+    ("body", "model", "status", "says"),
+    [
+        ([1, 2], FEATURES, 400, "JSON object"),
+        ({"input": []}, FEATURES, 400, "JSON object"),
+        ({"inputs": [], "x": 1}, FEATURES, 400, "unknown field(s) x"),
+        ({"inputs": []}, FEATURES, 400, "non-empty list"),
+        ({"inputs": [[[1, 2, 3]]]}, FEATURES, 422, "inputs[0]: shape (1, 3)"),
+        ({"inputs": [[[1, 2, 3], [4, 5]]]}, FEATURES, 422, "not a rectangular array"),
+        ({"inputs": [[[1, 2, "3"], [4, 5, 6]]]}, FEATURES, 422, "not a rectangular array"),
+        ({"inputs": [[[1, 2, True], [4, 5, 6]]]}, FEATURES, 422, "not a rectangular array"),
+        ({"inputs": [[[1, 2, 3], [4, 5, None]]]}, FEATURES, 422, "inputs[0]"),
+        ({"inputs": [[0, 1, 2, 50]]}, TOKENS, 422, "token ids must lie in [0, 50)"),
+        ({"inputs": [[0, 1, 2, -1]]}, TOKENS, 422, "token ids must lie in [0, 50)"),
+        ({"inputs": [[0, 1, 2.5, 3]]}, TOKENS, 422, "whole numbers"),
+        ({"inputs": ["AAAA"]}, TOKENS, 422, "base64 images sent to a model of tokens"),
+        ({"inputs": ["AAAA", [[[0, 0], [0, 0]]]]}, IMAGES, 422, "mix of base64 images"),
+        ({"inputs": ["@@"]}, IMAGES, 422, "inputs[0]: not base64"),
+        ({"inputs": ["aGVsbG8="]}, IMAGES, 422, "Pillow cannot decode it"),
+    ],
+)
+def test_each_bad_body_is_one_status_and_one_line(body, model, status, says):
+    got_status, message = status_of(body, model)
+    assert (got_status, "\n" in message) == (status, False)
+    assert says in message
+
+
+def test_nan_and_too_many_samples_are_refused():
+    # JSON has no NaN, but Python's json module reads it: the check must not rely on JSON.
+    assert status_of({"inputs": [[[1, 2, float("nan")], [4, 5, 6]]]}, FEATURES)[0] == 422
+    sample = [[0, 0, 0], [0, 0, 0]]
+    status, message = status_of({"inputs": [sample] * (MAX_SAMPLES_PER_REQUEST + 1)}, FEATURES)
+    assert status == 413 and str(MAX_SAMPLES_PER_REQUEST) in message
+
+
+def test_base64_images_reach_the_models_decoder():
+    png = io.BytesIO()
+    Image.new("L", (2, 2)).save(png, format="PNG")
+    text = base64.b64encode(png.getvalue()).decode()
+    assert parse_body({"inputs": [text, text]}, IMAGES).tensor.shape == (2, 1, 2, 2)
+
+
+def test_nearest_rank_quantiles_by_hand():
+    assert quantile([], 0.5) is None
+    assert quantile([4.0, 1.0, 3.0, 2.0], 0.5) == 2.0  # rank ceil(0.5 × 4) = 2
+    assert quantile([4.0, 1.0, 3.0, 2.0], 0.9) == 4.0  # rank ceil(3.6) = 4
+    hundred = [float(i) for i in range(1, 101)]
+    assert quantile(hundred, 0.99) == 99.0 and quantile(hundred, 0.5) == 50.0
+
+
+def test_stats_count_requests_samples_and_batches():
+    stats = ServingStats()
+    stats.record_batch(num_samples=5, latencies_s=[0.1, 0.3])  # two requests in one call
+    stats.record_batch(num_samples=1, latencies_s=[0.2])
+    stats.record_refusal(422)
+    snapshot = stats.snapshot()
+    assert snapshot["requests"] == 4 and snapshot["requests_by_status"] == {"200": 3, "422": 1}
+    assert snapshot["samples"] == 6 and snapshot["batches"] == 2
+    assert snapshot["batch_sizes"] == {"1": 1, "2": 1}
+    assert snapshot["latency_s"] == {"p50": 0.2, "p90": 0.3, "p99": 0.3}
+    text = prometheus_text(snapshot)
+    assert 'dlscale_serve_requests_total{status="200"} 3' in text
+    assert 'dlscale_serve_batches_total{requests="2"} 1' in text
+    assert 'dlscale_serve_latency_seconds{quantile="0.5"} 0.2' in text
+    assert "dlscale_serve_latency_seconds_count 3" in text
