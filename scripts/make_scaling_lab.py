@@ -20,7 +20,7 @@ INTRO = """\
 Profile a model on this machine and on a catalogued GPU, train it, scale it over one and two
 data-parallel workers, and plot what was measured: every step through `dlscale.api`, the same
 verbs the `dlscale` command calls ([docs/api.md](../docs/api.md)). An MLP on the bundled 8×8
-digits keeps it short: about two minutes on two CPU cores that other work kept busy (load 12).
+digits keeps it short: one to two minutes on two CPU cores shared with other work.
 
 Made by `scripts/make_scaling_lab.py` and executed by `tests/examples/test_scaling_lab.py`."""
 
