@@ -9,6 +9,7 @@ bench.py (the benches and the `local` hardware entry), data.py (convert, stage).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dlscale.api.capacity import check_one_process, check_run, check_trials, local_problems
 from dlscale.api.rundir import train_in_folder
@@ -22,6 +23,11 @@ from dlscale.train import provenance
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 from dlscale.train.run_folder import latest_sweep_dir
+
+if TYPE_CHECKING:  # return types only: the verbs import these modules when they run, so that a
+    # command that needs neither starts without them
+    from dlscale.hardware.links import Link
+    from dlscale.profiler.estimate import Estimate
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
@@ -131,7 +137,7 @@ def hardware(
     return [each for device in found for each in (device, *mig_slices(device))]
 
 
-def links(extra_files: list[Path] | None = None) -> list:
+def links(extra_files: list[Path] | None = None) -> list[Link]:
     """Every catalogued link between devices: shipped, then the [[link]] tables of the user's
     hardware files ($DLSCALE_HOME/hardware/*.toml), then `extra_files`."""
     from dlscale.hardware.links import load_links
@@ -157,7 +163,7 @@ def device_links(
     return rows
 
 
-def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5):
+def estimate(spec_path: str | Path, steps: int = 20, warmup: int = 5) -> Estimate:
     """Time a few real steps of a spec; extrapolate; compare with the roofline on `local`."""
     from dlscale.hardware.catalogue import get_hardware, local_entry_path
     from dlscale.profiler.estimate import estimate as run_estimate
@@ -235,3 +241,22 @@ def data_fingerprint(spec_path: str | Path) -> dict:
 def environment() -> dict:
     """The software a job ran on (Python, platform, dlscale, torch and its dependencies)."""
     return provenance.environment()
+
+
+# The verbs of this module; the other verbs are in profiling, experiments, bench and data (each
+# imported by its module path: docs/api.md).
+__all__ = [
+    "data_fingerprint",
+    "device_links",
+    "environment",
+    "estimate",
+    "exit_quickly",
+    "hardware",
+    "links",
+    "models",
+    "show_value",
+    "sweep",
+    "train",
+    "validate",
+    "weights_digest",
+]

@@ -86,12 +86,16 @@ def save_local_hardware(result: dict) -> Path:
 
 
 def bench_matmul(sizes: list[int] | None, precision: str) -> dict:
+    """Square matrix products at each size (None: the bench's defaults) in `precision`: time
+    and FLOP/s on the CPU and, when one is visible, the GPU (`bench matmul`)."""
     from dlscale.bench.matmul import run_matmul_bench
 
     return run_matmul_bench(sizes, precision)
 
 
 def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -> dict:
+    """A compute-only baseline, then `steps` training steps of a spec (None: the bench's own) at
+    each count of DataLoader workers, pinned and not (`bench loader`)."""
     from dlscale.api.capacity import check_process_count
     from dlscale.bench.loader import run_loader_bench
     from dlscale.launch.processes import available_cores
@@ -155,6 +159,8 @@ def default_dataset_size() -> int:
 def bench_batch(
     model: str, batches: list[int], kwargs: dict | None, steps: int, memory_fraction: float
 ) -> dict:
+    """A zoo model's training throughput at each batch size, measured and predicted; a batch
+    predicted to need more than `memory_fraction` of the free memory is not run (`bench batch`)."""
     from dlscale.bench.batch import run_batch_bench
 
     return run_batch_bench(model, batches, kwargs, steps, memory_fraction)

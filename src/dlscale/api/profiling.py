@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from dlscale.profiler import ProfileResult
 from dlscale.profiler.request import INTEGER_PRECISIONS, ProfileRequest, ScalingRequest
 
 DEFAULT_PROFILE_HARDWARE = ("v100-sxm2-16gb", "a100-40gb", "h100-sxm")
@@ -25,7 +26,7 @@ def profile_hardware(names: Sequence[str] | None, files: Sequence[Path] = ()) ->
     return [lookup(catalogue, name) for name in names]
 
 
-def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest()):
+def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest()) -> ProfileResult:
     """Trace one training step of `request.target` on the meta device and predict it on its
     hardware; with `scaling.devices` (counts), also on that many of each device, strategy by
     strategy."""
