@@ -238,8 +238,8 @@ class PipelineStrategy(StrategySection):
     each; activations flow forward and gradients back. `naive` runs whole batches (one stage busy
     at a time); `gpipe` and `1f1b` cut each batch into `microbatches` (torch.distributed.pipelining
     schedules); `2bw` is PipeDream-2BW: 1F1B without a flush between steps, each batch's
-    gradient applied one step late, two weight versions kept. `split`: `auto` balances the profiler's per-layer cost, or the names of the modules
-    that begin stages 2..S."""
+    gradient applied one step late, two weight versions kept. `split`: `auto` balances the
+    profiler's per-layer cost, or the names of the modules that begin stages 2..S."""
 
     name: Literal["pipeline"]
     stages: PositiveInt = 2
