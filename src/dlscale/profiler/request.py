@@ -47,6 +47,9 @@ class ProfileRequest:
             raise UserError("--precision int8 is for inference (no int8 training): add --inference")
 
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "2bw")
+
+
 @dataclass(frozen=True)
 class ScalingRequest:
     """How to scale the profiled step: on how many of each device, over which links, with which
@@ -60,6 +63,7 @@ class ScalingRequest:
     epochs: int | None = None  # of the whole run; None: the spec's, or one
     deadline: str | None = None  # pick the cheapest count finishing within it: 2h, 30m
     ps_servers: int = 1  # parameter servers of the ps strategy
+    pipeline_schedule: str = "gpipe"  # of the pipeline and hybrid points: gpipe, 1f1b or 2bw
 
     def __post_init__(self) -> None:
         asked = self.interconnect or self.network or self.deadline or self.strategies
@@ -88,6 +92,11 @@ class ScalingRequest:
             )
         if self.nodes > 1 and self.network is None:
             raise UserError("--nodes above 1 needs --network, e.g. ib-hdr or eth-100g")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise UserError(
+                f"--pipeline-schedule: unknown '{self.pipeline_schedule}'; choose from "
+                f"{', '.join(PIPELINE_SCHEDULES)}"
+            )
 
     @property
     def strategy_names(self) -> tuple[str, ...]:
