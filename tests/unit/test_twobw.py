@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -185,3 +186,21 @@ def test_spec_refuses_2bw_with_fewer_microbatches_than_stages(micro, stages):
 
     with pytest.raises(ValidationError, match="microbatches >= stages"):
         PipelineStrategy(name="pipeline", stages=stages, microbatches=micro, schedule="2bw")
+
+
+def test_validate_refuses_2bw_in_fp16_as_train_does(tmp_path):
+    import yaml
+
+    from dlscale import api
+    from dlscale.errors import UserError
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "pipeline-gpt.yaml"
+    spec = yaml.safe_load(example.read_text())
+    spec["strategy"]["schedule"] = "2bw"
+    spec["precision"] = "fp16"
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(UserError, match="schedule 2bw trains in fp32 or bf16"):
+        api.validate(path)
+    with pytest.raises(UserError, match="schedule 2bw trains in fp32 or bf16"):
+        api.train(path, out_dir=tmp_path / "run")
