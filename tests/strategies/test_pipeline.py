@@ -304,3 +304,38 @@ def test_a_validation_set_smaller_than_a_batch_is_evaluated(tmp_path: Path):
     record = api.train(spec, out_dir=tmp_path / "small-val")
     assert record["data"]["val_samples"] == 5
     assert record["final"]["val_accuracy"] is not None
+
+
+@pytest.mark.slow
+def test_2bw_records_staleness_and_no_steady_idle_slot_where_gpipe_has_some(tmp_path: Path):
+    """The same split, 6 steps of 4 microbatches: 2bw's run.json counts its bubble in slots
+    (zero in steady state) and the staleness of its 6 updates; gpipe's has idle slots."""
+    runs = {}
+    for schedule in ("gpipe", "2bw"):
+        spec = parse_spec(
+            {
+                **LENET,
+                "batch_size": 16,
+                "steps": 6,
+                "strategy": {
+                    "name": "pipeline",
+                    "stages": 2,
+                    "microbatches": 4,
+                    "schedule": schedule,
+                },
+            }
+        )
+        runs[schedule] = api.train(spec, out_dir=tmp_path / schedule)["pipeline"]
+    pipe, gpipe = runs["2bw"], runs["gpipe"]
+    assert pipe["split"] == gpipe["split"]
+    # 2 × (S − 1) = 2 idle slots per stage in all (fill and drain), none in between; gpipe
+    # idles 2 per stage in every one of its 6 steps.
+    assert pipe["bubble_slots"]["steady_idle_slots"] == 0
+    assert pipe["bubble_slots"]["per_stage_idle"] == [2, 2]
+    assert gpipe["bubble_slots"]["per_stage_idle"] == [12, 12]
+    assert gpipe["bubble_slots"]["steady_idle_slots"] > 0
+    # Batch 0 applied to the weights it ran on; batches 1..5 one update late (the last after
+    # the drain).
+    assert pipe["staleness_histogram"] == {"0": 1, "1": 5} and pipe["max_staleness"] == 1
+    assert gpipe["staleness_histogram"] == {"0": 6} and gpipe["mean_staleness"] == 0
+    assert pipe["bubble_predicted"] == 0 and gpipe["bubble_predicted"] == pytest.approx(0.2)

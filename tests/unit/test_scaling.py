@@ -420,3 +420,28 @@ def test_ddp_with_accumulation_reduces_once_per_optimizer_step():
     assert one.efficiency == pytest.approx(1.0)
     assert four.efficiency == pytest.approx(one.step_s / four.step_s)
     assert four.efficiency > plain_four.efficiency
+
+
+def test_a_2bw_pipeline_has_no_fill_per_step_and_holds_two_weight_snapshots():
+    trace = mlp_trace(depth=6)  # six Linear(512, 512) of 262,656 parameters, then Linear(512, 10)
+    gpipe, async_ = (
+        predict_scaling(
+            trace,
+            gpu(),
+            ScalingRequest((4,), strategies=("pipeline",), pipeline_schedule=schedule),
+            LINK,
+        )[0]
+        for schedule in ("gpipe", "2bw")
+    )
+    assert gpipe.detail["bubble"] == pytest.approx(3 / 19) and async_.detail["bubble"] == 0
+    # 16 microbatches: gpipe's step is 16 + 4 − 1 = 19 slots of the slowest stage's microbatch,
+    # 2bw's 16 (it never flushes); each slot also sends over the link.
+    slot = max(gpipe.detail["stage_s"]) / 16
+    assert gpipe.compute_s - async_.compute_s == pytest.approx(3 * slot)
+    assert async_.comm_s == pytest.approx(gpipe.comm_s * 16 / 19)
+    # The costliest stage holds two of the 512 × 512 layers, 525,312 parameters: two fp32
+    # snapshots of them are 2 × 4 × 525,312 = 4,202,496 bytes more.
+    more = async_.detail["stage_memory_bytes"] - gpipe.detail["stage_memory_bytes"]
+    assert more == 4_202_496
+    with pytest.raises(UserError, match="--pipeline-schedule: unknown 'pipedream'"):
+        ScalingRequest((4,), pipeline_schedule="pipedream")

@@ -78,6 +78,11 @@ def profile(
         "--sync-batchnorm",
         help="ddp points run torch's SyncBatchNorm: count its collectives (GPUs only).",
     ),
+    pipeline_schedule: str = typer.Option(
+        "gpipe",
+        "--pipeline-schedule",
+        help="The pipeline and hybrid points' schedule: gpipe, 1f1b or 2bw (no flush per step).",
+    ),
     epochs: int | None = typer.Option(None, "--epochs", help="Epochs of the whole run."),
     deadline: str | None = typer.Option(
         None, "--deadline", help="Pick the cheapest device count finishing within: 2h, 30m."
@@ -118,6 +123,7 @@ def profile(
         nodes=nodes,
         network=network,
         strategies=parse_names(strategies),
+        pipeline_schedule=pipeline_schedule,
         epochs=epochs,
         deadline=deadline,
         sync_batchnorm=sync_batchnorm,

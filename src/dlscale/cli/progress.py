@@ -243,8 +243,18 @@ def pipeline_rows(table: Table, record: dict) -> None:
         for s in pipe["per_stage"]
     )
     table.add_row("stage busy", f"{busy} of each schedule step")
+    rule = "(none in steady state)" if pipe["schedule"] == "2bw" else "((S − 1) / (M + S − 1))"
+    slots = pipe["bubble_slots"]
     table.add_row(
         "bubble",
         f"{percent(pipe['bubble_measured'])} measured, {percent(pipe['bubble_predicted'])} "
-        "predicted ((S − 1) / (M + S − 1))",
+        f"predicted {rule}; counted: {slots['idle_slots']:,} of "
+        f"{slots['slots'] * pipe['stages']:,} stage slots idle, "
+        f"{slots['steady_idle_slots']:,} in steady state",
     )
+    if pipe["schedule"] == "2bw":
+        table.add_row(
+            "staleness",
+            f"mean {pipe['mean_staleness']:.2f}, max {pipe['max_staleness']} (updates behind the "
+            "weights a gradient was computed on)",
+        )

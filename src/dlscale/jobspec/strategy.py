@@ -269,13 +269,14 @@ class PipelineStrategy(StrategySection):
     """Model parallelism: the model's layers split into `stages` contiguous stages, one process
     each; activations flow forward and gradients back. `naive` runs whole batches (one stage busy
     at a time); `gpipe` and `1f1b` cut each batch into `microbatches` (torch.distributed.pipelining
-    schedules). `split`: `auto` balances the profiler's per-layer cost, or the names of the modules
-    that begin stages 2..S."""
+    schedules); `2bw` is PipeDream-2BW: 1F1B without a flush between steps, each batch's
+    gradient applied one step late, two weight versions kept. `split`: `auto` balances the
+    profiler's per-layer cost, or the names of the modules that begin stages 2..S."""
 
     name: Literal["pipeline"]
     stages: PositiveInt = 2
     microbatches: PositiveInt = 4
-    schedule: Literal["naive", "gpipe", "1f1b"] = "gpipe"
+    schedule: Literal["naive", "gpipe", "1f1b", "2bw"] = "gpipe"
     split: Literal["auto"] | list[str] = "auto"
     max_memory_per_worker: Bytes | None = None  # a stage predicted to need more is refused
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
@@ -288,6 +289,12 @@ class PipelineStrategy(StrategySection):
             raise ValueError(
                 f"split lists the modules that begin stages 2..{self.stages}, so "
                 f"{self.stages - 1} for {self.stages} stages; got {len(self.split)}"
+            )
+        # PipeDream-2BW keeps two weight versions only while a stage has no more microbatches
+        # in flight than a batch holds (m >= d, Narayanan et al., ICML 2021, section 3.1).
+        if self.schedule == "2bw" and self.microbatches < self.stages:
+            raise ValueError(
+                f"schedule 2bw needs microbatches >= stages ({self.microbatches} < {self.stages})"
             )
         return self
 
@@ -322,6 +329,11 @@ class PipelineStrategy(StrategySection):
         if self.schedule == "naive" and "microbatches" in self.model_fields_set:
             return ["strategy.microbatches is ignored by schedule 'naive' (whole batches)"]
         return []
+
+    def check_precision(self, precision: str) -> None:
+        # fp16's loss scale changes from step to step, but 2bw's gradient is summed over two.
+        if precision == "fp16" and self.schedule == "2bw":
+            raise ValueError("schedule 2bw trains in fp32 or bf16 (no fp16 loss scaling); use bf16")
 
 
 def _pipeline_settings(current: StrategySection, batch_size: int) -> dict:

@@ -154,7 +154,7 @@ def in_flight(schedule: str, microbatches: int, stages: int, index: int) -> int:
     """Microbatches whose saved activations stage `index` holds at its peak."""
     if schedule == "naive":
         return 1
-    if schedule == "1f1b":
+    if schedule in ("1f1b", "2bw"):  # 2bw: 1F1B's order, run on across steps
         return min(microbatches, stages - index)
     return microbatches
 

@@ -51,6 +51,9 @@ class ProfileRequest:
             )
 
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "2bw")
+
+
 @dataclass(frozen=True)
 class ScalingRequest:
     """How to scale the profiled step: on how many of each device, over which links, with which
@@ -65,6 +68,7 @@ class ScalingRequest:
     deadline: str | None = None  # pick the cheapest count finishing within it: 2h, 30m
     ps_servers: int = 1  # parameter servers of the ps strategy
     sync_batchnorm: bool = False  # ddp with torch's SyncBatchNorm (its collectives counted)
+    pipeline_schedule: str = "gpipe"  # of the pipeline and hybrid points: gpipe, 1f1b or 2bw
 
     def __post_init__(self) -> None:
         asked = self.interconnect or self.network or self.deadline or self.strategies
@@ -93,6 +97,11 @@ class ScalingRequest:
             )
         if self.nodes > 1 and self.network is None:
             raise UserError("--nodes above 1 needs --network, e.g. ib-hdr or eth-100g")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise UserError(
+                f"--pipeline-schedule: unknown '{self.pipeline_schedule}'; choose from "
+                f"{', '.join(PIPELINE_SCHEDULES)}"
+            )
 
     @property
     def strategy_names(self) -> tuple[str, ...]:

@@ -86,6 +86,7 @@ from dlscale.profiler.trace import StepTrace
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
 ACCUMULATING = ("ddp",)  # the strategies whose points model gradient accumulation
+WEIGHT_SNAPSHOTS_2BW = 2  # 2bw's weight copies per stage besides the optimizer's (twobw.py)
 PS_MESSAGES = 4  # a ps step's blocking messages: request, gradients, reply, weights
 
 
@@ -192,7 +193,14 @@ def predict_scaling(
             if accumulate > 1 and strategy not in ACCUMULATING:
                 continue
             where = _Where(
-                link, nodes, network, servers, framework, request.sync_batchnorm, accumulate
+                link,
+                nodes,
+                network,
+                servers,
+                framework,
+                request.sync_batchnorm,
+                accumulate,
+                request.pipeline_schedule,
             )
             point = _POINT[strategy](trace, hardware, single, count, where, tensor_plans)
             if point is None:
@@ -217,6 +225,7 @@ class _Where:
     framework: Framework
     sync_batchnorm: bool = False  # ddp: torch's SyncBatchNorm in place of every batch norm
     accumulate: int = 1  # micro-batches per optimizer step
+    schedule: str = "gpipe"  # a pipeline's: gpipe, 1f1b or 2bw
 
     def reduce(self, nbytes: float, devices: int, parts: dict) -> float:
         """One bucket's all-reduce inside training; its slowest part noted in `parts`."""
@@ -312,8 +321,11 @@ def _stages(trace: StepTrace, prediction: Prediction, stages: int):
     return [rows[bounds[i] : bounds[i + 1]] for i in range(stages)], times
 
 
-def _pipeline_step(trace, hardware, single, stages, link, microbatches):
-    """(step seconds, compute seconds, comm seconds, fits, detail) of one batch on S stages."""
+def _pipeline_step(trace, hardware, single, stages, link, microbatches, schedule="gpipe"):
+    """(step seconds, compute seconds, comm seconds, fits, detail) of one batch on S stages.
+    2bw (PipeDream-2BW) runs on across steps: in steady state a step is M slots, no fill, and
+    each stage keeps two snapshots of its weights (the batch finishing and the batch starting)
+    beside the optimizer's own (Narayanan et al., ICML 2021, section 3.1)."""
     p = single.prediction
     split = _stages(trace, p, stages)
     if split is None:
@@ -326,21 +338,26 @@ def _pipeline_step(trace, hardware, single, stages, link, microbatches):
     per_send = link.latency_s + link.launch_s
     send_s = max((2 * (b / link.effective_bytes_per_s + per_send) for b in boundary), default=0.0)
     slot = max(stage_s) / microbatches
-    slots = microbatches + stages - 1
+    slots = microbatches if schedule == "2bw" else microbatches + stages - 1
     update = single.compute(p.optimizer_s + p.h2d_s) / stages
     compute = slots * slot + update + single.per_step_s
     comm = slots * send_s
     memory = training_memory(trace)
     state_per_param = (memory.static_bytes / trace.params) if trace.params else 0.0
     worst = 0.0
+    versions = WEIGHT_SNAPSHOTS_2BW if schedule == "2bw" else 0
     for index, group in enumerate(groups):
         held = in_flight("1f1b", microbatches, stages, index)
         saved = sum(r.saved_bytes for r in group) / microbatches * held
-        worst = max(worst, sum(r.params for r in group) * state_per_param + saved)
+        params = sum(r.params for r in group)
+        stash = versions * params * FP32_BYTES
+        worst = max(worst, params * state_per_param + saved + stash)
     detail = {
         "stages": stages,
         "microbatches": microbatches,
-        "bubble": (stages - 1) / slots,
+        "schedule": schedule,
+        "bubble": (slots - microbatches) / slots,
+        "weight_versions": versions,
         "stage_s": stage_s,
         "boundary_bytes": boundary,
         "microbatch_overhead_s": slots * 2 * per_send if boundary else 0.0,
@@ -357,7 +374,8 @@ def microbatches(trace: StepTrace, stages: int) -> int:
 def _pipeline(trace, hardware, single, count, where, _plans):
     if count < 2:
         return None
-    step = _pipeline_step(trace, hardware, single, count, where.link, microbatches(trace, count))
+    micro = microbatches(trace, count)
+    step = _pipeline_step(trace, hardware, single, count, where.link, micro, where.schedule)
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step
@@ -421,7 +439,8 @@ def _hybrid(trace, hardware, single, count, where, _plans):
     if count < 2 * stages or count % stages:
         return None
     replicas = count // stages
-    step = _pipeline_step(trace, hardware, single, stages, where.link, microbatches(trace, stages))
+    micro = microbatches(trace, stages)
+    step = _pipeline_step(trace, hardware, single, stages, where.link, micro, where.schedule)
     if step is None:
         return None
     seconds, compute, comm, fits, detail = step

@@ -37,6 +37,8 @@ class Step(Protocol):
 
     def update_scale(self) -> None: ...
 
+    def apply(self) -> None: ...
+
 
 class Exchange:
     """One process trains alone. Trainers are the processes that run the loop (a ps server does

@@ -4,6 +4,8 @@
 at the planned module boundaries; `PipelineStage` carries activations forward and gradients back
 over torch.distributed point-to-point; `ScheduleGPipe` / `Schedule1F1B` order the microbatches).
 `naive` is GPipe with one microbatch: the whole batch passes through one stage at a time.
+`2bw` (PipeDream-2BW, twobw.py) is dlscale's own: 1F1B without a flush between steps over
+point-to-point sends of its own (p2p.py), each batch's gradient applied one update late.
 
 `hybrid`: D replicas of that pipeline (D × S processes, rank = replica × S + stage), each on its
 share of every global batch; after backward, each stage averages its gradients with the same

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import time
+from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -18,8 +19,10 @@ from torch import nn
 
 from dlscale.jobspec import PipelineStrategy, Spec
 from dlscale.launch.base import WorkerContext
+from dlscale.strategies.pipeline.p2p import DistTransport, exchange_shapes
 from dlscale.strategies.pipeline.plan import microbatch_size, split_model, tied_groups
 from dlscale.strategies.pipeline.section import pipeline_sections
+from dlscale.strategies.pipeline.twobw import TwoBWStage
 from dlscale.strategies.worker import average_gradients, backend_for, join
 from dlscale.train.device import autocast
 from dlscale.train.exchange import Exchange
@@ -55,6 +58,9 @@ class PipelineExchange(Exchange):
         self.forward_s = self.backward_s = self.schedule_s = self.sync_s = 0.0
         self.sent_bytes = 0
         self.scaler = None
+        self.steps_run = 0  # training steps this process ran (the slot count's length)
+        self.twobw: TwoBWStage | None = None
+        self.took = False  # 2bw: this step hands the optimizer a gradient
 
     # ---- setting up
 
@@ -93,17 +99,48 @@ class PipelineExchange(Exchange):
                 dist.new_group([r * stages + s for r in range(replicas)]) for s in range(stages)
             ]
             self.replica_group = same_stage[self.index]
-        stage = PipelineStage(
-            self._autocast(module), self.index, stages, self.device, group=self.pipe_group
-        )
-        self._time_calls(stage)
-        schedule = Schedule1F1B if self.strategy.schedule == "1f1b" else ScheduleGPipe
         micro = self.strategy.microbatches_run
-        self.schedule = schedule(stage, n_microbatches=micro, loss_fn=self._loss)
+        if self.strategy.schedule == "2bw":
+            self.optimizer = optimizer
+            self._connect_2bw(module, stages)
+        else:
+            stage = PipelineStage(
+                self._autocast(module), self.index, stages, self.device, group=self.pipe_group
+            )
+            self._time_calls(stage)
+            schedule = Schedule1F1B if self.strategy.schedule == "1f1b" else ScheduleGPipe
+            self.schedule = schedule(stage, n_microbatches=micro, loss_fn=self._loss)
         evaluating = PipelineStage(
             self._autocast(self.eval_module), self.index, stages, self.device, group=self.pipe_group
         )
         self.eval_schedule = ScheduleGPipe(evaluating, n_microbatches=micro, loss_fn=compute_loss)
+
+    def _connect_2bw(self, module: nn.Module, stages: int) -> None:
+        """2bw runs its own schedule (twobw.py) over point-to-point sends on a group of its
+        own, every replica's made by every rank in the same order."""
+        groups = [
+            dist.new_group([r * stages + s for s in range(stages)]) for r in range(self.replicas)
+        ]
+        base = self.replica * stages
+        self.transport = DistTransport(
+            groups[self.replica],
+            None if self.first else base + self.index - 1,
+            None if self.last else base + self.index + 1,
+            self.device,
+        )
+        example = self.data.example(microbatch_size(self.spec))[0]
+        in_meta, out_meta = exchange_shapes(module, example, self.transport, self.spec.precision)
+        self.twobw = TwoBWStage(
+            module,
+            self.index,
+            stages,
+            self.strategy.microbatches_run,
+            self.transport,
+            in_meta,
+            out_meta,
+            self.device,
+            self.spec.precision,
+        )
 
     def _autocast(self, module: nn.Module) -> nn.Module:
         if self.spec.precision == "fp32":
@@ -155,10 +192,15 @@ class PipelineExchange(Exchange):
         return run()
 
     def forward_backward(self, step, x: torch.Tensor, y: torch.Tensor):
-        self.scaler = step.scaler
+        self.scaler, self.step = step.scaler, step
+        self.steps_run += 1
         t0 = time.perf_counter()
         losses: list[torch.Tensor] = []
-        self._run_schedule(x, y, losses)
+        if self.twobw is not None:
+            losses = self.twobw.step(x if self.first else None, y if self.last else None)
+            self.took = self.twobw.take_gradient()  # the batch before's; none in step 0
+        else:
+            self._run_schedule(x, y, losses)
         self.schedule_s += time.perf_counter() - t0
         if not losses:
             return None
@@ -167,6 +209,8 @@ class PipelineExchange(Exchange):
 
     def after_backward(self, step) -> None:
         """Tied copies get the sum of their gradients; replicas average theirs."""
+        if self.twobw is not None and not self.took:
+            return  # 2bw's first step: no gradient yet (zeros would still decay the weights)
         t0 = time.perf_counter()
         for copies, shape in self.tied:
             total = torch.zeros(shape, device=self.device)
@@ -181,12 +225,33 @@ class PipelineExchange(Exchange):
             average_gradients(grads, self.replica_group, self.replicas)
         self.sync_s += time.perf_counter() - t0
 
+    def after_update(self, step) -> None:
+        if self.twobw is not None and self.took:
+            self.twobw.updated()
+
+    def finish(self, summary: dict):
+        """2bw: the backwards still in flight, and the last batch's update, before the record."""
+        if self.twobw is not None and self.steps_run:
+            t0 = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.twobw.drain()
+            self.took = self.twobw.take_gradient(drained=True)
+            if self.took:
+                self.after_backward(self.step)
+                self.step.apply()
+                self.twobw.updated()
+            self.transport.flush()
+            self.schedule_s += time.perf_counter() - t0
+            summary = {**summary, **self.worker_extras()}
+        return super().finish(summary)
+
     def agree_on_overflow(self, found_inf: list[torch.Tensor]) -> None:
         for flag in found_inf:  # every stage of every replica skips, or none does
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
 
     def comm_totals(self) -> tuple[float, int]:
-        return self.sync_s, self.sent_bytes
+        sent = self.transport.sent_bytes if self.twobw is not None else 0
+        return self.sync_s, self.sent_bytes + sent
 
     # ---- evaluation and state
 
@@ -238,18 +303,26 @@ class PipelineExchange(Exchange):
         return {"pipeline": self.payload["split"]}
 
     def worker_extras(self) -> dict:
-        busy = self.forward_s + self.backward_s
+        forward_s, backward_s, sent = self.forward_s, self.backward_s, self.sent_bytes
+        staleness = [0] * self.steps_run  # a flushing schedule applies each gradient at once
+        if self.twobw is not None:
+            forward_s, backward_s = self.twobw.forward_s, self.twobw.backward_s
+            sent += self.transport.sent_bytes
+            staleness = self.twobw.log.staleness
+        busy = forward_s + backward_s
         return {
             "role": "stage",
             "replica": self.replica,
             "stage": self.index,
-            "forward_s": self.forward_s,
-            "backward_s": self.backward_s,
+            "forward_s": forward_s,
+            "backward_s": backward_s,
             "busy_s": busy,
             "schedule_s": self.schedule_s,
             "sync_s": self.sync_s,
-            "sent_bytes": self.sent_bytes,
+            "sent_bytes": sent,
             "bubble": 1.0 - busy / self.schedule_s if self.schedule_s else 0.0,
+            "steps_run": self.steps_run,
+            "staleness": {str(k): v for k, v in sorted(Counter(staleness).items())},
         }
 
     def sections(self, summaries: list[dict | None]) -> dict[str, dict]:

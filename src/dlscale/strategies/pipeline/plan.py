@@ -20,8 +20,11 @@ from dlscale.profiler.trace import trace_step
 from dlscale.train.step import build_optimizer
 
 
-def predicted_bubble(stages: int, microbatches: int) -> float:
-    """Idle share of a GPipe or 1F1B step: (S − 1) / (M + S − 1) (Huang et al., 2019)."""
+def predicted_bubble(stages: int, microbatches: int, schedule: str = "gpipe") -> float:
+    """Idle share of a GPipe or 1F1B step: (S − 1) / (M + S − 1) (Huang et al., 2019); 2bw
+    does not flush between steps, so none in steady state (slots.py counts its fill)."""
+    if schedule == "2bw":
+        return 0.0
     return (stages - 1) / (microbatches + stages - 1)
 
 
