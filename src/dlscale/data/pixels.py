@@ -50,7 +50,8 @@ def open_image(source: bytes | str | Path) -> Image.Image:
     try:
         image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
         image.load()
-    except (UnidentifiedImageError, OSError, ValueError) as error:
+    # DecompressionBombError: more pixels than Pillow decodes (a small file, a huge image).
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
         detail = "not an image file" if isinstance(error, UnidentifiedImageError) else error
         raise ValueError(
             f"Pillow cannot decode it ({detail}; expected {', '.join(IMAGE_SUFFIXES)})"

@@ -11,6 +11,7 @@ from typing import Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from dlscale.errors import one_line
 from dlscale.serving.inputs import MAX_BODY_BYTES, BadInput, Batch, Model, parse_body
 from dlscale.serving.stats import prometheus_text
 
@@ -73,8 +74,11 @@ async def _json_body(request: Request) -> object:
         raise BadInput(f"a body of {len(raw)} bytes; at most {MAX_BODY_BYTES} are read", 413)
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"the body is not JSON ({exc})", 400) from None
+    # ValueError: bad JSON, bad UTF-8, or an integer past Python's 4300-digit limit.
+    except ValueError as exc:
+        raise BadInput(f"the body is not JSON ({one_line(exc)})", 400) from None
+    except RecursionError:  # nesting deeper than the parser goes
+        raise BadInput("the body nests too deeply to be a batch of samples", 400) from None
 
 
 def predictions(answer: Answer) -> list[dict]:
