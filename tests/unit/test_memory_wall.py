@@ -118,6 +118,25 @@ def test_no_swap_file_is_made_where_the_machine_has_the_swap_already(tmp_path: P
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_swap_folder_that_is_missing_or_cannot_hold_the_file_is_one_line(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(swap_file, "free_swap_bytes", lambda: 0)
+    missing = tmp_path / "missing"
+    with pytest.raises(NoSwap, match="missing"), bounded_swap(MiB, missing):
+        pass
+
+    def no_blocks(fd, offset, length):  # tmpfs before 5.x, or a file system without extents
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(swap_file.os, "posix_fallocate", no_blocks)
+    with pytest.raises(NoSwap, match="Operation not supported"), bounded_swap(MiB, tmp_path):
+        pass
+    assert list(tmp_path.iterdir()) == []  # the half-made file is gone
+    with pytest.raises(NoSwap, match="no-such-mkswap"):  # util-linux not installed
+        swap_file._run([str(tmp_path / "no-such-mkswap"), "file"])
+
+
 def test_a_swap_file_that_would_crowd_the_disk_is_refused_in_one_line(tmp_path: Path, monkeypatch):
     # 3 GiB free, 2 GiB kept free: 1,024 MiB to spare, and 4 GiB asked for.
     monkeypatch.setattr(swap_file, "free_swap_bytes", lambda: 0)
