@@ -111,6 +111,8 @@ def test_numbers_too_big_for_a_float_and_nesting_deeper_than_a_sample_are_refuse
         deep = [deep]
     status, message = status_of({"inputs": [deep]}, FEATURES)
     assert status == 422 and "inputs[0]" in message
+    # A sample less deep than the model's is named by its shape, as before.
+    assert "inputs[0]: shape (3,)" in status_of({"inputs": [[1, 2, 3]]}, FEATURES)[1]
 
 
 class ImageModel(Model):

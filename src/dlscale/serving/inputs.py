@@ -97,12 +97,13 @@ def _array(index: int, sample: object, model: Model) -> torch.Tensor:
 
 
 def _only_numbers(sample: object, depth: int) -> bool:
-    """Lists `depth` deep (a sample's rank) with numbers at the bottom. numpy would read "3" as
-    3.0 and true as 1.0: in a JSON body either is the client's mistake, said rather than
-    guessed. The depth bounds the recursion, however deep a hostile body nests."""
+    """Lists of numbers, at most `depth` (a sample's rank) deep: a shallower sample is left for
+    the shape check to name. numpy would read "3" as 3.0 and true as 1.0: in a JSON body either
+    is the client's mistake, said rather than guessed. The depth bounds the recursion, however
+    deep a hostile body nests."""
     if isinstance(sample, list):
         return depth > 0 and all(_only_numbers(item, depth - 1) for item in sample)
-    return depth == 0 and isinstance(sample, int | float) and not isinstance(sample, bool)
+    return isinstance(sample, int | float) and not isinstance(sample, bool)
 
 
 def _images(samples: list[str], model: Model) -> torch.Tensor:
