@@ -178,3 +178,14 @@ def test_stats_count_requests_samples_and_batches():
     assert 'dlscale_serve_batches_total{requests="2"} 1' in text
     assert 'dlscale_serve_latency_seconds{quantile="0.5"} 0.2' in text
     assert "dlscale_serve_latency_seconds_count 3" in text
+
+
+def test_an_image_of_another_size_is_refused_from_its_header_before_its_pixels_decode():
+    """A run that did not resize takes one size: a bigger image (a small file can hold a huge
+    one) is named from its header, so a request never makes the server decode it."""
+    png = io.BytesIO()
+    Image.new("L", (9, 9)).save(png, format="PNG")
+    header_only = png.getvalue()[:41]  # signature, IHDR (9×9), the next chunk cut short
+    text = base64.b64encode(header_only).decode()
+    status, message = status_of({"inputs": [text]}, ImageModel((1, 2, 2), "image"))
+    assert status == 422 and "image 0: image is 9×9 (H×W); this model takes 2×2" in message
