@@ -13,7 +13,7 @@ import pytest
 
 from dlscale.bench import swap_file
 from dlscale.bench.machine import data_caches
-from dlscale.bench.memory_cgroup import NoMemoryCgroup, memory_hierarchy
+from dlscale.bench.memory_cgroup import NoMemoryCgroup, memory_hierarchy, remove_stale_cgroups
 from dlscale.bench.swap_file import PREFIX, NoSwap, bounded_swap, stale_swap_files
 from dlscale.bench.width import crossings, level_of, memory_estimate_bytes, thousand_epochs_s
 from dlscale.units import duration
@@ -110,6 +110,24 @@ def test_a_swap_file_left_by_a_killed_run_is_found_by_its_dead_pid(tmp_path: Pat
         (tmp_path / f"{PREFIX}{pid}").write_bytes(b"")
     (tmp_path / "unrelated").write_bytes(b"")
     assert stale_swap_files(tmp_path) == [tmp_path / f"{PREFIX}{gone}"]
+
+
+def test_a_cgroup_left_by_a_killed_run_is_removed_by_the_next(tmp_path: Path):
+    """SIGKILL skips every `finally`: the next run removes the width cgroups of a bench whose
+    pid is gone (a plain folder stands in for the cgroup here), and leaves live ones alone."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    gone = done.stdout.strip()
+    for pid in (gone, str(os.getpid())):
+        (tmp_path / f"dlscale-width-{pid}-512").mkdir()
+    (tmp_path / "dlscale-job-x").mkdir()
+    remove_stale_cgroups(tmp_path)
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert left == ["dlscale-job-x", f"dlscale-width-{os.getpid()}-512"]
 
 
 def test_no_swap_file_is_made_where_the_machine_has_the_swap_already(tmp_path: Path):

@@ -23,6 +23,8 @@ from pathlib import Path
 
 from dlscale import cgroupfs
 
+PREFIX = "dlscale-width-"  # a bench's cgroups: PREFIX + its pid + "-" + the width measured
+
 
 class NoMemoryCgroup(Exception):
     """Why no memory-limited cgroup can be made here (one line)."""
@@ -87,6 +89,15 @@ class MemoryCgroup:
     def remove(self) -> None:
         """Kill whatever is left in it and remove it (rmdir fails while a task is exiting)."""
         cgroupfs.remove([self.folder])
+
+
+def remove_stale_cgroups(parent: Path) -> None:
+    """Remove the cgroups under `parent` that a bench whose process is gone left behind (SIGKILL
+    skips every `finally`), killing what still runs in them."""
+    for folder in parent.glob(f"{PREFIX}*"):
+        pid = folder.name.removeprefix(PREFIX).partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            cgroupfs.remove([folder])
 
 
 @contextlib.contextmanager
