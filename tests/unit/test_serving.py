@@ -1,8 +1,10 @@
 """A served model's request checks and statistics, without a server: every malformed body is
 one status and one line; counts and quantiles worked out by hand."""
 
+import asyncio
 import base64
 import io
+import json
 
 import pytest
 import torch
@@ -12,7 +14,12 @@ from PIL import Image
 from dlscale.data.pixels import ImageLayout
 from dlscale.errors import UserError
 from dlscale.infer.inputs import decode_images
-from dlscale.serving.inputs import MAX_SAMPLES_PER_REQUEST, BadInput, parse_body
+from dlscale.serving.inputs import (
+    MAX_BODY_BYTES,
+    MAX_SAMPLES_PER_REQUEST,
+    BadInput,
+    parse_body,
+)
 from dlscale.serving.plain import PlainEngine
 from dlscale.serving.routes import build_app
 from dlscale.serving.stats import ServingStats, prometheus_text, quantile
@@ -189,3 +196,38 @@ def test_an_image_of_another_size_is_refused_from_its_header_before_its_pixels_d
     text = base64.b64encode(header_only).decode()
     status, message = status_of({"inputs": [text]}, ImageModel((1, 2, 2), "image"))
     assert status == 422 and "image 0: image is 9×9 (H×W); this model takes 2×2" in message
+
+
+def test_a_body_without_a_length_is_read_only_up_to_the_limit():
+    """A chunked body declares no length: reading stops once it passes MAX_BODY_BYTES, so a
+    client cannot make the server hold gigabytes before it is refused."""
+    chunk = b" " * 2**20
+    sent = []
+    replies = []
+
+    async def receive():
+        sent.append(len(chunk))
+        return {"type": "http.request", "body": chunk, "more_body": len(sent) < 1024}  # 1 GiB
+
+    async def send(message):
+        replies.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict",
+        "raw_path": b"/predict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"transfer-encoding", b"chunked")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    app = build_app(PlainEngine(FEATURES, {}))
+    asyncio.run(app(scope, receive, send))
+    assert replies[0]["status"] == 413
+    assert "at most" in json.loads(replies[1]["body"])["error"]
+    assert sum(sent) <= MAX_BODY_BYTES + len(chunk)  # one chunk past the limit, no more

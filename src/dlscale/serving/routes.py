@@ -69,9 +69,14 @@ async def _json_body(request: Request) -> object:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise BadInput(f"a body of {declared} bytes; at most {MAX_BODY_BYTES} are read", 413)
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadInput(f"a body of {len(raw)} bytes; at most {MAX_BODY_BYTES} are read", 413)
+    # Read in chunks and stop past the limit: a chunked body declares no length.
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadInput(f"a body of over {MAX_BODY_BYTES} bytes; at most that is read", 413)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         return json.loads(raw)
     # ValueError: bad JSON, bad UTF-8, or an integer past Python's 4300-digit limit.
