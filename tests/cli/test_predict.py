@@ -210,6 +210,10 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path):
     assert "runs on the CPU only" in bad(
         folder, str(run["val"]), "--precision", "int8", "--device", "cuda"
     )
+    for device in ("banana", "meta", "cuda:x"):  # not a device name, or none that trains
+        assert f"device '{device}': choose auto, cpu" in bad(
+            folder, str(run["val"]), "--device", device
+        )
 
 
 def test_a_checkpoint_of_another_model_or_spec_is_one_line(run, tmp_path):

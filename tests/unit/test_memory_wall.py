@@ -13,7 +13,7 @@ import pytest
 
 from dlscale.bench import swap_file
 from dlscale.bench.machine import data_caches
-from dlscale.bench.memory_cgroup import NoMemoryCgroup, memory_hierarchy
+from dlscale.bench.memory_cgroup import NoMemoryCgroup, memory_hierarchy, remove_stale_cgroups
 from dlscale.bench.swap_file import PREFIX, NoSwap, bounded_swap, stale_swap_files
 from dlscale.bench.width import crossings, level_of, memory_estimate_bytes, thousand_epochs_s
 from dlscale.units import duration
@@ -112,10 +112,47 @@ def test_a_swap_file_left_by_a_killed_run_is_found_by_its_dead_pid(tmp_path: Pat
     assert stale_swap_files(tmp_path) == [tmp_path / f"{PREFIX}{gone}"]
 
 
+def test_a_cgroup_left_by_a_killed_run_is_removed_by_the_next(tmp_path: Path):
+    """SIGKILL skips every `finally`: the next run removes the width cgroups of a bench whose
+    pid is gone (a plain folder stands in for the cgroup here), and leaves live ones alone."""
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    gone = done.stdout.strip()
+    for pid in (gone, str(os.getpid())):
+        (tmp_path / f"dlscale-width-{pid}-512").mkdir()
+    (tmp_path / "dlscale-job-x").mkdir()
+    remove_stale_cgroups(tmp_path)
+    left = sorted(path.name for path in tmp_path.iterdir())
+    assert left == ["dlscale-job-x", f"dlscale-width-{os.getpid()}-512"]
+
+
 def test_no_swap_file_is_made_where_the_machine_has_the_swap_already(tmp_path: Path):
     with bounded_swap(0, tmp_path) as made:  # any machine has 0 bytes of swap free
         assert made is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_swap_folder_that_is_missing_or_cannot_hold_the_file_is_one_line(
+    tmp_path: Path, monkeypatch
+):
+    monkeypatch.setattr(swap_file, "free_swap_bytes", lambda: 0)
+    missing = tmp_path / "missing"
+    with pytest.raises(NoSwap, match="missing"), bounded_swap(MiB, missing):
+        pass
+
+    def no_blocks(fd, offset, length):  # tmpfs before 5.x, or a file system without extents
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(swap_file.os, "posix_fallocate", no_blocks)
+    with pytest.raises(NoSwap, match="Operation not supported"), bounded_swap(MiB, tmp_path):
+        pass
+    assert list(tmp_path.iterdir()) == []  # the half-made file is gone
+    with pytest.raises(NoSwap, match="no-such-mkswap"):  # util-linux not installed
+        swap_file._run([str(tmp_path / "no-such-mkswap"), "file"])
 
 
 def test_a_swap_file_that_would_crowd_the_disk_is_refused_in_one_line(tmp_path: Path, monkeypatch):

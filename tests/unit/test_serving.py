@@ -1,25 +1,38 @@
 """A served model's request checks and statistics, without a server: every malformed body is
 one status and one line; counts and quantiles worked out by hand."""
 
+import asyncio
 import base64
 import io
+import json
 
 import pytest
 import torch
+from fastapi.testclient import TestClient
 from PIL import Image
 
+from dlscale.data.pixels import ImageLayout
 from dlscale.errors import UserError
-from dlscale.serving.inputs import MAX_SAMPLES_PER_REQUEST, BadInput, parse_body
+from dlscale.infer.inputs import decode_images
+from dlscale.serving.inputs import (
+    MAX_BODY_BYTES,
+    MAX_SAMPLES_PER_REQUEST,
+    BadInput,
+    parse_body,
+)
+from dlscale.serving.plain import PlainEngine
+from dlscale.serving.routes import build_app
 from dlscale.serving.stats import ServingStats, prometheus_text, quantile
 
 
 class Model:
     """A stand-in for a Predictor: only what the checks read."""
 
-    def __init__(self, input_shape, input_kind, num_classes=10):
+    def __init__(self, input_shape, input_kind, num_classes=10, vocab_size=None):
         self.input_shape = input_shape
         self.input_kind = input_kind
         self.num_classes = num_classes
+        self.vocab_size = vocab_size if vocab_size is not None else num_classes
 
     def images(self, files):
         decoded = []
@@ -35,6 +48,8 @@ class Model:
 
 FEATURES = Model((2, 3), "features")
 TOKENS = Model((4,), "tokens", num_classes=50)
+# A token classifier (an LSTM on token npz): 3 classes over a vocabulary of 100 tokens.
+TOKEN_CLASSIFIER = Model((4,), "tokens", num_classes=3, vocab_size=100)
 IMAGES = Model((1, 2, 2), "image")
 
 
@@ -87,6 +102,59 @@ def test_nan_and_too_many_samples_are_refused():
     assert status == 413 and str(MAX_SAMPLES_PER_REQUEST) in message
 
 
+def test_token_ids_are_checked_against_the_vocabulary_not_the_classes():
+    tokens = parse_body({"inputs": [[0, 5, 50, 99]]}, TOKEN_CLASSIFIER).tensor
+    assert tokens.tolist() == [[0, 5, 50, 99]]
+    status, message = status_of({"inputs": [[0, 1, 2, 100]]}, TOKEN_CLASSIFIER)
+    assert status == 422 and "[0, 100)" in message
+
+
+def test_numbers_too_big_for_a_float_and_nesting_deeper_than_a_sample_are_refused():
+    huge = 10**400  # a whole number JSON allows; float64 cannot hold it
+    status, message = status_of({"inputs": [[[huge, 1, 1], [1, 1, 1]]]}, FEATURES)
+    assert status == 422 and "inputs[0]" in message
+    deep: list = [1]
+    for _ in range(5000):  # far deeper than Python's recursion limit
+        deep = [deep]
+    status, message = status_of({"inputs": [deep]}, FEATURES)
+    assert status == 422 and "inputs[0]" in message
+    # A sample less deep than the model's is named by its shape, as before.
+    assert "inputs[0]: shape (3,)" in status_of({"inputs": [[1, 2, 3]]}, FEATURES)[1]
+
+
+class ImageModel(Model):
+    """Decodes with the predictor's own decoder (Pillow's limits included)."""
+
+    def images(self, files):
+        return decode_images(ImageLayout("L", 2, 2, resize=False), files)
+
+
+def test_hostile_bodies_through_the_routes_are_one_4xx_line_never_a_500():
+    bomb = io.BytesIO()  # 200 M pixels in 0.2 MB: past Pillow's decompression-bomb limit
+    Image.new("L", (20000, 10000)).save(bomb, format="PNG")
+    bodies = [
+        '{"inputs": ' + "[" * 100_000 + "]" * 100_000 + "}",  # nesting past the parser's limit
+        '{"inputs": [[[' + "9" * 5000 + ", 1, 1], [1, 1, 1]]]}",  # past int's 4300 digits
+        '{"inputs": [[[' + "9" * 400 + ", 1, 1], [1, 1, 1]]]}",  # past float64
+        '{"inputs": ["' + base64.b64encode(bomb.getvalue()).decode() + '"]}',
+    ]
+    client = TestClient(
+        build_app(PlainEngine(ImageModel((2, 3), "features"), {})),
+        raise_server_exceptions=False,
+    )
+    for body in bodies[:3]:
+        answer = client.post("/predict", content=body.encode())
+        assert 400 <= answer.status_code < 500, (body[:40], answer.text)
+        assert "\n" not in answer.json()["error"]
+    client = TestClient(
+        build_app(PlainEngine(ImageModel((1, 2, 2), "image"), {})),
+        raise_server_exceptions=False,
+    )
+    answer = client.post("/predict", content=bodies[3].encode())
+    assert answer.status_code == 422, answer.text
+    assert "image 0" in answer.json()["error"]
+
+
 def test_base64_images_reach_the_models_decoder():
     png = io.BytesIO()
     Image.new("L", (2, 2)).save(png, format="PNG")
@@ -117,3 +185,49 @@ def test_stats_count_requests_samples_and_batches():
     assert 'dlscale_serve_batches_total{requests="2"} 1' in text
     assert 'dlscale_serve_latency_seconds{quantile="0.5"} 0.2' in text
     assert "dlscale_serve_latency_seconds_count 3" in text
+
+
+def test_an_image_of_another_size_is_refused_from_its_header_before_its_pixels_decode():
+    """A run that did not resize takes one size: a bigger image (a small file can hold a huge
+    one) is named from its header, so a request never makes the server decode it."""
+    png = io.BytesIO()
+    Image.new("L", (9, 9)).save(png, format="PNG")
+    header_only = png.getvalue()[:41]  # signature, IHDR (9×9), the next chunk cut short
+    text = base64.b64encode(header_only).decode()
+    status, message = status_of({"inputs": [text]}, ImageModel((1, 2, 2), "image"))
+    assert status == 422 and "image 0: image is 9×9 (H×W); this model takes 2×2" in message
+
+
+def test_a_body_without_a_length_is_read_only_up_to_the_limit():
+    """A chunked body declares no length: reading stops once it passes MAX_BODY_BYTES, so a
+    client cannot make the server hold gigabytes before it is refused."""
+    chunk = b" " * 2**20
+    sent = []
+    replies = []
+
+    async def receive():
+        sent.append(len(chunk))
+        return {"type": "http.request", "body": chunk, "more_body": len(sent) < 1024}  # 1 GiB
+
+    async def send(message):
+        replies.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/predict",
+        "raw_path": b"/predict",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"transfer-encoding", b"chunked")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    app = build_app(PlainEngine(FEATURES, {}))
+    asyncio.run(app(scope, receive, send))
+    assert replies[0]["status"] == 413
+    assert "at most" in json.loads(replies[1]["body"])["error"]
+    assert sum(sent) <= MAX_BODY_BYTES + len(chunk)  # one chunk past the limit, no more

@@ -181,3 +181,20 @@ def test_the_setting_is_part_of_the_run_identity_only_when_on():
     off = parse_spec({**BASE, "strategy": {**ddp, "sync_batchnorm": False}}).spec_hash()
     on = parse_spec({**BASE, "strategy": {**ddp, "sync_batchnorm": True}}).spec_hash()
     assert off == base != on
+
+
+def test_a_specs_sync_batchnorm_reaches_the_scaling_prediction(tmp_path):
+    """`dlscale profile SPEC --devices 2` on a spec that trains with sync_batchnorm prices its
+    collectives, as the spec's accumulate is priced, without --sync-batchnorm repeated."""
+    import yaml
+
+    from dlscale.api.profiling import profile
+    from dlscale.profiler.request import ProfileRequest
+
+    spec = {**BASE, "device": "cuda", "model": {"name": "resnet18"}, "strategy": SYNC}
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    result = profile(ProfileRequest(str(path), hardware=("a100-40gb",)), ScalingRequest((2,)))
+    (report,) = result.scaling
+    (point,) = [row.point for row in report.rows if row.point.strategy == "ddp"]
+    assert point.detail["sync_batchnorm"]["layers"] == 20  # ResNet-18's batch norms

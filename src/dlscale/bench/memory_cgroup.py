@@ -8,21 +8,22 @@ kernel reclaims the child's pages to swap (at most `swap_bytes` of it, where swa
 and past both it kills the child alone.
 
 The service's jobs get their limits from service/cgroups.py (v1 and v2, memory, pids and cpu,
-beneath the server's own cgroup); a bench may not import the service, and needs one controller
-with a swap bound the jobs never get, so this is that one controller, v1 only.
+beneath the server's own cgroup); a bench needs one controller with a swap bound the jobs never
+get, so this is that one controller, v1 only. Both read and write the cgroup file system with
+dlscale/cgroupfs.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-REMOVE_TRIES = 50  # × 0.1 s: a killed task leaves its cgroup within milliseconds
+from dlscale import cgroupfs
+
+PREFIX = "dlscale-width-"  # a bench's cgroups: PREFIX + its pid + "-" + the width measured
 
 
 class NoMemoryCgroup(Exception):
@@ -37,22 +38,12 @@ def memory_hierarchy(proc: Path = Path("/proc/self")) -> Path:
         own = (proc / "cgroup").read_text()
     except OSError as error:
         raise NoMemoryCgroup(f"cannot read {proc}/cgroup: {error.strerror}") from None
-    mount = None
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        v1 = len(fields) >= 5 and len(tail) >= 3 and tail[0] == "cgroup"
-        if v1 and "memory" in tail[2].split(","):  # its super options name its controllers
-            mount = (fields[3], Path(fields[4]))
-    if mount is None:
+    # A v1 mount (fstype "cgroup") whose super options name the memory controller.
+    memory = [m for m in cgroupfs.mounts(mountinfo) if m[2] == "cgroup" and "memory" in m[3]]
+    if not memory:
         raise NoMemoryCgroup("no cgroup v1 memory controller is mounted here")
-    path = "/"
-    for line in own.splitlines():  # "4:memory:/a/b"
-        _, controllers, where = line.split(":", 2)
-        path = where if "memory" in controllers.split(",") else path
-    root, mount_point = mount
-    relative = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
-    folder = mount_point if relative in ("", ".") else mount_point / relative
+    root, mount_point, _, _ = memory[-1]
+    folder = cgroupfs.inside(mount_point, root, cgroupfs.own_paths(own).get("memory", "/"))
     if not os.access(folder, os.W_OK):
         raise NoMemoryCgroup(f"cgroup {folder} is not writable by this user (run as root)")
     return folder
@@ -83,39 +74,30 @@ class MemoryCgroup:
     def command(self, argv: list[str]) -> list[str]:
         """`argv` run by a shell that first moves itself into this cgroup, then execs it: every
         page the command ever touches is charged here."""
-        script = 'echo $$ > "$1" || exit 125; shift; exec "$@"'
-        return ["/bin/sh", "-c", script, "dlscale-enter", str(self.folder / "cgroup.procs"), *argv]
+        return cgroupfs.enter_command([str(self.folder / "cgroup.procs")], argv)
 
     def pids(self) -> list[int]:
-        with contextlib.suppress(OSError):
-            return [int(p) for p in (self.folder / "cgroup.procs").read_text().split()]
-        return []
+        return cgroupfs.pids([self.folder])
 
     def usage(self) -> MemoryUsage:
-        oom = 0
-        with contextlib.suppress(OSError, ValueError):
-            for line in (self.folder / "memory.oom_control").read_text().splitlines():
-                name, _, value = line.partition(" ")
-                oom = int(value) if name == "oom_kill" else oom
         return MemoryUsage(
-            _read_int(self.folder / "memory.max_usage_in_bytes"),
-            _read_int(self.folder / "memory.memsw.max_usage_in_bytes"),
-            oom,
+            cgroupfs.read_int(self.folder / "memory.max_usage_in_bytes"),
+            cgroupfs.read_int(self.folder / "memory.memsw.max_usage_in_bytes"),
+            cgroupfs.read_key(self.folder / "memory.oom_control", "oom_kill") or 0,
         )
 
     def remove(self) -> None:
         """Kill whatever is left in it and remove it (rmdir fails while a task is exiting)."""
-        for _ in range(REMOVE_TRIES):
-            for pid in self.pids():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            try:
-                self.folder.rmdir()
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.1)
+        cgroupfs.remove([self.folder])
+
+
+def remove_stale_cgroups(parent: Path) -> None:
+    """Remove the cgroups under `parent` that a bench whose process is gone left behind (SIGKILL
+    skips every `finally`), killing what still runs in them."""
+    for folder in parent.glob(f"{PREFIX}*"):
+        pid = folder.name.removeprefix(PREFIX).partition("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            cgroupfs.remove([folder])
 
 
 @contextlib.contextmanager
@@ -140,10 +122,3 @@ def limited(
         yield group, bounded
     finally:
         group.remove()
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None

@@ -50,7 +50,10 @@ def stale_swap_files(folder: Path) -> list[Path]:
 
 
 def _run(argv: list[str]) -> None:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:  # not installed, or hung
+        raise NoSwap(f"{argv[0]} failed: {error}") from None
     if done.returncode != 0:
         why = (done.stderr or done.stdout).strip().splitlines()
         raise NoSwap(f"{' '.join(argv[:1])} failed: {why[-1] if why else done.returncode}")
@@ -74,14 +77,20 @@ def bounded_swap(size_bytes: int, folder: Path) -> Iterator[Path | None]:
     if free_swap_bytes() >= size_bytes:
         yield None
         return
-    room = shutil.disk_usage(folder).free - DISK_HEADROOM_BYTES
+    try:
+        room = shutil.disk_usage(folder).free - DISK_HEADROOM_BYTES
+    except OSError as error:  # a --swap-dir that is missing or not a folder
+        raise NoSwap(f"{folder}: {error.strerror}") from None
     if size_bytes > room:
         raise NoSwap(f"{folder} has {max(room, 0) // 2**20} MiB to spare for a swap file")
     path = folder / f"{PREFIX}{os.getpid()}"
     try:
-        with open(path, "wb") as handle:
-            os.fchmod(handle.fileno(), 0o600)  # swapon refuses a file others can read
-            os.posix_fallocate(handle.fileno(), 0, size_bytes)  # no holes: swap needs blocks
+        try:
+            with open(path, "wb") as handle:
+                os.fchmod(handle.fileno(), 0o600)  # swapon refuses a file others can read
+                os.posix_fallocate(handle.fileno(), 0, size_bytes)  # no holes: swap needs blocks
+        except OSError as error:  # a file system that cannot allocate it (or no permission)
+            raise NoSwap(f"cannot make a swap file in {folder}: {error.strerror}") from None
         _run(["mkswap", str(path)])
         _run(["swapon", str(path)])
         yield path

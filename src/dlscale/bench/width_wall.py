@@ -22,7 +22,13 @@ import torch
 
 from dlscale.bench.machine import last_level_cache_bytes
 from dlscale.bench.memory import over_share
-from dlscale.bench.memory_cgroup import NoMemoryCgroup, limited, memory_hierarchy
+from dlscale.bench.memory_cgroup import (
+    PREFIX,
+    NoMemoryCgroup,
+    limited,
+    memory_hierarchy,
+    remove_stale_cgroups,
+)
 from dlscale.bench.swap_file import NoSwap, bounded_swap
 from dlscale.bench.width import (
     DEFAULT_DATASET_SIZE,
@@ -63,7 +69,7 @@ def measure_here(args: dict) -> dict:
 def measure_in_cgroup(parent: Path, width: int, settings: dict, limit: int, swap: int) -> dict:
     """One width in a child process in a cgroup of its own: its result, or why it has none
     (`failed`), and what the cgroup saw (`memory`). The cgroup is removed however it ends."""
-    name = f"dlscale-width-{os.getpid()}-{width}"
+    name = f"{PREFIX}{os.getpid()}-{width}"
     with limited(parent, name, limit, swap) as (group, _):
         args = {
             "width": width,
@@ -123,6 +129,7 @@ def run_wall_bench(
         note = f"no memory-limited cgroup here ({why}): measured in this process, only widths "
         result["warnings"] = [note + "within half the free memory"]
         return result
+    remove_stale_cgroups(parent)
     warnings: list[str] = []
     with contextlib.ExitStack() as stack:
         try:

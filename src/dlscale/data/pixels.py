@@ -45,12 +45,27 @@ def layout_of(first: Image.Image, image_size: list[int] | None, mode: str | None
     return ImageLayout(mode, first.height, first.width, resize=False)
 
 
-def open_image(source: bytes | str | Path) -> Image.Image:
-    """An image decoded whole (Pillow opens lazily; `load` makes a truncated file fail here)."""
+class WrongSize(ValueError):
+    """An image whose header gives another (height, width) than the one asked for."""
+
+    def __init__(self, height: int, width: int):
+        super().__init__(f"image is {height}×{width} (H×W)")
+        self.height, self.width = height, width
+
+
+def open_image(source: bytes | str | Path, size: tuple[int, int] | None = None) -> Image.Image:
+    """An image decoded whole (Pillow opens lazily; `load` makes a truncated file fail here).
+    With `size` (height, width), one of another size is WrongSize from its header alone, before
+    its pixels are decoded (a small file can hold a huge image)."""
     try:
         image = Image.open(io.BytesIO(source) if isinstance(source, bytes) else source)
+        if size is not None and (image.height, image.width) != tuple(size):
+            raise WrongSize(image.height, image.width)
         image.load()
-    except (UnidentifiedImageError, OSError, ValueError) as error:
+    except WrongSize:
+        raise
+    # DecompressionBombError: more pixels than Pillow decodes (a small file, a huge image).
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as error:
         detail = "not an image file" if isinstance(error, UnidentifiedImageError) else error
         raise ValueError(
             f"Pillow cannot decode it ({detail}; expected {', '.join(IMAGE_SUFFIXES)})"

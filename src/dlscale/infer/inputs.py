@@ -24,7 +24,7 @@ from dlscale.data.hf_columns import inspect_columns, load_split
 from dlscale.data.images import list_images
 from dlscale.data.lazy import to_tensor
 from dlscale.data.npz import read_npz_file
-from dlscale.data.pixels import IMAGE_SUFFIXES, ImageLayout, open_image, to_chw
+from dlscale.data.pixels import IMAGE_SUFFIXES, ImageLayout, WrongSize, open_image, to_chw
 from dlscale.data.wds import read_webdataset
 from dlscale.errors import UserError
 from dlscale.infer.trained import TrainedModel
@@ -89,14 +89,14 @@ def decode_images(layout: ImageLayout, sources: Sequence[bytes | str | Path]) ->
     for index, source in enumerate(sources):
         where = f"image {index}" if isinstance(source, bytes) else str(source)
         try:
-            image = open_image(source)
+            image = open_image(source, None if layout.resize else (layout.height, layout.width))
+        except WrongSize as exc:  # said from the header: the pixels were never decoded
+            raise UserError(
+                f"{where}: {exc}; this model takes {layout.height}×{layout.width} (its run "
+                "did not resize its images)"
+            ) from None
         except ValueError as exc:
             raise UserError(f"{where}: {exc}") from None
-        if not layout.resize and (image.height, image.width) != (layout.height, layout.width):
-            raise UserError(
-                f"{where}: image is {image.height}×{image.width} (H×W); this model takes "
-                f"{layout.height}×{layout.width} (its run did not resize its images)"
-            )
         decoded.append(to_tensor(to_chw(image, layout, where)))  # (C, H, W)
     if not decoded:
         raise UserError("no images given")

@@ -61,6 +61,10 @@ class Predictor:
     def num_classes(self) -> int:
         return self.trained.num_classes
 
+    @property
+    def vocab_size(self) -> int | None:
+        return self.trained.vocab_size
+
     def check(self, x: torch.Tensor, where: str = "inputs") -> None:
         """A batch this model takes, or one line saying what it got (from `where`) and what it
         needs."""

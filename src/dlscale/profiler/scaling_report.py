@@ -114,6 +114,8 @@ def scaling_reports(
         raise UserError("--deadline needs the epoch's size: give --dataset-size (or a spec)")
     links = load_links(list(link_files))
     network = device_link(hardware[0], request.network, links) if request.nodes > 1 else None
+    if workload.sync_batchnorm:  # the spec trains with it: its ddp points pay for it
+        request = replace(request, sync_batchnorm=True)
     ddp_only = replace(request, strategies=("ddp",))
     reports = []
     for device in hardware:

@@ -38,6 +38,7 @@ class Workload:
     inputs: Callable[[int], Any] | None = None  # example inputs at a batch size (--inputs)
     inputs_label: str = ""
     accumulate: int = 1  # the spec's micro-batches per optimizer step (scaling predictions)
+    sync_batchnorm: bool = False  # the spec's ddp runs torch's SyncBatchNorm (ddp points)
 
 
 def resolve(
@@ -143,6 +144,8 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         data_from_disk=not data.in_memory,
         epochs=epochs,
         accumulate=spec.accumulate,
+        # Only ddp has the field; the scaling prediction prices it as --sync-batchnorm does.
+        sync_batchnorm=bool(getattr(spec.strategy, "sync_batchnorm", False)),
     )
     if spec.model.inputs is not None:
         _with_inputs(workload, spec.model.inputs)

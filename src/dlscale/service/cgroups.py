@@ -10,23 +10,22 @@ cgroup must hand the controllers down; the kernel allows that only to a cgroup w
 of its own, so the server moves itself into a leaf beside its jobs first (what container
 runtimes do on a delegated subtree).
 
-A job process enters its cgroup before it execs anything: `enter_command` prefixes its command
-with a shell that writes its own pid into each cgroup.procs, so no thread or child is ever
-outside.
+A job process enters its cgroup before it execs anything: `cgroupfs.enter_command` prefixes its
+command with a shell that writes its own pid into each cgroup.procs, so no thread or child is
+ever outside. The cgroup files themselves are read and written with dlscale/cgroupfs.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale import cgroupfs
+
 CONTROLLERS = ("memory", "pids", "cpu")
 CPU_PERIOD_US = 100_000
-REMOVE_TRIES = 50  # × 0.1 s: a killed task leaves its cgroup within milliseconds
 
 
 class CgroupsUnavailable(Exception):
@@ -75,47 +74,19 @@ class Hierarchy:
         return {controller: parent / name for controller, parent in self.own.items()}
 
 
-def _mounts(mountinfo: str) -> list[tuple[str, Path, str, set[str]]]:
-    """(root, mount point, fstype, super options) of each cgroup mount."""
-    found = []
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, tail = left.split(), right.split()
-        if len(fields) < 5 or len(tail) < 3 or not tail[0].startswith("cgroup"):
-            continue
-        found.append((fields[3], Path(fields[4]), tail[0], set(tail[2].split(","))))
-    return found
-
-
-def _own_paths(proc_cgroup: str) -> dict[str, str]:
-    """controller -> this process's cgroup path ("" keys the v2 hierarchy)."""
-    paths = {}
-    for line in proc_cgroup.splitlines():
-        _, controllers, path = line.split(":", 2)
-        for controller in controllers.split(",") if controllers else [""]:
-            paths[controller] = path
-    return paths
-
-
-def _inside(mount: Path, root: str, path: str) -> Path:
-    """The folder of cgroup `path` in a hierarchy mounted at `mount` whose root is `root`."""
-    relative = os.path.relpath(path, root) if root != "/" else path.lstrip("/")
-    return mount if relative in ("", ".") else mount / relative
-
-
 def detect(proc: Path = Path("/proc/self")) -> Hierarchy:
     """This server's place in the cgroup hierarchies, or CgroupsUnavailable saying why it
     cannot make limited cgroups for its jobs there."""
     try:
-        mounts = _mounts((proc / "mountinfo").read_text())
-        own = _own_paths((proc / "cgroup").read_text())
+        mounts = cgroupfs.mounts((proc / "mountinfo").read_text())
+        own = cgroupfs.own_paths((proc / "cgroup").read_text())
     except OSError as exc:
         raise CgroupsUnavailable(f"cannot read {proc}/cgroup: {exc.strerror}") from None
     v1 = {}
     for controller in CONTROLLERS:
         mount = next((m for m in mounts if m[2] == "cgroup" and controller in m[3]), None)
         if mount is not None and controller in own:
-            v1[controller] = _inside(mount[1], mount[0], own[controller])
+            v1[controller] = cgroupfs.inside(mount[1], mount[0], own[controller])
     if len(v1) == len(CONTROLLERS):
         hierarchy = Hierarchy(1, v1)
     else:
@@ -123,7 +94,7 @@ def detect(proc: Path = Path("/proc/self")) -> Hierarchy:
         if unified is None or "" not in own:
             missing = ", ".join(c for c in CONTROLLERS if c not in v1)
             raise CgroupsUnavailable(f"no cgroup hierarchy has the {missing} controller(s)")
-        folder = _inside(unified[1], unified[0], own[""])
+        folder = cgroupfs.inside(unified[1], unified[0], own[""])
         hierarchy = Hierarchy(2, dict.fromkeys(CONTROLLERS, folder))
     _check_writable(hierarchy)
     return hierarchy
@@ -205,57 +176,29 @@ class JobCgroup:
         return [str(folder / "cgroup.procs") for folder in sorted(set(self.folders.values()))]
 
     def pids(self) -> list[int]:
-        found: set[int] = set()
-        for folder in set(self.folders.values()):
-            with contextlib.suppress(OSError):
-                found |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
-        return sorted(found)
+        return cgroupfs.pids(self.folders.values())
 
     def usage(self) -> Usage:
         memory, pids, cpu = (self.folders[c] for c in CONTROLLERS)
         if self.hierarchy.version == 1:
-            peak = _read_int(memory / "memory.max_usage_in_bytes")
-            oom = _read_key(memory / "memory.oom_control", "oom_kill")
-            throttled_s = (_read_key(cpu / "cpu.stat", "throttled_time") or 0) / 1e9
+            peak = cgroupfs.read_int(memory / "memory.max_usage_in_bytes")
+            oom = cgroupfs.read_key(memory / "memory.oom_control", "oom_kill")
+            throttled_s = (cgroupfs.read_key(cpu / "cpu.stat", "throttled_time") or 0) / 1e9
         else:
-            peak = _read_int(memory / "memory.peak")
-            oom = _read_key(memory / "memory.events", "oom_kill")
-            throttled_s = (_read_key(cpu / "cpu.stat", "throttled_usec") or 0) / 1e6
-        refused = _read_key(pids / "pids.events", "max") or 0
+            peak = cgroupfs.read_int(memory / "memory.peak")
+            oom = cgroupfs.read_key(memory / "memory.events", "oom_kill")
+            throttled_s = (cgroupfs.read_key(cpu / "cpu.stat", "throttled_usec") or 0) / 1e6
+        refused = cgroupfs.read_key(pids / "pids.events", "max") or 0
         return Usage(peak, oom or 0, refused, throttled_s)
 
     def kill(self) -> None:
         """SIGKILL every process in the cgroup (a job that outlived its end, or a timeout)."""
-        for pid in self.pids():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        cgroupfs.kill(self.folders.values())
 
     def remove(self) -> None:
         """Kill what is left and remove the cgroup; a cgroup that will not go is left to the
         next removal of the same job (rmdir fails while a task is still exiting)."""
-        for _ in range(REMOVE_TRIES):
-            self.kill()
-            left = []
-            for folder in set(self.folders.values()):
-                try:
-                    folder.rmdir()
-                except FileNotFoundError:
-                    pass
-                except OSError:
-                    left.append(folder)
-            if not left:
-                return
-            time.sleep(0.1)
-
-
-def enter_command(procs_files: list[str], command: list[str]) -> list[str]:
-    """`command`, run by a shell that first moves itself into the given cgroups, then execs it:
-    every process the command ever starts is born inside them."""
-    script = (
-        'for f in "$@"; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; '
-        'shift; exec "$@"'
-    )
-    return ["/bin/sh", "-c", script, "dlscale-enter", *procs_files, "--", *command]
+        cgroupfs.remove(self.folders.values())
 
 
 def _write(path: Path, value, optional: bool = False) -> None:
@@ -264,22 +207,3 @@ def _write(path: Path, value, optional: bool = False) -> None:
     except FileNotFoundError:
         if not optional:
             raise
-
-
-def _read_int(path: Path) -> int | None:
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _read_key(path: Path, key: str) -> int | None:
-    """The value of `key` in a flat-keyed file such as memory.events ("oom_kill 2")."""
-    try:
-        for line in path.read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if name == key:
-                return int(value)
-    except (OSError, ValueError):
-        return None
-    return None

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dlscale import cgroupfs
 from dlscale.atomic import write_json_atomic
 from dlscale.service import cgroups, sandbox
 from dlscale.service.layout import (
@@ -151,7 +152,7 @@ class Executor:
         if limits.file_bytes is not None:  # the kernel refuses a longer file (EFBIG)
             size = max(1, limits.file_bytes)
             inner = ["prlimit", f"--fsize={size}:{size}", "--core=0:0", "--", *inner]
-        return cgroups.enter_command(group.procs_files(), inner), read_end, write_end
+        return cgroupfs.enter_command(group.procs_files(), inner), read_end, write_end
 
     def _sandbox_pid(self, read_end: int, process: subprocess.Popen) -> int | None:
         """The sandbox's init, as bubblewrap reports it (None if it failed before)."""

@@ -31,6 +31,7 @@ class Model(Protocol):
     input_shape: tuple[int, ...]
     input_kind: str  # "image", "features" or "tokens"
     num_classes: int
+    vocab_size: int | None  # token ids lie in [0, vocab_size); not the classes for a classifier
 
     def images(self, files: list) -> torch.Tensor: ...
 
@@ -70,12 +71,14 @@ def parse_body(body: object, model: Model) -> Batch:
 
 def _array(index: int, sample: object, model: Model) -> torch.Tensor:
     where = f"inputs[{index}]"
-    if not _only_numbers(sample):
+    if not _only_numbers(sample, len(model.input_shape)):
         raise BadInput(f"{where}: not a rectangular array of numbers")
     try:
         values = np.asarray(sample, dtype=np.float64)
     except ValueError:  # ragged
         raise BadInput(f"{where}: not a rectangular array of numbers") from None
+    except OverflowError:  # a whole number past float64 (JSON's integers have no bound)
+        raise BadInput(f"{where}: a number too large for float64") from None
     if tuple(values.shape) != tuple(model.input_shape):
         raise BadInput(
             f"{where}: shape {tuple(values.shape)}; this model takes one sample of shape "
@@ -87,16 +90,19 @@ def _array(index: int, sample: object, model: Model) -> torch.Tensor:
         return torch.from_numpy(values.astype(np.float32))
     if (values != np.round(values)).any():
         raise BadInput(f"{where}: token ids must be whole numbers")
-    if values.min() < 0 or values.max() >= model.num_classes:
-        raise BadInput(f"{where}: token ids must lie in [0, {model.num_classes})")
+    vocab = model.vocab_size or 0
+    if values.min() < 0 or values.max() >= vocab:
+        raise BadInput(f"{where}: token ids must lie in [0, {vocab})")
     return torch.from_numpy(values.astype(np.int64))
 
 
-def _only_numbers(sample: object) -> bool:
-    """Lists of numbers all the way down. numpy would read "3" as 3.0 and true as 1.0: in a
-    JSON body either is the client's mistake, said rather than guessed."""
+def _only_numbers(sample: object, depth: int) -> bool:
+    """Lists of numbers, at most `depth` (a sample's rank) deep: a shallower sample is left for
+    the shape check to name. numpy would read "3" as 3.0 and true as 1.0: in a JSON body either
+    is the client's mistake, said rather than guessed. The depth bounds the recursion, however
+    deep a hostile body nests."""
     if isinstance(sample, list):
-        return all(_only_numbers(item) for item in sample)
+        return depth > 0 and all(_only_numbers(item, depth - 1) for item in sample)
     return isinstance(sample, int | float) and not isinstance(sample, bool)
 
 

@@ -11,6 +11,7 @@ from typing import Protocol
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from dlscale.errors import one_line
 from dlscale.serving.inputs import MAX_BODY_BYTES, BadInput, Batch, Model, parse_body
 from dlscale.serving.stats import prometheus_text
 
@@ -68,13 +69,21 @@ async def _json_body(request: Request) -> object:
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise BadInput(f"a body of {declared} bytes; at most {MAX_BODY_BYTES} are read", 413)
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise BadInput(f"a body of {len(raw)} bytes; at most {MAX_BODY_BYTES} are read", 413)
+    # Read in chunks and stop past the limit: a chunked body declares no length.
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise BadInput(f"a body of over {MAX_BODY_BYTES} bytes; at most that is read", 413)
+        chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadInput(f"the body is not JSON ({exc})", 400) from None
+    # ValueError: bad JSON, bad UTF-8, or an integer past Python's 4300-digit limit.
+    except ValueError as exc:
+        raise BadInput(f"the body is not JSON ({one_line(exc)})", 400) from None
+    except RecursionError:  # nesting deeper than the parser goes
+        raise BadInput("the body nests too deeply to be a batch of samples", 400) from None
 
 
 def predictions(answer: Answer) -> list[dict]:

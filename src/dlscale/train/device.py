@@ -22,7 +22,13 @@ def resolve_device(name: str) -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # not a device string at all
+        device = None
+    # A name from a command line reaches here unchecked (a spec's is checked when it loads).
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise UserError(f"device '{name}': choose auto, cpu, cuda, cuda:N or mps")
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise UserError(f"device '{name}' asked for, but no CUDA GPU is visible here")
