@@ -97,15 +97,19 @@ def test_the_memory_hierarchy_is_found_from_proc(tmp_path: Path):
         memory_hierarchy(v2_only)
 
 
-def test_a_swap_file_left_by_a_killed_run_is_found_by_its_dead_pid(tmp_path: Path):
-    # A process that has ended: its pid names no folder in /proc.
+def _ended_pid() -> str:
+    """The pid of a process that has ended: it names no folder in /proc."""
     done = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         check=True,
         capture_output=True,
         text=True,
     )
-    gone = done.stdout.strip()
+    return done.stdout.strip()
+
+
+def test_a_swap_file_left_by_a_killed_run_is_found_by_its_dead_pid(tmp_path: Path):
+    gone = _ended_pid()
     for pid in (gone, str(os.getpid())):
         (tmp_path / f"{PREFIX}{pid}").write_bytes(b"")
     (tmp_path / "unrelated").write_bytes(b"")
@@ -115,13 +119,7 @@ def test_a_swap_file_left_by_a_killed_run_is_found_by_its_dead_pid(tmp_path: Pat
 def test_a_cgroup_left_by_a_killed_run_is_removed_by_the_next(tmp_path: Path):
     """SIGKILL skips every `finally`: the next run removes the width cgroups of a bench whose
     pid is gone (a plain folder stands in for the cgroup here), and leaves live ones alone."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    gone = done.stdout.strip()
+    gone = _ended_pid()
     for pid in (gone, str(os.getpid())):
         (tmp_path / f"dlscale-width-{pid}-512").mkdir()
     (tmp_path / "dlscale-job-x").mkdir()
