@@ -4,8 +4,8 @@ For each workload and precision (fp32, bf16): one process trains on synthetic da
 workload's shape on `cuda` (the one loop, the spec's default optimizer), the median of `--steps`
 timed steps after 5 warm-up steps is the measured step; beside it the same step on one batch kept
 on the GPU ('device'), and the host loader's batch and its host→device copy timed alone (the
-synthetic data is made on the host, by a loader with no workers and no pinned memory, so both sit
-on the step's critical path); the profiler's prediction for the
+synthetic data is gathered on the host by a loader with no workers, into pinned memory on CUDA
+by default, so both sit on the step's critical path); the profiler's prediction for the
 catalogue entry `--hardware` at the same batch and precision is beside it (several,
 comma-separated, each get a column: `local` is what `dlscale bench machine --device cuda` saved).
 Without `--hardware`, the catalogue entry whose name the GPU's own name matches (an "NVIDIA H100
@@ -69,7 +69,7 @@ class Measured:
     step_s: float  # loader, host→device copy and the step, as the loop runs them
     resident_s: float  # the step alone, its batch already on the GPU
     loader_s: float  # the host loader's batch (workers 0: on the step's critical path)
-    copy_s: float  # the batch's host→device copy (the loader does not pin memory)
+    copy_s: float  # the batch's host→device copy (pinned unless the spec says not)
 
 
 def _median(times: list[float]) -> float:

@@ -12,6 +12,7 @@ import torch
 from dlscale import api
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
+from dlscale.train.loop import Trainer
 from tests.small_runs import SGD, base_spec, final_weights
 
 pytestmark = [
@@ -71,6 +72,18 @@ def test_pinned_memory_and_loader_workers_feed_the_gpu(tmp_path: Path):
     spec = parse_spec({**BASE, "loader": {"workers": 2, "pin_memory": True}})
     record = api.train(spec, out_dir=tmp_path)
     assert record["status"] == "completed" and not record["warnings"]
+
+
+@pytest.mark.parametrize("loader", [{}, {"workers": 1}, {"pin_memory": False}])
+def test_the_loops_batches_arrive_pinned_on_cuda_unless_the_spec_says_not(tmp_path, loader):
+    """Pinned by default (gathered straight into page-locked memory with no workers; by
+    DataLoader's pinning thread with them) and copied without blocking; pageable if told."""
+    trainer = Trainer(parse_spec({**BASE, "loader": loader}), tmp_path)
+    x, y, *_ = next(iter(trainer.train_loader))
+    pinned = loader.get("pin_memory", True)
+    assert x.is_pinned() == pinned and y.is_pinned() == pinned
+    assert trainer.train_loader.pin_memory == pinned  # the loop's non_blocking
+    assert trainer.run_epoch(0) is not None and trainer.step > 0
 
 
 def test_ddp_on_one_gpu_equals_one_process_on_it(tmp_path: Path):

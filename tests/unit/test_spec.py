@@ -127,6 +127,14 @@ def test_spec_hash_is_stable_and_sensitive():
     assert spec_with().spec_hash() != spec_with(seed=1).spec_hash()
 
 
+def test_batches_are_pinned_on_cuda_unless_the_spec_says_not_and_old_hashes_hold():
+    unset, off, on = (spec_with(loader={"pin_memory": pin}).loader for pin in (None, False, True))
+    assert [unset.pinned_on("cuda"), off.pinned_on("cuda"), on.pinned_on("cuda")] == [1, 0, 1]
+    assert not any(loader.pinned_on(d) for loader in (unset, on) for d in ("cpu", "mps"))
+    # Unset hashes as the old default (false) did, so a run from before it resumes.
+    assert spec_with().spec_hash() == spec_with(loader={"pin_memory": False}).spec_hash()
+
+
 def test_settings_that_only_say_when_a_worker_is_silent_leave_the_spec_hash_alone():
     """A checkpoint written before `heartbeat_warn_s` existed still resumes: the setting changes
     no step, so it is not part of the run's identity (a timeout still is)."""

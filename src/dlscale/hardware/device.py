@@ -131,6 +131,18 @@ class Hardware:
         measured = self.measured.get("loop_step_s")
         return DEFAULT_STEP_OVERHEAD_S[self.kind] if measured is None else float(measured)
 
+    def host_copy_bytes_per_s(self, pinned: bool) -> tuple[float | None, str]:
+        """The rate a batch crosses the host link at, one direction, and how it is priced:
+        'pinned', 'pageable' (measured by `bench machine` on `local`), or 'pageable, priced
+        as pinned' where no pageable rate was measured (catalogue entries: a pageable copy is
+        staged through the driver's pinned buffer by host memcpy, a figure of the host, not
+        of the device). None: no host link (a CPU trains from its own memory)."""
+        pageable = self.measured.get("host_link", {}).get("pageable_h2d_bytes_per_s")
+        if not pinned and pageable:
+            return float(pageable), "pageable"
+        how = "pinned" if pinned else "pageable, priced as pinned (no pageable rate measured)"
+        return self.host_link_bytes_per_s, how
+
     def measures_matmul(self, precision: str) -> bool:
         """Whether products at this precision run at a measured curve, not the peak."""
         return bool(self.measured.get("matmul_flops_per_s", {}).get(self.peak(precision)[1]))

@@ -133,5 +133,8 @@ class Spec(Strict):
         # so a run from before it keeps its hash and resumes.
         if resolved["strategy"].get("sync_batchnorm") is False:
             del resolved["strategy"]["sync_batchnorm"]
+        # Pinning is unset by default now (pinned on CUDA): hashed as the old default, false.
+        if resolved["loader"]["pin_memory"] is None:
+            resolved["loader"]["pin_memory"] = False
         canonical = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

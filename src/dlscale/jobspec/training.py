@@ -33,11 +33,19 @@ class OptimizerSpec(Strict):
 
 
 class LoaderSpec(Strict):
-    """torch DataLoader settings: worker processes, pinned host memory, batches prefetched."""
+    """torch DataLoader settings: worker processes, pinned host memory, batches prefetched.
+    `pin_memory` unset: pinned on a CUDA device (a pageable batch crosses at a fraction of the
+    link's rate), nothing to pin elsewhere."""
 
     workers: NonNegativeInt = 0
-    pin_memory: bool = False
+    pin_memory: bool | None = None
     prefetch: PositiveInt | None = None
+
+    def pinned_on(self, device_type: str) -> bool:
+        """Whether a trainer on `device_type` pins its batches: on CUDA unless the spec says
+        not to (a pageable batch crossed at 6–9 GB/s on an H100 against 53 GB/s pinned,
+        docs/performance.md); there is nothing to pin for elsewhere."""
+        return device_type == "cuda" and self.pin_memory is not False
 
 
 class CheckpointSpec(Strict):

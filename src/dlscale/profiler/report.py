@@ -132,6 +132,7 @@ def _hardware_json(report) -> dict:
         "backward_s": pred.backward_s,
         "optimizer_s": pred.optimizer_s,
         "h2d_s": pred.h2d_s,
+        "h2d_memory": pred.h2d_memory,
         # dlscale's own loop per step (measured by `bench machine` on `local`, else a default).
         "loop_s": pred.loop_s,
         "step_s": pred.step_s,
@@ -230,7 +231,7 @@ def step_parts_line(hw: dict) -> str:
         ("forward", hw["forward_s"]),
         ("backward", hw["backward_s"]),
         ("optimizer", hw["optimizer_s"]),
-        ("host→device", hw["h2d_s"]),
+        (f"host→device ({hw['h2d_memory']})" if hw["h2d_memory"] else "host→device", hw["h2d_s"]),
         ("dlscale loop", hw["loop_s"]),
     ]
     listed = " + ".join(f"{name} {seconds(value)}" for name, value in parts if value)

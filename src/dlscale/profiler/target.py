@@ -39,6 +39,7 @@ class Workload:
     inputs_label: str = ""
     accumulate: int = 1  # the spec's micro-batches per optimizer step (scaling predictions)
     sync_batchnorm: bool = False  # the spec's ddp runs torch's SyncBatchNorm (ddp points)
+    pinned: bool = True  # batches in pinned host memory on a GPU: the loader's default there
 
 
 def resolve(
@@ -146,6 +147,7 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         accumulate=spec.accumulate,
         # Only ddp has the field; the scaling prediction prices it as --sync-batchnorm does.
         sync_batchnorm=bool(getattr(spec.strategy, "sync_batchnorm", False)),
+        pinned=spec.loader.pinned_on("cuda"),
     )
     if spec.model.inputs is not None:
         _with_inputs(workload, spec.model.inputs)

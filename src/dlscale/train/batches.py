@@ -22,18 +22,34 @@ from dlscale.train.sampler import GlobalBatchSampler
 
 
 class InProcessBatches:
-    """The sampler's batches gathered in this process: what DataLoader does with no workers."""
+    """The sampler's batches gathered in this process: what DataLoader does with no workers.
 
-    def __init__(self, dataset: TensorDataset, sampler: GlobalBatchSampler):
+    `pin_memory` (a TensorDataset on CUDA): each batch is gathered straight into page-locked
+    memory, where DataLoader would gather it into pageable memory and copy it again to pin it.
+    torch's caching host allocator hands a pinned block out again only after the copies that
+    read it have finished, so a fresh tensor per batch is safe with non-blocking copies."""
+
+    def __init__(self, dataset: TensorDataset, sampler: GlobalBatchSampler, pin: bool = False):
         self.dataset = dataset
         self.sampler = sampler
+        self.pin_memory = pin
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
         for index in self.sampler:
-            yield self.dataset[index]
+            if self.pin_memory:
+                yield tuple(gather_pinned(t, index) for t in self.dataset.tensors)
+            else:
+                yield self.dataset[index]
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+def gather_pinned(tensor: torch.Tensor, index) -> torch.Tensor:
+    """tensor[index] along its first dimension, written into a new page-locked tensor."""
+    index = torch.as_tensor(index)
+    out = torch.empty((len(index), *tensor.shape[1:]), dtype=tensor.dtype, pin_memory=True)
+    return torch.index_select(tensor, 0, index, out=out)
 
 
 class StreamSampler(GlobalBatchSampler):
@@ -126,15 +142,16 @@ def train_batches(spec: Spec, dataset, sampler, device: torch.device) -> Iterabl
     """Batches are fetched whole (`dataset[index_tensor]`), never sample by sample; a stream
     yields its own (`sampler` is then a StreamSampler).
 
-    With no worker processes and no pinning, DataLoader has nothing to add and costs ~80 µs
-    a step (benchmarks/loop_overhead.py), so the sampler's batches are gathered directly.
+    With no worker processes, DataLoader has nothing to add and costs ~80 µs a step
+    (benchmarks/loop_overhead.py), so the sampler's batches are gathered directly (into pinned
+    memory on CUDA, unless the spec says not to pin).
     """
     loader = spec.loader
-    pin = loader.pin_memory and device.type == "cuda"
+    pin = loader.pinned_on(device.type)
     if isinstance(sampler, StreamSampler):
         return StreamBatches(sampler, loader.workers, loader.prefetch, pin, spec.seed)
-    if loader.workers == 0 and not pin:
-        return InProcessBatches(dataset, sampler)
+    if loader.workers == 0 and (not pin or isinstance(dataset, TensorDataset)):
+        return InProcessBatches(dataset, sampler, pin)
     extra = {}
     if loader.workers > 0:
         extra = {"persistent_workers": True, "prefetch_factor": loader.prefetch or 2}

@@ -68,6 +68,8 @@ class History:
         """The starving-accelerator warning, once per run."""
         if self.starving_warned:
             return None
-        advice = starving_advice(self.timing, loader.workers, loader.pin_memory, device_type)
+        advice = starving_advice(
+            self.timing, loader.workers, loader.pinned_on(device_type), device_type
+        )
         self.starving_warned = advice is not None
         return advice
