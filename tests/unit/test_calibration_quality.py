@@ -147,3 +147,13 @@ def test_normalization_probes_run_at_the_sizes_models_have(monkeypatch):
     # every probe still moves the same bytes a sample
     for kind in calibrate.PROBES:
         assert math.prod(timed[kind][1][1:]) == math.prod(calibrate.PROBE_SHAPE)
+
+
+def test_the_convolution_grid_reaches_a_gpus_layer_sizes_and_keeps_the_cpus():
+    """Output pixels timed (batch × side²): a CPU's grid as before (its bench time unchanged),
+    a GPU's up to ResNet-50's first layer at batch 64 (802,816 pixels)."""
+    pixels = {kind: [b * s * s for b, s in calibrate.conv_inputs(kind)] for kind in ("cpu", "cuda")}
+    assert (
+        pixels["cpu"] == [128, 1024, 8192] == [b * s * s for b, s in calibrate.conv_inputs("mps")]
+    )
+    assert pixels["cuda"] == [128, 1024, 8192, 65_536, 1_048_576]

@@ -208,8 +208,9 @@ class Hardware:
     ) -> float:
         """FLOP/s a convolution (or its backward, by `phase`) reaches, counted in its direct
         FLOPs: on a measured fp32 grid of (weight elements, output pixels, FLOP/s) points
-        (`local`), interpolated in log weight and log pixels and clamped to the grid; else what
-        a matrix product of its FLOPs reaches, times Winograd's saving where it applies.
+        (`local`), interpolated in log weight and log pixels (see _conv_on_grid for beyond
+        it); else what a matrix product of its FLOPs reaches, times Winograd's saving where it
+        applies.
 
         Few channels (a small weight) or few output pixels run far below a matrix product of
         the same FLOPs: im2col, layout changes and the fixed cost of each call.
@@ -220,7 +221,7 @@ class Hardware:
             precision,
             flops,
             ("conv_flops_per_s", phase),
-            lambda grid: _on_grid(grid, weight, pixels),
+            lambda grid: _conv_on_grid(grid, weight, pixels),
         )
         return rate * (self.winograd_speedup(precision) if winograd else 1.0)
 
@@ -300,6 +301,22 @@ def _on_grid(grid: list, *at: float) -> float:
         by_first.setdefault(float(first), []).append(rest)
     inner = {x: _on_grid(rest, *at[1:]) for x, rest in by_first.items()}
     return _interpolate(inner, max(1.0, at[0]))
+
+
+def _conv_on_grid(grid: list, weight: float, pixels: float) -> float:
+    """A convolution's rate on a grid of (weight, pixels, FLOP/s) points: interpolated inside
+    it, clamped below it and in weight. Beyond its largest output the trend of its last two
+    output sizes goes on in log pixels (a GPU fills more of its cores with more pixels; an
+    older `local` stopped at 8,192, far below a GPU's layers), never falling, and never above
+    the fastest rate the grid measured: no layer is assumed faster than the best one timed."""
+    sizes = sorted({float(p) for _, p, _ in grid})
+    edge = _on_grid(grid, weight, pixels)
+    if len(sizes) < 2 or pixels <= sizes[-1]:
+        return edge
+    top, below = sizes[-1], sizes[-2]
+    per_log = (edge - _on_grid(grid, weight, below)) / math.log(top / below)
+    best = max(rate for *_, rate in grid)
+    return min(best, edge + max(0.0, per_log) * math.log(pixels / top))
 
 
 def _interpolate(curve: dict[float, float], x: float) -> float:

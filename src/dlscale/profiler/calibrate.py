@@ -114,9 +114,20 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
 # The grid of convolutions timed: (input channels, output channels, kernel, input grad?) by
 # (batch, side) of the input. The smallest is a first layer (one input channel, no gradient for
 # the input, as every network's first convolution); the others are mid-network 3×3 layers. Their
-# weights span 200 to 590k elements, and their outputs 128 to 8192 pixels.
+# weights span 200 to 590k elements, and their outputs 128 to 8192 pixels on a CPU; a GPU also
+# times 65,536 and 1,048,576, the sizes of real layers there (ResNet-50 at batch 64: 3,136 to
+# 802,816 output pixels; AlexNet at 128: 21,632 to 387,200), where at 8,192 an H100's largest
+# layer ran at a third of what it reached in the step (docs/performance.md).
 CONV_LAYERS = ((1, 8, 5, False), (16, 16, 3, True), (64, 64, 3, True), (256, 256, 3, True))
-CONV_INPUTS = ((2, 8), (16, 8), (8, 32))  # (batch, side): 128, 1024 and 8192 output pixels
+CONV_INPUTS = {  # (batch, side) by device type: 128, 1024 and 8192 output pixels (and more)
+    "cpu": ((2, 8), (16, 8), (8, 32)),
+    "cuda": ((2, 8), (16, 8), (8, 32), (16, 64), (16, 256)),
+}
+
+
+def conv_inputs(device_type: str) -> tuple[tuple[int, int], ...]:
+    """The (batch, side) inputs the convolution grid is timed at on this kind of device."""
+    return CONV_INPUTS.get(device_type, CONV_INPUTS["cpu"])
 
 
 def _time_training_step(
@@ -162,7 +173,7 @@ def conv_rates(
     """
     forward, backward = [], []
     for c_in, c_out, kernel, input_grad in CONV_LAYERS:
-        for batch, side in CONV_INPUTS:
+        for batch, side in conv_inputs(device.type):
             build = lambda c_in=c_in, c_out=c_out, k=kernel: nn.Conv2d(  # noqa: E731
                 c_in, c_out, k, padding=k // 2
             )
