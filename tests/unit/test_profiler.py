@@ -510,3 +510,10 @@ def test_a_spec_file_supplies_batch_precision_optimizer_and_data(tmp_path):
     # bf16 halves the float activations; max-pool's int64 indices keep their size
     fp32 = profile(resolve(str(spec), precision="fp32"), [])
     assert result.memory.activations_bytes < 0.7 * fp32.memory.activations_bytes
+    # The batch's copy as the spec's loader leaves it: pinned unless it says not to pin.
+    assert result.workload.pinned and result.reports[0].prediction.h2d_memory == "pinned"
+    spec.write_text(spec.read_text() + "loader: {pin_memory: false}\n")
+    local = device(measured={"host_link": {"pageable_h2d_bytes_per_s": 2e9}})
+    pageable = profile(resolve(str(spec)), [local]).reports[0].prediction
+    assert pageable.h2d_memory == "pageable"
+    assert pageable.h2d_s == pytest.approx(result.trace.batch_bytes / 2e9)

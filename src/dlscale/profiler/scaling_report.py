@@ -128,6 +128,7 @@ def scaling_reports(
             network,
             tensor_plans=tensor_plans,
             accumulate=workload.accumulate,
+            pinned=workload.pinned,
         )
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
@@ -142,7 +143,13 @@ def scaling_reports(
                 continue
             if other.name != link.name:
                 report.other_links[other.name] = predict_scaling(
-                    trace, device, ddp_only, other, network, accumulate=workload.accumulate
+                    trace,
+                    device,
+                    ddp_only,
+                    other,
+                    network,
+                    accumulate=workload.accumulate,
+                    pinned=workload.pinned,
                 )
         reports.append(report)
     return reports
