@@ -43,7 +43,7 @@ class LoaderSpec(Strict):
 
     def pinned_on(self, device_type: str) -> bool:
         """Whether a trainer on `device_type` pins its batches: on CUDA unless the spec says
-        not to (a pageable batch crossed at 6–9 GB/s on an H100 against 53 GB/s pinned,
+        not to (a pageable batch crossed at 5.8–9.1 GB/s on an H100 against 53 GB/s pinned,
         docs/performance.md); there is nothing to pin for elsewhere."""
         return device_type == "cuda" and self.pin_memory is not False
 

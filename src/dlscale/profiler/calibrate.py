@@ -116,8 +116,8 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
 # the input, as every network's first convolution); the others are mid-network 3×3 layers. Their
 # weights span 200 to 590k elements, and their outputs 128 to 8192 pixels on a CPU; a GPU also
 # times 65,536 and 1,048,576, the sizes of real layers there (ResNet-50 at batch 64: 3,136 to
-# 802,816 output pixels; AlexNet at 128: 21,632 to 387,200), where at 8,192 an H100's largest
-# layer ran at a third of what it reached in the step (docs/performance.md).
+# 802,816 output pixels; AlexNet at 128: 21,632 to 387,200): an H100's grid that stopped at
+# 8,192 priced ResNet-50's fp32 step at 4.07× the measured one (docs/performance.md).
 CONV_LAYERS = ((1, 8, 5, False), (16, 16, 3, True), (64, 64, 3, True), (256, 256, 3, True))
 CONV_INPUTS = {  # (batch, side) by device type: 128, 1024 and 8192 output pixels (and more)
     "cpu": ((2, 8), (16, 8), (8, 32)),

@@ -212,7 +212,7 @@ def _mostly_measured(parts: list[tuple[float, bool]]) -> bool:
 
 def host_to_device_s(batch_bytes: int, hardware: Hardware, pinned: bool = True) -> float:
     """The batch crosses the host link once per step, from pinned or pageable host memory as
-    the loader leaves it (on `local` a pageable copy measured 6–9 GB/s on an H100 against 53
+    the loader leaves it (on `local` a pageable copy measured 5.8–9.1 GB/s on an H100 against 53
     pinned); a CPU trains from its own memory. The loop waits for the copy before the step
     (it times the copy apart), so nothing overlaps it."""
     rate, _ = hardware.host_copy_bytes_per_s(pinned)
