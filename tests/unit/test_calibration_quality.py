@@ -157,3 +157,18 @@ def test_the_convolution_grid_reaches_a_gpus_layer_sizes_and_keeps_the_cpus():
         pixels["cpu"] == [128, 1024, 8192] == [b * s * s for b, s in calibrate.conv_inputs("mps")]
     )
     assert pixels["cuda"] == [128, 1024, 8192, 65_536, 1_048_576]
+
+
+def test_a_gpu_with_little_free_memory_skips_the_largest_convolutions_only():
+    """The largest CUDA point (256 → 256 channels, batch 16, side 256) holds, by the estimate,
+    2 (in and out) × 2 (their gradients) × 2 (workspace) × 256 × 16 × 65,536 × 4 bytes = 8 GiB."""
+    cuda = torch.device("cuda")
+    gib = 1 << 30
+    assert calibrate.conv_point_bytes(256, 256, 16, 256) == 8 * gib
+    every = calibrate.conv_points_that_fit(cuda, free_bytes=80 * gib)
+    assert len(every) == len(calibrate.CONV_LAYERS) * len(calibrate.conv_inputs("cuda")) == 20
+    small = calibrate.conv_points_that_fit(cuda, free_bytes=6 * gib)
+    skipped = [point for point in every if point not in small]
+    # 6 GiB leaves out the 256-channel layer at side 256 (8 GiB) and nothing else: the 64-channel
+    # layer there needs 4 GiB, the 256-channel at side 64 (16 × 4,096 pixels) 1 GiB
+    assert skipped == [(calibrate.CONV_LAYERS[3], (16, 256))]

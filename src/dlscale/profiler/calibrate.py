@@ -8,6 +8,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from dlscale.free_memory import available_memory_bytes
 from dlscale.profiler.recorder import LOSS
 from dlscale.profiler.trace import trace_step
 from dlscale.train.device import synchronize
@@ -130,6 +131,25 @@ def conv_inputs(device_type: str) -> tuple[tuple[int, int], ...]:
     return CONV_INPUTS.get(device_type, CONV_INPUTS["cpu"])
 
 
+def conv_point_bytes(c_in: int, c_out: int, batch: int, side: int) -> int:
+    """Memory one grid point's training step holds, about: input and output, each with its
+    gradient, in fp32, twice over for the library's workspace and the allocator's rounding
+    (the largest CUDA point, 256 channels at batch 16 and side 256, about 8 GiB)."""
+    return 2 * 2 * (c_in + c_out) * batch * side * side * 4
+
+
+def conv_points_that_fit(device: torch.device, free_bytes: int | None = None):
+    """The grid's (layer, input) points whose step fits in the memory free now: a small GPU
+    or a MIG slice skips the largest sizes instead of failing the whole bench."""
+    free = available_memory_bytes(device) if free_bytes is None else free_bytes
+    return [
+        (layer, (batch, side))
+        for layer in CONV_LAYERS
+        for batch, side in conv_inputs(device.type)
+        if conv_point_bytes(layer[0], layer[1], batch, side) <= free
+    ]
+
+
 def _time_training_step(
     model: nn.Module, x: torch.Tensor, device: torch.device, min_time_s: float
 ) -> float:
@@ -172,21 +192,20 @@ def conv_rates(
     step minus a forward. Rates count the tracer's FLOPs, so they match how the roofline counts.
     """
     forward, backward = [], []
-    for c_in, c_out, kernel, input_grad in CONV_LAYERS:
-        for batch, side in conv_inputs(device.type):
-            build = lambda c_in=c_in, c_out=c_out, k=kernel: nn.Conv2d(  # noqa: E731
-                c_in, c_out, k, padding=k // 2
-            )
-            sample = torch.zeros(c_in, side, side)
-            (conv,) = _traced(build, sample, batch, input_requires_grad=input_grad)
-            model = build().to(device)
-            x = torch.randn(batch, c_in, side, side, device=device).requires_grad_(input_grad)
-            seconds = _phase_seconds(model, x, conv, device, overhead_s, min_time_s)
-            for phase, found, phase_s in zip(
-                (conv.forward, conv.backward), (forward, backward), seconds, strict=True
-            ):
-                ((flops, weight, pixels),) = phase.convs
-                found.append([weight, pixels, flops / max(phase_s, 1e-9)])
+    for (c_in, c_out, kernel, input_grad), (batch, side) in conv_points_that_fit(device):
+        build = lambda c_in=c_in, c_out=c_out, k=kernel: nn.Conv2d(  # noqa: E731
+            c_in, c_out, k, padding=k // 2
+        )
+        sample = torch.zeros(c_in, side, side)
+        (conv,) = _traced(build, sample, batch, input_requires_grad=input_grad)
+        model = build().to(device)
+        x = torch.randn(batch, c_in, side, side, device=device).requires_grad_(input_grad)
+        seconds = _phase_seconds(model, x, conv, device, overhead_s, min_time_s)
+        for phase, found, phase_s in zip(
+            (conv.forward, conv.backward), (forward, backward), seconds, strict=True
+        ):
+            ((flops, weight, pixels),) = phase.convs
+            found.append([weight, pixels, flops / max(phase_s, 1e-9)])
     return {"forward": forward, "backward": backward}
 
 
