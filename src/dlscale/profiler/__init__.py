@@ -110,7 +110,7 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
     memory = training_memory(trace)
     reports = []
     for device in hardware:
-        prediction = predict(trace, device, workload.dataset_size)
+        prediction = predict(trace, device, workload.dataset_size, workload.accumulate)
         reports.append(
             HardwareReport(
                 device,
@@ -123,6 +123,7 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
                     workload.dataset_bytes,
                     workload.data_from_disk,
                     workload.precision,
+                    workload.accumulate,
                 ),
             )
         )

@@ -95,6 +95,15 @@ class Prediction:
     samples_per_s: float
     steps_per_epoch: int | None
     epoch_s: float | None
+    # Micro-batches of the traced batch per optimizer step (the spec's `accumulate`): forward,
+    # backward and host→device above are the whole step's, the K micro-batches' together.
+    accumulate: int = 1
+
+    @property
+    def micro_batch_s(self) -> float:
+        """One micro-batch's forward, backward and copy in (the step without its update and
+        loop cost, when there is one micro-batch a step)."""
+        return (self.forward_s + self.backward_s + self.h2d_s) / self.accumulate
 
     def bound_layers(self, bound: str) -> list[str]:
         return [layer.name for layer in self.layers if layer.bound == bound]
@@ -235,8 +244,13 @@ def optimizer_seconds(trace: StepTrace, hardware: Hardware) -> float:
     ).seconds
 
 
-def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = None) -> Prediction:
-    """Step (and epoch) time of a traced training step on `hardware`."""
+def predict(
+    trace: StepTrace, hardware: Hardware, dataset_size: int | None = None, accumulate: int = 1
+) -> Prediction:
+    """Step (and epoch) time of a traced training step on `hardware`. With `accumulate` K, an
+    optimizer step runs K micro-batches of the traced batch, as the training loop does (each
+    its forward, backward and copy in; the update and the loop's per-step cost once), and an
+    epoch has dataset_size // (K × batch) such steps."""
     layers = []
     for layer in trace.layers:
         forward_cost, backward_cost = layer.phases(hardware.kind)  # an LSTM fused on a CPU
@@ -246,11 +260,13 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         layers.append(LayerTime(layer.name, forward, backward, intensity))
     optimizer_s = optimizer_seconds(trace, hardware)
     h2d_s = host_to_device_s(trace.batch_bytes, hardware)
-    forward_s = sum(layer.forward.seconds for layer in layers)
-    backward_s = sum(layer.backward.seconds for layer in layers)
+    forward_s = accumulate * sum(layer.forward.seconds for layer in layers)
+    backward_s = accumulate * sum(layer.backward.seconds for layer in layers)
+    h2d_s *= accumulate
     loop_s = hardware.overhead_per_step_s
     step_s = forward_s + backward_s + optimizer_s + h2d_s + loop_s
-    steps = dataset_size // trace.batch_size if dataset_size else None
+    step_batch = accumulate * trace.batch_size
+    steps = dataset_size // step_batch if dataset_size else None
     return Prediction(
         hardware=hardware.name,
         precision_used=hardware.peak(trace.precision)[1],
@@ -261,9 +277,10 @@ def predict(trace: StepTrace, hardware: Hardware, dataset_size: int | None = Non
         h2d_s=h2d_s,
         loop_s=loop_s,
         step_s=step_s,
-        samples_per_s=trace.batch_size / step_s,
+        samples_per_s=step_batch / step_s,
         steps_per_epoch=steps,
         epoch_s=steps * step_s if steps is not None else None,
+        accumulate=accumulate,
     )
 
 
