@@ -102,15 +102,15 @@ def main() -> None:
     for round_index in range(args.rounds):
         with tempfile.TemporaryDirectory() as out:
             result = scale(SPEC, [1, 2], Path(out) / "scale", steps=args.steps)
-            threads = result["threads_per_worker"]
-            for row in result["rows"]:
-                key = f"ddp {row['workers']}"
-                if row["workers"] == 2:  # where the error comes from: the all-reduce in a step
-                    step_s = row["global_batch_size"] / row["samples_per_s"]
-                    comm_measured.append(row["allreduce_share"] * step_s)
-                ratios[key].append(row["predicted_over_measured"])
-                measured[key].append(row["samples_per_s"])
-                predicted[key] = row["predicted_samples_per_s"]
+            threads = result.threads_per_worker
+            for row in result.rows:
+                key = f"ddp {row.workers}"
+                if row.workers == 2:  # where the error comes from: the all-reduce in a step
+                    step_s = row.global_batch_size / row.samples_per_s
+                    comm_measured.append(row.allreduce_share * step_s)
+                ratios[key].append(row.predicted_over_measured)
+                measured[key].append(row.samples_per_s)
+                predicted[key] = row.predicted_samples_per_s
             record = api.train(ps_spec(args.steps), Path(out) / "ps")
             ps_measured = record["final"]["train_samples_per_s"]
             predicted["ps 2"] = predict_ps(threads)

@@ -104,8 +104,8 @@ the figures move from run to run."""
 SCALE = """\
 scaled = experiments.scale(spec_path, [1, 2], work / "scale", steps=20)
 print(f"{'workers':>7}  {'samples/s':>10}  {'efficiency':>10}")
-for row in scaled["rows"]:
-    print(f"{row['workers']:>7}  {row['samples_per_s']:>10.0f}  {row['efficiency']:>10.2f}")"""
+for row in scaled.rows:
+    print(f"{row.workers:>7}  {row.samples_per_s:>10.0f}  {row.efficiency:>10.2f}")"""
 
 PLOTS_TEXT = """\
 ## 4. Plot

@@ -144,7 +144,7 @@ def test_scale_gives_every_worker_the_same_threads(tmp_path: Path):
     )
     result = scale(spec, [1, 2], tmp_path / "scale", steps=4)
     threads = [
-        json.loads((Path(row["run_dir"]) / "run.json").read_text())["environment"]["torch_threads"]
-        for row in result["rows"]
+        json.loads((Path(row.run_dir) / "run.json").read_text())["environment"]["torch_threads"]
+        for row in result.rows
     ]
-    assert threads[0] == threads[1] == result["threads_per_worker"]
+    assert threads[0] == threads[1] == result.threads_per_worker

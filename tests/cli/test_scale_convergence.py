@@ -50,6 +50,49 @@ def test_convergence_reads_the_first_epoch_at_the_target():
     assert convergence(record, spec, None)["lr"] == 0.2
 
 
+def test_scale_returns_a_typed_record_of_the_document_it_writes():
+    """`experiments.scale` returns a ScaleResult: scale.json's keys as fields, each row typed
+    with its convergence apart, `to_json` the document unchanged; the command's tables read
+    it. Two runs built by hand: 100 and 150 samples/s at 1 and 2 workers (efficiency 0.75)."""
+    import yaml
+    from rich.console import Console
+
+    from dlscale.bench.experiment_records import ScaleResult
+    from dlscale.bench.scale import add_predictions, scale_result, scale_row
+    from dlscale.cli.scale_view import convergence_table, scale_table
+
+    spec = parse_spec(yaml.safe_load(SPEC))
+    rows = []
+    for workers, rate in ((1, 100.0), (2, 150.0)):
+        epochs = [{"epoch": 1, "step": 4, "val_accuracy": 0.6, "elapsed_s": 2.0}]
+        record = {
+            "plan": {"global_batch_size": 32 * workers},
+            "final": {
+                "train_samples_per_s": rate,
+                "per_worker_samples_per_s": rate / workers,
+                "val_accuracy": 0.6,
+            },
+            "epochs": epochs,
+        }
+        row = scale_row(workers, record, f"out/workers-{workers}")
+        row.update(convergence(record, spec, 0.5))
+        rows.append(row)
+    document = scale_result(spec, "spec.yaml", rows, None, "local", 1)
+    document.update(lr_scaling="linear", target_accuracy=0.5, convergence=True)
+    document = add_predictions(document, None, None)
+    typed = ScaleResult.from_json(document)
+    assert typed.to_json() == document
+    one, two = typed.rows
+    assert (one.workers, two.workers) == (1, 2) and two.efficiency == pytest.approx(0.75)
+    assert two.convergence.epochs_to_target == 1 and two.convergence.samples_to_target == 256
+    assert two.predicted_samples_per_s is None and typed.predicted_on is None
+    console = Console(width=200, record=True)
+    console.print(scale_table(typed, "local"))
+    console.print(convergence_table(typed))
+    text = console.export_text()
+    assert "75%" in text and "150" in text and "target 50.0%" in text and "256" in text
+
+
 @pytest.mark.slow
 def test_scale_trains_each_count_to_the_end_and_reports_its_convergence(tmp_path: Path):
     spec = tmp_path / "spec.yaml"

@@ -57,3 +57,40 @@ def test_a_port_in_use_is_one_line_before_ray(tmp_path: Path, trained_run: Path)
         result = runner.invoke(app, ["serve-model", str(trained_run), "--port", str(port)])
     assert result.exit_code == 2, result.output
     assert f"cannot listen on 127.0.0.1:{port}" in result.output
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    ("content", "says"), [(None, "cannot read it"), ("x", "a token of 1 characters")]
+)
+def test_a_bad_token_file_is_one_line_before_ray(
+    tmp_path: Path, trained_run: Path, content: str | None, says: str
+):
+    token_file = tmp_path / "token"
+    if content is not None:
+        token_file.write_text(content)
+    flags = ["--port", str(free_port()), "--token-file", str(token_file)]
+    result = runner.invoke(app, ["serve-model", str(trained_run), *flags])
+    assert result.exit_code == 2, result.output
+    assert f"--token-file {token_file}: {says}" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 in this Python")
+def test_an_ipv6_port_in_use_is_one_line_with_the_address_in_brackets(trained_run: Path):
+    with socket.socket(socket.AF_INET6) as taken:
+        try:
+            taken.bind(("::1", 0))
+        except OSError:
+            pytest.skip("no IPv6 loopback on this machine")
+        port = taken.getsockname()[1]
+        result = runner.invoke(
+            app, ["serve-model", str(trained_run), "--host", "::1", "--port", str(port)]
+        )
+    assert result.exit_code == 2, result.output
+    assert f"cannot listen on [::1]:{port}: Address already in use" in result.output

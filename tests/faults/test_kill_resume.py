@@ -139,6 +139,8 @@ strategy: STRATEGY
     ("strategy", "steps"),
     [
         ("{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 100),
+        # PipeDream-2BW runs on across steps: the checkpoint must hold the batch in flight.
+        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 2bw}", 100),
         ("{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}", 40),
         # 50 steps an epoch: the resumed run also crosses an epoch end and its validation.
         ("{name: ddp, workers: 2}", 60),

@@ -1,6 +1,7 @@
 """`dlscale compare`: one spec under several strategies; time to a shared target accuracy."""
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from dlscale.bench.compare import (
     parse_strategies,
     time_to_accuracy,
 )
+from dlscale.bench.experiment_records import CompareResult
 from dlscale.bench.output import write_outputs
 from dlscale.cli.main import app
 from dlscale.errors import UserError
@@ -203,6 +205,22 @@ def test_the_target_and_the_table_come_from_the_curves_the_plot_draws():
     assert result["fastest_to_target"] is not None  # the best run reaches its own 95%
 
 
+def test_the_typed_record_is_the_document_written():
+    """`experiments.compare` returns a CompareResult: its fields are compare.json's keys, its
+    rows typed, and `to_json` gives the document back unchanged."""
+    rows = [
+        compare_row("ddp", record([0.6, 0.9], 5.0), "ddp"),
+        compare_row("async", record([0.5, 0.7], 4.0, ps=True), "async"),
+    ]
+    document = compare_result(parse_spec(BASE), "spec.yaml", rows, 2, 2, "local")
+    typed = CompareResult.from_json(document)
+    assert typed.to_json() == document and set(asdict(typed)) == set(document)
+    assert [row.strategy for row in typed.rows] == ["ddp", "async"]
+    assert typed.rows[1].ps == {"mode": "async", "updates_per_s": 40.0, "mean_staleness": 0.5}
+    assert typed.rows[0].val_accuracy == 0.9
+    assert typed.fastest_to_target == document["fastest_to_target"]
+
+
 def test_the_plot_draws_four_panels(tmp_path: Path):
     rows = [
         compare_row("ddp", record([0.6, 0.9], 5.0), "ddp"),
@@ -229,7 +247,7 @@ def test_cli_table_and_json_from_a_result(tmp_path: Path, monkeypatch):
         calls.append((strategies, workers, epochs))
         for row in rows:
             on_run(row)
-        return result
+        return CompareResult.from_json(result)
 
     monkeypatch.setattr(experiments, "compare", fake_compare)
     args = ["compare", "spec.yaml", "--strategies", "ddp,async", "--epochs", "2"]

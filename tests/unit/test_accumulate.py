@@ -139,7 +139,8 @@ def test_the_spec_hash_keeps_earlier_runs_and_tells_k_apart():
 
 def test_a_specs_accumulation_reaches_the_scaling_prediction(tmp_path):
     """`dlscale profile SPEC --devices 2`: the spec's K reaches the ddp point (one all-reduce a
-    step over 2 × 4 × 32 samples), and the strategies that refuse K are left out."""
+    step over 2 × 4 × 32 samples) and the tensor point (one group's 4 × 32), and the
+    strategies that refuse K are left out."""
     import yaml
 
     from dlscale.api.profiling import profile
@@ -150,8 +151,9 @@ def test_a_specs_accumulation_reaches_the_scaling_prediction(tmp_path):
     path.write_text(yaml.safe_dump({**spec, "model": {"name": "mlp"}}))
     result = profile(ProfileRequest(str(path), hardware=("a100-40gb",)), ScalingRequest((2,)))
     (report,) = result.scaling
-    (ddp,) = [row.point for row in report.rows]
+    ddp, tensor = [row.point for row in report.rows]
     assert (ddp.strategy, ddp.global_batch, ddp.detail["accumulate"]) == ("ddp", 256, 4)
+    assert (tensor.strategy, tensor.global_batch, tensor.detail["accumulate"]) == ("tensor", 128, 4)
     assert result.workload.accumulate == 4
 
 

@@ -445,3 +445,38 @@ def test_a_2bw_pipeline_has_no_fill_per_step_and_holds_two_weight_snapshots():
     assert more == 4_202_496
     with pytest.raises(UserError, match="--pipeline-schedule: unknown 'pipedream'"):
         ScalingRequest((4,), pipeline_schedule="pipedream")
+
+
+def test_tensor_parallel_with_accumulation_sends_each_micro_batchs_collectives():
+    """K = 3 micro-batches of 64 on a degree-2 group, from the K = 1 point's parts: compute
+    adds 2 micro-batches (the split layers' halved time, the others whole, the copy in), the
+    update once; every micro-batch sends the plan's all-reduce (3 × the K = 1 step's); the
+    device holds the step's 3 batches of inputs."""
+    from dlscale.profiler.memory import training_memory
+    from dlscale.profiler.tensor_plan import plans_for
+
+    def build():
+        return nn.Sequential(
+            nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512), nn.ReLU(), nn.Linear(512, 10)
+        )
+
+    trace = trace_step(build, torch.zeros(512), 64, "fp32", torch.optim.SGD, "sgd")
+    plans = plans_for(build, torch.zeros(512), trace.params)
+    request = ScalingRequest((2,), strategies=("tensor", "pipeline"))
+    plain = predict_scaling(trace, gpu(), request, LINK, tensor_plans=plans)
+    (two,) = [p for p in plain if p.strategy == "tensor"]
+    (three,) = predict_scaling(trace, gpu(), request, LINK, tensor_plans=plans, accumulate=3)
+    assert three.strategy == "tensor"  # pipeline refuses K
+    single = predict(trace, gpu())
+    split = {"0", "1", "2"}
+    micro = sum(t.seconds / 2 if t.name in split else t.seconds for t in single.layers)
+    micro += single.h2d_s
+    assert three.compute_s == pytest.approx(two.compute_s + 2 * micro)
+    assert three.comm_s == pytest.approx(3 * two.comm_s)
+    assert three.comm_s == pytest.approx(3 * ring_allreduce_s(64 * 512 * 4, 2, LINK))
+    assert three.step_s == pytest.approx(three.compute_s + three.comm_s)
+    assert (three.global_batch, three.detail["accumulate"]) == (192, 3)
+    assert three.samples_per_s == pytest.approx(192 / three.step_s)
+    batch_bytes = training_memory(trace).batch_bytes
+    held = two.detail["memory_per_device_bytes"] + 2 * batch_bytes
+    assert three.detail["memory_per_device_bytes"] == pytest.approx(held)

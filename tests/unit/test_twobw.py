@@ -3,6 +3,7 @@ staleness of each update, and the weights against the rule W(t+1) = W(t) − ν�
 
 from __future__ import annotations
 
+import copy
 import queue
 import threading
 from pathlib import Path
@@ -204,3 +205,84 @@ def test_validate_refuses_2bw_in_fp16_as_train_does(tmp_path):
         api.validate(path)
     with pytest.raises(UserError, match="schedule 2bw trains in fp32 or bf16"):
         api.train(path, out_dir=tmp_path / "run")
+
+
+def _run_stages(batches, micro, *, settle_after=None, saved=None):
+    """Two stages in threads with momentum SGD, as the loop steps them. `settle_after`: a
+    checkpoint after that many batches (every stage settles, its state is kept); `saved`: start
+    from such a checkpoint (weights, optimizer, 2bw state per stage) instead of the start.
+    Returns the whole model and each stage's checkpoint."""
+    whole = _model()
+    parts = [whole[:2], whole[2:]]
+    queues = Queues(2)
+    meta = [((batches[0][0].shape[0] // micro, 8), torch.float32)]
+    checkpoints: list[dict | None] = [None, None]
+
+    def work(i: int):
+        stage = TwoBWStage(
+            parts[i], i, 2, micro, queues.transport(i), meta, meta, torch.device("cpu"), "fp32"
+        )
+        optimizer = torch.optim.SGD(parts[i].parameters(), lr=0.3, momentum=0.9)
+        if saved is not None:
+            parts[i].load_state_dict(saved[i]["model"])
+            optimizer.load_state_dict(saved[i]["optimizer"])
+            if saved[i]["twobw"] is not None:
+                stage.restore(saved[i]["twobw"])
+
+        def update(drained=False):
+            optimizer.zero_grad(set_to_none=True)
+            if stage.take_gradient(drained):
+                optimizer.step()
+                stage.updated()
+
+        for x, y in batches:
+            stage.step(x if i == 0 else None, y if i == 1 else None)
+            update()
+            if stage.steps == settle_after:
+                checkpoints[i] = {
+                    "twobw": stage.settle(),
+                    "model": {k: v.clone() for k, v in parts[i].state_dict().items()},
+                    "optimizer": copy.deepcopy(optimizer.state_dict()),
+                }
+                if len(batches) == settle_after:  # the run is killed here
+                    return
+        stage.drain()
+        update(drained=True)
+        # The loop's final checkpoint comes after the drain: nothing is left in flight.
+        assert stage.settle()["pending"] is None
+
+    failures: list[BaseException] = []
+
+    def guarded(i: int):
+        try:
+            work(i)
+        except BaseException as exc:  # a thread's exception would not fail the test
+            failures.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not failures and not any(thread.is_alive() for thread in threads), failures
+    return whole, checkpoints
+
+
+def test_2bw_resumes_from_a_checkpoint_to_the_uninterrupted_weights():
+    micro, steps, at = 2, 6, 3
+    batches = _batches(steps, 8)
+    straight, _ = _run_stages(batches, micro)
+    # Settling for a checkpoint runs batch 2's last backwards a step early: the same weights,
+    # bit for bit, as a run that never checkpoints.
+    checkpointed, _ = _run_stages(batches, micro, settle_after=at)
+    # Killed after the checkpoint at step 3, resumed from it with batches 3..5.
+    _, saved = _run_stages(batches[:at], micro, settle_after=at)
+    assert saved[0]["twobw"]["pending"]["batch"] == at - 1  # stage 0 had it in flight
+    resumed, _ = _run_stages(batches[at:], micro, saved=saved)
+    # What a checkpoint without the batch in flight gives: that batch's gradient lost.
+    lost = [{**part, "twobw": None} for part in saved]
+    dropped, _ = _run_stages(batches[at:], micro, saved=lost)
+    for name, want in straight.state_dict().items():
+        assert torch.equal(checkpointed.state_dict()[name], want), name
+        assert torch.equal(resumed.state_dict()[name], want), name
+    assert not torch.equal(dropped.state_dict()["0.weight"], straight.state_dict()["0.weight"])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from dlscale.api import train
 from dlscale.bench.batch import DEFAULT_BATCHES
+from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
 from dlscale.bench.precision import LATENCY_BATCH
 from dlscale.hardware import Hardware
@@ -201,11 +202,15 @@ def new_output_dir(name: str) -> Path:
     return new_run_dir(f"bench-{name}")
 
 
-def write_outputs(name: str, result: dict, out: Path | None) -> tuple[Path, Path]:
-    """`<name>.json` and `<name>.png` in `out` (default runs/bench-<name>-<timestamp>/)."""
+def write_outputs(
+    name: str, result: dict | ScaleResult | CompareResult, out: Path | None
+) -> tuple[Path, Path]:
+    """`<name>.json` and `<name>.png` in `out` (default runs/bench-<name>-<timestamp>/), from a
+    bench's document or the record `scale` or `compare` returned."""
     from dlscale.bench.output import write_outputs as write
 
-    return write(name, result, out)
+    document = result if isinstance(result, dict) else result.to_json()
+    return write(name, document, out)
 
 
 def bench_precision(

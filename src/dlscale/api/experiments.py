@@ -10,6 +10,7 @@ from pathlib import Path
 
 from dlscale.api import train
 from dlscale.api.capacity import check_trials
+from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec
 from dlscale.train import checkpoint as ckpt
@@ -29,12 +30,13 @@ def scale(
     on_run=None,
     lr_scaling: str | None = None,
     target_accuracy: float | None = None,
-) -> dict:
+) -> ScaleResult:
     """Train a spec with each data-parallel worker count (each tensor-parallel degree, for a
     tensor spec); throughput and scaling efficiency, over `steps` steps a run (default 50).
     With `lr_scaling` or `target_accuracy`, every count trains the spec's whole length (unless
     `steps` is given) and its convergence is reported: final accuracy, and the epochs, wall
-    time and samples seen to reach the target."""
+    time and samples seen to reach the target. `on_run` is given each run's row as it ends (a
+    dict, before the efficiencies and predictions that need every run)."""
     from dlscale.bench.scale import (
         convergence,
         local_cores,
@@ -84,7 +86,8 @@ def scale(
     rows = train_in_turn(out, runs, on_run)
     result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
     result.update(lr_scaling=lr_scaling, target_accuracy=target_accuracy, convergence=converge)
-    return _with_scale_prediction(result, spec_path, workers, threads, cluster)
+    predicted = _with_scale_prediction(result, spec_path, workers, threads, cluster)
+    return ScaleResult.from_json(predicted)
 
 
 def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -> None:
@@ -115,8 +118,10 @@ def compare(
     cluster: str = "local",
     address: str | None = None,
     on_run=None,
-) -> dict:
-    """Train a spec with each strategy at the same worker count; accuracy against wall time."""
+) -> CompareResult:
+    """Train a spec with each strategy at the same worker count; accuracy against wall time.
+    `on_run` is given each run's row as it ends (a dict, before the time to the target, which
+    needs every run)."""
     from dlscale.bench.compare import compare_result, compare_row, compare_spec
     from dlscale.launch import check_cluster
 
@@ -142,7 +147,9 @@ def compare(
 
     runs = {name: partial(run, name) for name in names}
     rows = train_in_turn(out, runs, on_run, refuse_kept_checkpoints=True)
-    return compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
+    return CompareResult.from_json(
+        compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
+    )
 
 
 def train_in_turn(

@@ -5,6 +5,7 @@ the running server; `plain_app` is the one-process endpoint it is measured again
 from __future__ import annotations
 
 import functools
+import ipaddress
 import socket
 import time
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from pathlib import Path
 from dlscale.api.inference import Predictor, load_predictor
 from dlscale.errors import UserError, one_line
 from dlscale.launch.ray_cluster import connect, import_ray, leave
+from dlscale.serving.auth import BearerToken, required_token
 from dlscale.serving.inputs import MAX_SAMPLES_PER_REQUEST
 from dlscale.serving.plain import build_plain_app
 
@@ -32,6 +34,9 @@ class ServingOptions:
     device: str = "auto"  # each replica's; "cuda" gives every replica one GPU of Ray's choice
     precision: str = "fp32"
     address: str | None = None  # a Ray cluster ("auto" or HOST:PORT); None starts a local Ray
+    # The bearer token /predict and /metrics require. None: a new one off loopback (written
+    # 0600 under $DLSCALE_HOME), no token on loopback.
+    token_file: Path | None = None
 
     def check(self) -> None:
         if not 0 < self.port < 65536:
@@ -59,10 +64,12 @@ class ServingOptions:
 
 @dataclass
 class ModelServer:
-    """A model being served: its address, and how to stop it."""
+    """A model being served: its address, where its token is (None: no token, loopback only),
+    and how to stop it."""
 
     url: str
     info: dict
+    token_file: Path | None
     _stats: object
     _ray: object
     _started_ray: bool
@@ -112,6 +119,7 @@ def serve_model(run: str | Path, options: ServingOptions | None = None) -> Model
     checked = load_predictor(run, device="cpu", precision=options.precision)
     info = model_info(run, checked, options)
     _check_port_free(options.host, options.port, options.address)
+    token, token_file = required_token(options.host, options.port, options.token_file)
     ray = import_ray()
     from dlscale.serving.deployment import Scaling, ServingConfig, deploy
 
@@ -121,6 +129,7 @@ def serve_model(run: str | Path, options: ServingOptions | None = None) -> Model
         info=info,
         max_batch_size=options.max_batch_size,
         batch_wait_s=options.batch_wait_ms / 1000,
+        token=token,
     )
     scaling = Scaling(
         replicas=options.replicas,
@@ -132,7 +141,20 @@ def serve_model(run: str | Path, options: ServingOptions | None = None) -> Model
     except Exception as exc:  # Ray says why a deployment failed in a long multi-line error
         leave(ray)
         raise UserError(f"Ray Serve could not start the model: {one_line(exc)}") from None
-    return ModelServer(f"http://{options.host}:{options.port}", info, stats, ray, started_ray)
+    url = _http_url(options.host, options.port)
+    return ModelServer(url, info, token_file, stats, ray, started_ray)
+
+
+def _http_url(host: str, port: int) -> str:
+    """http://host:port, an IPv6 address in brackets (RFC 3986 §3.2.2)."""
+    return f"http://[{host}]:{port}" if _is_ipv6(host) else f"http://{host}:{port}"
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
 
 
 def _start_ray(ray, options: ServingOptions) -> bool:
@@ -157,17 +179,24 @@ def _check_port_free(host: str, port: int, address: str | None) -> None:
     cluster the proxy binds on the head, which may not be this machine.)"""
     if address is not None:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    # The family Serve's proxy binds with (an IPv6 address, else IPv4), so the probe fails
+    # where the proxy would.
+    family = socket.AF_INET6 if _is_ipv6(host) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+            where = _http_url(host, port).removeprefix("http://")
+            raise UserError(f"cannot listen on {where}: {exc.strerror or exc}") from None
 
 
-def plain_app(run: str | Path, device: str = "cpu", precision: str = "fp32"):
+def plain_app(
+    run: str | Path, device: str = "cpu", precision: str = "fp32", token: str | None = None
+):
     """The same routes over the same model in this one process, with no Ray and no batching
-    (each request one model call): what serve-model is measured against. Run it with uvicorn."""
+    (each request one model call): what serve-model is measured against. Run it with uvicorn.
+    With `token`, /predict and /metrics require it as serve-model's do."""
     run = Path(run).resolve()
     predictor = load_predictor(run, device=device, precision=precision)
     info = model_info(run, predictor, ServingOptions(precision=precision))
-    return build_plain_app(predictor, info)
+    return build_plain_app(predictor, info, BearerToken.of(token) if token else None)

@@ -191,7 +191,7 @@ def scale(
         target_accuracy,
     )
     console.print(scale_table(result, cluster))
-    if result["convergence"]:
+    if result.convergence:
         console.print(convergence_table(result))
     json_path, png_path = bench.write_outputs("scale", result, folder)
     console.print(f"wrote {json_path} and {png_path}")
@@ -235,32 +235,32 @@ def compare(
     result = experiments.compare(spec, names, workers, folder, epochs, cluster, address, show)
     json_path, png_path = bench.write_outputs("compare", result, folder)
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
         say.print(f"wrote {json_path} and {png_path}")
         return
-    table = Table(title=f"{result['model']}: strategies compared, {workers} workers ({cluster})")
+    table = Table(title=f"{result.model}: strategies compared, {workers} workers ({cluster})")
     table.add_column("strategy", style="bold")
     for column in ("workers", "accuracy", "wall", "samples/s", "time to target"):
         table.add_column(column, justify="right")
-    for row in result["rows"]:
-        reached = row["time_to_target_s"]
+    for row in result.rows:
+        reached = row.time_to_target_s
         to_target = "not reached"
         if reached is not None:
-            to_target = f"{reached:.1f} s (epoch {row['epochs_to_target']})"
+            to_target = f"{reached:.1f} s (epoch {row.epochs_to_target})"
         table.add_row(
-            row["strategy"],
-            str(row["workers"]),
-            percent(row["val_accuracy"]),
-            f"{row['total_s']:.1f} s",
-            f"{row['samples_per_s']:,.0f}",
+            row.strategy,
+            str(row.workers),
+            percent(row.val_accuracy),
+            f"{row.total_s:.1f} s",
+            f"{row.samples_per_s:,.0f}",
             to_target,
         )
     console.print(table)
     console.print(
-        f"target accuracy {percent(result['target_accuracy'])} = {result['target_rule']} "
-        f"({percent(result['best_val_accuracy'])}); time to target: seconds from a run's start "
+        f"target accuracy {percent(result.target_accuracy)} = {result.target_rule} "
+        f"({percent(result.best_val_accuracy)}); time to target: seconds from a run's start "
         "to its first epoch end at or above it; wall: the whole run, process start-up included"
-        + (f"; fastest: {result['fastest_to_target']}" if result["fastest_to_target"] else "")
+        + (f"; fastest: {result.fastest_to_target}" if result.fastest_to_target else "")
     )
     console.print(f"wrote {json_path} and {png_path}")
 

@@ -32,6 +32,12 @@ def serve_model_command(
     address: str | None = typer.Option(
         None, "--address", help="A Ray cluster (auto, or the head's HOST:PORT); default: local."
     ),
+    token_file: Path | None = typer.Option(
+        None,
+        "--token-file",
+        help="The bearer token /predict and /metrics require. Default: none on a loopback "
+        "--host; otherwise a new one, written 0600 under $DLSCALE_HOME.",
+    ),
 ) -> None:
     """Serve a trained model over HTTP on Ray Serve, with request batching, until Ctrl-C."""
     options = ServingOptions(
@@ -44,6 +50,7 @@ def serve_model_command(
         device=device,
         precision=precision,
         address=address,
+        token_file=token_file,
     )
     server = serve_model(run, options)
     # ray.init installs Ray's own SIGTERM handler in this process (a stack dump, then death,
@@ -56,6 +63,12 @@ def serve_model_command(
             f"POST /predict, GET /health, GET /metrics; Ctrl-C stops",
             flush=True,
         )
+        if server.token_file is not None:
+            # The path, never the token: the terminal's scrollback and logs are not secret.
+            print(
+                f"token required: send 'Authorization: Bearer <the token in {server.token_file}>'",
+                flush=True,
+            )
         server.wait()
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the way this command is meant to end
         stderr.print("stopping: Ray Serve shuts down")

@@ -110,7 +110,9 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
     memory = training_memory(trace)
     reports = []
     for device in hardware:
-        prediction = predict(trace, device, workload.dataset_size, workload.pinned)
+        prediction = predict(
+            trace, device, workload.dataset_size, workload.pinned, workload.accumulate
+        )
         reports.append(
             HardwareReport(
                 device,
@@ -123,6 +125,7 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
                     workload.dataset_bytes,
                     workload.data_from_disk,
                     workload.precision,
+                    workload.accumulate,
                 ),
             )
         )

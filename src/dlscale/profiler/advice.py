@@ -36,21 +36,28 @@ def verdict(
     dataset_bytes: int | None = None,
     data_from_disk: bool = False,
     precision: str = "fp32",
+    accumulate: int = 1,
 ) -> Verdict:
     """`module_types`: module name -> class name (StepTrace.module_types); `precision`: the
-    training precision asked for, never advised back."""
+    training precision asked for, never advised back; `accumulate`: micro-batches of the traced
+    batch per optimizer step (the step's K batches of inputs sit on the device together, so the
+    largest batch that fits is a micro-batch's, with K times its inputs)."""
     usable = int(hardware.memory_bytes * USABLE_MEMORY_FRACTION)
     room = usable - memory.static_bytes
-    max_batch = max(0, math.floor(room / memory.per_sample_bytes)) if room > 0 else 0
+    per_sample = (memory.activations_bytes + accumulate * memory.batch_bytes) / memory.batch_size
+    max_batch = max(0, math.floor(room / per_sample)) if room > 0 else 0
+    required = memory.step_peak_bytes(accumulate)
     result = Verdict(
         hardware=hardware.name,
-        fits=memory.total_bytes <= usable,
-        required_bytes=memory.total_bytes,
+        fits=required <= usable,
+        required_bytes=required,
         usable_bytes=usable,
         max_batch=max_batch,
     )
     data = dataset_bytes, data_from_disk
-    result.advice = _advice(memory, prediction, hardware, module_types, data, result, precision)
+    result.advice = _advice(
+        memory, prediction, hardware, module_types, data, result, precision, accumulate
+    )
     return result
 
 
@@ -70,22 +77,26 @@ def split_advice(static_bytes: int, usable_bytes: int, precision: str = "fp32") 
     )
 
 
-def accumulated_bytes(memory: TrainingMemory, accumulate: int) -> int:
+def accumulated_bytes(memory: TrainingMemory, accumulate: int, batches: int = 1) -> int:
     """A step's peak with the batch run as `accumulate` micro-batches: the saved activations
-    of one micro-batch (they scale with the batch), and the whole step's inputs, which the
-    loop copies to the device at once before cutting them."""
+    of one micro-batch (they scale with the batch), and the whole step's inputs (`batches` of
+    the traced batch: more than one where the spec already accumulates), which the loop copies
+    to the device at once before cutting them."""
     activations = math.ceil(memory.activations_bytes / accumulate)
-    return memory.static_bytes + activations + memory.batch_bytes
+    return memory.static_bytes + activations + batches * memory.batch_bytes
 
 
-def accumulation_offer(memory: TrainingMemory, usable_bytes: int) -> tuple[int, int] | None:
+def accumulation_offer(
+    memory: TrainingMemory, usable_bytes: int, batches: int = 1
+) -> tuple[int, int] | None:
     """(K, peak bytes) for the fewest micro-batches that keep the batch and fit `usable_bytes`:
     K divides the batch (equal micro-batches), so the step still sees the whole batch; None
-    when even micro-batches of one sample do not fit."""
+    when even micro-batches of one sample do not fit. `batches`: the step's inputs, in traced
+    batches (the spec's own accumulate)."""
     batch = memory.batch_size
     for accumulate in range(2, batch + 1):
         if batch % accumulate == 0:
-            peak = accumulated_bytes(memory, accumulate)
+            peak = accumulated_bytes(memory, accumulate, batches)
             if peak <= usable_bytes:
                 return accumulate, peak
     return None
@@ -123,30 +134,39 @@ def stream_advice(
     )
 
 
-def _advice(memory, prediction, hardware, module_types, data, result, precision) -> list[str]:
+def _advice(
+    memory, prediction, hardware, module_types, data, result, precision, accumulate=1
+) -> list[str]:
     notes = []
     dataset_bytes, data_from_disk = data
     usable = result.usable_bytes
+    batch, required = memory.batch_size, result.required_bytes
+    # With the spec's accumulate K, "batch" is the step's K × batch_size samples.
+    step_batch = f"batch {batch * accumulate}" + (
+        f" (accumulate: {accumulate} × batch_size {batch})" if accumulate > 1 else ""
+    )
     if memory.static_bytes > usable:
         notes.append(split_advice(memory.static_bytes, usable, precision))
     elif not result.fits:
         bf16 = "bf16 activations, " if precision == "fp32" else ""
-        offer = accumulation_offer(memory, usable)
+        offer = accumulation_offer(memory, usable, accumulate)
         keep = ""
         if offer is not None:  # the same batch per optimizer step, in pieces that fit
             k, peak = offer
             keep = (
-                f"keep batch {memory.batch_size} as batch_size {memory.batch_size // k} with "
-                f"accumulate: {k} (peak {_b(peak)}), "
+                f"keep {step_batch} as batch_size {batch // k} with "
+                f"accumulate: {k * accumulate} (peak {_b(peak)}), "
             )
         notes.append(
-            f"batch {memory.batch_size} does not fit ({_b(memory.total_bytes)} needed, "
-            f"{_b(usable)} usable): {keep}use batch ≤ {result.max_batch:,}, {bf16}or "
+            f"{step_batch} does not fit ({_b(required)} needed, "
+            f"{_b(usable)} usable): {keep}use {'batch' if accumulate == 1 else 'batch_size'} "
+            f"≤ {result.max_batch:,}, {bf16}or "
             "split the model across devices (strategy: {name: pipeline, stages: 2})"
         )
     else:
+        largest = "batch" if accumulate == 1 else f"batch_size (with accumulate: {accumulate})"
         notes.append(
-            f"fits: {_b(memory.total_bytes)} of {_b(usable)} usable; largest batch that "
+            f"fits: {_b(required)} of {_b(usable)} usable; largest {largest} that "
             f"fits ≈ {result.max_batch:,}"
         )
     if data_from_disk:  # streamed already: what matters is whether it arrives fast enough

@@ -36,6 +36,12 @@ class TrainingMemory:
     def total_bytes(self) -> int:
         return self.static_bytes + self.activations_bytes + self.batch_bytes
 
+    def step_peak_bytes(self, accumulate: int = 1) -> int:
+        """The peak when an optimizer step runs `accumulate` micro-batches of this batch: one
+        micro-batch's activations at a time, but the loop copies the whole step's inputs (K
+        batches) to the device at once (train/step.py splits them there)."""
+        return self.total_bytes + (accumulate - 1) * self.batch_bytes
+
     def to_dict(self) -> dict:
         return {**asdict(self), "static_bytes": self.static_bytes, "total_bytes": self.total_bytes}
 

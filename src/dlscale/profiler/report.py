@@ -112,6 +112,26 @@ def totals(result: ProfileResult) -> dict:
         "optimizer_flops": optimizer,
         "step_flops": forward_matmul + forward_other + backward_matmul + backward_other + optimizer,
         "memory": result.memory.to_dict(),
+        "optimizer_step": optimizer_step(result),
+    }
+
+
+def optimizer_step(result: ProfileResult) -> dict:
+    """The traced batch is one micro-batch; an optimizer step of the spec's `accumulate` K runs
+    K of them (forward and backward K times, the update once) with the step's K batches of
+    inputs on the device at once."""
+    k, layers, memory = result.workload.accumulate, result.trace.layers, result.memory
+    forward = sum(r.forward.matmul_flops + r.forward.other_flops for r in layers)
+    backward = sum(r.backward.matmul_flops + r.backward.other_flops for r in layers)
+    return {
+        "accumulate": k,
+        "batch_size": k * result.trace.batch_size,
+        "forward_flops": k * forward,
+        "backward_flops": k * backward,
+        "optimizer_flops": result.trace.optimizer.flops,
+        "step_flops": k * (forward + backward) + result.trace.optimizer.flops,
+        "batch_bytes": k * memory.batch_bytes,
+        "peak_bytes": memory.step_peak_bytes(k),
     }
 
 
@@ -128,6 +148,8 @@ def _hardware_json(report) -> dict:
         "usable_bytes": verdict.usable_bytes,
         "max_batch": verdict.max_batch,
         "advice": verdict.advice,
+        "accumulate": pred.accumulate,
+        "micro_batch_s": pred.micro_batch_s,
         "forward_s": pred.forward_s,
         "backward_s": pred.backward_s,
         "optimizer_s": pred.optimizer_s,
@@ -195,9 +217,13 @@ def to_json(result: ProfileResult) -> dict:
 def render(result: ProfileResult, console: Console) -> None:
     data = to_json(result)
     total = data["totals"]
+    step = total["optimizer_step"]
+    batch = f"batch {data['batch_size']}"
+    if step["accumulate"] > 1:
+        batch += f" × accumulate {step['accumulate']} = {step['batch_size']} an optimizer step"
     console.print(
         f"[bold]{data['model']}[/]: {total['params']:,} parameters "
-        f"({total['non_trainable_params']:,} not trainable), batch {data['batch_size']}, "
+        f"({total['non_trainable_params']:,} not trainable), {batch}, "
         f"input {tuple(data['input_shape'])}, {data['precision']}, optimizer {data['optimizer']}; "
         f"traced on the meta device in {data['profile_s']:.2f} s"
     )
@@ -236,9 +262,15 @@ def step_parts_line(hw: dict) -> str:
     ]
     listed = " + ".join(f"{name} {seconds(value)}" for name, value in parts if value)
     sources = hw["phase_sources"]
-    line = (
-        f"{hw['name']}: step {seconds(hw['step_s'])} = {listed}; layer phases timed from "
-        f"measured rates {sources['measured']}, from the roofline's peaks {sources['roofline']}"
+    line = f"{hw['name']}: step {seconds(hw['step_s'])} = {listed}"
+    if hw["accumulate"] > 1:  # forward, backward and the copy in are the K micro-batches'
+        line += (
+            f" ({hw['accumulate']} micro-batches of {seconds(hw['micro_batch_s'])} each: "
+            "forward, backward, host→device; the update and the loop once)"
+        )
+    line += (
+        f"; layer phases timed from measured rates {sources['measured']}, from the "
+        f"roofline's peaks {sources['roofline']}"
     )
     shown = hw["roofline_layers"][:4]
     if shown and sources["measured"]:  # a datasheet entry: every layer, not worth listing
@@ -292,24 +324,45 @@ def _print_layer_table(result: ProfileResult, console: Console) -> None:
 
 
 def _totals_table(total: dict) -> Table:
-    table = Table(title="per training step", show_header=False, title_justify="left")
+    """The traced step's FLOPs and memory; with accumulate K, a column per micro-batch and one
+    per optimizer step (forward and backward K times, the update once; the step's K batches of
+    inputs on the device at once, one micro-batch's activations)."""
+    step = total["optimizer_step"]
+    k = step["accumulate"]
+    title = "per training step" if k == 1 else f"per micro-batch and per optimizer step (×{k})"
+    table = Table(title=title, show_header=k > 1, title_justify="left")
     table.add_column("what", style="bold")
-    table.add_column("value", justify="right")
-    table.add_row("forward FLOPs (MACs × 2)", si(total["forward_flops"]))
-    table.add_row("forward other FLOPs", si(total["forward_other_flops"]))
-    table.add_row("backward FLOPs", si(total["backward_flops"] + total["backward_other_flops"]))
-    table.add_row("optimizer FLOPs", si(total["optimizer_flops"]))
-    table.add_row("step FLOPs", si(total["step_flops"]))
+    table.add_column("value" if k == 1 else "micro-batch", justify="right")
+    if k > 1:
+        table.add_column("optimizer step", justify="right")
+    forward = total["forward_flops"] + total["forward_other_flops"]
+    backward = total["backward_flops"] + total["backward_other_flops"]
     memory = total["memory"]
+    rows = [
+        ("forward FLOPs (MACs × 2)", si(total["forward_flops"]), si(k * total["forward_flops"])),
+        (
+            "forward other FLOPs",
+            si(total["forward_other_flops"]),
+            si(k * total["forward_other_flops"]),
+        ),
+        ("backward FLOPs", si(backward), si(step["backward_flops"])),
+        ("optimizer FLOPs", "", si(total["optimizer_flops"])),
+        ("step FLOPs", si(forward + backward), si(step["step_flops"])),
+    ]
+    if k == 1:
+        rows[3] = ("optimizer FLOPs", si(total["optimizer_flops"]), "")
+        rows[4] = ("step FLOPs", si(total["step_flops"]), "")
     for key, label in (
         ("weights_bytes", "weights (fp32)"),
         ("gradients_bytes", "gradients"),
         ("optimizer_state_bytes", "optimizer state"),
         ("activations_bytes", "activations saved for backward"),
-        ("batch_bytes", "input batch"),
-        ("total_bytes", "training memory"),
     ):
-        table.add_row(label, binary(memory[key]))
+        rows.append((label, binary(memory[key]), binary(memory[key])))
+    rows.append(("input batch", binary(memory["batch_bytes"]), binary(step["batch_bytes"])))
+    rows.append(("training memory", binary(memory["total_bytes"]), binary(step["peak_bytes"])))
+    for label, micro, whole in rows:
+        table.add_row(label, micro, *([whole] if k > 1 else []))
     return table
 
 

@@ -96,6 +96,15 @@ class Prediction:
     steps_per_epoch: int | None
     epoch_s: float | None
     h2d_memory: str = ""  # how the batch's copy was priced: pinned, pageable, ... ("": none)
+    # Micro-batches of the traced batch per optimizer step (the spec's `accumulate`): forward,
+    # backward and host→device above are the whole step's, the K micro-batches' together.
+    accumulate: int = 1
+
+    @property
+    def micro_batch_s(self) -> float:
+        """One micro-batch's forward, backward and copy in (the step without its update and
+        loop cost, when there is one micro-batch a step)."""
+        return (self.forward_s + self.backward_s + self.h2d_s) / self.accumulate
 
     def bound_layers(self, bound: str) -> list[str]:
         return [layer.name for layer in self.layers if layer.bound == bound]
@@ -241,10 +250,17 @@ def optimizer_seconds(trace: StepTrace, hardware: Hardware) -> float:
 
 
 def predict(
-    trace: StepTrace, hardware: Hardware, dataset_size: int | None = None, pinned: bool = True
+    trace: StepTrace,
+    hardware: Hardware,
+    dataset_size: int | None = None,
+    pinned: bool = True,
+    accumulate: int = 1,
 ) -> Prediction:
     """Step (and epoch) time of a traced training step on `hardware`; `pinned`: whether the
-    loader's batches sit in pinned host memory (the loop's default on CUDA)."""
+    loader's batches sit in pinned host memory (the loop's default on CUDA). With `accumulate`
+    K, an optimizer step runs K micro-batches of the traced batch, as the training loop does
+    (each its forward, backward and copy in; the update and the loop's per-step cost once),
+    and an epoch has dataset_size // (K × batch) such steps."""
     layers = []
     for layer in trace.layers:
         forward_cost, backward_cost = layer.phases(hardware.kind)  # an LSTM fused on a CPU
@@ -254,11 +270,13 @@ def predict(
         layers.append(LayerTime(layer.name, forward, backward, intensity))
     optimizer_s = optimizer_seconds(trace, hardware)
     h2d_s = host_to_device_s(trace.batch_bytes, hardware, pinned)
-    forward_s = sum(layer.forward.seconds for layer in layers)
-    backward_s = sum(layer.backward.seconds for layer in layers)
+    forward_s = accumulate * sum(layer.forward.seconds for layer in layers)
+    backward_s = accumulate * sum(layer.backward.seconds for layer in layers)
+    h2d_s *= accumulate
     loop_s = hardware.overhead_per_step_s
     step_s = forward_s + backward_s + optimizer_s + h2d_s + loop_s
-    steps = dataset_size // trace.batch_size if dataset_size else None
+    step_batch = accumulate * trace.batch_size
+    steps = dataset_size // step_batch if dataset_size else None
     return Prediction(
         hardware=hardware.name,
         precision_used=hardware.peak(trace.precision)[1],
@@ -270,9 +288,10 @@ def predict(
         h2d_memory=hardware.host_copy_bytes_per_s(pinned)[1] if h2d_s else "",
         loop_s=loop_s,
         step_s=step_s,
-        samples_per_s=trace.batch_size / step_s,
+        samples_per_s=step_batch / step_s,
         steps_per_epoch=steps,
         epoch_s=steps * step_s if steps is not None else None,
+        accumulate=accumulate,
     )
 
 

@@ -47,11 +47,12 @@ time the caller measured), and adds what moving tensors between devices costs ov
   path, not behind compute (Megatron-LM, Shoeybi et al. 2019). Weights, gradients and optimizer
   state shrink to the device's share; so do the split layers' saved activations.
 
-Gradient accumulation (the spec's `accumulate` K, ddp only here): an optimizer step runs the
+Gradient accumulation (the spec's `accumulate` K, ddp and tensor): an optimizer step runs the
 traced batch K times, forward, backward and the copy in each time, and the update and the loop's
 per-step cost once; DDP's no_sync keeps the first K−1 backwards local, so one all-reduce of the
-gradients per optimizer step overlaps only the last backward. The other strategies are left out
-of a prediction with K > 1 (ps and pipeline refuse it; tensor's is not modelled yet).
+gradients per optimizer step overlaps only the last backward; a tensor-parallel group sends its
+activation collectives in every micro-batch (K times), its weights' update once. The other
+strategies are left out of a prediction with K > 1 (ps and pipeline refuse it).
 
 Weak scaling: each device (ddp, ps) or replica (hybrid) keeps the traced batch, as
 `dlscale scale` runs; a pipeline and a tensor-parallel group split one batch.
@@ -85,7 +86,7 @@ from dlscale.profiler.trace import StepTrace
 
 MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages keeps the bubble ≤ 20%
 HYBRID_STAGES = 2
-ACCUMULATING = ("ddp",)  # the strategies whose points model gradient accumulation
+ACCUMULATING = ("ddp", "tensor")  # the strategies whose points model gradient accumulation
 WEIGHT_SNAPSHOTS_2BW = 2  # 2bw's weight copies per stage besides the optimizer's (twobw.py)
 PS_MESSAGES = 4  # a ps step's blocking messages: request, gradients, reply, weights
 
@@ -267,9 +268,8 @@ def _ddp(trace, hardware, single, count, where, _plans):
     sync_s = k * sync_batchnorm_s(synced, count, link, where.nodes, where.network)
     step = compute + exposed + sync_s + skew
     per_bucket = link.launch_s + framework.bucket_s if count > 1 else 0.0
-    memory = training_memory(trace)
     # The loop copies a whole step's inputs (K micro-batches) to the device at once.
-    peak = memory.total_bytes + (k - 1) * memory.batch_bytes
+    peak = training_memory(trace).step_peak_bytes(k)
     return {
         "step_s": step,
         "samples_per_s": count * k * trace.batch_size / step,
@@ -464,32 +464,40 @@ def _hybrid(trace, hardware, single, count, where, _plans):
     }
 
 
-def _tensor(trace, hardware, single, plan, link):
-    """One batch over a tensor-parallel group of plan.degree devices (one node's link)."""
-    p, count = single.prediction, plan.degree
+def _tensor(trace, hardware, single, plan, link, accumulate: int = 1):
+    """One optimizer step over a tensor-parallel group of plan.degree devices (one node's
+    link): `accumulate` micro-batches of the traced batch, each its forward, backward, copy in
+    and the plan's activation collectives (every micro-batch sends them, as training counts
+    them: K × one micro-batch's), the update of the device's share once."""
+    p, count, k = single.prediction, plan.degree, accumulate
     split = split_layers(trace, plan)
     layer_s = sum(lt.seconds / count if lt.name in split else lt.seconds for lt in p.layers)
     share = plan.params_per_device / plan.params if plan.params else 1.0
-    compute = single.compute(layer_s + p.optimizer_s * share + p.h2d_s) + single.per_step_s
+    micro = single.compute(layer_s + p.h2d_s)
+    compute = k * micro + single.compute(p.optimizer_s * share) + single.per_step_s
     comm = 0.0
     for kind, payload in plan.collectives(trace.batch_size):
         reduce = ring_allreduce_s if kind == "all_reduce" else all_gather_s
         comm += reduce(payload, count, link)
+    comm *= k
     memory = training_memory(trace)
     saved = {layer.name: layer.saved_bytes for layer in trace.layers}
     activations = sum(b / count if name in split else b for name, b in saved.items())
-    per_device = memory.static_bytes * share + activations
+    # One micro-batch's activations at a time; the step's other K − 1 batches of inputs wait
+    # on the device (the loop copies them together).
+    per_device = memory.static_bytes * share + activations + (k - 1) * memory.batch_bytes
     step = compute + comm
     return {
         "step_s": step,
-        "samples_per_s": trace.batch_size / step,
+        "samples_per_s": k * trace.batch_size / step,
         "compute_s": compute,
         "comm_s": comm,
         "bound": "link" if comm > compute else "compute",
-        "global_batch": trace.batch_size,
+        "global_batch": k * trace.batch_size,
         "fits": per_device <= _usable(hardware),
         "detail": {
             "degree": count,
+            "accumulate": k,
             "split_layers": len(split & set(plan.styles)),
             "params_per_device": plan.params_per_device,
             "memory_per_device_bytes": per_device,
@@ -501,7 +509,9 @@ def _tensor(trace, hardware, single, plan, link):
 def _tensor_at(trace, hardware, single, count, where, plans):
     """Where `plans` (degree -> TensorPlan or None) has a plan for `count` devices."""
     plan = plans(count) if plans is not None and count > 1 else None
-    return _tensor(trace, hardware, single, plan, where.link) if plan else None
+    if plan is None:
+        return None
+    return _tensor(trace, hardware, single, plan, where.link, where.accumulate)
 
 
 # strategy -> its point at a device count, or None where it cannot run there

@@ -246,8 +246,8 @@ def render(reports: list[ScalingReport], console: Console) -> None:
         if accumulate > 1:
             weak = (
                 f"weak scaling: each device keeps the batch, as accumulate: {accumulate} "
-                "micro-batches a step with one all-reduce (ddp only: the others do not "
-                "accumulate here)"
+                "micro-batches a step: ddp with one all-reduce, tensor with each "
+                "micro-batch's collectives and one update (ps and pipeline do not accumulate)"
             )
         notes = {
             "devices": weak,

@@ -14,6 +14,7 @@ import ray
 import torch
 from ray import serve
 
+from dlscale.serving.auth import BearerToken
 from dlscale.serving.inputs import Batch
 from dlscale.serving.routes import Answer, build_app
 from dlscale.serving.stats import ServingStats
@@ -39,6 +40,7 @@ class ServingConfig:
     info: dict  # what /health says about the model (run, input shape and kind, precision)
     max_batch_size: int = DEFAULT_MAX_BATCH_SIZE  # requests per model call
     batch_wait_s: float = DEFAULT_BATCH_WAIT_S  # how long a lone request waits for others
+    token: BearerToken | None = None  # what /predict and /metrics require, if anything
 
 
 class ModelReplica:
@@ -47,13 +49,14 @@ class ModelReplica:
     def __init__(self, config: ServingConfig, stats) -> None:
         self.model = config.load()
         self.info = config.info
+        self.token = config.token
         self.stats = stats  # the ServingStats actor every replica reports to
         self.replica = serve.get_replica_context().replica_tag
         self._batched.set_max_batch_size(config.max_batch_size)
         self._batched.set_batch_wait_timeout_s(config.batch_wait_s)
 
     def __serve_build_asgi_app__(self):
-        return build_app(self)
+        return build_app(self, self.token)
 
     async def predict(self, batch: Batch, arrived_s: float) -> Answer:
         return await self._batched((batch.tensor, arrived_s))

@@ -7,6 +7,7 @@ import time
 
 from fastapi import FastAPI
 
+from dlscale.serving.auth import BearerToken
 from dlscale.serving.inputs import Batch
 from dlscale.serving.routes import Answer, build_app
 from dlscale.serving.stats import ServingStats
@@ -35,6 +36,7 @@ class PlainEngine:
         return {"status": "ok", "engine": "plain", **self.info}
 
 
-def build_plain_app(predictor, info: dict) -> FastAPI:
-    """A FastAPI app serving `predictor` from this process (run it with uvicorn)."""
-    return build_app(PlainEngine(predictor, info))
+def build_plain_app(predictor, info: dict, token: BearerToken | None = None) -> FastAPI:
+    """A FastAPI app serving `predictor` from this process (run it with uvicorn), behind
+    `token` if there is one."""
+    return build_app(PlainEngine(predictor, info), token)

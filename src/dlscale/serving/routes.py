@@ -1,5 +1,6 @@
 """The HTTP face of a served model, the same for every engine behind it: POST /predict,
-GET /health, GET /metrics (Prometheus text, or JSON with ?format=json)."""
+GET /health, GET /metrics (Prometheus text, or JSON with ?format=json), behind a bearer token
+where the server has one."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from dlscale.errors import one_line
+from dlscale.serving.auth import BearerToken
 from dlscale.serving.inputs import MAX_BODY_BYTES, BadInput, Batch, Model, parse_body
 from dlscale.serving.stats import prometheus_text
 
@@ -36,13 +38,32 @@ class Engine(Protocol):
     def health(self) -> dict: ...
 
 
-def build_app(engine: Engine) -> FastAPI:
-    """The three routes over `engine`; no interactive docs (nothing to serve but predictions)."""
+UNAUTHORIZED = "send the serving token as 'Authorization: Bearer TOKEN'"
+
+
+def build_app(engine: Engine, token: BearerToken | None = None) -> FastAPI:
+    """The three routes over `engine`; no interactive docs (nothing to serve but predictions).
+    With a `token`, /predict and /metrics answer 401 to a request without it, and /health says
+    only that the server is up: a liveness probe (a load balancer's, a container runtime's)
+    carries no secret, and "ok" tells a stranger nothing the open port did not."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    def allowed(request: Request) -> bool:
+        return token is None or token.accepts(request.headers.get("authorization"))
+
+    async def unauthorized() -> JSONResponse:
+        await engine.refused(401)
+        # RFC 6750 §3: a 401 names the scheme it wants.
+        return JSONResponse(
+            {"error": UNAUTHORIZED}, status_code=401, headers={"WWW-Authenticate": "Bearer"}
+        )
 
     @app.post("/predict")
     async def predict(request: Request):
         arrived_s = time.perf_counter()
+        # Before the body is read: a caller without the token costs no parsing.
+        if not allowed(request):
+            return await unauthorized()
         try:
             batch = parse_body(await _json_body(request), engine.model)
         except BadInput as exc:
@@ -52,11 +73,13 @@ def build_app(engine: Engine) -> FastAPI:
         return {"predictions": predictions(answer)}
 
     @app.get("/health")
-    async def health():
-        return engine.health()
+    async def health(request: Request):
+        return engine.health() if allowed(request) else {"status": "ok"}
 
     @app.get("/metrics")
-    async def metrics(format: str = "prometheus"):
+    async def metrics(request: Request, format: str = "prometheus"):
+        if not allowed(request):
+            return await unauthorized()
         snapshot = await engine.snapshot()
         if format == "json":
             return snapshot

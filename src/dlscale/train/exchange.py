@@ -53,6 +53,9 @@ class Exchange:
     comm_overlaps = False  # communication runs during backward (DDP) rather than after it
     optimizer_sharded = False  # each trainer's optimizer holds a different part (pipeline)
     lockstep = True  # trainers take every step together, so the main one's history is theirs
+    # Whether `trainer_state` holds anything: the same on every trainer of a run, since every
+    # trainer then takes part in gathering it.
+    holds_trainer_state = False
     model: nn.Module | None = None  # what the step calls, when not the trained module (DDP)
 
     @property
@@ -161,6 +164,16 @@ class Exchange:
     def extra_state(self) -> dict:
         """What the strategy needs in a checkpoint to resume (a pipeline's split)."""
         return {}
+
+    def trainer_state(self) -> Any:
+        """What this trainer holds, beyond its weights, optimizer and random stream, that a
+        resume needs, made whole for a checkpoint (a PipeDream-2BW stage finishes its batch in
+        flight and gives its gradient). Called on every trainer when `holds_trainer_state`."""
+        return None
+
+    def load_trainer_state(self, saved: Any) -> None:
+        """Take this trainer's part of what `trainer_state` saved (None: the checkpoint has
+        none, as one written before it existed)."""
 
     def resume_step(self, step: int) -> int:
         """The step this trainer continues from, given the checkpoint's."""

@@ -133,6 +133,11 @@ class Trainer:
                 f"--resume: {self.run_dir} holds no trained step (every saved state is the "
                 "starting one); training starts over at step 0"
             )
+        if self.exchange.holds_trainer_state:
+            saved_trainers = state.get("trainers") or []
+            self.exchange.load_trainer_state(
+                saved_trainers[rank] if rank < len(saved_trainers) else None
+            )
         rngs = state["rng"]
         if rank < len(rngs) and step == int(state["step"]):
             ckpt.restore_rng(rngs[rank], self.device)
@@ -142,6 +147,11 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         """Every trainer calls it (the exchange may gather their parts); the main one writes."""
         exchange = self.exchange
+        # First: finishing work in flight (a 2bw stage's backwards) moves no weight and no
+        # random stream, but what it finishes belongs in this checkpoint.
+        trainers = None
+        if exchange.holds_trainer_state:
+            trainers = exchange.gather(exchange.trainer_state())
         model = exchange.full_state(self.module.state_dict())
         optimizer = exchange.optimizer_state(self.optimizer)
         rngs = exchange.gather(ckpt.rng_state(self.device))
@@ -157,6 +167,7 @@ class Trainer:
             "rng": rngs,
             "history": self.history.to_state(),
             "exchange": exchange.extra_state(),
+            "trainers": trainers,
             "data_position": self.data_position(),
             "model_source": self.model_source(),
         }

@@ -297,6 +297,21 @@ class PipelineExchange(Exchange):
     def extra_state(self) -> dict:
         return {"boundaries": self.payload["boundaries"]}
 
+    @property
+    def holds_trainer_state(self) -> bool:
+        return self.twobw is not None
+
+    def trainer_state(self) -> dict:
+        """2bw: the batch in flight finished, and its gradient, not yet applied."""
+        assert self.twobw is not None
+        return self.twobw.settle()
+
+    def load_trainer_state(self, saved: dict | None) -> None:
+        # A checkpoint without it (written before 2bw saved its batch in flight) resumes with
+        # that batch's gradient lost: the pipeline fills again from the resumed step.
+        if saved is not None and self.twobw is not None:
+            self.twobw.restore(saved)
+
     # ---- the record
 
     def describe(self) -> dict:

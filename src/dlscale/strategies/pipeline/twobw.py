@@ -14,6 +14,12 @@ t. Batch t runs on a snapshot of the weights taken as step t starts (the update 
 applied); at the end of step t the gradient of batch t − 1 is complete on every stage and is the
 one the loop's optimizer applies. Two snapshots live at once (batch t − 1's, still finishing, and
 batch t's) beside the optimizer's own weights.
+
+A checkpoint after step t finds batch t's last microbatches in flight (their backwards wait for
+step t + 1). `settle` runs those backwards then, so the checkpoint holds batch t's whole
+gradient (what step t + 1 would have handed the optimizer) and a resumed run continues exactly:
+the backwards compute what they would have a step later (the same saved activations, the same
+snapshot, the same order of accumulation), and step t + 1 skips them on every stage alike.
 """
 
 from __future__ import annotations
@@ -43,10 +49,18 @@ class Transport(Protocol):
 
 @dataclass
 class Snapshot:
-    """One weight version: the optimizer's weights after `version` updates, copied."""
+    """One weight version: the optimizer's weights after `version` updates, copied; each
+    copy's `.grad` sums the gradients of the batch run on it. A snapshot restored from a
+    checkpoint holds only that batch's finished gradient (`grads`)."""
 
     version: int
     params: dict[str, torch.Tensor]
+    grads: dict[str, torch.Tensor | None] | None = None
+
+    def gradient(self) -> dict[str, torch.Tensor | None]:
+        if self.grads is not None:
+            return self.grads
+        return {name: param.grad for name, param in self.params.items()}
 
 
 @dataclass
@@ -78,6 +92,7 @@ class TwoBWStage:
         self.steps = 0  # steps run
         self.snapshots: dict[int, Snapshot] = {}  # by batch
         self.flight: dict[int, tuple] = {}  # microbatch -> (snapshot, inputs, outputs)
+        self.settled_below = 0  # microbatches below this one ran their backward in `settle`
         self.log = Log()
         self.forward_s = self.backward_s = 0.0  # computing, not waiting for a neighbour
 
@@ -101,15 +116,52 @@ class TwoBWStage:
                 loss = self.forward(k, t, xs[j], ys[j])
                 if loss is not None:
                     losses.append(loss)
-            else:
+            elif k >= self.settled_below:
                 self.backward(k)
+            # else: run by `settle` for a checkpoint, on every stage alike (nothing to send)
         self.steps += 1
         return losses
 
     def drain(self) -> None:
-        """After the last step: the backwards still in flight."""
+        """After the last step, or before a checkpoint: the backwards still in flight (none
+        the second time: the final checkpoint follows the last step's drain)."""
         for _, k in drain_actions("2bw", self.stages, self.micro, self.index, self.steps):
-            self.backward(k)
+            if k >= self.settled_below:
+                self.backward(k)
+        self.settled_below = self.steps * self.micro
+
+    # ---- checkpoints
+
+    def settle(self) -> dict:
+        """Before a checkpoint (every stage at the same step): the backwards in flight run now,
+        and what a resume needs besides the weights: the step and version counts and the
+        gradient of the batch not yet applied (None before the first step)."""
+        self.drain()
+        assert not self.flight and len(self.snapshots) <= 1, "a batch still in flight"
+        pending = None
+        for batch, snapshot in self.snapshots.items():
+            pending = {
+                "batch": batch,
+                "version": snapshot.version,
+                "grads": {
+                    name: None if grad is None else grad.detach().clone()
+                    for name, grad in snapshot.gradient().items()
+                },
+            }
+        return {"steps": self.steps, "version": self.version, "pending": pending}
+
+    def restore(self, state: dict) -> None:
+        """Take what `settle` returned in the run that saved the checkpoint."""
+        self.steps, self.version = state["steps"], state["version"]
+        self.settled_below = self.steps * self.micro
+        self.snapshots.clear()
+        pending = state["pending"]
+        if pending is not None:
+            grads = {
+                name: None if grad is None else grad.to(self.device)
+                for name, grad in pending["grads"].items()
+            }
+            self.snapshots[pending["batch"]] = Snapshot(pending["version"], {}, grads)
 
     def take_gradient(self, drained: bool = False) -> bool:
         """Move the gradient now complete into the module's `.grad`, for the optimizer: batch
@@ -119,8 +171,9 @@ class TwoBWStage:
         if snapshot is None:
             return False
         assert not any(k // self.micro == batch for k in self.flight), "batch still in flight"
+        gradient = snapshot.gradient()
         for name, param in self.module.named_parameters():
-            param.grad = snapshot.params[name].grad
+            param.grad = gradient[name]
         self.log.staleness.append(self.version - snapshot.version)
         return True
 
