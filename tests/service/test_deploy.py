@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from dlscale.api.inference import load_predictor
 from dlscale.cli.main import app
+from dlscale.service.deploy import refusal
 from dlscale.service.layout import MODEL, SOCKET
 from dlscale.service.model_proxy import MAX_BODY_BYTES, NotServed, open_socket, read_body
 from dlscale.serving.inputs import MAX_BODY_BYTES as ENGINE_MAX_BODY_BYTES
@@ -218,12 +219,15 @@ def test_a_deployment_is_refused_for_a_job_with_no_model_or_bad_options(deployed
             f"/api/jobs/{job_id}/deploy", data={"device": device, "precision": precision}
         )
         assert answer.status_code == status and said in answer.json()["detail"], answer.text
-    # A job that did not succeed, and a train job asked for predictions.
-    stopped = submit(alice, SPEC)
-    alice.post(f"/api/jobs/{stopped}/cancel")
-    assert wait_for_state(alice, stopped, ENDED)["state"] == "cancelled"
-    answer = alice.post(f"/api/jobs/{stopped}/deploy")
-    assert answer.status_code == 409 and "only a succeeded job" in answer.json()["detail"]
+    # A train job that did not succeed: the same refusal, by the rule the route above took
+    # (pure: no job need fail for it).
+    for state in ("failed", "cancelled", "running", "queued"):
+        status, said = refusal("train", state, trained)
+        assert status == 409 and said == (
+            f"job {trained} is {state}: only a succeeded job's model can be deployed"
+        )
+    assert refusal("train", "succeeded", trained) is None
+    # A train job asked for predictions.
     answer = alice.post(f"/api/jobs/{trained}/predict", json={"inputs": [[0.0]]})
     assert answer.status_code == 409 and "deploy it first" in answer.json()["detail"]
 
