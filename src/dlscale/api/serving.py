@@ -1,15 +1,22 @@
 """The verb that serves a trained model over HTTP: `serve_model` checks the run and the
 options here, then starts a Ray Serve deployment of it (local Ray, or a cluster's) and returns
-the running server; `plain_app` is the one-process endpoint it is measured against."""
+the running server; `plain_app` is the one-process endpoint it is measured against, and
+`serve_on_socket` runs that endpoint on a Unix socket (a deployment in the training service,
+whose sandbox has no network)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import ipaddress
+import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+import uvicorn
 
 from dlscale.api.inference import Predictor, load_predictor
 from dlscale.errors import UserError, one_line
@@ -196,7 +203,47 @@ def plain_app(
     """The same routes over the same model in this one process, with no Ray and no batching
     (each request one model call): what serve-model is measured against. Run it with uvicorn.
     With `token`, /predict and /metrics require it as serve-model's do."""
+    return _plain(run, device, precision, token)[0]
+
+
+def _plain(run: str | Path, device: str, precision: str, token: str | None = None):
+    """(the one-process app, what its /health says of the model)."""
     run = Path(run).resolve()
     predictor = load_predictor(run, device=device, precision=precision)
     info = model_info(run, predictor, ServingOptions(precision=precision))
-    return build_plain_app(predictor, info, BearerToken.of(token) if token else None)
+    return build_plain_app(predictor, info, BearerToken.of(token) if token else None), info
+
+
+def serve_on_socket(
+    run: str | Path,
+    path: str,
+    device: str = "cpu",
+    precision: str = "fp32",
+    ready: Callable[[dict], None] | None = None,
+) -> None:
+    """Serve `run` with the one-process engine on the Unix socket `path` until Ctrl-C or
+    SIGTERM, which then reach the caller as KeyboardInterrupt (after the requests under way are
+    answered). The socket exists only once the model is loaded, and is removed at the end;
+    `ready(info)` is called once it accepts connections. Give `path` relative to the current
+    folder where the folder is deep: a socket's path is limited to 107 bytes."""
+    app, info = _plain(run, device, precision)
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets=None) -> None:
+            await super().startup(sockets)
+            if ready is not None and not self.should_exit:
+                ready(info)
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind(path)
+        config = uvicorn.Config(
+            app, lifespan="off", log_level="warning", access_log=False, timeout_graceful_shutdown=5
+        )
+        # uvicorn takes SIGINT and SIGTERM while it serves, finishes the requests under way, then
+        # raises the signal again: the caller's own handler sees it last.
+        Server(config).run(sockets=[listener])
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)

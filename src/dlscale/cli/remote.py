@@ -1,5 +1,6 @@
 """`dlscale remote ...`: submit jobs to a dlscale server and follow them (list, status, logs,
-cancel, rerun, delete, artifacts), signed in with $DLSCALE_TOKEN."""
+cancel, rerun, delete, artifacts), deploy a trained job's model and ask it for predictions,
+signed in with $DLSCALE_TOKEN."""
 
 from __future__ import annotations
 
@@ -282,6 +283,55 @@ def rerun(
         answer = remote.json("POST", _job_path(job, "rerun"), job)
     console.print(f"queued a rerun of job {job} (seed {answer['seed']})")
     print(answer["id"])
+
+
+@app.command()
+@user_errors
+def deploy(
+    job: str = typer.Argument(..., help="A succeeded train job's id."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda (holds a GPU slot)."),
+    precision: str = typer.Option("fp32", "--precision", help="fp32 | bf16 | int8 (cpu)."),
+    server: str = server_option(),
+) -> None:
+    """Serve a job's model as a new job until it is cancelled; prints the new id last (ask it
+    with `dlscale remote predict ID INPUTS.json`)."""
+    fields = {"device": device, "precision": precision}
+    with connect(server) as remote:
+        answer = remote.json(
+            "POST", _job_path(job, "deploy"), job, data=fields, timeout=SUBMIT_TIMEOUT_S
+        )
+    console.print(
+        f"queued a deployment of job {job}'s model on {device} at {precision}; it serves once "
+        f"it runs, until: dlscale remote cancel {answer['id']}"
+    )
+    print(answer["id"])
+
+
+@app.command()
+@user_errors
+def predict(
+    job: str = typer.Argument(..., help="A deployment's id (from `dlscale remote deploy`)."),
+    inputs: Path = typer.Argument(
+        ..., help='A JSON file {"inputs": [sample, ...]} (docs/serving.md); - reads stdin.'
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the model's answer as JSON."),
+    server: str = server_option(),
+) -> None:
+    """Ask a deployed model for predictions: one line per sample (class, confidence)."""
+    if str(inputs) == "-":
+        body = typer.get_binary_stream("stdin").read()
+    else:
+        with _open(inputs, "inputs") as handle:
+            body = handle.read()
+    with connect(server) as remote:
+        answer = remote.model(_job_path(job, "predict"), job, body)
+    if as_json:
+        print(json.dumps(answer, indent=2))
+        return
+    print(f"{'sample':>6}  {'class':>5}  confidence")
+    for index, row in enumerate(answer["predictions"]):
+        confidence = "-" if row["confidence"] is None else f"{row['confidence']:.4f}"
+        print(f"{index:>6}  {row['class']:>5}  {confidence}")
 
 
 @app.command()

@@ -20,6 +20,7 @@ from dlscale.errors import UserError, one_line
 DEFAULT_SERVER = "http://127.0.0.1:8080"
 TOKEN_VARIABLE = "DLSCALE_TOKEN"
 TIMEOUT_S = 30.0
+MODEL_TIMEOUT_S = 150.0  # the server waits up to 120 s for one model call
 # A followed log is quiet while a job trains; the server sends a comment every 15 s, so a read
 # that waits this long means the connection is gone, and the stream is resumed.
 STREAM_READ_TIMEOUT_S = 60.0
@@ -132,6 +133,23 @@ class Remote:
 
     def json(self, method: str, path: str, job: str | None = None, **kwargs):
         return self.call(method, path, job, **kwargs).json()
+
+    def model(self, path: str, job: str, body: bytes) -> dict:
+        """A deployed model's answer to `body`; its refusal of the body ({"error": ...}: 400,
+        413, 422) is a UserError with exit 2, as for any invalid input."""
+        headers = {"content-type": "application/json"}
+        try:
+            response = self.http.post(path, content=body, headers=headers, timeout=MODEL_TIMEOUT_S)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+        if response.status_code in (400, 413, 422):
+            try:
+                said = response.json().get("error")
+            except (ValueError, AttributeError):
+                said = None
+            if isinstance(said, str):
+                raise UserError(f"the model refused the inputs: {one_line(said)}", 2)
+        return self.check(response, job).json()
 
     def events(self, path: str, job: str, follow: bool) -> Iterator[Event]:
         """The stream's events up to and including `end`; a dropped connection is resumed

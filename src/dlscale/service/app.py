@@ -132,9 +132,9 @@ def create_app(
         message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg")
         return JSONResponse({"detail": message or "invalid request"}, status_code=422)
 
-    from dlscale.service.routes import account, admin, jobs, outputs, pages, queue, submit
+    from dlscale.service.routes import account, admin, jobs, models, outputs, pages, queue, submit
 
-    for module in (account, jobs, submit, outputs, queue, admin):
+    for module in (account, jobs, submit, models, outputs, queue, admin):
         app.include_router(module.router)
     pages.install(app)
     return app

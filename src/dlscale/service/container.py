@@ -22,7 +22,7 @@ from pathlib import Path
 from dlscale import __version__
 from dlscale.errors import UserError
 from dlscale.service.executor import Executor, JobLimits, lock_held
-from dlscale.service.layout import INPUTS, JOB_FILE, SPEC_FILE
+from dlscale.service.layout import READ_ONLY
 from dlscale.service.sandbox import TMP_BYTES
 
 IMAGE = f"dlscale:{__version__}"
@@ -140,7 +140,7 @@ class ContainerExecutor(Executor):
         user = limits.uid if limits.uid is not None else os.getuid()
         volumes = ["--volume", f"{folder}:{folder}:{'rw' if writable else 'ro'}"]
         if writable:
-            for item in (INPUTS, SPEC_FILE, JOB_FILE):
+            for item in READ_ONLY:
                 if (folder / item).exists():
                     volumes += ["--volume", f"{folder / item}:{folder / item}:ro"]
         env = {"PYTHONUNBUFFERED": "1", "HOME": "/tmp/home", "DLSCALE_HOME": "/tmp/dlscale"}

@@ -34,12 +34,10 @@ from dlscale.service import cgroups, sandbox
 from dlscale.service.layout import (
     APPEND,
     CLAIMED,
-    INPUTS,
-    JOB_FILE,
     LOCK,
     LOG,
+    READ_ONLY,
     RESULT,
-    SPEC_FILE,
     open_plain,
     read_result,
 )
@@ -146,7 +144,7 @@ class Executor:
                 # torch's threads: the cores the job holds, not the machine's
                 "OMP_NUM_THREADS": str(cpus or limits.cpus),
             },
-            read_only=(INPUTS, SPEC_FILE, JOB_FILE),
+            read_only=READ_ONLY,
         )
         inner = sandbox.command(box, argv, info_fd=write_end)
         if limits.file_bytes is not None:  # the kernel refuses a longer file (EFBIG)

@@ -14,9 +14,10 @@ from sqlalchemy.orm import Session
 from dlscale.errors import UserError
 from dlscale.service.db import serialize
 from dlscale.service.db.models import Artifact, Job, JobEvent, Membership, Tenant, User
+from dlscale.service.deploy import SERVE_KIND
 from dlscale.service.scheduler_types import Request
 
-KINDS = ("train", "sweep", "profile")
+KINDS = ("train", "sweep", "profile", SERVE_KIND)  # a spec's kinds, and a deployment
 ENDED = ("succeeded", "failed", "cancelled")
 ACTIVE = ("starting", "running")
 # A job that is `starting` may already have ended: its process can finish between two polls of

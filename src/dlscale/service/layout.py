@@ -34,6 +34,10 @@ CLAIMED = "claimed"
 PID = "pid"
 RESULT = "result.json"
 PROFILE = "profile.json"  # a profile job's output, under run/
+MODEL = "model"  # a deployment's copy of the run it serves (run.json and checkpoints/)
+SOCKET = "serve.sock"  # where a deployment's engine listens (a Unix socket: no network)
+# What a job may read but not change: what the server wrote for it before it started.
+READ_ONLY = (INPUTS, SPEC_FILE, JOB_FILE, MODEL)
 TOP_ARTIFACTS = (LOG, METRICS, RESULT)  # beside run/, the files a job's owner may download
 
 _JOB_ID = re.compile(r"[0-9a-f]{16}")

@@ -22,16 +22,19 @@ from pathlib import Path
 
 from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError, one_line
+from dlscale.service.deploy import SERVE_KIND
 from dlscale.service.layout import (
     APPEND,
     CLAIMED,
     JOB_FILE,
     LOCK,
     METRICS,
+    MODEL,
     PID,
     PROFILE,
     RESULT,
     RUN,
+    SOCKET,
     SPEC_FILE,
 )
 
@@ -179,7 +182,27 @@ def run_profile(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str |
     return None, None
 
 
-KINDS = {"train": run_train, "sweep": run_sweep, "profile": run_profile}
+def run_serve(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | None]:
+    """Serve the model copied into model/ until cancelled (which ends it as KeyboardInterrupt),
+    on a Unix socket in the job's folder: its sandbox has no network, and the server forwards
+    its tenant's requests there. Named relative to the folder (the cwd): a socket's path is
+    limited to 107 bytes, and the folder's may be longer."""
+    from dlscale.api import serving
+
+    options = job["serve"]
+
+    def ready(info: dict) -> None:
+        say(
+            f"serving {info['task']} model ({info['input_kind']} {info['input_shape']}, "
+            f"{info['num_classes']} classes) on {options['device']} at {info['precision']}; "
+            f"listening on {SOCKET}"
+        )
+
+    serving.serve_on_socket(folder / MODEL, SOCKET, options["device"], options["precision"], ready)
+    raise UserError("the model's server stopped without being cancelled")
+
+
+KINDS = {"train": run_train, "sweep": run_sweep, "profile": run_profile, SERVE_KIND: run_serve}
 
 
 # ---------------------------------------------------------------------------------- the process
@@ -217,8 +240,10 @@ def _new_result() -> dict:
     return {**result, "metrics": None, "environment": None}
 
 
-def _cancelled(folder: Path, when: str = "") -> dict:
+def _cancelled(folder: Path, when: str = "", kind: str | None = None) -> dict:
     """State and message of a job cancelled (`when`), naming the checkpoint it keeps."""
+    if kind == SERVE_KIND:
+        return {"state": "cancelled", "message": "cancelled: the model is no longer served"}
     kept = _last_checkpoint(folder)
     where = f": {kept}" if kept else " (none was saved)"
     cancelled = f"cancelled {when};" if when else "cancelled;"
@@ -228,6 +253,7 @@ def _cancelled(folder: Path, when: str = "") -> dict:
 def run_job(folder: Path) -> dict:
     """Run the job in `folder`; its result (never raises but for a second interrupt)."""
     result = _new_result()
+    kind = None
     try:
         job = json.loads((folder / JOB_FILE).read_text())
         kind = job.get("kind")
@@ -235,7 +261,7 @@ def run_job(folder: Path) -> dict:
             raise UserError(f"{JOB_FILE}: unknown job kind {kind!r}")
         spec = folder / job.get("spec_file", SPEC_FILE)
         say(f"job {job.get('id', folder.name)}: {kind}")
-        data = _data_digest(spec)
+        data = None if kind == SERVE_KIND else _data_digest(spec)  # it reads no data
         if data is not None:
             result["data_sha256"] = data["sha256"]
             if data["partial"]:
@@ -246,7 +272,7 @@ def run_job(folder: Path) -> dict:
         result["message"] = str(exc)
     except KeyboardInterrupt:
         _ignore_signals()
-        result.update(_cancelled(folder))
+        result.update(_cancelled(folder, kind=kind))
     except Exception as exc:
         traceback.print_exc()
         result["message"] = f"{type(exc).__name__}: {one_line(exc)}"
@@ -294,9 +320,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     write_json_atomic(folder / PID, {"pid": os.getpid(), "pgid": os.getpgid(0)})
     say(f"starting job {folder.name} as process {os.getpid()}")
-    # The imports a cancel must not cut in half: the verbs, and the profile kind's own module.
+    # The imports a cancel must not cut in half: the verbs, and the profile and serve-model
+    # kinds' own modules.
     import dlscale.api
-    import dlscale.api.profiling  # noqa: F401
+    import dlscale.api.profiling
+    import dlscale.api.serving  # noqa: F401
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _interrupt)

@@ -26,6 +26,7 @@ from dlscale import __version__
 from dlscale.atomic import WriteFailed
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec
+from dlscale.service import deploy as deployment
 from dlscale.service import intake, jobstore, store
 from dlscale.service.auth import ROLES
 from dlscale.service.db.models import Job, Tenant, User
@@ -79,8 +80,10 @@ class _Draft:
     parallel: int | None
     repro: dict  # the reproduction record's facts known before the folder is written
     fill: Callable[[Path], dict]  # puts the inputs in the folder; their facts for the record
-    action: str  # "submit" | "rerun", as audited
+    action: str  # "submit" | "rerun" | "deploy", as audited
     address: str
+    slots: tuple[int, int] | None = None  # (cpu, gpu) of a job with no spec to size it from
+    facts: dict | None = None  # more for job.json (a deployment's options, for its runner)
 
 
 def _unprocessable(message: str, folder: Path | None = None) -> HTTPException:
@@ -153,11 +156,14 @@ def _validated(state: ServiceState, folder: Path, draft: _Draft, job_id: str):
     """(cpu slots, gpu slots, folder bytes) of a job written to `folder`, once its structure
     and then its validation job accept it; UserError with the one line that refuses it."""
     tenant = draft.tenant
-    spec = load_spec(folder / SPEC_FILE)  # the schema only: no model, no data, no code
-    intake.check_inside(spec, folder)
-    if draft.kind == "sweep" and spec.sweep is None:
-        raise UserError("kind sweep: the spec has no sweep: section")
-    cpu, gpu = intake.slots(spec, draft.kind, draft.parallel, state.config.gpu_slots)
+    if draft.slots is not None:  # a deployment: its options say what it holds
+        cpu, gpu = draft.slots
+    else:
+        spec = load_spec(folder / SPEC_FILE)  # the schema only: no model, no data, no code
+        intake.check_inside(spec, folder)
+        if draft.kind == "sweep" and spec.sweep is None:
+            raise UserError("kind sweep: the spec has no sweep: section")
+        cpu, gpu = intake.slots(spec, draft.kind, draft.parallel, state.config.gpu_slots)
     never = check_fits(
         SlotRequest(job_id, tenant.name, cpu, gpu), quota_of(tenant), state.loop.machine
     )
@@ -191,6 +197,7 @@ def _write_checked(state: ServiceState, draft: _Draft, job_id: str) -> tuple[dic
         "seed": draft.seed,
         "spec_file": SPEC_FILE,
         "parallel": draft.parallel,
+        **(draft.facts or {}),
     }
     try:
         write_job(folder, job, draft.spec_text, None)
@@ -220,7 +227,7 @@ def _queue(state: ServiceState, draft: _Draft) -> dict:
     """Write the job's folder, check it, size it, and queue it with its reproduction record
     (one transaction, audited): the new job's id, state, seed and slots."""
     kind, seed = draft.kind, draft.seed
-    if kind not in intake.KINDS:
+    if kind not in intake.KINDS and draft.slots is None:
         raise HTTPException(422, f"kind: '{kind}' is not one of {', '.join(intake.KINDS)}")
     if draft.parallel is not None and not 1 <= draft.parallel <= 64:
         raise HTTPException(422, "parallel: must be between 1 and 64")
@@ -303,6 +310,10 @@ def rerun(state: ServiceState, user: User, job: Job, address: str) -> dict:
     """Queue `job` again with the same spec bytes, seed and inputs (`user` may edit it: the
     route checked): the new job's id, state, seed and slots."""
     tenant = job.tenant
+    if job.kind == deployment.SERVE_KIND:
+        raise HTTPException(
+            422, f"job {job.id} is a deployment: to serve its model again, deploy its train job"
+        )
     source = job_dir(state.config.data_dir, job.id) / INPUTS
 
     def fill(folder: Path) -> dict:
@@ -329,5 +340,42 @@ def rerun(state: ServiceState, user: User, job: Job, address: str) -> dict:
         fill=fill,
         action="rerun",
         address=address,
+    )
+    return _queue(state, draft)
+
+
+def deploy(
+    state: ServiceState, user: User, job: Job, options: deployment.DeployOptions, address: str
+) -> dict:
+    """Queue a deployment of `job`'s model (`user` may edit it: the route checked): a job of
+    kind serve-model that serves it until cancelled; its id, state and slots."""
+    try:
+        options.check()
+    except UserError as exc:
+        raise _unprocessable(str(exc)) from None
+    refused = deployment.refusal(job.kind, job.state, job.id)
+    if refused is not None:
+        raise HTTPException(*refused)
+    source = job_dir(state.config.data_dir, job.id)
+
+    def fill(folder: Path) -> dict:
+        deployment.copy_model(source, folder)
+        return {"deploys": job.id, "device": options.device, "precision": options.precision}
+
+    with state.maker.begin() as db:
+        _tenant_for(db, user, job.tenant.name)  # the role and the storage quota, as for a submit
+    draft = _Draft(
+        user=user,
+        tenant=job.tenant,
+        kind=deployment.SERVE_KIND,
+        spec_text=options.spec_text(job.id),
+        seed=job.seed,
+        parallel=None,
+        repro={},
+        fill=fill,
+        action="deploy",
+        address=address,
+        slots=options.slots,
+        facts={"serve": {"device": options.device, "precision": options.precision}},
     )
     return _queue(state, draft)

@@ -25,7 +25,8 @@ from pathlib import Path
 
 from dlscale.errors import UserError, one_line
 from dlscale.service.cgroups import Usage
-from dlscale.service.layout import JOB_FILE, SPEC_FILE, open_plain
+from dlscale.service.deploy import SERVE_KIND
+from dlscale.service.layout import JOB_FILE, MODEL, SPEC_FILE, open_plain
 from dlscale.units import binary_bytes
 
 LOCAL = "on this machine: "
@@ -51,6 +52,8 @@ def check(folder: Path) -> list[str]:
             job = json.load(handle)
     except (FileNotFoundError, ValueError) as exc:
         raise UserError(f"{JOB_FILE}: unreadable ({exc})") from None
+    if job.get("kind") == SERVE_KIND:
+        return check_model(folder, job)
     spec_path = folder / job.get("spec_file", SPEC_FILE)
     # Its model, data, one sample; a sweep's trials (its paths were checked by the server).
     spec, warnings = api.validate(spec_path)
@@ -63,6 +66,15 @@ def check(folder: Path) -> list[str]:
     if here and job.get("kind") in ("train", "sweep"):
         raise UserError(f"refused: this job can never run in the slots it asks for: {here[0]}")
     return [w for w in warnings if not w.startswith(LOCAL)]
+
+
+def check_model(folder: Path, job: dict) -> list[str]:
+    """A deployment: its model rebuilt from its copy of the run, on the CPU at the precision
+    it will serve at (a GPU is the job's only once it runs)."""
+    from dlscale.api.inference import load_predictor
+
+    load_predictor(folder / MODEL, device="cpu", precision=job["serve"]["precision"])
+    return []
 
 
 def verdict(folder: Path) -> dict:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale.service import cgroups
-from dlscale.service.layout import INPUTS, JOB_FILE, SPEC_FILE
+from dlscale.service.layout import INPUTS, JOB_FILE, MODEL, SPEC_FILE
 from dlscale.service.uploads import copy_inputs
 from dlscale.service.validate import Verdict, bounded_output, read_verdict
 
@@ -181,8 +181,9 @@ def _cgroup(token: str) -> str:
 
 
 def _copy_job(source: Path, target: Path) -> None:
-    """What a validation reads of a job, copied into the validator's folder: the spec, job.json
-    and the inputs (their regular files only)."""
+    """What a validation reads of a job, copied into the validator's folder: the spec, job.json,
+    the inputs and a deployment's model (their regular files only)."""
     for name in (SPEC_FILE, JOB_FILE):
         shutil.copyfile(source / name, target / name, follow_symlinks=False)
     copy_inputs(source / INPUTS, target / INPUTS)
+    copy_inputs(source / MODEL, target / MODEL)
