@@ -17,6 +17,14 @@ from dlscale.strategies.pipeline.twobw import TwoBWStage
 from dlscale.train.score import compute_loss
 
 
+def update(stage, optimizer, drained=False):
+    """The worker's update after a slot: step only when 2BW hands a whole gradient over."""
+    optimizer.zero_grad(set_to_none=True)
+    if stage.take_gradient(drained):
+        optimizer.step()
+        stage.updated()
+
+
 def test_2bw_idles_only_to_fill_and_drain_where_gpipe_flushes_every_step():
     # 2 stages, 4 microbatches, 3 steps; a forward or backward of a microbatch is one slot.
     # GPipe: each step is M forwards, M backwards and S − 1 slots of fill for each:
@@ -100,19 +108,13 @@ def _run_2bw(batches, micro: int, lr: float):
     def work(i: int):
         stage, optimizer = stages[i], torch.optim.SGD(parts[i].parameters(), lr=lr)
 
-        def update(drained=False):
-            optimizer.zero_grad(set_to_none=True)
-            if stage.take_gradient(drained):
-                optimizer.step()
-                stage.updated()
-
         for x, y in batches:
             out = stage.step(x if i == 0 else None, y if i == 1 else None)
             if i == 1:
                 losses.append([float(v) for v in out])
-            update()
+            update(stage, optimizer)
         stage.drain()
-        update(drained=True)
+        update(stage, optimizer, drained=True)
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
     for thread in threads:
@@ -229,15 +231,9 @@ def _run_stages(batches, micro, *, settle_after=None, saved=None):
             if saved[i]["twobw"] is not None:
                 stage.restore(saved[i]["twobw"])
 
-        def update(drained=False):
-            optimizer.zero_grad(set_to_none=True)
-            if stage.take_gradient(drained):
-                optimizer.step()
-                stage.updated()
-
         for x, y in batches:
             stage.step(x if i == 0 else None, y if i == 1 else None)
-            update()
+            update(stage, optimizer)
             if stage.steps == settle_after:
                 checkpoints[i] = {
                     "twobw": stage.settle(),
@@ -247,7 +243,7 @@ def _run_stages(batches, micro, *, settle_after=None, saved=None):
                 if len(batches) == settle_after:  # the run is killed here
                     return
         stage.drain()
-        update(drained=True)
+        update(stage, optimizer, drained=True)
         # The loop's final checkpoint comes after the drain: nothing is left in flight.
         assert stage.settle()["pending"] is None
 

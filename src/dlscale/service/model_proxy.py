@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,13 +56,8 @@ async def read_body(request: Request) -> bytes:
         raise NotServed(
             413, f"a body of {declared} bytes; the model takes at most {MAX_BODY_BYTES}"
         )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise NotServed(413, f"a body of over {MAX_BODY_BYTES} bytes; at most that is read")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    too_big = NotServed(413, f"a body of over {MAX_BODY_BYTES} bytes; at most that is read")
+    return await _at_most(request.stream(), MAX_BODY_BYTES, too_big)
 
 
 def open_socket(folder: Path, uid: int | None) -> int:
@@ -94,7 +90,8 @@ async def forward(folder: Path, uid: int | None, method: str, path: str, body: b
             if method == "POST":
                 headers["content-type"] = "application/json"
             async with client.stream(method, path, content=body, headers=headers) as answer:
-                data = await _bounded(answer)
+                too_big = NotServed(502, f"the model's answer is over {MAX_ANSWER_BYTES} bytes")
+                data = await _at_most(answer.aiter_raw(), MAX_ANSWER_BYTES, too_big)
                 status = answer.status_code
     except httpx.ConnectError:
         raise NotServed(503, "the model is not accepting requests (stopping?)", 2) from None
@@ -109,11 +106,12 @@ async def forward(folder: Path, uid: int | None, method: str, path: str, body: b
     return Answer(status, data)
 
 
-async def _bounded(answer: httpx.Response) -> bytes:
+async def _at_most(stream: AsyncIterator[bytes], limit: int, too_big: NotServed) -> bytes:
+    """The stream's bytes, `too_big` raised as soon as they pass `limit` (nothing more read)."""
     chunks, size = [], 0
-    async for chunk in answer.aiter_raw():
+    async for chunk in stream:
         size += len(chunk)
-        if size > MAX_ANSWER_BYTES:
-            raise NotServed(502, f"the model's answer is over {MAX_ANSWER_BYTES} bytes")
+        if size > limit:
+            raise too_big
         chunks.append(chunk)
     return b"".join(chunks)
