@@ -5,6 +5,7 @@ what is checked exactly is everything computed from them (FLOP counts, peaks, sh
 The pure parts (FLOP counts, cache sizes, the per-sample dataset) are in tests/unit/test_bench.py.
 """
 
+import copy
 import json
 import math
 import multiprocessing
@@ -41,10 +42,20 @@ def is_png(path: Path) -> bool:
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home: Path):
-    result = run_machine_bench(
-        sizes=[32, 64], device="cpu", bandwidth_bytes=8 * MiB, min_run_time_s=0.02
+@pytest.fixture(scope="module")
+def quick_measurement() -> dict:
+    """One real `--quick` measurement of this CPU (small products and tensors, short timings:
+    every probe runs), for the test of what it holds and the test of the command that prints it.
+    Its fixed probes (shapes, convolutions, attention, Adam, the link) take most of a minute
+    whatever the sizes, so it is taken once."""
+    return run_machine_bench(
+        sizes=[32, 64], quick=True, device="cpu", bandwidth_bytes=8 * MiB, min_run_time_s=0.02
     )
+
+
+def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home, quick_measurement):
+    result = copy.deepcopy(quick_measurement)
+    assert result["quick"] is True and result["device"] == "cpu"
     assert {row["precision"] for row in result["matmul"]} == {"fp64", "fp32", "bf16"}
     for row in result["matmul"]:
         assert row["flops_per_s"] == pytest.approx(matmul_flops(row["size"]) / row["time_s"])
@@ -226,10 +237,25 @@ def test_width_bench_marks_the_cache_and_skips_what_would_not_fit(tmp_path, monk
     assert json.loads(json_path.read_text())["rows"][2]["skipped"] and is_png(png_path)
 
 
-def test_cli_machine_quick_writes_files_and_saves_nothing(tmp_path, dlscale_home):
+def test_cli_machine_quick_writes_files_and_saves_nothing(
+    tmp_path, dlscale_home, monkeypatch, quick_measurement
+):
+    """The command around the measurement: what `--quick` asks for, the tables, the files, and
+    `--no-save` kept. The measurement is the module's real quick one (what it holds is checked
+    above), handed back by the function the command calls."""
+    from dlscale.api import bench as api_bench
+
+    asked = []
+
+    def measured(**options):
+        asked.append(options)
+        return copy.deepcopy(quick_measurement)
+
+    monkeypatch.setattr(api_bench, "bench_machine", measured)
     args = ["bench", "machine", "--quick", "--no-save", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert asked == [{"quick": True, "device": "auto"}]
     assert "peak matmul fp32" in result.stdout and "not saved" in result.stdout
     record = json.loads((tmp_path / "machine.json").read_text())
     assert record["peak_flops"]["fp32"] > 0 and is_png(tmp_path / "machine.png")

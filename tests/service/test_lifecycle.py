@@ -133,33 +133,43 @@ def test_an_upload_over_the_limit_is_refused_before_its_body_is_read(server):
 
 # The tenant's own model, uploaded with the job: a linear layer that takes its time over every
 # step (sleeping, not computing), so a job lasts as long as the test needs whatever the machine.
+# With `hold`, a training step waits until the test puts a file named `release` into the job's
+# folder (its working directory): the job is running, for certain, until the test lets it end.
+# Its validation (read-only folder) never waits. Waiting changes no number: the weights are
+# those of the same spec without `hold`.
 SLOW_MODEL = b"""
+import os
 import time
 
 from torch import nn
 
 
 class Slow(nn.Module):
-    def __init__(self, features, num_classes, seconds):
+    def __init__(self, features, num_classes, seconds, hold):
         super().__init__()
         self.linear = nn.Linear(features, num_classes)
         self.seconds = seconds
+        self.hold = hold and os.access(".", os.W_OK)
 
     def forward(self, x):
+        while self.hold and not os.path.exists("release"):
+            time.sleep(0.05)
         time.sleep(self.seconds)
         return self.linear(x.flatten(1))
 
 
-def build(num_classes=10, seconds=0.0):
-    return Slow(64, num_classes, seconds)
+def build(num_classes=10, seconds=0.0, hold=False):
+    return Slow(64, num_classes, seconds, hold)
 """
 SLOW_SPEC = SPEC.replace(
-    "{name: mlp, kwargs: {hidden: [32]}}", "{name: 'inputs.slow:build', kwargs: {seconds: 0.04}}"
+    "{name: mlp, kwargs: {hidden: [32]}}",
+    "{name: 'inputs.slow:build', kwargs: {seconds: 0.04, hold: HOLD}}",
 )
 
 
-def submit_slow(client, epochs: int, seed: int) -> str:
+def submit_slow(client, epochs: int, seed: int, hold: bool = False) -> str:
     spec = SLOW_SPEC.replace("EPOCHS", str(epochs)).replace("seed: 5", f"seed: {seed}")
+    spec = spec.replace("HOLD", "true" if hold else "false")
     files = [("spec", ("spec.yaml", spec.encode())), ("files", ("slow.py", SLOW_MODEL))]
     answer = client.post("/api/jobs", files=files)
     assert answer.status_code == 201, answer.text
@@ -172,8 +182,8 @@ def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_ca
     try:
         _, token = live.user("alice", "lab")
         client = live.client(token)
-        first = submit_slow(client, 20, 5)  # ~20 s of steps: runs across the crash
-        doomed = submit_slow(client, 20, 6)  # cancelled, then the crash
+        first = submit_slow(client, 2, 5, hold=True)  # held until after the crash
+        doomed = submit_slow(client, 20, 6)  # ~20 s of steps: cancelled, then the crash
         wait_for_state(client, first, ("running",))
         wait_for_state(client, doomed, ("running",))
         deadline = time.monotonic() + 120
@@ -183,11 +193,12 @@ def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_ca
         cancel = client.post(f"/api/jobs/{doomed}/cancel").json()
         assert cancel["cancel_requested"]
         queued = [submit_slow(client, 2, 7), submit_slow(client, 2, 8)]
-        queued.append(submit_slow(client, 20, 5))  # `first`'s spec: its weights to match
+        queued.append(submit_slow(client, 2, 5))  # `first`'s spec unheld: its weights to match
         assert client.get(f"/api/jobs/{first}").json()["state"] == "running"
         live.kill9()
         time.sleep(1.0)
         live.start()
+        (live.data_dir / "jobs" / first / "release").touch()  # it ran across the crash
         final = {
             j: wait_for_state(client, j, ("succeeded", "failed", "cancelled"), 300)
             for j in [first, doomed, *queued]
