@@ -16,30 +16,24 @@ from dlscale.cli.main import app
 from dlscale.train.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint
 
 # A GPT with dropout: resuming must restore the RNG stream, the optimizer state (AdamW) and the
-# position inside a shuffled epoch, or the weights drift apart.
+# position inside a shuffled epoch, or the weights drift apart. 100 steps an epoch (800 training
+# samples): a kill in the first epoch resumes across the epoch's end and its validation.
+# `threads: 1`: the run killed in its own process and the runs in the test's split their float
+# sums alike.
 SPEC = """
 name: resume-check
 model: {name: gpt, kwargs: {n_layer: 1, d_model: 32, n_head: 2, dropout: 0.1}}
 data: {name: synthetic, kind: tokens, task: language_modeling, seq_len: 16, vocab_size: 32,
        num_samples: 1000}
 batch_size: 8
-steps: 600
+steps: 200
 optimizer: {name: adamw, lr: 0.003, weight_decay: 0.01}
 device: cpu
 seed: 7
+threads: 1
 checkpoint: {every_steps: 20, keep_last: 2}
 """
 DLSCALE = [str(Path(sys.executable).parent / "dlscale"), "train"]
-
-
-def train(spec: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*DLSCALE, str(spec), "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
 
 
 def kill_once_checkpointed(spec: Path, out: Path, at_step: int) -> int:
@@ -62,23 +56,18 @@ def kill_once_checkpointed(spec: Path, out: Path, at_step: int) -> int:
 
 
 def assert_resumes_to_the_uninterrupted_weights(
-    spec: Path, killed: Path, killed_at: int, steps: int, straight_in_process: bool = False
+    spec: Path, killed: Path, killed_at: int, steps: int
 ) -> dict:
-    """`--resume` the killed run, train the spec straight through beside it: the same final
-    weights, bit for bit. The resumed run's record.
+    """`train --resume` the killed run, train the spec straight through beside it: the same
+    final weights, bit for bit. The resumed run's record.
 
-    `straight_in_process`: the reference run from this process (its workers are processes that
-    set their own threads either way), which saves a CLI start; a single-process run trains in
-    the calling process, at its thread count, so it takes the CLI like the run it is compared to.
-    """
-    resumed = train(spec, killed, "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    Both from this process (only the killed run is about a process that dies): its workers are
+    processes that set their own threads, and a single-process spec names its `threads`, so the
+    run in this process splits its sums as the killed process did."""
+    resumed = CliRunner().invoke(app, ["train", str(spec), "--out", str(killed), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
     assert f"resuming at step {killed_at}" in " ".join(resumed.stdout.split())
-    if straight_in_process:
-        api.train(spec, out_dir=killed.parent / "straight")
-    else:
-        straight = train(spec, killed.parent / "straight")
-        assert straight.returncode == 0, straight.stderr
+    api.train(spec, out_dir=killed.parent / "straight")
     final_resumed = load_checkpoint(latest_checkpoint(killed))
     final_straight = load_checkpoint(latest_checkpoint(killed.parent / "straight"))
     assert final_resumed["step"] == final_straight["step"] == steps
@@ -95,10 +84,10 @@ def test_kill_then_resume_equals_uninterrupted(tmp_path: Path):
     spec.write_text(SPEC)
     killed = tmp_path / "killed"
     killed_at = kill_once_checkpointed(spec, killed, 40)
-    assert 40 <= killed_at < 600, "the kill must land mid-run"
+    assert 40 <= killed_at < 200, "the kill must land mid-run"
     record = json.loads((killed / "run.json").read_text()) if (killed / "run.json").exists() else {}
     assert record.get("status") != "completed"
-    record = assert_resumes_to_the_uninterrupted_weights(spec, killed, killed_at, 600)
+    record = assert_resumes_to_the_uninterrupted_weights(spec, killed, killed_at, 200)
     # The resumed run keeps the history of the part before the kill.
     assert record["steps"][0]["step"] < killed_at < record["steps"][-1]["step"]
 
@@ -109,10 +98,10 @@ def test_resume_refuses_a_changed_spec(tmp_path: Path):
         return CliRunner().invoke(app, ["train", str(spec), "--out", str(tmp_path / "run"), *args])
 
     spec = tmp_path / "spec.yaml"
-    spec.write_text(SPEC.replace("steps: 600", "steps: 20"))
+    spec.write_text(SPEC.replace("steps: 200", "steps: 20"))
     first = cli_train()
     assert first.exit_code == 0, first.output
-    spec.write_text(SPEC.replace("steps: 600", "steps: 40"))
+    spec.write_text(SPEC.replace("steps: 200", "steps: 40"))
     again = cli_train("--resume")
     assert again.exit_code == 2
     assert "was written by a different spec" in again.stderr
@@ -138,14 +127,14 @@ strategy: STRATEGY
 @pytest.mark.parametrize(
     ("strategy", "steps"),
     [
-        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 100),
+        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 40),
         # PipeDream-2BW runs on across steps: the checkpoint must hold the batch in flight.
-        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 2bw}", 100),
+        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 2bw}", 40),
         ("{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}", 40),
         # 50 steps an epoch: the resumed run also crosses an epoch end and its validation.
         ("{name: ddp, workers: 2}", 60),
         # Dropout in the split attention and MLP: each group's one stream comes back too.
-        ("{name: tensor, degree: 2}", 60),
+        ("{name: tensor, degree: 2}", 40),
     ],
 )
 def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, strategy, steps):
@@ -157,9 +146,7 @@ def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, st
     killed = tmp_path / "killed"
     killed_at = kill_once_checkpointed(spec, killed, 20)
     assert 20 <= killed_at < steps, "the kill must land mid-run"
-    assert_resumes_to_the_uninterrupted_weights(
-        spec, killed, killed_at, steps, straight_in_process=True
-    )
+    assert_resumes_to_the_uninterrupted_weights(spec, killed, killed_at, steps)
 
 
 @pytest.mark.slow
@@ -176,7 +163,7 @@ def test_a_killed_stream_with_loader_workers_and_dropout_resumes_exactly(tmp_pat
         "model: {name: mlp, kwargs: {hidden: [16], dropout: 0.5}}\n"
         f"data: {{name: webdataset, urls: '{urls}', num_classes: 4, shuffle_buffer: 20}}\n"
         "batch_size: 10\nepochs: 6\noptimizer: {name: sgd, lr: 0.1}\ndevice: cpu\nseed: 3\n"
-        "loader: {workers: 2}\ncheckpoint: {every_steps: 5, keep_last: 2}\n"
+        "threads: 1\nloader: {workers: 2}\ncheckpoint: {every_steps: 5, keep_last: 2}\n"
     )
     killed = tmp_path / "killed"
     killed_at = kill_once_checkpointed(spec, killed, 25)

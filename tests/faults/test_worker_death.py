@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from dlscale.cli.main import app
 from dlscale.train.checkpoint import list_checkpoints
 from tests.conftest import alive, worker_pids
 
@@ -56,13 +58,8 @@ def test_killed_worker_stops_the_job_then_resume_finishes(tmp_path: Path):
     stopped_at = list_checkpoints(run_dir)[-1][0]
     assert stopped_at < 200
 
-    resumed = subprocess.run(
-        [DLSCALE, "train", str(spec), "--out", str(run_dir), "--resume"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert resumed.returncode == 0, resumed.stderr
+    # The resume from this process: the killed job was the process under test.
+    resumed = CliRunner().invoke(app, ["train", str(spec), "--out", str(run_dir), "--resume"])
+    assert resumed.exit_code == 0, resumed.output
     assert f"resuming at step {stopped_at}" in " ".join(resumed.stdout.split())
     assert list_checkpoints(run_dir)[-1][0] == 200

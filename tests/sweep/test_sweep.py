@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from typer.testing import CliRunner
 
 from dlscale import api
+from dlscale.cli.main import app
 from dlscale.jobspec import load_spec
 from tests.conftest import EXAMPLES, alive, default_sigint, worker_pids
 
@@ -139,10 +141,9 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
     stamp = finished.stat().st_mtime_ns
     assert tasks and _gone(tasks)  # no trial process outlives the sweep
 
-    again = subprocess.run(
-        [*command, "--resume", "--json"], capture_output=True, text=True, check=False, timeout=300
-    )
-    assert again.returncode == 0, again.stderr
+    # The resume from this process (the interrupted sweep was the process under test).
+    again = CliRunner().invoke(app, [*command[1:], "--resume", "--json"])
+    assert again.exit_code == 0, again.output
     result = json.loads(again.stdout)
     assert "resuming, 2 trial(s) already done" in again.stderr
     assert [t["status"] for t in result["trials"]] == [
