@@ -28,17 +28,8 @@ from dlscale.service.layout import MODEL, SOCKET
 from dlscale.service.model_proxy import MAX_BODY_BYTES, NotServed, open_socket, read_body
 from dlscale.serving.inputs import MAX_BODY_BYTES as ENGINE_MAX_BODY_BYTES
 from tests.service.live import LiveServer, wait_for_state
+from tests.service.specs import TINY
 
-SPEC = """\
-name: tiny
-model: {name: mlp, kwargs: {hidden: [16]}}
-data: {name: digits}
-batch_size: 64
-epochs: 1
-optimizer: {name: sgd, lr: 0.1}
-device: cpu
-seed: 3
-"""
 ENDED = ("succeeded", "failed", "cancelled")
 runner = CliRunner()
 
@@ -80,7 +71,7 @@ def deployed(tmp_path_factory):
         _, alice_token = live.user("alice", "lab-a")
         _, bob_token = live.user("bob", "lab-b")
         alice = live.client(alice_token)
-        trained = submit(alice, SPEC)
+        trained = submit(alice, TINY)
         job = wait_for_state(alice, trained, ENDED)
         assert job["state"] == "succeeded", job
         deployed = cli(

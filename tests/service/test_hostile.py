@@ -19,19 +19,10 @@ import pytest
 
 from tests.conftest import children
 from tests.service.live import LiveServer, wait_for_state
+from tests.service.specs import TINY
 
 ENDED = ("succeeded", "failed", "cancelled")
 MEMORY_PER_SLOT = 1 << 30  # small, so that allocating past it is quick
-TINY = """\
-name: tiny
-model: {name: mlp, kwargs: {hidden: [16]}}
-data: {name: digits}
-batch_size: 64
-epochs: 1
-optimizer: {name: sgd, lr: 0.1}
-device: cpu
-seed: 3
-"""
 
 # The tenant's own module: a real model whose factory first tries every way out of the
 # sandbox, writing what happened to run/attacks.json (the validation job runs it too, read-only:

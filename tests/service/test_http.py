@@ -23,17 +23,8 @@ from dlscale.service import admin
 from dlscale.service.app import create_app
 from dlscale.service.config import ServiceConfig
 from tests.service.fakes import FakeExecutor
+from tests.service.specs import TINY
 
-TINY = """\
-name: tiny
-model: {name: mlp, kwargs: {hidden: [16]}}
-data: {name: digits}
-batch_size: 64
-epochs: 1
-optimizer: {name: sgd, lr: 0.1}
-device: cpu
-seed: 3
-"""
 JOB_ID = "0123456789abcdef"
 PUBLIC = {("/api/health", "get"), ("/api/login", "post"), ("/login", "get")}
 
