@@ -11,9 +11,11 @@ without following links (the original job wrote its run, so it may have left lin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +29,7 @@ RUN_RECORD = "run.json"
 CHECKPOINTS = "checkpoints"
 CODE_SUFFIX = ".py"
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,31 @@ class DeployOptions:
         )
 
 
+class Claims:
+    """Tenants with a deployment being made now: one at a time each, so that concurrent deploys
+    cannot each copy up to the same storage left (it is read before the copy and charged only
+    once the job is queued)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.held: set[str] = set()
+
+    def claim(self, tenant: str) -> bool:
+        """Whether `tenant` may start a deployment now (then release() it once queued)."""
+        with self._lock:
+            if tenant in self.held:
+                return False
+            self.held.add(tenant)
+            return True
+
+    def release(self, tenant: str) -> None:
+        with self._lock:
+            self.held.discard(tenant)
+
+
+DEPLOYING = Claims()  # per server process: the routes run in its threads
+
+
 def refusal(kind: str, state: str, job_id: str) -> tuple[int, str] | None:
     """(HTTP status, one line) when job `job_id` has no model to deploy, else None."""
     if kind != "train":
@@ -71,43 +99,86 @@ def refusal(kind: str, state: str, job_id: str) -> tuple[int, str] | None:
     return None
 
 
-def copy_model(source: Path, target: Path) -> None:
+def copy_model(source: Path, target: Path, budget_bytes: int | None = None) -> None:
     """The model of the job in `source` into the deployment's folder `target`: its run record
-    and checkpoints as model/, its own code as inputs/; UserError when it saved no model."""
-    run = source / RUN
-    if not _copy_file(run / RUN_RECORD, target / MODEL / RUN_RECORD):
-        raise UserError(f"the job left no {RUN}/{RUN_RECORD}, so its model cannot be rebuilt")
-    copied = _copy_tree(run / CHECKPOINTS, target / MODEL / CHECKPOINTS, lambda name: True)
-    if not copied:
-        raise UserError("the job saved no checkpoint, so it has no model to deploy")
-    _copy_tree(source / INPUTS, target / INPUTS, lambda name: name.endswith(CODE_SUFFIX))
+    and checkpoints as model/, its own code as inputs/; UserError when it saved no model, when a
+    file it would copy has several links, or once the copy passes `budget_bytes` (the tenant's
+    storage left), checked as it copies.
+
+    Every name below `source` is opened relative to its folder and never through a link: the
+    job owned its folder, so it may have left a link where its run was (to another job's run)."""
+    copy = _Copy(budget_bytes)
+    with _folder(None, source) as job:
+        with _folder(job, RUN) as run:
+            if run is None or not copy.file(run, RUN_RECORD, target / MODEL / RUN_RECORD):
+                raise UserError(
+                    f"the job left no {RUN}/{RUN_RECORD} of its own, so its model cannot be rebuilt"
+                )
+            if not copy.tree(run, CHECKPOINTS, target / MODEL / CHECKPOINTS, lambda name: True):
+                raise UserError("the job saved no checkpoint, so it has no model to deploy")
+        copy.tree(job, INPUTS, target / INPUTS, lambda name: name.endswith(CODE_SUFFIX))
 
 
-def _copy_file(source: Path, target: Path) -> bool:
-    """Copy `source` if it is a regular file (never through a link); whether it was."""
-    try:
-        fd = os.open(source, _READ)
-    except OSError:
-        return False
-    with os.fdopen(fd, "rb") as src:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+class _folder(contextlib.AbstractContextManager):
+    """A folder opened by name inside the folder `parent` (a descriptor; None: `name` is a
+    path), never through a link; None where it is not a folder of its own."""
+
+    def __init__(self, parent: int | None, name: str | Path):
+        try:
+            self.fd = os.open(name, _DIRECTORY, dir_fd=parent)
+        except OSError:
+            self.fd = None
+
+    def __enter__(self) -> int | None:
+        return self.fd
+
+    def __exit__(self, *exc) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+
+class _Copy:
+    """Regular files copied out of descriptors, their bytes counted against a budget."""
+
+    def __init__(self, budget_bytes: int | None):
+        self.budget = budget_bytes
+        self.copied = 0
+
+    def file(self, folder: int, name: str, target: Path) -> bool:
+        """Copy `name` in `folder` if it is a regular file with one link; whether it was."""
+        try:
+            fd = os.open(name, _READ, dir_fd=folder)
+        except OSError:
             return False
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        with open(target, "xb") as dst:
-            shutil.copyfileobj(src, dst)
-    return True
+        with os.fdopen(fd, "rb") as src:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return False
+            if info.st_nlink != 1:
+                # The storage quota counts such a file as nothing (layout.folder_bytes).
+                raise UserError(
+                    f"{name} has {info.st_nlink} links: a model is copied from files of its own"
+                )
+            self.copied += info.st_size
+            if self.budget is not None and self.copied > self.budget:
+                raise UserError(
+                    f"the model's files pass the tenant's storage quota "
+                    f"({self.budget:,} bytes left)"
+                )
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with open(target, "xb") as dst:
+                shutil.copyfileobj(src, dst)
+        return True
 
-
-def _copy_tree(source: Path, target: Path, wanted) -> int:
-    """Copy the regular files under `source` whose names `wanted` accepts, never entering a
-    linked folder; how many were copied."""
-    if source.is_symlink() or not source.is_dir():
-        return 0
-    copied = 0
-    for here, dirs, files in os.walk(source):
-        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(here, d))]
-        into = target / os.path.relpath(here, source)
-        for name in sorted(files):
-            if wanted(name):
-                copied += _copy_file(Path(here) / name, into / name)
-    return copied
+    def tree(self, parent: int, name: str, target: Path, wanted) -> int:
+        """Copy the regular files under the folder `name` in `parent` whose names `wanted`
+        accepts, never entering a linked folder; how many were copied."""
+        with _folder(parent, name) as top:
+            if top is None:
+                return 0
+            copied = 0
+            for here, _, files, fd in os.fwalk(".", dir_fd=top, follow_symlinks=False):
+                for file in sorted(files):
+                    if wanted(file):
+                        copied += self.file(fd, file, target / here / file)
+            return copied

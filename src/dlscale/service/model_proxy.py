@@ -15,6 +15,8 @@ limited to 107 bytes, a job folder's is not).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import stat
 from collections.abc import AsyncIterator
@@ -30,7 +32,8 @@ MAX_BODY_BYTES = 16 * 1024 * 1024  # the engine's own limit (serving/inputs.py),
 MAX_ANSWER_BYTES = 4 * 1024 * 1024  # 256 predictions are a few KiB; metrics fewer
 PASSED_STATUSES = (200, 400, 413, 422)  # what the engine's routes answer (serving/routes.py)
 CONNECT_TIMEOUT_S = 5.0
-ANSWER_TIMEOUT_S = 120.0  # one request is one model call on at most 256 samples
+ANSWER_TIMEOUT_S = 120.0  # one request, whole: one model call on at most 256 samples
+MAX_IN_FLIGHT = 8  # requests a model holds in the server at once: its engine answers one by one
 
 
 class NotServed(Exception):
@@ -47,6 +50,30 @@ class NotServed(Exception):
 class Answer:
     status: int
     body: bytes
+
+
+class InFlight:
+    """Requests under way to each deployed model, at most `limit` each (429 past it), taken
+    before a body is read: each holds up to 16 MiB and three descriptors in the server, and the
+    engine answers them one at a time anyway."""
+
+    def __init__(self, limit: int = MAX_IN_FLIGHT):
+        self.limit = limit
+        self.counts: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def slot(self, job_id: str):
+        # The routes run on the server's one event loop: nothing runs between the check and
+        # the count, so no lock.
+        if self.counts.get(job_id, 0) >= self.limit:
+            raise NotServed(429, f"{self.limit} requests to this model are under way; try again", 1)
+        self.counts[job_id] = self.counts.get(job_id, 0) + 1
+        try:
+            yield
+        finally:
+            self.counts[job_id] -= 1
+            if not self.counts[job_id]:
+                del self.counts[job_id]
 
 
 async def read_body(request: Request) -> bytes:
@@ -78,6 +105,14 @@ def open_socket(folder: Path, uid: int | None) -> int:
 
 async def forward(folder: Path, uid: int | None, method: str, path: str, body: bytes) -> Answer:
     """Send `body` to the engine at `path` and return its status and body (bounded)."""
+    try:
+        async with asyncio.timeout(ANSWER_TIMEOUT_S):  # the whole exchange, not each read
+            return await _exchange(folder, uid, method, path, body)
+    except TimeoutError:
+        raise NotServed(504, f"the model did not answer within {ANSWER_TIMEOUT_S:g} s") from None
+
+
+async def _exchange(folder: Path, uid: int | None, method: str, path: str, body: bytes) -> Answer:
     fd = open_socket(folder, uid)
     timeout = httpx.Timeout(ANSWER_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     transport = httpx.AsyncHTTPTransport(uds=f"/proc/self/fd/{fd}")

@@ -3,12 +3,13 @@ and failure limits), built by app.py and reached by every route through deps.ser
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dlscale.service.config import ServiceConfig
 from dlscale.service.executor import Executor
 from dlscale.service.limits import FailureLimiter
 from dlscale.service.loop import JobLoop
+from dlscale.service.model_proxy import InFlight
 
 
 @dataclass
@@ -21,3 +22,4 @@ class ServiceState:
     loop: JobLoop
     limiter: FailureLimiter  # failed logins per address and name, bad tokens per address
     address_limiter: FailureLimiter  # failed logins per address, whatever names were tried
+    model_requests: InFlight = field(default_factory=InFlight)  # to deployed models, each

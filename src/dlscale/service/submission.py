@@ -356,14 +356,33 @@ def deploy(
     refused = deployment.refusal(job.kind, job.state, job.id)
     if refused is not None:
         raise HTTPException(*refused)
+    if not deployment.DEPLOYING.claim(job.tenant.name):
+        raise HTTPException(
+            429,
+            f"a deployment for tenant {job.tenant.name} is being made; try again once it is queued",
+            headers={"Retry-After": "5"},
+        )
+    try:
+        return _deploy(state, user, job, options, address)
+    finally:
+        deployment.DEPLOYING.release(job.tenant.name)
+
+
+def _deploy(
+    state: ServiceState, user: User, job: Job, options: deployment.DeployOptions, address: str
+) -> dict:
     source = job_dir(state.config.data_dir, job.id)
+    with state.maker.begin() as db:
+        tenant = _tenant_for(db, user, job.tenant.name)  # the role and the quota, as a submit's
+        quota = tenant.storage_bytes
+        left = None if quota is None else quota - jobstore.storage_used(db, tenant)
 
     def fill(folder: Path) -> dict:
-        deployment.copy_model(source, folder)
+        # The quota is checked as the files are copied, not once they all are: a model of many
+        # checkpoints cannot fill the disk before it is refused.
+        deployment.copy_model(source, folder, left)
         return {"deploys": job.id, "device": options.device, "precision": options.precision}
 
-    with state.maker.begin() as db:
-        _tenant_for(db, user, job.tenant.name)  # the role and the storage quota, as for a submit
     draft = _Draft(
         user=user,
         tenant=job.tenant,

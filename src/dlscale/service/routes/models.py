@@ -38,8 +38,9 @@ async def predict(request: Request, access: ViewableJob) -> Response:
     body is passed to the model's sandbox unread; its answer (or its 400/413/422) comes back."""
     folder = _served(request, access)
     try:
-        body = await read_body(request)
-        return await _forward(request, access, folder, "POST", "/predict", body, JSON)
+        with service(request).model_requests.slot(access.job.id):
+            body = await read_body(request)
+            return await _forward(request, access, folder, "POST", "/predict", body, JSON)
     except NotServed as exc:
         raise _http(exc) from None
 
@@ -49,7 +50,8 @@ async def health(request: Request, access: ViewableJob) -> Response:
     """What the deployed model takes (input shape and kind, classes, precision)."""
     folder = _served(request, access)
     try:
-        return await _forward(request, access, folder, "GET", "/health", b"", JSON)
+        with service(request).model_requests.slot(access.job.id):
+            return await _forward(request, access, folder, "GET", "/health", b"", JSON)
     except NotServed as exc:
         raise _http(exc) from None
 
@@ -62,7 +64,8 @@ async def metrics(request: Request, access: ViewableJob, format: str = "promethe
     folder = _served(request, access)
     path, media = ("/metrics?format=json", JSON) if format == "json" else ("/metrics", PROMETHEUS)
     try:
-        return await _forward(request, access, folder, "GET", path, b"", media)
+        with service(request).model_requests.slot(access.job.id):
+            return await _forward(request, access, folder, "GET", path, b"", media)
     except NotServed as exc:
         raise _http(exc) from None
 
