@@ -146,3 +146,9 @@ def test_a_bad_token_file_is_one_line(tmp_path: Path, content: str | None, says:
     with pytest.raises(UserError) as caught:
         read_token_file(path)
     assert says in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_token_file_that_never_ends_is_read_only_as_far_as_a_token_goes():
+    """/dev/zero as --token-file: a bounded read, then one line (it read forever before)."""
+    with pytest.raises(UserError, match="characters"):
+        read_token_file(Path("/dev/zero"))

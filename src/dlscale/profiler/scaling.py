@@ -183,8 +183,8 @@ def predict_scaling(
     `single_step_s` replaces the roofline's one-device step (a measured one, or the
     prediction with costs the roofline lacks, such as the loop's per-step cost): every part of
     the step is scaled by the same factor. `accumulate`: micro-batches of the traced batch per
-    optimizer step (ddp's points only; one device's baseline accumulates as well). `pinned`:
-    the loader's batches sit in pinned host memory (predict())."""
+    optimizer step (the strategies in ACCUMULATING; one device's baseline accumulates as
+    well). `pinned`: the loader's batches sit in pinned host memory (predict())."""
     prediction = predict(trace, hardware, pinned=pinned)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)

@@ -83,7 +83,8 @@ def read_token_file(path: Path) -> str:
     """The token in `path` (surrounding whitespace and a final newline dropped), or one line
     saying why it cannot be used."""
     try:
-        raw = path.read_bytes()[: MAX_TOKEN_CHARS + 2]
+        with path.open("rb") as handle:  # a bounded read: /dev/zero or a huge file ends too
+            raw = handle.read(MAX_TOKEN_CHARS + 3)
     except OSError as exc:
         raise UserError(f"--token-file {path}: cannot read it ({exc.strerror or exc})") from None
     try:
