@@ -126,3 +126,13 @@ def test_one_deployment_at_a_time_is_made_for_a_tenant():
     assert claims.claim("lab") and not claims.claim("lab") and claims.claim("other")
     claims.release("lab")
     assert claims.claim("lab") and claims.held == {"lab", "other"}
+
+
+def test_a_source_job_folder_gone_copies_nothing_from_the_servers_own_folder(tmp_path, monkeypatch):
+    """The job deleted while it is deployed: its folder cannot be opened, and nothing may then
+    be read relative to the server's working folder (which may hold a run/ of its own)."""
+    _job(tmp_path / "cwd")
+    monkeypatch.chdir(tmp_path / "cwd")
+    with pytest.raises(UserError, match="folder is gone"):
+        copy_model(tmp_path / "deleted", tmp_path / "deployment")
+    assert not (tmp_path / "deployment").exists()

@@ -109,6 +109,8 @@ def copy_model(source: Path, target: Path, budget_bytes: int | None = None) -> N
     job owned its folder, so it may have left a link where its run was (to another job's run)."""
     copy = _Copy(budget_bytes)
     with _folder(None, source) as job:
+        if job is None:  # deleted meanwhile; a descriptor of None would mean the server's cwd
+            raise UserError("the job's folder is gone, so its model cannot be copied")
         with _folder(job, RUN) as run:
             if run is None or not copy.file(run, RUN_RECORD, target / MODEL / RUN_RECORD):
                 raise UserError(
