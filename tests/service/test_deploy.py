@@ -23,6 +23,7 @@ from typer.testing import CliRunner
 
 from dlscale.api.inference import load_predictor
 from dlscale.cli.main import app
+from dlscale.service import admin
 from dlscale.service.deploy import refusal
 from dlscale.service.layout import MODEL, SOCKET
 from dlscale.service.model_proxy import MAX_BODY_BYTES, NotServed, open_socket, read_body
@@ -104,10 +105,15 @@ def test_the_tenant_gets_the_predictions_predict_gives_and_no_one_else_reaches_t
     job = alice.get(f"/api/jobs/{served}").json()
     assert job["kind"] == "serve-model" and job["state"] == "running"
     assert job["reproduction"]["deploys"] == trained
-    # The dashboard shows it as it shows any job: its kind and state.
+    # The dashboard shows it as it shows any job: its kind and state; its page says how to ask
+    # it and offers no Rerun (a deployment is made again from its train job).
     for page in ("/", f"/jobs/{served}"):
         shown = alice.get(page)
         assert shown.status_code == 200 and "serve-model" in shown.text and "running" in shown.text
+    assert 'id="rerun-button"' not in shown.text and 'id="cancel-button"' in shown.text
+    assert f"/api/jobs/{served}/predict" in shown.text
+    assert f"dlscale remote predict {served}" in shown.text
+    assert 'id="rerun-button"' in alice.get(f"/jobs/{trained}").text
     # The tenant's answers are Predictor.predict's on the same inputs.
     samples = np.random.default_rng(0).random((7, *info["input_shape"]), dtype=np.float32)
     answer = alice.post(f"/api/jobs/{served}/predict", json={"inputs": samples.tolist()})
@@ -221,6 +227,55 @@ def test_a_deployment_is_refused_for_a_job_with_no_model_or_bad_options(deployed
     # A train job asked for predictions.
     answer = alice.post(f"/api/jobs/{trained}/predict", json={"inputs": [[0.0]]})
     assert answer.status_code == 409 and "deploy it first" in answer.json()["detail"]
+
+
+def test_a_deployment_past_the_tenants_storage_quota_is_refused_and_leaves_nothing(deployed):
+    """Over HTTP: a copy that would pass the storage left is refused as it copies (422), a
+    tenant already at its quota before any copy (409); neither leaves a job or a folder."""
+    live, alice, trained = deployed["live"], deployed["alice"], deployed["trained"]
+    jobs = live.data_dir / "jobs"
+    before = sorted(p.name for p in jobs.iterdir())
+    listed = len(alice.get("/api/jobs").json())
+    model = sum(p.stat().st_size for p in (jobs / trained / "run").rglob("*") if p.is_file())
+    tenants = admin.tenants(live.data_dir, None)
+    (used,) = [t["storage_used"] for t in tenants if t["name"] == "lab-a"]
+    try:
+        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=used + model // 2)
+        answer = alice.post(f"/api/jobs/{trained}/deploy")
+        assert answer.status_code == 422, answer.text
+        assert "the model's files pass the tenant's storage quota" in answer.json()["detail"]
+        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=used)
+        answer = alice.post(f"/api/jobs/{trained}/deploy")
+        assert answer.status_code == 409, answer.text
+        assert "tenant lab-a is at its storage quota" in answer.json()["detail"]
+    finally:
+        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=None)
+    assert sorted(p.name for p in jobs.iterdir()) == before
+    assert len(alice.get("/api/jobs").json()) == listed
+
+
+@pytest.mark.slow
+def test_a_server_killed_while_a_model_serves_finds_it_again_once_back(deployed):
+    """The engine runs in its sandbox as any job does, so it outlives the server; the server
+    back up adopts it and the tenant's predictions go on, from the same engine."""
+    live, served, info = deployed["live"], deployed["served"], deployed["info"]
+    samples = np.random.default_rng(1).random((3, *info["input_shape"]), dtype=np.float32)
+    body = {"inputs": samples.tolist()}
+    before = deployed["alice"].post(f"/api/jobs/{served}/predict", json=body)
+    assert before.status_code == 200, before.text
+    sandbox = live.data_dir / "sandboxes" / f"{served}.json"
+    engine = json.loads(sandbox.read_text())["init"]
+    live.kill9()
+    live.start()
+    alice = live.client(deployed["alice_token"])  # the old client's connections died with it
+    after = alice.post(f"/api/jobs/{served}/predict", json=body)
+    assert after.status_code == 200, after.text
+    assert after.json()["predictions"] == before.json()["predictions"]
+    assert json.loads(sandbox.read_text())["init"] == engine  # adopted, not started again
+    job = alice.get(f"/api/jobs/{served}").json()
+    assert job["state"] == "running"
+    assert [e["state"] for e in job["events"]].count("starting") == 1, job["events"]
+    deployed["alice"] = alice
 
 
 @pytest.mark.slow
