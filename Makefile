@@ -33,8 +33,11 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The suite on TEST_WORKERS processes (pytest-xdist), a test file at a time in the order collected
+# (tests/conftest.py groups them); TEST_WORKERS=0 runs it in this one process.
+TEST_WORKERS ?= 2
 test: system-deps lint
-	$(BIN)/python -m pytest -q --durations=40
+	$(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 bench: setup
 	$(BIN)/python benchmarks/loop_overhead.py

@@ -46,6 +46,29 @@ def reporter() -> RecordingReporter:
     return RecordingReporter()
 
 
+# ------------------------------------------------- on several cores (`make test` runs -n 2)
+
+# `make test` spreads the suite over pytest-xdist workers, a test file at a time (`--dist
+# loadgroup`, every test grouped by its file here), so a module's shared fixture (a sandboxed
+# server, one `bench machine` measurement) is made once. Files that must not run beside each
+# other share a group: the Ray files count this machine's Ray worker processes, and the two
+# files of `ps_async_digits` share its one run.
+SHARED_WORKER = {
+    "tests/strategies/test_ray.py": "ray",
+    "tests/strategies/test_ray_auth.py": "ray",
+    "tests/integration/test_serve_model.py": "ray",
+    "tests/strategies/test_ps.py": "ps-async-digits",
+    "tests/faults/test_ps_faults.py": "ps-async-digits",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook is not tryfirst)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(path, path)))
+
+
 # ------------------------------------------------- processes (for tests that kill and count)
 
 
