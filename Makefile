@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 # The stamp is remade whenever the dependency files change, so `make` re-installs only then.
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup system-deps demo test lint format clean bench gpu-check image container-test cluster-test
+.PHONY: setup system-deps demo test test-heavy test-all lint format clean bench gpu-check image container-test cluster-test
 
 setup: $(STAMP)
 
@@ -34,10 +34,19 @@ format: setup
 	$(BIN)/ruff format .
 
 # The suite on TEST_WORKERS processes (pytest-xdist), a test file at a time in the order collected
-# (tests/conftest.py groups them); TEST_WORKERS=0 runs it in this one process.
+# (tests/conftest.py groups them); TEST_WORKERS=0 runs it in this one process. `make test` leaves
+# out the tests marked heavy (further end-to-end variants of what it checks once); `make
+# test-heavy` runs just those, `make test-all` everything.
 TEST_WORKERS ?= 2
+PYTEST := $(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: system-deps lint
-	$(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(PYTEST) -m "not heavy"
+
+test-heavy: system-deps setup
+	$(PYTEST) -m heavy
+
+test-all: system-deps lint
+	$(PYTEST)
 
 bench: setup
 	$(BIN)/python benchmarks/loop_overhead.py

@@ -11,6 +11,11 @@ import pytest
 # Tests never see the developer's own hardware entries (~/.dlscale/hardware/local.toml, ...):
 # each test run gets an empty DLSCALE_HOME; tests that need one set their own.
 os.environ["DLSCALE_HOME"] = tempfile.mkdtemp(prefix="dlscale-home-")
+# Nor the caller's terminal size: rich fixes a console's width from COLUMNS when the console is
+# made (the CLI's, at import), so a COLUMNS in the caller's environment (pytest-xdist's workers
+# set one) would wrap the CLI's tables at that width whatever a test asks for.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -64,6 +69,8 @@ SHARED_WORKER = {
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook is not tryfirst)
 def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return  # run with -p no:xdist: no groups to read (and no such marker)
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(path, path)))

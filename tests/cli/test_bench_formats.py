@@ -207,6 +207,7 @@ def test_bad_input_is_one_line(spec: Path, args, message):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_levels_measures_simd_then_threads_then_processes(spec: Path, tmp_path: Path):
     out = tmp_path / "out"
     args = ["bench", "levels", str(spec), "--steps", "5", "--max-threads", "2", "--out", str(out)]

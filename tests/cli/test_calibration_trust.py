@@ -75,7 +75,8 @@ def machine_result(readings: dict) -> dict:
 
 def bench_machine(monkeypatch, readings: dict, *args: str):
     monkeypatch.setattr(bench, "bench_machine", lambda **_: machine_result(readings))
-    return runner.invoke(app, ["bench", "machine", *args])
+    # Wide enough that no path a test prints wraps, however long the temporary folder's name.
+    return runner.invoke(app, ["bench", "machine", *args], env={"COLUMNS": "400"})
 
 
 def test_the_verdict_on_a_calibration_reads_its_own_figures():

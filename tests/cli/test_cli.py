@@ -89,6 +89,7 @@ def test_resume_without_checkpoint_and_rerun_into_a_used_folder(tmp_path: Path):
     assert again.exit_code == 2 and "pass --resume" in again.stderr
 
 
+@pytest.mark.heavy
 def test_lenet_digits_example_reaches_95_percent(tmp_path: Path):
     """The demo job, end to end through the CLI: progress, summary, run.json, checkpoints."""
     result = run("train", EXAMPLES / "lenet-digits.yaml", "--out", tmp_path)

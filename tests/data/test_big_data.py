@@ -63,6 +63,7 @@ def finish_training(started: tuple) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_peak_memory_does_not_grow_with_the_size_of_the_data(tmp_path: Path):
     convert(tmp_path / "small", SMALL_SAMPLES)
     # The small run trains while the big set is written: each run's peak is its own process's.

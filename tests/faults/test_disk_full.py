@@ -140,7 +140,9 @@ def limit_file_size(pids: list[int], limit_bytes: int) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "strategy", ["", "strategy: {name: ddp, workers: 2}"], ids=["single", "ddp"]
+    "strategy",
+    ["", pytest.param("strategy: {name: ddp, workers: 2}", marks=pytest.mark.heavy)],
+    ids=["single", "ddp"],
 )
 def test_a_disk_that_fills_mid_run_stops_it_in_one_line(tmp_path: Path, strategy: str):
     spec = tmp_path / "job.yaml"

@@ -127,14 +127,26 @@ strategy: STRATEGY
 @pytest.mark.parametrize(
     ("strategy", "steps"),
     [
-        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}", 40),
+        pytest.param(
+            "{name: pipeline, stages: 2, microbatches: 2, schedule: 1f1b}",
+            40,
+            marks=pytest.mark.heavy,
+        ),
         # PipeDream-2BW runs on across steps: the checkpoint must hold the batch in flight.
-        ("{name: pipeline, stages: 2, microbatches: 2, schedule: 2bw}", 40),
-        ("{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}", 40),
+        pytest.param(
+            "{name: pipeline, stages: 2, microbatches: 2, schedule: 2bw}",
+            40,
+            marks=pytest.mark.heavy,
+        ),
+        pytest.param(
+            "{name: hybrid, data_parallel: 2, stages: 2, microbatches: 2}",
+            40,
+            marks=pytest.mark.heavy,
+        ),
         # 50 steps an epoch: the resumed run also crosses an epoch end and its validation.
         ("{name: ddp, workers: 2}", 60),
         # Dropout in the split attention and MLP: each group's one stream comes back too.
-        ("{name: tensor, degree: 2}", 40),
+        pytest.param("{name: tensor, degree: 2}", 40, marks=pytest.mark.heavy),
     ],
 )
 def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, strategy, steps):

@@ -79,6 +79,7 @@ def test_async_training_finishes_without_a_killed_worker(tmp_path: Path, ps_asyn
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_killed_server_stops_the_job_naming_it_then_resume_finishes(tmp_path: Path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SERVER_FAULT)
@@ -165,6 +166,7 @@ def test_a_silent_worker_is_dropped_by_heartbeat_and_the_job_still_ends(tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_worker_killed_before_the_rendezvous_ends_the_job_naming_it(tmp_path: Path):
     """Before every process has met the others, nobody can train on without one: the job
     stops at once, naming it (the defect: 'training continues without it', a 120 s hang, then
@@ -202,7 +204,7 @@ def test_a_worker_killed_before_the_rendezvous_ends_the_job_naming_it(tmp_path: 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("every_s", [0.5, 3600])
+@pytest.mark.parametrize("every_s", [0.5, pytest.param(3600, marks=pytest.mark.heavy)])
 def test_a_killed_async_job_resumes_from_its_last_shard_save_and_says_which_step(
     tmp_path: Path, every_s: float
 ):
@@ -251,6 +253,7 @@ def _version(shard: Path) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_ps_job_killed_before_any_shard_save_resumes_from_its_epoch_checkpoint(tmp_path: Path):
     """The defect: killed before the servers' first periodic save (30 s by default), --resume
     started over at step 0 although worker 0 had saved epoch checkpoints. Now the newer of the

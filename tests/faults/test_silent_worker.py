@@ -94,6 +94,7 @@ TRAIN = SWEEP.split("sweep:")[0].replace("epochs: 100000", "epochs: 1")
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_live_sweep_trial_holds_its_folder_and_is_named_when_stopped(tmp_path: Path):
     """A trial's folder is its own while it trains (a `train --resume` into it is refused, as
     into any live run's folder), and a trial whose process is stopped is named while the sweep

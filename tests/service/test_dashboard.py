@@ -175,6 +175,7 @@ def _submit(page, spec: str, files: list[dict] | None = None) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_log_in_submit_watch_and_cancel_in_a_browser(server, tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     if not CHROMIUM.is_file():

@@ -65,6 +65,7 @@ def server(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_job_trains_what_dlscale_train_trains_and_a_rerun_is_bit_identical(server, tmp_path):
     _, token = server.user("alice", "lab")
     client = server.client(token)
@@ -103,6 +104,7 @@ def test_a_job_trains_what_dlscale_train_trains_and_a_rerun_is_bit_identical(ser
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_sweep_and_profile_jobs_run(server):
     _, token = server.user("sam", "lab-s")
     client = server.client(token)
@@ -177,6 +179,7 @@ def submit_slow(client, epochs: int, seed: int, hold: bool = False) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_cancel(tmp_path):
     live = LiveServer(tmp_path / "data", cpu_slots=2).start()
     try:
@@ -229,7 +232,10 @@ def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_ca
 @pytest.mark.parametrize(
     ("example", "module", "minimum_accuracy"),
     # The GPT's ceiling is ~46%: each token of its Markov chain has two likely successors.
-    [("own-model.yaml", "mynet.py", 0.93), ("transformers-gpt2.yaml", "hf_gpt2.py", 0.40)],
+    [
+        ("own-model.yaml", "mynet.py", 0.93),
+        pytest.param("transformers-gpt2.yaml", "hf_gpt2.py", 0.40, marks=pytest.mark.heavy),
+    ],
 )
 def test_the_tenants_own_code_examples_train_on_the_service(
     server, example, module, minimum_accuracy

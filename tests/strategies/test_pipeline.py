@@ -192,7 +192,10 @@ def test_a_model_refused_on_one_worker_trains_when_split(tmp_path: Path):
 @pytest.mark.parametrize(
     ("example", "minimum_accuracy"),
     # The GPT's ceiling is ~46% (each token of its Markov chain has two likely successors).
-    [("pipeline-gpt.yaml", 0.40), ("hybrid-digits.yaml", 0.93)],
+    [
+        pytest.param("pipeline-gpt.yaml", 0.40, marks=pytest.mark.heavy),
+        pytest.param("hybrid-digits.yaml", 0.93, marks=pytest.mark.heavy),
+    ],
 )
 def test_examples_train_and_print_their_split(tmp_path: Path, example: str, minimum_accuracy):
     from typer.testing import CliRunner

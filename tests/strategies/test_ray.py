@@ -50,6 +50,7 @@ def cluster():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
     """2 replicas × 2 stages: four actors over two nodes, the local run's weights. First in the
     file, so that its cluster never runs beside the shared one."""
@@ -95,6 +96,7 @@ def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
     """The ps strategy through the same launcher interface: a server and a worker as actors (the
     cluster has one CPU a node), the tensors over gloo point-to-point between the nodes, as
@@ -122,6 +124,7 @@ def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
     """Stage 1 on one node, stage 2 on the other: activations and gradients cross between
     them, and the weights are those of the same pipeline run as local processes."""
@@ -144,6 +147,7 @@ def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path):
     """WebDataset shards on storage both nodes reach: each Ray worker opens them itself and
     reads its own part of every epoch (the driver sends a spec, never data), and the weights
@@ -188,6 +192,7 @@ def test_an_address_that_does_not_answer(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_sweep_trials_as_ray_tasks_on_two_nodes(cluster, tmp_path: Path):
     """One-CPU trials on two one-CPU nodes: two at a time, one on each, on two long-lived
     actors (the third trial runs on one of the first two's); a failing one recorded."""
@@ -225,6 +230,7 @@ def ray_nodes(address: str) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_killed_worker_actor_is_named_with_the_signal_and_the_resume_hint(cluster, tmp_path):
     """The defect: `worker 0 on ... died: The actor died unexpectedly before finishing this
     task...`, without the signal that a local run names, nor how to continue."""

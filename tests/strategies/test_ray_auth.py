@@ -31,6 +31,9 @@ from dlscale.launch import make_launcher
 from dlscale.launch.base import Resources
 from dlscale.launch.local import free_port
 
+# Ray's token mode, end to end on a head of its own: opt-in (`make test-heavy`).
+pytestmark = pytest.mark.heavy
+
 BIN = Path(sys.executable).parent
 SPEC = {
     "name": "ray-auth",

@@ -167,6 +167,7 @@ def test_a_plan_whose_split_changes_the_forward_is_refused(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_example_trains_and_prints_its_plan_first(tmp_path: Path):
     from typer.testing import CliRunner
 
