@@ -33,12 +33,9 @@ format: setup
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-# The suite on TEST_WORKERS processes (pytest-xdist), a test file at a time in the order collected
-# (tests/conftest.py groups them); TEST_WORKERS=0 runs it in this one process. `make test` leaves
-# out the tests marked heavy (further end-to-end variants of what it checks once); `make
-# test-heavy` runs just those, `make test-all` everything.
-TEST_WORKERS ?= 2
-PYTEST := $(BIN)/python -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+# `make test` leaves out the tests marked heavy (further end-to-end variants of what it checks
+# once: docs/development.md); `make test-heavy` runs just those, `make test-all` everything.
+PYTEST := $(BIN)/python -m pytest -q --durations=40
 test: system-deps lint
 	$(PYTEST) -m "not heavy"
 

@@ -12,8 +12,8 @@ import pytest
 # each test run gets an empty DLSCALE_HOME; tests that need one set their own.
 os.environ["DLSCALE_HOME"] = tempfile.mkdtemp(prefix="dlscale-home-")
 # Nor the caller's terminal size: rich fixes a console's width from COLUMNS when the console is
-# made (the CLI's, at import), so a COLUMNS in the caller's environment (pytest-xdist's workers
-# set one) would wrap the CLI's tables at that width whatever a test asks for.
+# made (the CLI's, at import), so a COLUMNS the caller exports (some shells and CI
+# runners do; pytest-xdist's workers set 80) would wrap the CLI's tables whatever a test asks for.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
 
@@ -49,31 +49,6 @@ class RecordingReporter:
 @pytest.fixture
 def reporter() -> RecordingReporter:
     return RecordingReporter()
-
-
-# ------------------------------------------------- on several cores (`make test` runs -n 2)
-
-# `make test` spreads the suite over pytest-xdist workers, a test file at a time (`--dist
-# loadgroup`, every test grouped by its file here), so a module's shared fixture (a sandboxed
-# server, one `bench machine` measurement) is made once. Files that must not run beside each
-# other share a group: the Ray files count this machine's Ray worker processes, and the two
-# files of `ps_async_digits` share its one run.
-SHARED_WORKER = {
-    "tests/strategies/test_ray.py": "ray",
-    "tests/strategies/test_ray_auth.py": "ray",
-    "tests/integration/test_serve_model.py": "ray",
-    "tests/strategies/test_ps.py": "ps-async-digits",
-    "tests/faults/test_ps_faults.py": "ps-async-digits",
-}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook is not tryfirst)
-def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return  # run with -p no:xdist: no groups to read (and no such marker)
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(SHARED_WORKER.get(path, path)))
 
 
 # ------------------------------------------------- processes (for tests that kill and count)

@@ -31,6 +31,7 @@ DLSCALE = str(Path(sys.executable).parent / "dlscale")
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_stopped_worker_is_named_while_waiting_and_in_the_error(tmp_path: Path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)

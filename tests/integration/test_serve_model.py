@@ -95,6 +95,7 @@ async def post_all(url: str, bodies: list[dict]) -> list[httpx.Response]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_served_predictions_equal_the_predictor_s_and_metrics_count_them(server, run_dir):
     url, process = server
     predictor = load_predictor(run_dir, device="cpu")

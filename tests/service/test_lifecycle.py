@@ -233,7 +233,7 @@ def test_a_server_killed_mid_job_finishes_every_job_once_in_order_and_keeps_a_ca
     ("example", "module", "minimum_accuracy"),
     # The GPT's ceiling is ~46%: each token of its Markov chain has two likely successors.
     [
-        ("own-model.yaml", "mynet.py", 0.93),
+        pytest.param("own-model.yaml", "mynet.py", 0.93, marks=pytest.mark.heavy),
         pytest.param("transformers-gpt2.yaml", "hf_gpt2.py", 0.40, marks=pytest.mark.heavy),
     ],
 )

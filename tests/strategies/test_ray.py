@@ -82,6 +82,7 @@ def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
     local = api.train(parse_spec(SPEC), out_dir=tmp_path / "local")
     placed = api.train(
@@ -178,6 +179,7 @@ def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path)
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_more_workers_than_the_cluster_can_place(cluster, tmp_path: Path):
     spec = parse_spec({**SPEC, "strategy": {"name": "ddp", "workers": 3}})
     with pytest.raises(

@@ -37,6 +37,7 @@ def flaky(input_size, num_classes):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_trial_whose_model_fails_mid_run_is_one_line_with_its_traceback_logged(tmp_path):
     (tmp_path / "usermodels.py").write_text(textwrap.dedent(USER_MODELS))
     spec = {
