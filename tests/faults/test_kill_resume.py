@@ -162,6 +162,7 @@ def test_a_killed_parallel_run_resumes_to_the_uninterrupted_weights(tmp_path, st
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_killed_stream_with_loader_workers_and_dropout_resumes_exactly(tmp_path: Path):
     """WebDataset shards read by 2 loader workers, dropout in the model: the resumed run starts
     its workers mid-epoch, the uninterrupted one at the epoch's start, and neither may move the

@@ -89,6 +89,7 @@ device: cpu
 """
 
 
+@pytest.mark.heavy
 def test_a_closed_stdout_does_not_stop_the_run(tmp_path: Path):
     """`dlscale train ... | head -1`: head leaves after the first line, and every later line
     meets a closed pipe. The run trains to its end, writes its whole record and says, once, on

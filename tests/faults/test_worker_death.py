@@ -29,6 +29,7 @@ DLSCALE = str(Path(sys.executable).parent / "dlscale")
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_killed_worker_stops_the_job_then_resume_finishes(tmp_path: Path):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)

@@ -142,6 +142,7 @@ def test_remote_artifacts_lists_run_json_and_downloads_it_checked(
     assert again.exit_code == 2 and "--force" in error_line(again)
 
 
+@pytest.mark.heavy
 def test_rerun_prints_the_new_id_and_cancel_stops_it(server, alice, finished):
     rerun = cli("remote", "rerun", finished, token=alice, server=server)
     assert rerun.exit_code == 0, rerun.output

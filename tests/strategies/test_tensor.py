@@ -134,6 +134,7 @@ def test_tensor_by_data_parallel_on_a_2d_mesh_equals_one_process_on_the_global_b
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_two_column_alexnet_trains_on_two_devices_as_on_one(tmp_path: Path):
     base = {
         "name": "alexnet-columns",
