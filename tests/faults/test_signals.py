@@ -47,7 +47,9 @@ def leftovers(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["{name: single}", "{name: ddp, workers: 2}"])
+@pytest.mark.parametrize(
+    "strategy", ["{name: single}", pytest.param("{name: ddp, workers: 2}", marks=pytest.mark.heavy)]
+)
 def test_sigterm_ends_like_ctrl_c_with_no_half_written_file(tmp_path: Path, strategy: str):
     spec = tmp_path / "spec.yaml"
     spec.write_text(HEAVY.replace("STRATEGY", strategy))
