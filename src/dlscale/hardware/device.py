@@ -225,6 +225,14 @@ class Hardware:
         )
         return rate * (self.winograd_speedup(precision) if winograd else 1.0)
 
+    def per_sample_pointwise_convs(self) -> bool:
+        """Whether this device runs a small 1×1 convolution (profiler.recorder.small_pointwise)
+        as one product per sample, not as one convolution: a CPU measured at one thread
+        (`local` whose `bench machine` ran at one), where torch picks its own im2col kernels
+        over oneDNN for them. ResNet-50 at batch 4 on the 2-core development machine: its 33
+        such layers took 134 ms a step against 49 ms on the convolution grid."""
+        return self.kind == "cpu" and self.measured.get("threads") == 1
+
     def winograd_speedup(self, precision: str) -> float:
         """How much faster than its direct count a Winograd-eligible convolution runs here.
 

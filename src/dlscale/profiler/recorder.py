@@ -10,6 +10,7 @@ views move nothing. Unknown ops are listed by name.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -176,6 +177,10 @@ class PhaseCost:
     # One flag per entry of `convs`: a 3×3, stride-1, undilated, ungrouped convolution, which a
     # GPU library computes with Winograd's algorithm (hardware.device.winograd_speedup).
     conv_winograd: list[bool] = field(default_factory=list)
+    # One entry per entry of `convs`: for a 1×1 convolution of stride 1 on a batch under 16, the
+    # one product per sample that torch's CPU backend computes it as at one thread, not oneDNN
+    # (small_pointwise); else None.
+    conv_pointwise: list[Gemm | None] = field(default_factory=list)
     # Fused attention kernels among them, one (FLOPs, keys per query, causal?) each: how many
     # keys a query attends to sets how well the kernel's blocks fill, and a causal kernel skips
     # the masked half of them.
@@ -193,11 +198,17 @@ class PhaseCost:
     def conv_flops(self) -> int:
         return sum(flops for flops, _, _ in self.convs)
 
-    def convs_with_winograd(self) -> list[tuple[int, int, int, bool]]:
-        """Each convolution's (FLOPs, weight elements, output pixels, Winograd-eligible?); one
-        listed without its flag (a cost built by hand) is not eligible."""
-        flags = self.conv_winograd + [False] * (len(self.convs) - len(self.conv_winograd))
-        return [(*conv, flag) for conv, flag in zip(self.convs, flags, strict=True)]
+    def conv_shapes(self) -> list[tuple[int, int, int, bool, Gemm | None]]:
+        """Each convolution's (FLOPs, weight elements, output pixels, Winograd-eligible?, its
+        product per sample if a small pointwise one); one listed without them (a cost built by
+        hand) is neither."""
+        missing = len(self.convs)
+        winograd = self.conv_winograd + [False] * (missing - len(self.conv_winograd))
+        pointwise = self.conv_pointwise + [None] * (missing - len(self.conv_pointwise))
+        return [
+            (*conv, eligible, small)
+            for conv, eligible, small in zip(self.convs, winograd, pointwise, strict=True)
+        ]
 
     @property
     def attention_flops(self) -> int:
@@ -211,6 +222,7 @@ class PhaseCost:
         self.matmul_ops += other.matmul_ops
         self.convs.extend(other.convs)
         self.conv_winograd.extend(other.conv_winograd)
+        self.conv_pointwise.extend(other.conv_pointwise)
         self.attention.extend(other.attention)
         self.bytes_by_op.update(other.bytes_by_op)
         self.gemms.extend(other.gemms)
@@ -330,6 +342,7 @@ class Recorder(TorchDispatchMode):
                 if name in _CONV:
                     cost.convs.append(conv_shape(name, args, out, cost.matmul_flops))
                     cost.conv_winograd.append(winograd_eligible(name, args))
+                    cost.conv_pointwise.append(small_pointwise(name, args, out))
                 if name in attention.KERNELS:
                     cost.attention.append(attention.shape(func, args, kwargs, cost.matmul_flops))
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
@@ -354,6 +367,40 @@ def conv_shape(name: str, args, out, flops: int) -> tuple[int, int, int]:
     # weight, ...), whose grad_output has the output's shape.
     output, weight = (out, args[1]) if name == "convolution" else (args[0], args[2])
     return flops, weight.numel(), output.numel() // max(1, output.shape[1])
+
+
+# torch's CPU convolution runs a 1×1 kernel of stride 1 and dilation 1 on fewer than this many
+# samples with its own im2col + GEMM kernels (ConvBackend Slow2d/Slow3d) when one thread computes
+# it, and every other shape with oneDNN (use_mkldnn in aten/src/ATen/native/Convolution.cpp,
+# torch 2.13; tests/unit/test_conv_backend.py checks the rule against torch's own selection).
+# On this machine's one thread that path ran ResNet-50's 1×1 layers at a third of the rate the
+# 3×3 grid predicts for them (docs/performance.md).
+POINTWISE_ONEDNN_BATCH = 16
+
+
+def small_pointwise(name: str, args, out) -> Gemm | None:
+    """For a convolution (or its backward) torch's CPU backend computes without oneDNN at one
+    thread (every kernel side 1, stride 1, dilation 1, not transposed, a batch under 16), the
+    product it runs once per sample and group, the weight times the sample's columns: output
+    channels × input channels × output pixels, per group (a narrow N, few pixels, runs far
+    slower than a narrow M); None for any other convolution."""
+    if name == "convolution":  # (input, weight, bias, stride, padding, dilation, transposed…)
+        tensor, weight, output, rest = args[0], args[1], out, args[3:]
+    else:  # (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed…)
+        tensor, weight, output, rest = args[1], args[2], args[0], args[4:]
+    stride, _, dilation, transposed, _, groups = rest[:6]
+    small = (
+        all(side == 1 for side in weight.shape[2:])
+        and all(step == 1 for step in stride)
+        and all(gap == 1 for gap in dilation)
+        and not transposed
+        and tensor.shape[0] < POINTWISE_ONEDNN_BATCH
+    )
+    if not small:
+        return None
+    pixels = math.prod(output.shape[2:])
+    per_group = weight.shape[0] // groups
+    return Gemm("pointwise", per_group, weight.shape[1], pixels, tensor.shape[0] * groups)
 
 
 def winograd_eligible(name: str, args) -> bool:

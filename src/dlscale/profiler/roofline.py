@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale.hardware.device import Hardware
-from dlscale.profiler.gemms import PRODUCTS
+from dlscale.profiler.gemms import PRODUCTS, Gemm
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.trace import StepTrace
 
@@ -144,12 +144,7 @@ def phase_time(
     all of them, for foreach kernels), whose bytes moved run at the rate measured for updates
     of that working set."""
     products: list[tuple[float, bool]] = [
-        (
-            flops / hardware.conv_rate(precision, flops, weight, pixels, phase, winograd),
-            hardware.measures_rate(precision, ("conv_flops_per_s", phase)),
-        )
-        for flops, weight, pixels, winograd in cost.convs_with_winograd()
-        if flops
+        conv_seconds(hardware, precision, phase, *conv) for conv in cost.conv_shapes() if conv[0]
     ]
     products += [
         (
@@ -188,6 +183,29 @@ def phase_time(
         compute_measured=_mostly_measured([*products, (vector_s, False)]),
         memory_measured=_mostly_measured(moves),
         overhead_measured="training_op_overhead_s" in hardware.measured,
+    )
+
+
+def conv_seconds(
+    hardware: Hardware,
+    precision: str,
+    phase: str,
+    flops: int,
+    weight: int,
+    pixels: int,
+    winograd: bool,
+    per_sample: Gemm | None,
+) -> tuple[float, bool]:
+    """(seconds, measured?) of one convolution or its backward: at the convolution grid's rate
+    for its weight and output pixels; a small pointwise one (`per_sample`, see
+    recorder.small_pointwise) on a device that computes those one sample at a time at the rate
+    of that sample's product (hardware.per_sample_pointwise_convs)."""
+    if per_sample is not None and hardware.per_sample_pointwise_convs():
+        rate = hardware.gemm_rate(precision, per_sample.m, per_sample.k, per_sample.n)
+        return flops / rate, hardware.measures_gemm(precision)
+    return (
+        flops / hardware.conv_rate(precision, flops, weight, pixels, phase, winograd),
+        hardware.measures_rate(precision, ("conv_flops_per_s", phase)),
     )
 
 
