@@ -11,6 +11,7 @@ import asyncio
 import errno
 import json
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -216,8 +217,24 @@ def test_a_deployment_is_refused_for_a_job_with_no_model_or_bad_options(deployed
             f"/api/jobs/{job_id}/deploy", data={"device": device, "precision": precision}
         )
         assert answer.status_code == status and said in answer.json()["detail"], answer.text
-    # A train job that did not succeed: the same refusal, by the rule the route above took
-    # (pure: no job need fail for it).
+    # A train job that has not succeeded, over HTTP: while it is queued or runs, then cancelled.
+    serving = [job["id"] for job in alice.get("/api/jobs").json() if job["kind"] == "serve-model"]
+    long = submit(alice, TINY.replace("epochs: 1", "epochs: 10000"))
+    answer = alice.post(f"/api/jobs/{long}/deploy", data={"device": "cpu", "precision": "fp32"})
+    assert answer.status_code == 409, answer.text
+    assert re.fullmatch(
+        f"job {long} is (queued|running): only a succeeded job's model can be deployed",
+        answer.json()["detail"],
+    )
+    assert alice.post(f"/api/jobs/{long}/cancel").status_code == 200
+    assert wait_for_state(alice, long, ENDED)["state"] == "cancelled"
+    answer = alice.post(f"/api/jobs/{long}/deploy", data={"device": "cpu", "precision": "fp32"})
+    assert answer.status_code == 409 and answer.json()["detail"] == (
+        f"job {long} is cancelled: only a succeeded job's model can be deployed"
+    )
+    listed = alice.get("/api/jobs").json()
+    assert [job["id"] for job in listed if job["kind"] == "serve-model"] == serving  # none made
+    # Each state by the rule the route takes (pure: no job need fail for it).
     for state in ("failed", "cancelled", "running", "queued"):
         status, said = refusal("train", state, trained)
         assert status == 409 and said == (

@@ -157,6 +157,35 @@ def stream_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: fl
     }
 
 
+# glibc's malloc serves a request this large or larger with a fresh mmap whatever its dynamic
+# threshold has grown to (DEFAULT_MMAP_THRESHOLD_MAX: 4 × 1024 × 1024 × sizeof(long) on a 64-bit
+# host, glibc malloc/malloc.c) and returns it to the kernel when freed. torch's CPU allocator
+# takes its memory from malloc, so such a tensor's pages fault in, zeroed, every step that makes
+# it. On the 2-core development machine a new tensor's extra cost per byte was 0.003–0.017 ns
+# from 1 to 24 MiB and 0.41–0.48 ns from 32 to 256 MiB.
+FRESH_MAPPING_BYTES = 32 * 2**20
+FIRST_TOUCH_BYTES = 64 * 2**20
+
+
+def first_touch(device: torch.device, min_run_time_s: float) -> dict | None:
+    """A new tensor's cost per byte beyond writing it, at FIRST_TOUCH_BYTES: `a + b` into a new
+    tensor against the same sum into one already touched. CPU only (None on a GPU, whose
+    caching allocator keeps its blocks)."""
+    if device.type != "cpu":
+        return None
+    n = FIRST_TOUCH_BYTES // 4
+    a, b, out = (torch.full((n,), 1.0) for _ in range(3))
+    fresh_s = median_time_s("a + b", {"a": a, "b": b}, min_run_time_s)
+    reused_s = median_time_s(
+        "torch.add(a, b, out=out)", {"a": a, "b": b, "out": out}, min_run_time_s
+    )
+    return {
+        "threshold_bytes": FRESH_MAPPING_BYTES,
+        "tensor_bytes": 4 * n,
+        "s_per_byte": max(0.0, fresh_s - reused_s) / (4 * n),
+    }
+
+
 def host_link_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: float) -> dict:
     """Host↔GPU copy bandwidth in bytes/s, from pinned (page-locked) and pageable host memory."""
     n = tensor_bytes // 4
@@ -259,6 +288,8 @@ def run_machine_bench(
         # fp32 products by shape (M, K, N): a step's skinny products priced by their own shape.
         "matmul_shape_flops_per_s": shape_grid(dev, run_time_s),
         "bandwidth": bandwidth,
+        # A new tensor above the allocator's threshold: fresh pages, faulted in (CPU only).
+        "first_touch": first_touch(dev, run_time_s),
         "host_link": host_link_bandwidth(dev, link_bytes, run_time_s) if on_gpu else None,
         "op_overhead_s": op_overhead(dev, run_time_s),
         "training_op_overhead_s": training_overhead_s,
@@ -343,6 +374,7 @@ def measured_tables(result: dict) -> dict:
         "bandwidth_tensor_bytes": bandwidth["tensor_bytes"],
         "copy_bytes_per_s": bandwidth["copy_bytes_per_s"],
         "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],
+        "first_touch": result.get("first_touch"),
         "host_link": result["host_link"],
         "op_overhead_s": dict(result["op_overhead_s"]),
         "training_op_overhead_s": result["training_op_overhead_s"],

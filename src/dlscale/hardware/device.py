@@ -225,6 +225,20 @@ class Hardware:
         )
         return rate * (self.winograd_speedup(precision) if winograd else 1.0)
 
+    def first_touch_seconds(self, new_outputs: list[int]) -> float:
+        """What the new tensors of a phase (their bytes) cost beyond the writes that fill them:
+        on a CPU whose `bench machine` measured it, each one at or above the allocator's
+        threshold (`first_touch.threshold_bytes`) comes from the kernel as fresh pages, faulted
+        in and zeroed one at a time on its first write (`first_touch.s_per_byte`: 0.42–0.48 ns
+        a byte on the 2-core development machine, where the sum that fills it takes 0.1 ns a
+        byte; VGG-16's 411 MB weight gradient pays about 0.2 s a step). Nothing elsewhere: a
+        GPU's caching allocator keeps its blocks."""
+        figure = self.measured.get("first_touch")
+        if not figure:
+            return 0.0
+        large = sum(size for size in new_outputs if size >= figure["threshold_bytes"])
+        return large * figure["s_per_byte"]
+
     def per_sample_pointwise_convs(self) -> bool:
         """Whether this device runs a small 1×1 convolution (profiler.recorder.small_pointwise)
         as one product per sample, not as one convolution: a CPU measured at one thread

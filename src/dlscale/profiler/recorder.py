@@ -186,6 +186,10 @@ class PhaseCost:
     # the masked half of them.
     attention: list[tuple[int, int, bool]] = field(default_factory=list)
     bytes_by_op: Counter[str] = field(default_factory=Counter)  # non-matmul ops' bytes, by op
+    # Bytes of each tensor of NEW_OUTPUT_MIN_BYTES or more that an op returns in new memory (not
+    # written in place, not a view): on a CPU the largest come from the kernel afresh every
+    # step (Hardware.first_touch_seconds).
+    new_outputs: list[int] = field(default_factory=list)
     # The matrix products as GEMMs (M × K × N), what a systolic array is fed (profiler/gemms.py)
     gemms: list[Gemm] = field(default_factory=list)
     unmapped_products: Counter[str] = field(default_factory=Counter)  # FLOPs of ops with none
@@ -225,6 +229,7 @@ class PhaseCost:
         self.conv_pointwise.extend(other.conv_pointwise)
         self.attention.extend(other.attention)
         self.bytes_by_op.update(other.bytes_by_op)
+        self.new_outputs.extend(other.new_outputs)
         self.gemms.extend(other.gemms)
         self.unmapped_products.update(other.unmapped_products)
 
@@ -327,6 +332,10 @@ class Recorder(TorchDispatchMode):
         cost = PhaseCost(ops=1)
         inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        large = [t for t in outputs if nbytes(t) >= NEW_OUTPUT_MIN_BYTES]
+        if large:  # an output in an input's storage was written in place (`add_`, `out=`)
+            written = {storage_id(t) for t in inputs}
+            cost.new_outputs = [nbytes(t) for t in large if storage_id(t) not in written]
         if name in _FACTORY:
             cost.bytes = sum(nbytes(t) for t in outputs)
         else:
@@ -359,6 +368,9 @@ class Recorder(TorchDispatchMode):
 
 
 _CONV = {"convolution", "convolution_backward"}
+# New outputs smaller than this are not listed: no allocator hands them fresh pages each step
+# (glibc's threshold for that is 32 MiB: bench/machine.py FRESH_MAPPING_BYTES).
+NEW_OUTPUT_MIN_BYTES = 2**20
 
 
 def conv_shape(name: str, args, out, flops: int) -> tuple[int, int, int]:

@@ -40,6 +40,9 @@ class PhaseTime:
     compute_measured: bool = False  # the larger part of compute_s ran at measured rates
     memory_measured: bool = False  # the larger part of memory_s ran at measured shares
     overhead_measured: bool = False  # the per-op cost was measured
+    # Page faults of the phase's new tensors above the allocator's threshold (a CPU's), in
+    # `seconds` beside the larger of compute and memory: the kernel's work, not the op's.
+    first_touch_s: float = 0.0
 
     @property
     def source(self) -> str:
@@ -175,14 +178,17 @@ def phase_time(
     moves.append((rest / (bandwidth * hardware.efficiency_memory), False))
     memory_s = sum(seconds for seconds, _ in moves)
     overhead_s = cost.ops * hardware.overhead_per_op_s
+    # An update's page faults are in its measured share (optimizer_efficiency timed them).
+    first_touch_s = 0.0 if working_set_bytes else hardware.first_touch_seconds(cost.new_outputs)
     return PhaseTime(
-        max(compute_s, memory_s) + overhead_s,
+        max(compute_s, memory_s) + overhead_s + first_touch_s,
         compute_s,
         memory_s,
         overhead_s,
         compute_measured=_mostly_measured([*products, (vector_s, False)]),
         memory_measured=_mostly_measured(moves),
         overhead_measured="training_op_overhead_s" in hardware.measured,
+        first_touch_s=first_touch_s,
     )
 
 
