@@ -21,6 +21,8 @@ def main() -> None:
     parser.add_argument("--unsafe-single-user", action="store_true")
     parser.add_argument("--memory-per-slot", default=None)
     parser.add_argument("--max-queued-jobs", type=int, default=100)
+    parser.add_argument("--executor", default="process")  # or container (service/container.py)
+    parser.add_argument("--image", default=None)  # the container executor's image
     args = parser.parse_args()
     try:
         config = ServiceConfig(
@@ -31,6 +33,8 @@ def main() -> None:
             unsafe_single_user=args.unsafe_single_user,
             memory_per_slot_bytes=_bytes(args.memory_per_slot),
             max_queued_jobs=args.max_queued_jobs,
+            executor=args.executor,
+            image=args.image,
         )
         serve(config, args.host, args.port, args.allow_remote)
     except UserError as exc:
