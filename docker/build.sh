@@ -23,6 +23,13 @@ if [ -z "$ENGINE" ]; then
     exit 2
 fi
 export DLSCALE_CONTAINER_ENGINE="$ENGINE"
+# podman's default runtime, crun, refuses a host whose cgroups are v1 or hybrid ("cgroups in
+# hybrid mode not supported"); runc runs there, and flags() below picks it when installed.
+if [ "$(basename "$ENGINE")" = podman ] && ! command -v runc >/dev/null \
+    && [ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" != cgroup2fs ]; then
+    echo "make image: this host's cgroups are v1, which podman's default runtime (crun) does not run on: install runc (apt-get install runc)" >&2
+    exit 2
+fi
 read -r -a build_opts <<< "$(.venv/bin/python -m dlscale.service.container flags)"
 start=$(date +%s)
 
