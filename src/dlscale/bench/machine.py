@@ -32,6 +32,7 @@ from dlscale.profiler.calibrate import (
     start_spread_log,
     training_op_overhead_s,
 )
+from dlscale.train.allocator import keep_freed_memory
 from dlscale.train.env import cpu_model
 
 SCHEMA = "dlscale.bench.machine/1"
@@ -169,10 +170,12 @@ FIRST_TOUCH_BYTES = 64 * 2**20
 
 def first_touch(device: torch.device, min_run_time_s: float) -> dict | None:
     """A new tensor's cost per byte beyond writing it, at FIRST_TOUCH_BYTES: `a + b` into a new
-    tensor against the same sum into one already touched. CPU only (None on a GPU, whose
-    caching allocator keeps its blocks)."""
+    tensor against the same sum into one already touched, with the allocator releasing freed
+    memory (what a spec's `keep_freed_memory: false` trains with). CPU only (None on a GPU,
+    whose caching allocator keeps its blocks)."""
     if device.type != "cpu":
         return None
+    keep_freed_memory(False)
     n = FIRST_TOUCH_BYTES // 4
     a, b, out = (torch.full((n,), 1.0) for _ in range(3))
     fresh_s = median_time_s("a + b", {"a": a, "b": b}, min_run_time_s)
@@ -266,6 +269,11 @@ def run_machine_bench(
         raise UserError("matrix sizes must be positive integers")
     run_time_s = MIN_RUN_TIME_S[quick] if min_run_time_s is None else min_run_time_s
     link_bytes = bandwidth_bytes or HOST_LINK_BYTES[quick]
+    # Page faults first, with freed memory released; then everything else as dlscale's loop
+    # trains on a CPU, keeping it (train/allocator.py).
+    touch = first_touch(dev, run_time_s)
+    if not on_gpu:
+        keep_freed_memory()
     bandwidth = stream_bandwidth(
         dev, bandwidth_bytes or bandwidth_bytes_for(dev, quick), run_time_s
     )
@@ -289,7 +297,7 @@ def run_machine_bench(
         "matmul_shape_flops_per_s": shape_grid(dev, run_time_s),
         "bandwidth": bandwidth,
         # A new tensor above the allocator's threshold: fresh pages, faulted in (CPU only).
-        "first_touch": first_touch(dev, run_time_s),
+        "first_touch": touch,
         "host_link": host_link_bandwidth(dev, link_bytes, run_time_s) if on_gpu else None,
         "op_overhead_s": op_overhead(dev, run_time_s),
         "training_op_overhead_s": training_overhead_s,

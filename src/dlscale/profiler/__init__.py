@@ -111,7 +111,12 @@ def profile(workload: Workload, hardware: list[Hardware]) -> ProfileResult:
     reports = []
     for device in hardware:
         prediction = predict(
-            trace, device, workload.dataset_size, workload.pinned, workload.accumulate
+            trace,
+            device,
+            workload.dataset_size,
+            workload.pinned,
+            workload.accumulate,
+            workload.fresh_pages,
         )
         reports.append(
             HardwareReport(

@@ -365,8 +365,12 @@ def op_efficiencies(
 # Adam's update of one square linear layer (width² + width parameters), between the forward and
 # backward of a batch of 32, as a training step runs it: its weight's working set (parameter,
 # gradient and Adam's two moments, 16 bytes an element) goes from 1 MiB, which the last-level
-# cache holds, to 256 MiB, which streams from memory.
-OPTIMIZER_WIDTHS = (256, 512, 1024, 2048, 4096)
+# cache holds, to 1 GiB, which streams from memory. The 1 GiB point: with freed memory kept (no
+# page faults) an update still ran at 1.26× stream bandwidth at 256 MiB on the 2-core
+# development machine, and AlexNet's 604 MiB one at 0.79×; a point is skipped where the
+# update's memory (OPTIMIZER_MEMORY_FACTOR × its working set) is not free.
+OPTIMIZER_WIDTHS = (256, 512, 1024, 2048, 4096, 8192)
+OPTIMIZER_MEMORY_FACTOR = 2  # the working set, Adam's two temporaries, the batch: under 2×
 OPTIMIZER_STREAMING_WIDTH = 2048  # its share is the optimizer's ops' in `op_efficiency`
 OPTIMIZER_BATCH = 32
 
@@ -388,7 +392,10 @@ def optimizer_efficiencies(
     it there (on the 2-core development machine, 1.2–1.5× faster at 263k parameters).
     """
     curve, streaming = [], {}
+    free = available_memory_bytes(device)
     for width in OPTIMIZER_WIDTHS:
+        if OPTIMIZER_MEMORY_FACTOR * 16 * width * width > free:
+            continue
         step = trace_step(
             lambda width=width: nn.Linear(width, width),
             torch.zeros(width),

@@ -142,10 +142,13 @@ def phase_time(
     precision: str,
     phase: str = "forward",
     working_set_bytes: int | None = None,
+    fresh_pages: bool = False,
 ) -> PhaseTime:
     """One phase of one layer; `working_set_bytes`: the optimizer's update of one tensor (or of
     all of them, for foreach kernels), whose bytes moved run at the rate measured for updates
-    of that working set."""
+    of that working set; `fresh_pages`: the process hands large freed blocks back to the
+    kernel (the spec's `keep_freed_memory: false`), so the phase's large new tensors fault
+    their pages in (Hardware.first_touch_seconds); by default dlscale's loop keeps them."""
     products: list[tuple[float, bool]] = [
         conv_seconds(hardware, precision, phase, *conv) for conv in cost.conv_shapes() if conv[0]
     ]
@@ -179,7 +182,8 @@ def phase_time(
     memory_s = sum(seconds for seconds, _ in moves)
     overhead_s = cost.ops * hardware.overhead_per_op_s
     # An update's page faults are in its measured share (optimizer_efficiency timed them).
-    first_touch_s = 0.0 if working_set_bytes else hardware.first_touch_seconds(cost.new_outputs)
+    faults = fresh_pages and not working_set_bytes
+    first_touch_s = hardware.first_touch_seconds(cost.new_outputs) if faults else 0.0
     return PhaseTime(
         max(compute_s, memory_s) + overhead_s + first_touch_s,
         compute_s,
@@ -279,17 +283,20 @@ def predict(
     dataset_size: int | None = None,
     pinned: bool = True,
     accumulate: int = 1,
+    fresh_pages: bool = False,
 ) -> Prediction:
     """Step (and epoch) time of a traced training step on `hardware`; `pinned`: whether the
     loader's batches sit in pinned host memory (the loop's default on CUDA). With `accumulate`
     K, an optimizer step runs K micro-batches of the traced batch, as the training loop does
     (each its forward, backward and copy in; the update and the loop's per-step cost once),
-    and an epoch has dataset_size // (K × batch) such steps."""
+    and an epoch has dataset_size // (K × batch) such steps. `fresh_pages`: see phase_time."""
     layers = []
     for layer in trace.layers:
         forward_cost, backward_cost = layer.phases(hardware.kind)  # an LSTM fused on a CPU
-        forward = phase_time(forward_cost, hardware, trace.precision)
-        backward = phase_time(backward_cost, hardware, trace.precision, "backward")
+        forward = phase_time(forward_cost, hardware, trace.precision, fresh_pages=fresh_pages)
+        backward = phase_time(
+            backward_cost, hardware, trace.precision, "backward", fresh_pages=fresh_pages
+        )
         intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
         layers.append(LayerTime(layer.name, forward, backward, intensity))
     optimizer_s = optimizer_seconds(trace, hardware)

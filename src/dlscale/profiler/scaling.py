@@ -174,6 +174,7 @@ def predict_scaling(
     framework: Framework = TORCH_DDP,
     accumulate: int = 1,
     pinned: bool = True,
+    fresh_pages: bool = False,
 ) -> list[ScalePoint]:
     """A point per strategy and device count of `request`, within a node over `link` and
     between its nodes over `network` (hybrid only where stages × replicas fit; tensor where
@@ -184,8 +185,8 @@ def predict_scaling(
     prediction with costs the roofline lacks, such as the loop's per-step cost): every part of
     the step is scaled by the same factor. `accumulate`: micro-batches of the traced batch per
     optimizer step (the strategies in ACCUMULATING; one device's baseline accumulates as
-    well). `pinned`: the loader's batches sit in pinned host memory (predict())."""
-    prediction = predict(trace, hardware, pinned=pinned)
+    well). `pinned` and `fresh_pages`: as predict() takes them."""
+    prediction = predict(trace, hardware, pinned=pinned, fresh_pages=fresh_pages)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
     baseline = accumulate * trace.batch_size / single.accumulated_s(accumulate)

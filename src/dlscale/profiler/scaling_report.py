@@ -129,6 +129,7 @@ def scaling_reports(
             tensor_plans=tensor_plans,
             accumulate=workload.accumulate,
             pinned=workload.pinned,
+            fresh_pages=workload.fresh_pages,
         )
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
@@ -150,6 +151,7 @@ def scaling_reports(
                     network,
                     accumulate=workload.accumulate,
                     pinned=workload.pinned,
+                    fresh_pages=workload.fresh_pages,
                 )
         reports.append(report)
     return reports

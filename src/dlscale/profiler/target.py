@@ -40,6 +40,9 @@ class Workload:
     accumulate: int = 1  # the spec's micro-batches per optimizer step (scaling predictions)
     sync_batchnorm: bool = False  # the spec's ddp runs torch's SyncBatchNorm (ddp points)
     pinned: bool = True  # batches in pinned host memory on a GPU: the loader's default there
+    # The spec gives large freed blocks back to the kernel (keep_freed_memory: false): on a CPU
+    # its large new tensors fault their pages in every step (Hardware.first_touch_seconds).
+    fresh_pages: bool = False
 
 
 def resolve(
@@ -148,6 +151,7 @@ def _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size
         # Only ddp has the field; the scaling prediction prices it as --sync-batchnorm does.
         sync_batchnorm=bool(getattr(spec.strategy, "sync_batchnorm", False)),
         pinned=spec.loader.pinned_on("cuda"),
+        fresh_pages=not spec.keep_freed_memory,
     )
     if spec.model.inputs is not None:
         _with_inputs(workload, spec.model.inputs)

@@ -16,6 +16,7 @@ from dlscale.data import build_data
 from dlscale.jobspec import Spec
 from dlscale.models import build_model, count_parameters
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.allocator import keep_freed_memory
 from dlscale.train.batches import StreamSampler, train_batches, val_batches
 from dlscale.train.device import check_precision, reset_peak_memory, resolve_device, synchronize
 from dlscale.train.env import environment
@@ -56,6 +57,8 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.device = device or resolve_device(spec.device)
         check_precision(spec.precision, self.device)
+        if self.device.type == "cpu" and spec.keep_freed_memory:
+            keep_freed_memory()  # no page faults a step for large tensors (train/allocator.py)
         torch.manual_seed(spec.seed)
         self.data = build_data(spec.data, spec.seed, stage=True)
         whole = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
