@@ -15,18 +15,22 @@ import os
 import subprocess
 import time
 
-import numpy as np
 import pytest
-import torch
 
-from dlscale.api.inference import load_predictor
 from dlscale.service.config import ServiceConfig
 from dlscale.service.container import ContainerExecutor, engine
 from dlscale.service.layout import SOCKET
 from tests.container import test_container as container_tests
 from tests.service.live import LiveServer, wait_for_state
 from tests.service.specs import TINY
-from tests.service.test_deploy import ENDED, cli, last_line, submit, wait_until_serving
+from tests.service.test_deploy import (
+    ENDED,
+    answers_are_predicts_and_only_the_tenants,
+    cli,
+    last_line,
+    submit,
+    wait_until_serving,
+)
 
 pytestmark = container_tests.pytestmark
 image = container_tests.image  # the fixture: the image `make image` builds
@@ -91,23 +95,9 @@ def test_the_engine_serves_from_a_container_as_the_jobs_own_uid(deployed):
 
 
 def test_the_tenant_gets_the_predictions_predict_gives_and_no_one_else_reaches_it(deployed):
-    live, alice, bob = deployed["live"], deployed["alice"], deployed["bob"]
-    served, trained, info = deployed["served"], deployed["trained"], deployed["info"]
+    alice, served, info = deployed["alice"], deployed["served"], deployed["info"]
     assert info["input_shape"] and info["num_classes"] == 10 and info["engine"] == "plain"
-    samples = np.random.default_rng(0).random((7, *info["input_shape"]), dtype=np.float32)
-    answer = alice.post(f"/api/jobs/{served}/predict", json={"inputs": samples.tolist()})
-    assert answer.status_code == 200, answer.text
-    got = answer.json()["predictions"]
-    run = live.data_dir / "jobs" / trained / "run"
-    expected = load_predictor(run, device="cpu").predict(torch.from_numpy(samples))
-    assert [p["class"] for p in got] == expected.classes
-    assert [p["confidence"] for p in got] == pytest.approx(expected.confidence, rel=1e-5)
-    # Another tenant: the same 404 as for a job that does not exist; no token: 401.
-    for client, status in ((bob, 404), (live.client(None), 401)):
-        assert client.post(f"/api/jobs/{served}/predict", json={"inputs": []}).status_code == status
-        assert client.get(f"/api/jobs/{served}/model/health").status_code == status
-        assert client.get(f"/api/jobs/{served}/model/metrics").status_code == status
-        assert client.post(f"/api/jobs/{trained}/deploy").status_code == status
+    answers_are_predicts_and_only_the_tenants(deployed)
     # A body the engine refuses: one line, and the server stays up.
     answer = alice.post(f"/api/jobs/{served}/predict", content=b'{"inputs": [[1, 2, 3]]}')
     assert answer.status_code == 422 and "\n" not in answer.json()["error"], answer.text
