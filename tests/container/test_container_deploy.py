@@ -26,8 +26,10 @@ from tests.service.specs import TINY
 from tests.service.test_deploy import (
     ENDED,
     answers_are_predicts_and_only_the_tenants,
+    cancel_and_see_the_engine_end,
     cli,
     last_line,
+    route_says_the_model_is_no_longer_served,
     submit,
     wait_until_serving,
 )
@@ -104,19 +106,9 @@ def test_the_tenant_gets_the_predictions_predict_gives_and_no_one_else_reaches_i
 
 
 def test_cancel_ends_the_engine_and_its_container(deployed):
-    live, alice, served = deployed["live"], deployed["alice"], deployed["served"]
-    folder = live.data_dir / "jobs" / served
-    assert alice.post(f"/api/jobs/{served}/cancel").status_code == 200
-    job = wait_for_state(alice, served, ENDED)
-    assert job["state"] == "cancelled", job
-    assert job["message"] == "cancelled: the model is no longer served"
-    assert not os.path.lexists(folder / SOCKET)  # the engine removed it on its way out
+    folder = cancel_and_see_the_engine_end(deployed)
     deadline = time.monotonic() + 60  # --rm: the engine removes the container once it ended
     while container_of(folder) is not None and time.monotonic() < deadline:
         time.sleep(0.5)
     assert container_of(folder) is None
-    answer = alice.post(f"/api/jobs/{served}/predict", json={"inputs": [[0.0]]})
-    assert answer.status_code == 409, answer.text
-    assert answer.json()["detail"] == (
-        f"job {served} has ended (cancelled): its model is no longer served"
-    )
+    route_says_the_model_is_no_longer_served(deployed)

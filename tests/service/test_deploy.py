@@ -83,6 +83,27 @@ def answers_are_predicts_and_only_the_tenants(deployed) -> None:
         assert client.post(f"/api/jobs/{trained}/deploy").status_code == status
 
 
+def cancel_and_see_the_engine_end(deployed) -> Path:
+    """Cancel the deployment: it ends cancelled, its engine gone with its socket; its folder."""
+    live, alice, served = deployed["live"], deployed["alice"], deployed["served"]
+    folder = live.data_dir / "jobs" / served
+    assert alice.post(f"/api/jobs/{served}/cancel").status_code == 200
+    job = wait_for_state(alice, served, ENDED)
+    assert job["state"] == "cancelled", job
+    assert job["message"] == "cancelled: the model is no longer served"
+    assert not os.path.lexists(folder / SOCKET)  # the engine removed it on its way out
+    return folder
+
+
+def route_says_the_model_is_no_longer_served(deployed) -> None:
+    alice, served = deployed["alice"], deployed["served"]
+    answer = alice.post(f"/api/jobs/{served}/predict", json={"inputs": [[0.0]]})
+    assert answer.status_code == 409, answer.text
+    assert answer.json()["detail"] == (
+        f"job {served} has ended (cancelled): its model is no longer served"
+    )
+
+
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     # jobs/<16 hex>/serve.sock under this is past the 107 bytes a socket address holds.
@@ -303,20 +324,10 @@ def test_a_server_killed_while_a_model_serves_finds_it_again_once_back(deployed)
 
 @pytest.mark.slow
 def test_cancel_ends_the_engine_and_the_route_then_says_so(deployed):
-    live, alice, served = deployed["live"], deployed["alice"], deployed["served"]
-    folder = live.data_dir / "jobs" / served
-    assert alice.post(f"/api/jobs/{served}/cancel").status_code == 200
-    job = wait_for_state(alice, served, ENDED)
-    assert job["state"] == "cancelled", job
-    assert job["message"] == "cancelled: the model is no longer served"
-    assert not os.path.lexists(folder / SOCKET)  # the engine removed it on its way out
+    live, served = deployed["live"], deployed["served"]
+    cancel_and_see_the_engine_end(deployed)
     assert not (live.data_dir / "sandboxes" / f"{served}.json").exists()  # its sandbox is gone
-    answer = alice.post(f"/api/jobs/{served}/predict", json={"inputs": [[0.0]]})
-    assert answer.status_code == 409, answer.text
-    assert (
-        answer.json()["detail"]
-        == f"job {served} has ended (cancelled): its model is no longer served"
-    )
+    route_says_the_model_is_no_longer_served(deployed)
 
 
 def test_the_server_connects_only_to_a_socket_itself_never_through_a_link(tmp_path):
