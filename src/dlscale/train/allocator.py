@@ -8,9 +8,9 @@ layer's weight gradient, the optimizer's temporaries) faults its pages in again,
 kernel: on the 2-core development machine 0.42–0.48 ns a byte, and inside VGG-16's steps up to
 three times that. Keeping freed memory (no mmap for large blocks, no trimming of the heap's top
 below 2 GiB) lets the next step reuse the pages already faulted in, as a GPU's caching allocator
-does: VGG-16 at batch 2 trained 1.85–1.91× faster a step, AlexNet at batch 4 1.65–1.8×, ResNet-50
-at batch 4 1.14–1.17× (docs/performance.md). The cost: a process's resident memory stays at its
-peak between steps instead of falling back.
+does: a step of VGG-16 at batch 2 ran 2.39× faster, AlexNet at batch 4 1.79×, ResNet-50 at batch
+4 1.01× (`benchmarks/keep_freed_memory.py`, docs/performance.md). The cost: a process's resident
+memory stays at its peak between steps instead of falling back.
 
 glibc only (Linux); elsewhere nothing is changed and the functions say so by returning False.
 """
