@@ -38,7 +38,8 @@ KILL_POINTS = [0.0, 0.15, 0.3, 0.45, 0.6, 0.75, "summary/0", "summary/2", "final
 # of worker 0's steps it must still be running, and worker 0's steps also wait on its pushes,
 # validate and save, so at 3 a loaded machine let it finish first (the run ended before 0.6 or
 # 0.75, once in 8 runs beside three busy loops; the fresh-clone suites' misses had another
-# cause: see Killer). It is killed at that share, so slower costs nothing. At the store's keys it is held by SIGSTOP instead, and must finish once let go.
+# cause: see Killer). It is killed at that share, so slower costs nothing. At the store's keys
+# it is held by SIGSTOP instead, and must finish once let go.
 STRAGGLER = {True: 50.0, False: 3.0}
 SAVE_EVERY = 3  # worker 0 saves every 3 steps: where it is, whatever its progress events say
 
