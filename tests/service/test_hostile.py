@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -264,7 +265,12 @@ def test_a_tenants_own_code_trains_while_every_escape_fails(server):
     # The server recorded what the kernel refused: the fork bomb's tasks, the allocation.
     sandbox = job["result"]["sandbox"]
     assert sandbox["tasks_refused"] >= 1 and sandbox["oom_kills"] >= 1, sandbox
-    assert sandbox["cpu_throttled_s"] > 0, sandbox
+    # Its spinners were held back at its CPU quota, unless the machine gave them less than the
+    # quota (a busy machine: once in a fresh-clone suite, 0 s throttled); then the quota had
+    # nothing to hold, and the attack measured under a core a second.
+    held = attempts["use more cores than its one slot"]["detail"]
+    used, wall = map(float, re.fullmatch(r".*: ([\d.]+) s of CPU in ([\d.]+) s", held).groups())
+    assert sandbox["cpu_throttled_s"] > 0 or used < 0.95 * wall, (sandbox, held)
     # Links it planted are not served; its own regular file is.
     assert "run/mine.txt" in artifacts
     assert not {"run/passwd", "run/db", "run/twice.txt", "run/twice-linked.txt"} & set(artifacts)
