@@ -62,10 +62,8 @@ def test_precision_trains_each_format_and_quantizes_after(spec: Path, tmp_path: 
 
 
 def _time_with(monkeypatch, fake) -> None:
-    """`fake` times every latency instead of the clock (the old code looked the timer up in
-    calibrate at each call, the new one holds it: both are replaced)."""
-    monkeypatch.setattr(calibrate, "seconds_per_call", fake)
-    monkeypatch.setattr(precision, "seconds_per_call", fake, raising=False)
+    """`fake(forward)` gives the seconds of every latency round instead of the clock."""
+    monkeypatch.setattr(precision, "round_s", fake)
 
 
 def _precision(spec: Path, out: Path, *extra: str):
@@ -80,15 +78,15 @@ def test_precision_times_the_batch_it_states(spec: Path, tmp_path: Path, monkeyp
     # loader's batches hold 256 (digits has 360 validation samples), the latency's 32 or 20.
     seen: list[int] = []
 
-    def counting(fn, device, min_time_s):
+    def counting(forward):
         hook = torch.nn.modules.module.register_module_forward_hook(
             lambda module, args, output: seen.append(len(args[0]))
         )
         try:
-            fn()
+            forward()
         finally:
             hook.remove()
-        return calibrate.stable_median(lambda: 1e-3)
+        return 1e-3
 
     _time_with(monkeypatch, counting)
     result = _precision(spec, tmp_path / "out", *extra)
@@ -103,14 +101,15 @@ def test_precision_times_the_batch_it_states(spec: Path, tmp_path: Path, monkeyp
 @pytest.mark.slow
 def test_a_noisy_latency_is_marked_and_draws_no_comparison(spec: Path, tmp_path: Path, monkeypatch):
     # fp32's rounds jump as a shared CPU's did (6.65 ms, then 105 and 126 ms); every other
-    # format's rounds agree. The rounds run until the last three agree within 10% or 7 ran.
-    rounds = {0: [6.65e-3, 105e-3, 126e-3, 110e-3, 6.6e-3, 120e-3, 130e-3]}
-    calls = []
+    # format's rounds agree. The rounds run until each format's last three agree within 10% or
+    # 7 ran. The formats are timed in turn, fp32 first.
+    fp32 = iter([6.65e-3, 105e-3, 126e-3, 110e-3, 6.6e-3, 120e-3, 130e-3])
+    order: list[int] = []
 
-    def injected(fn, device, min_time_s):
-        timings = iter(rounds.get(len(calls), [2e-3, 2e-3, 2e-3]))
-        calls.append(1)
-        return calibrate.stable_median(lambda: next(timings))
+    def injected(forward):
+        if id(forward) not in order:
+            order.append(id(forward))
+        return next(fp32) if order.index(id(forward)) == 0 else 2e-3
 
     _time_with(monkeypatch, injected)
     result = _precision(spec, tmp_path / "out")
@@ -128,6 +127,41 @@ def test_a_noisy_latency_is_marked_and_draws_no_comparison(spec: Path, tmp_path:
     assert data["notes"][0].startswith("noisy: the latency rounds of fp32 spread over 10%")
     text = " ".join(result.output.split())
     assert "120.00 ms ±1870% noisy" in text and "× fp32's inference latency" not in text
+
+
+def test_a_load_change_between_formats_shows_in_their_rounds(monkeypatch):
+    # The machine's load doubles every time from the fourth round on. Timed one format after
+    # another, fp32's rounds all ran before it (1 ms each, steady) and bf16's all after (2 ms,
+    # steady): "bf16 2× fp32's latency", from the load. Taken in turn, both formats see it.
+    cpu = torch.device("cpu")
+    forwards = [
+        precision.Forward(torch.nn.Identity(), torch.zeros(1), cpu, each)
+        for each in ("fp32", "bf16")
+    ]
+    timed: list[str] = []
+
+    def loaded(forward):
+        timed.append(forward.precision)
+        return 1e-3 if len(timed) <= 3 else 2e-3
+
+    monkeypatch.setattr(precision, "round_s", loaded)
+    fp32, bf16 = precision.interleaved_latencies(forwards)
+    assert timed == ["fp32", "bf16"] * 5  # until each format's last three agreed
+    assert fp32["latency_s"] == bf16["latency_s"] == 2e-3
+    assert not fp32["latency_noisy"] and not bf16["latency_noisy"]
+
+    # A load that changes every round leaves both noisy after the most rounds.
+    timed.clear()
+
+    def changing(forward):
+        timed.append(forward.precision)
+        return 1e-3 if len(timed) % 4 in (1, 2) else 2e-3  # rounds 1, 3, 5...: 1 ms
+
+    monkeypatch.setattr(precision, "round_s", changing)
+    fp32, bf16 = precision.interleaved_latencies(forwards)
+    assert len(timed) == 2 * calibrate.MAX_ROUNDS
+    assert fp32["latency_noisy"] and bf16["latency_noisy"]
+    assert fp32["latency_spread"] == bf16["latency_spread"] == 1.0
 
 
 def test_noisy_training_steps_draw_no_step_ratio():

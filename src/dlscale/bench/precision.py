@@ -10,9 +10,10 @@ fly: `quantize_dynamic`) and static (weights and activations int8, calibrated on
 batches: FX graph mode with the x86 backend's default mapping), each evaluated for accuracy,
 latency and bytes. A format that cannot be applied to the model says why instead of a figure.
 
-Every latency is timed after all the training, one format after another, so that a change of
-the machine's load between formats' training runs does not enter their ratio. A latency whose
-rounds never agreed within NOISY_SPREAD is marked noisy, and so is a training step whose steps
+Every latency is timed after all the training, in rounds that take each format in turn, so that
+a change of the machine's load between formats' training runs does not enter their ratio, and a
+change while they are timed shows in every format's rounds. A latency whose rounds never agreed
+within NOISY_SPREAD is marked noisy, and so is a training step whose steps
 spread over STEP_NOISY_SPREAD; no comparison is drawn from a noisy figure.
 """
 
@@ -23,6 +24,8 @@ import copy
 import io
 import os
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,8 +35,14 @@ from dlscale.bench import io_verdict
 from dlscale.errors import UserError, one_line
 from dlscale.jobspec import SingleStrategy, Spec, load_spec
 from dlscale.models.quantize import quantize_dynamic_int8
-from dlscale.profiler.calibrate import STABLE_SPREAD, seconds_per_call, spread_log
-from dlscale.train.device import autocast, resolve_device
+from dlscale.profiler.calibrate import (
+    MAX_ROUNDS,
+    ROUNDS,
+    STABLE_SPREAD,
+    relative_spread,
+    settle_allocator,
+)
+from dlscale.train.device import autocast, resolve_device, synchronize
 from dlscale.train.loop import Trainer
 from dlscale.train.score import evaluate
 
@@ -65,14 +74,66 @@ def latency_s(model: nn.Module, x: torch.Tensor, device, precision: str) -> floa
 def latency(model: nn.Module, x: torch.Tensor, device, precision: str) -> dict:
     """One forward of `x` timed in rounds: the median round's seconds, the rounds' spread
     (max / min − 1 of the last ones, as the calibration logs it) and whether that is noisy."""
+    return interleaved_latencies([Forward(model, x, device, precision)])[0]
 
-    def forward() -> None:
-        with torch.no_grad(), autocast(device, precision):
-            model(x)
 
-    median_s = seconds_per_call(forward, device, LATENCY_TIME_S)
-    spread = spread_log()[-1]  # the rounds just timed
-    return {"latency_s": median_s, "latency_spread": spread, "latency_noisy": spread > NOISY_SPREAD}
+@dataclass
+class Forward:
+    """One format's forward, as its latency is timed."""
+
+    model: nn.Module
+    x: torch.Tensor
+    device: torch.device
+    precision: str
+    tf32: bool = False
+
+    def __call__(self) -> None:
+        with _tf32(self.tf32), torch.no_grad(), autocast(self.device, self.precision):
+            self.model(self.x)
+
+
+def round_s(forward: Forward) -> float:
+    """Seconds a call of one round of `forward`: LATENCY_TIME_S / ROUNDS of calls, 3 at least."""
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < LATENCY_TIME_S / ROUNDS or calls < 3:
+        forward()
+        calls += 1
+    synchronize(forward.device)
+    return (time.perf_counter() - start) / calls
+
+
+def interleaved_latencies(forwards: list[Forward]) -> list[dict]:
+    """Each forward's latency, timed in rounds that take every format in turn (a round of each
+    lasts LATENCY_TIME_S / ROUNDS, 3 calls at least), until each format's last ROUNDS rounds
+    agree within NOISY_SPREAD or MAX_ROUNDS have run: a change of load between formats then
+    shows as a spread of every format's rounds, where timing one format after another hid it
+    (each stable alone, their ratio wrong). Per format: the median of its last rounds, their
+    spread, and whether that is noisy."""
+    settle_allocator()
+    for forward in forwards:
+        for _ in range(3):  # warm-up
+            forward()
+        synchronize(forward.device)
+    rounds: list[list[float]] = [[] for _ in forwards]
+
+    def settled() -> bool:
+        return all(relative_spread(each[-ROUNDS:]) <= NOISY_SPREAD for each in rounds)
+
+    while len(rounds[0]) < ROUNDS or (not settled() and len(rounds[0]) < MAX_ROUNDS):
+        for forward, times in zip(forwards, rounds, strict=True):
+            times.append(round_s(forward))
+    found = []
+    for times in rounds:
+        last = sorted(times[-ROUNDS:])
+        spread = relative_spread(last)
+        found.append(
+            {
+                "latency_s": last[len(last) // 2],
+                "latency_spread": spread,
+                "latency_noisy": spread > NOISY_SPREAD,
+            }
+        )
+    return found
 
 
 def step_spread(step_times: list[float]) -> dict:
@@ -154,9 +215,11 @@ def run_precision_bench(
     rows += [row for row, _model in quantized]
     timed += [(row, model, torch.device("cpu"), "fp32", False) for row, model in quantized if model]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    for row, model, on, precision, tf32 in timed:
-        with _tf32(tf32):
-            row.update(latency(model, x.to(on), on, precision))
+    forwards = [
+        Forward(model, x.to(on), on, precision, tf32) for _, model, on, precision, tf32 in timed
+    ]
+    for (row, *_), found in zip(timed, interleaved_latencies(forwards), strict=True):
+        row.update(found)
     return {
         "schema": SCHEMA,
         "spec": str(spec_path),
