@@ -201,7 +201,12 @@ def test_sparsity_prunes_to_each_level_and_counts_the_bytes(spec: Path, tmp_path
     ]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    rows = json.loads((out / "sparsity.json").read_text())["rows"]
+    data = json.loads((out / "sparsity.json").read_text())
+    rows = data["rows"]
+    # Each level's latency: of the batch it states, with its rounds' spread.
+    assert data["latency_batch"] == 32 and "inference, batch 32" in result.output
+    assert all(r["latency_s"] > 0 and r["latency_spread"] >= 0 for r in rows)
+    assert data["noisy"] == any(r["latency_noisy"] for r in rows)
     assert [round(r["measured_sparsity"], 2) for r in rows] == [0.0, 0.5, 0.9]
     dense = rows[0]["dense_weight_bytes"]
     assert rows[0]["sparse_weight_bytes"] == dense
@@ -230,6 +235,7 @@ def test_two_of_four_keeps_the_two_largest_of_every_four():
         (["sparsity", "--levels", "a,b"], "is not a list of fractions"),
         (["sparsity", "--pattern", "3:4"], "--pattern must be unstructured or 2:4"),
         (["sparsity", "--pattern", "2:4", "--levels", "0,0.9"], "prunes exactly half"),
+        (["sparsity", "--latency-batch", "400"], "the validation set has only 360 samples"),
         (["precision", "--steps", "0"], "--steps: must be a positive integer"),
         (["precision", "--latency-batch", "0"], "--latency-batch: must be a positive integer"),
         (["precision", "--latency-batch", "400"], "the validation set has only 360 samples"),

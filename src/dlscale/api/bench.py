@@ -229,7 +229,12 @@ def default_latency_batch() -> int:
 
 
 def bench_sparsity(
-    spec_path: str | Path, levels: str, pattern: str, finetune_steps: int, steps: int | None
+    spec_path: str | Path,
+    levels: str,
+    pattern: str,
+    finetune_steps: int,
+    steps: int | None,
+    latency_batch: int = LATENCY_BATCH,
 ) -> dict:
     """Magnitude pruning at each level, fine-tuned, measured (`bench sparsity`)."""
     from dlscale.bench.sparsity import run_sparsity_bench
@@ -241,7 +246,7 @@ def bench_sparsity(
         raise UserError(
             f"--levels: '{levels}' is not a list of fractions, e.g. 0,0.5,0.9"
         ) from None
-    return run_sparsity_bench(spec_path, fractions, pattern, finetune_steps, steps)
+    return run_sparsity_bench(spec_path, fractions, pattern, finetune_steps, steps, latency_batch)
 
 
 def bench_levels(spec_path: str | Path, steps: int, max_threads: int | None) -> dict:

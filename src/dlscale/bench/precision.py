@@ -65,18 +65,6 @@ def model_bytes(model: nn.Module) -> int:
     return buffer.tell()
 
 
-def latency_s(model: nn.Module, x: torch.Tensor, device, precision: str) -> float:
-    """Seconds of one forward of `x` (inference: no gradients), timed as the calibration times
-    its probes (stable median of rounds, after warm-up)."""
-    return latency(model, x, device, precision)["latency_s"]
-
-
-def latency(model: nn.Module, x: torch.Tensor, device, precision: str) -> dict:
-    """One forward of `x` timed in rounds: the median round's seconds, the rounds' spread
-    (max / min − 1 of the last ones, as the calibration logs it) and whether that is noisy."""
-    return interleaved_latencies([Forward(model, x, device, precision)])[0]
-
-
 @dataclass
 class Forward:
     """One format's forward, as its latency is timed."""

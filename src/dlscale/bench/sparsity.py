@@ -5,8 +5,10 @@ The spec is trained once (dense). Then for each level, from that model: every Li
 Conv2d weight pruned by magnitude with `torch.nn.utils.prune` (unstructured: the smallest
 |w| across the layer; or 2:4, the two smallest of every four consecutive weights, the pattern
 sparse tensor cores run), fine-tuned for `--finetune-steps` steps with the mask held, and
-measured: validation accuracy, the measured sparsity, inference latency of one batch (the
-same dense kernels run the zeros), and the bytes a compressed format would need (CSR: 4-byte
+measured: validation accuracy, the measured sparsity, inference latency of one batch of
+`--latency-batch` validation samples (the same dense kernels run the zeros; every level's
+timed after all the fine-tuning, in rounds taking the levels in turn, with their spread, as
+`bench precision` times its formats), and the bytes a compressed format would need (CSR: 4-byte
 values and column indices plus row pointers; 2:4: half the values plus 2-bit indices).
 """
 
@@ -20,7 +22,13 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from dlscale.bench.precision import latency_s
+from dlscale.bench.precision import (
+    LATENCY_BATCH,
+    NOISY_SPREAD,
+    Forward,
+    interleaved_latencies,
+    latency_input,
+)
 from dlscale.errors import UserError
 from dlscale.jobspec import SingleStrategy, load_spec
 from dlscale.train.device import resolve_device
@@ -63,7 +71,12 @@ def sparse_bytes(weight: torch.Tensor, pattern: str) -> int:
 
 
 def run_sparsity_bench(
-    spec_path, levels: list[float], pattern: str, finetune_steps: int, steps: int | None
+    spec_path,
+    levels: list[float],
+    pattern: str,
+    finetune_steps: int,
+    steps: int | None,
+    latency_batch: int = LATENCY_BATCH,
 ) -> dict:
     if pattern not in PATTERNS:
         raise UserError(f"--pattern must be unstructured or 2:4 (got '{pattern}')")
@@ -71,6 +84,8 @@ def run_sparsity_bench(
         raise UserError(f"--levels are fractions in [0, 1), e.g. 0,0.5,0.9 (got {levels})")
     if pattern == "2:4" and any(level not in (0, 0.5) for level in levels):
         raise UserError("--pattern 2:4 prunes exactly half: give --levels 0,0.5")
+    if latency_batch < 1:
+        raise UserError(f"--latency-batch: must be a positive integer (got {latency_batch})")
     spec = load_spec(spec_path)
     changes: dict = {"strategy": SingleStrategy(), "precision": "fp32"}
     if steps is not None:
@@ -79,9 +94,16 @@ def run_sparsity_bench(
     device = resolve_device(spec.device)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(spec, Path(scratch) / "dense")
+        # Too few validation samples: one line before any training.
+        x = latency_input(trainer.val_loader, latency_batch).to(device)
         trainer.run()
-        x = next(iter(trainer.val_loader))[0].to(device)
-        rows = [_level(trainer, level, pattern, finetune_steps, x, device) for level in levels]
+        pruned = [_level(trainer, level, pattern, finetune_steps, device) for level in levels]
+    # Every level's latency after all the fine-tuning, the levels taken in turn each round.
+    forwards = [Forward(model.eval(), x, device, "fp32") for _, model in pruned]
+    rows = [
+        {**row, **found}
+        for (row, _), found in zip(pruned, interleaved_latencies(forwards), strict=True)
+    ]
     return {
         "schema": SCHEMA,
         "spec": str(spec_path),
@@ -89,11 +111,17 @@ def run_sparsity_bench(
         "device": str(device),
         "pattern": pattern,
         "finetune_steps": finetune_steps,
+        "latency_batch": len(x),
+        "noisy_spread": NOISY_SPREAD,
+        "noisy": any(row["latency_noisy"] for row in rows),
         "rows": rows,
     }
 
 
-def _level(trainer: Trainer, level: float, pattern: str, steps: int, x, device) -> dict:
+def _level(
+    trainer: Trainer, level: float, pattern: str, steps: int, device
+) -> tuple[dict, nn.Module]:
+    """One level's model, pruned and fine-tuned, and its row (the latency is timed later)."""
     model = copy.deepcopy(trainer.module)
     targets = prunable(model)
     if level > 0:
@@ -111,14 +139,14 @@ def _level(trainer: Trainer, level: float, pattern: str, steps: int, x, device) 
     _loss, accuracy = evaluate(model, trainer.val_loader, device, "fp32")
     dense_bytes = total * 4
     stored = sum(sparse_bytes(w.detach(), pattern) for w in weights) if level else dense_bytes
-    return {
+    row = {
         "level": level,
         "measured_sparsity": zeros / total,
         "val_accuracy": accuracy,
-        "latency_s": latency_s(model.eval(), x, device, "fp32"),
         "dense_weight_bytes": dense_bytes,
         "sparse_weight_bytes": stored,
     }
+    return row, model
 
 
 def _finetune(model: nn.Module, trainer: Trainer, steps: int, device) -> None:

@@ -89,27 +89,38 @@ def sparsity(
     steps: int | None = typer.Option(
         None, "--steps", help="Dense training steps (default: the spec's length)."
     ),
+    latency_batch: int = typer.Option(
+        bench.default_latency_batch(),
+        "--latency-batch",
+        help="Validation samples in the batch whose inference latency is timed.",
+    ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Magnitude pruning at each level with a short fine-tune: accuracy, latency on dense
     kernels, and the bytes a sparse format would store."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    result = bench.bench_sparsity(spec, levels, pattern, finetune_steps, steps)
+    result = bench.bench_sparsity(spec, levels, pattern, finetune_steps, steps, latency_batch)
     table = Table(title=f"{result['model']}: {pattern} pruning on {result['device']}")
-    for column in ("pruned", "val accuracy", "inference", "dense weights", "stored sparse"):
+    inference = f"inference, batch {result['latency_batch']} (median ±spread)"
+    for column in ("pruned", "val accuracy", inference, "dense weights", "stored sparse"):
         table.add_column(column, justify="right")
     for row in result["rows"]:
         table.add_row(
             f"{100 * row['measured_sparsity']:.1f}%",
             f"{100 * row['val_accuracy']:.1f}%",
-            _ms(row["latency_s"]),
+            _timed(row, "latency"),
             binary_bytes(row["dense_weight_bytes"]),
             binary_bytes(row["sparse_weight_bytes"]),
         )
     table.caption = (
-        "dense kernels multiply the zeros too: latency does not fall with sparsity; a sparse "
-        "format pays for indices, so it saves bytes only past about half zeros"
+        "dense kernels multiply the zeros too; a sparse format pays for indices, so it saves "
+        "bytes only past about half zeros"
     )
+    if result["noisy"]:
+        table.caption += (
+            f"; noisy: latency rounds spread over {result['noisy_spread']:.0%} (the machine's "
+            "load changed while they were timed): compare no latencies, rerun"
+        )
     console.print(table)
     json_path, png_path = bench.write_outputs("sparsity", result, out)
     console.print(f"wrote {json_path} and {png_path}")
