@@ -3,6 +3,7 @@ measurement never silently replacing a better one."""
 
 import itertools
 import math
+from collections import Counter
 
 import pytest
 import torch
@@ -172,3 +173,34 @@ def test_a_gpu_with_little_free_memory_skips_the_largest_convolutions_only():
     # 6 GiB leaves out the 256-channel layer at side 256 (8 GiB) and nothing else: the 64-channel
     # layer there needs 4 GiB, the 256-channel at side 64 (16 × 4,096 pixels) 1 GiB
     assert skipped == [(calibrate.CONV_LAYERS[3], (16, 256))]
+
+
+def test_dropouts_share_goes_to_its_mask_alone(monkeypatch):
+    """Dropout on a CPU draws its mask (`bernoulli_`), then scales and multiplies (`div_`,
+    `mul`): ops of every elementwise layer. Its probe's share goes to the mask alone, the other
+    ops priced at the stream bandwidth and taken off its time; every other probe's share goes
+    to all of its ops, as before."""
+    step_s = {"dropout": 0.1}
+    monkeypatch.setattr(
+        calibrate, "_time_training_step", lambda model, x, device, t: step_s.get(model.kind, 1.0)
+    )
+    bandwidth = 1e9
+    found = calibrate.op_efficiencies(torch.device("cpu"), bandwidth, 0.0)
+    step = trace_step(
+        lambda: calibrate.probe_module("dropout"),
+        torch.zeros(calibrate.probe_shape("dropout")),
+        calibrate.PROBE_BATCH["cpu"],
+        "fp32",
+        torch.optim.SGD,
+        "sgd",
+        True,
+    )
+    layers = [layer for layer in step.layers if layer.name != LOSS]
+    moved = sum((c.bytes_by_op for one in layers for c in (one.forward, one.backward)), Counter())
+    assert set(moved) == {"bernoulli_", "div_", "mul"}
+    others_s = (moved["div_"] + moved["mul"]) / bandwidth
+    assert others_s < step_s["dropout"]
+    expected = moved["bernoulli_"] / (step_s["dropout"] - others_s) / bandwidth
+    assert found["bernoulli_"] == pytest.approx(min(1.0, expected))
+    assert "mul" not in found and "div_" not in found
+    assert found["relu"] == found["threshold_backward"]  # a probe's own ops: all of them
