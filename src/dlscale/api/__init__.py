@@ -21,6 +21,7 @@ from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.strategies import CHECKS, STRATEGIES
 from dlscale.train import provenance
 from dlscale.train.ownership import claim, claim_new
+from dlscale.train.record import RunRecord
 from dlscale.train.reporter import Reporter
 from dlscale.train.run_folder import latest_sweep_dir
 
@@ -58,8 +59,9 @@ def train(
     reporter: Reporter | None = None,
     cluster: str = "local",
     address: str | None = None,
-) -> dict:
-    """Train a spec with its strategy; returns the run record also written to run.json.
+) -> RunRecord:
+    """Train a spec with its strategy; returns the run record, typed, whose `to_json()` is
+    what run.json holds.
 
     `cluster` picks where workers run: `local` processes (the default) or a `ray` cluster at
     `address` (`auto`, or HOST:PORT of its head).
@@ -91,7 +93,11 @@ def train(
         return run(spec, run_dir, resume_from, reporter, launcher, said)
 
     # The folder is this process's from here to the end (a second run into it is refused).
-    return train_in_folder(spec.name, out_dir, resume, reporter, start, early)
+    # The record comes back as run.json's document (from a worker process, for most
+    # strategies): checked against its schema here, once for every strategy.
+    return RunRecord.model_validate(
+        train_in_folder(spec.name, out_dir, resume, reporter, start, early)
+    )
 
 
 def exit_quickly() -> None:

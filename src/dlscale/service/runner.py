@@ -153,7 +153,7 @@ def run_train(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | N
 
     reporter = LogReporter(MetricsFile(folder / METRICS))
     record = api.train(spec, out_dir=run_folder(folder), reporter=reporter)
-    return record["final"], api.weights_digest(folder / RUN)
+    return record.final.model_dump(mode="json"), api.weights_digest(folder / RUN)
 
 
 def run_sweep(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | None]:
