@@ -213,15 +213,15 @@ def test_sweep_trials_as_ray_tasks_on_two_nodes(cluster, tmp_path: Path):
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     result = api.sweep(path, tmp_path / "out", cluster="ray", address=cluster.address)
-    assert result["slots"] == 2 and result["cluster"] == "ray"
-    first, second, third, failed = result["trials"]
-    assert first["status"] == second["status"] == third["status"] == "completed"
-    pids = [trial["runs"][0]["pid"] for trial in (first, second, third)]
+    assert result.slots == 2 and result.cluster == "ray"
+    first, second, third, failed = result.trials
+    assert first.status == second.status == third.status == "completed"
+    pids = [trial.runs[0].pid for trial in (first, second, third)]
     assert pids[2] in pids[:2]  # an actor ran trial after trial
-    assert {first["runs"][0]["node"], second["runs"][0]["node"]} == {
+    assert {first.runs[0].node, second.runs[0].node} == {
         node["NodeID"] for node in ray_nodes(cluster.address)
     }
-    assert failed["status"] == "failed" and "larger than the training set" in failed["error"]
+    assert failed.status == "failed" and "larger than the training set" in failed.error
 
 
 def ray_nodes(address: str) -> list[dict]:

@@ -26,9 +26,10 @@ from dlscale.train.reporter import Reporter
 from dlscale.train.run_folder import latest_sweep_dir
 
 if TYPE_CHECKING:  # return types only: the verbs import these modules when they run, so that a
-    # command that needs neither starts without them
+    # command that needs none of them starts without them
     from dlscale.hardware.links import Link
     from dlscale.profiler.estimate import Estimate
+    from dlscale.sweep.record import SweepResult
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
@@ -188,9 +189,10 @@ def sweep(
     reporter=None,
     cluster: str = "local",
     address: str | None = None,
-) -> dict:
-    """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results
-    (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
+) -> SweepResult:
+    """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results,
+    typed (their `to_json()` is DIR/results.json), with the best trial written as
+    DIR/best.yaml."""
     from dlscale.jobspec import load_raw, parse_spec
     from dlscale.launch import check_cluster, make_launcher
     from dlscale.sweep.runner import NullSweepReporter, SweepRunner
