@@ -239,7 +239,7 @@ def test_progress_hears_every_batch_and_the_verb_matches_the_command(run):
         progress=lambda done, total: heard.append((done, total)),
     )
     assert heard == [(100, 397), (200, 397), (300, 397), (397, 397)]
-    assert result["accuracy"] == run["record"].final.val_accuracy
+    assert result.accuracy == run["record"].final.val_accuracy
 
 
 def test_a_checkpoint_on_its_own_carries_its_model_and_an_old_one_is_one_line(run, tmp_path):
