@@ -104,16 +104,14 @@ def main() -> int:
             row = {"case": label, "precision": spec.precision}
             try:
                 record = api.train(spec, out_dir=Path(scratch) / f"run-{index}")
-                final = record["final"]
+                final = record.final
                 row.update(
                     status="ok",
-                    loss=record["epochs"][-1]["train_loss"],
-                    samples_per_s=final["train_samples_per_s"],
-                    median_step_ms=(final["median_step_s"] or 0) * 1e3,
-                    peak_memory_mib=final["peak_memory_bytes"] / 2**20,
-                    backend=(record.get("distributed") or record.get("tensor") or {}).get(
-                        "backend"
-                    ),
+                    loss=record.epochs[-1].train_loss,
+                    samples_per_s=final.train_samples_per_s,
+                    median_step_ms=(final.median_step_s or 0) * 1e3,
+                    peak_memory_mib=final.peak_memory_bytes / 2**20,
+                    backend=(record.distributed or record.tensor or {}).get("backend"),
                 )
             except (UserError, RuntimeError) as exc:
                 failed += 1

@@ -39,6 +39,7 @@ from dlscale.api import train
 from dlscale.data import build_data
 from dlscale.jobspec import parse_spec
 from dlscale.models import build_model
+from dlscale.train.record import RunRecord
 from dlscale.train.score import compute_loss
 
 STAGES = 2
@@ -66,18 +67,18 @@ def make_spec(schedule: str, microbatches: int, steps: int) -> dict:
     }
 
 
-def measure(record: dict) -> dict:
-    final, pipe = record["final"], record["pipeline"]
-    losses = [s["loss"] for s in record["steps"] if s["loss"] is not None]
+def measure(record: RunRecord) -> dict:
+    final, pipe = record.final, record.pipeline
+    losses = [s.loss for s in record.steps if s.loss is not None]
     return {
-        "steps_per_s": 1.0 / final["median_step_s"],
-        "samples_per_s": final["train_samples_per_s"],
+        "steps_per_s": 1.0 / final.median_step_s,
+        "samples_per_s": final.train_samples_per_s,
         "steady_idle": pipe["bubble_slots"]["steady_idle_slots"],
         "bubble": pipe["bubble_measured"],
         "first_loss": statistics.mean(losses[:5]),
         "last_loss": statistics.mean(losses[-5:]),
-        "val_loss": final["val_loss"],
-        "val_accuracy": final["val_accuracy"],
+        "val_loss": final.val_loss,
+        "val_accuracy": final.val_accuracy,
         "staleness": pipe["mean_staleness"],
     }
 

@@ -69,9 +69,9 @@ def main() -> None:
             for repeat in range(args.repeats):
                 out = Path(scratch) / f"{schedule}-{micro}-{repeat}"
                 record = train(parse_spec(make_spec(schedule, micro, args.steps)), out_dir=out)
-                pipe = record["pipeline"]
+                pipe = record.pipeline
                 bubbles.append(pipe["bubble_measured"])
-                rates.append(record["final"]["train_samples_per_s"])
+                rates.append(record.final.train_samples_per_s)
             rows[schedule, micro] = (
                 statistics.median(bubbles),
                 pipe["bubble_predicted"],

@@ -92,14 +92,14 @@ def make_spec(servers: int, steps: int, plane: str) -> dict:
 
 def run_ps(servers: int, steps: int, plane: str, out: Path) -> dict:
     record = train(parse_spec(make_spec(servers, steps, plane)), out_dir=out)
-    assert record["ps"]["data_plane"] == plane, record["ps"]["data_plane"]
-    alive = [w for w in record["workers"] if w["status"] == "completed"]
-    worker_steps = sum(w["steps"] for w in alive)
-    wall = max(w["step_s"] for w in alive)
+    assert record.ps["data_plane"] == plane, record.ps["data_plane"]
+    alive = [w for w in record.workers if w.status == "completed"]
+    worker_steps = sum(w.steps for w in alive)
+    wall = max(w.step_s for w in alive)  # step_s, comm_wait_share: a ps worker's own keys
     return {
-        "parameters": record["model"]["parameters"],
+        "parameters": record.model.parameters,
         "updates_per_s": worker_steps / wall,
-        "wait_share": statistics.mean(w["comm_wait_share"] for w in alive),
+        "wait_share": statistics.mean(w.comm_wait_share for w in alive),
     }
 
 

@@ -112,7 +112,7 @@ def main() -> None:
                 measured[key].append(row.samples_per_s)
                 predicted[key] = row.predicted_samples_per_s
             record = api.train(ps_spec(args.steps), Path(out) / "ps")
-            ps_measured = record["final"]["train_samples_per_s"]
+            ps_measured = record.final.train_samples_per_s
             predicted["ps 2"] = predict_ps(threads)
             measured["ps 2"].append(ps_measured)
             ratios["ps 2"].append(predicted["ps 2"] / ps_measured)

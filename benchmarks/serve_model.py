@@ -58,7 +58,7 @@ def small_run(folder: Path) -> Path:
         "optimizer": {"name": "sgd", "lr": 0.05},
         "device": "cpu",
     }
-    return Path(api.train(parse_spec(spec), out_dir=folder / "run")["run_dir"])
+    return Path(api.train(parse_spec(spec), out_dir=folder / "run").run_dir)
 
 
 def start(command: list[str], url: str, log: Path) -> subprocess.Popen:

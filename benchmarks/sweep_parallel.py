@@ -63,9 +63,9 @@ def one_sweep(spec: Path, parallel: int, out: Path) -> dict:
     started = time.perf_counter()
     result = sweep(spec, out, parallel=parallel)
     wall = time.perf_counter() - started
-    done = [t for t in result["trials"] if t["status"] == "completed"]
+    done = [t for t in result.trials if t.status == "completed"]
     assert len(done) == 8, f"{len(done)} of 8 trials completed"
-    return {"wall_s": wall, "train_s": sum(t["wall_s"] for t in done), "slots": result["slots"]}
+    return {"wall_s": wall, "train_s": sum(t.wall_s for t in done), "slots": result.slots}
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ from dlscale.profiler.memory import FP32_BYTES
 from dlscale.profiler.request import ScalingRequest
 from dlscale.profiler.scaling import predict_scaling
 from dlscale.profiler.trace import trace_step
+from dlscale.train.record import RunRecord
 from dlscale.train.step import build_optimizer
 
 GLOBAL_BATCH = 32
@@ -69,29 +70,30 @@ def make_spec(strategy: dict, batch: int, steps: int) -> dict:
     }
 
 
-def measured(name: str, record: dict) -> dict:
+def measured(name: str, record: RunRecord) -> dict:
     """Throughput, payload bytes per step and the main trainer's step split."""
-    final, steps = record["final"], max(1, record["final"]["step"])
+    final, steps = record.final, max(1, record.final.step)
     if name == "ddp":
-        payload = record["distributed"]["allreduce_payload_bytes_per_step"]
+        payload = record.distributed["allreduce_payload_bytes_per_step"]
     elif name == "pipeline":
-        stages = record["pipeline"]["per_stage"]
+        stages = record.pipeline["per_stage"]
         payload = sum(stage["sent_bytes"] for stage in stages) / steps
     else:
-        payload = record["tensor"]["comm_payload_bytes_per_step"]
-    main = record["workers"][0] if name != "pipeline" else record["workers"][-1]
-    bubble = record["pipeline"]["bubble_measured"] if name == "pipeline" else 0.0
+        payload = record.tensor["comm_payload_bytes_per_step"]
+    # The main trainer's figures beyond the common ones (its strategy's keys).
+    main = (record.workers[0] if name != "pipeline" else record.workers[-1]).model_extra
+    bubble = record.pipeline["bubble_measured"] if name == "pipeline" else 0.0
     return {
-        "samples_per_s": final["train_samples_per_s"],
+        "samples_per_s": final.train_samples_per_s,
         "payload": payload,
-        "median_step_s": final["median_step_s"],
+        "median_step_s": final.median_step_s,
         "split": {
             "data": main.get("data_wait_share", 0.0) + main.get("h2d_share", 0.0),
             "compute": main.get("compute_share", 0.0) * (1 - bubble),
             "bubble": main.get("compute_share", 0.0) * bubble,
             "communication": main.get("comm_wait_share", 0.0),
         },
-        "overlapped_comm": record.get("distributed", {}).get("allreduce_share", 0.0),
+        "overlapped_comm": (record.distributed or {}).get("allreduce_share", 0.0),
     }
 
 

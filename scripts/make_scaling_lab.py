@@ -36,7 +36,6 @@ from IPython.display import Image, display
 from dlscale import api
 from dlscale.api import bench, experiments, profiling
 from dlscale.profiler.request import ProfileRequest
-from dlscale.train.record import RunRecord
 
 print("kernel:", sys.executable)
 work = Path(tempfile.mkdtemp(prefix="scaling-lab-"))  # every file this notebook writes
@@ -77,11 +76,12 @@ for report in profiled.reports:
 TRAIN_TEXT = """\
 ## 2. Train
 
-`api.train` runs the spec with its strategy (here one process) and returns the run record, the
-dict it also writes to `run.json`; `RunRecord.model_validate` reads it as the typed record."""
+`api.train` runs the spec with its strategy (here one process) and returns the run record, typed
+(a `RunRecord`): its fields are what it also writes to `run.json`, and `record.to_json()` is
+that file's content."""
 
 TRAIN = """\
-record = RunRecord.model_validate(api.train(spec_path, out_dir=work / "train"))
+record = api.train(spec_path, out_dir=work / "train")
 final = record.final
 print(f"val_accuracy {final.val_accuracy:.4f} after {final.step} steps")
 print(f"{final.train_samples_per_s:.0f} samples/s, {final.wall_s:.1f} s wall")

@@ -75,7 +75,7 @@ def write_class_folders(val: Path, root: Path) -> Path:
 
 
 def test_predict_on_the_validation_file_gives_the_runs_validation_accuracy(run):
-    recorded = run["record"]["final"]["val_accuracy"]
+    recorded = run["record"].final.val_accuracy
     result = predict_json(str(run["folder"] / "run"), str(run["val"]), "--batch-size", "50")
     assert result["samples"] == 397 == result["counted"]
     assert result["accuracy"] == recorded == result["run_val_accuracy"]
@@ -86,7 +86,7 @@ def test_predict_on_the_validation_file_gives_the_runs_validation_accuracy(run):
 
 
 def test_every_input_kind_holding_the_validation_samples_gives_the_same_accuracy(run, tmp_path):
-    recorded = run["record"]["final"]["val_accuracy"]
+    recorded = run["record"].final.val_accuracy
     images = write_class_folders(run["val"], tmp_path / "images")
     convert_data(run["spec"], tmp_path / "shards", "webdataset")
     convert_data(run["spec"], tmp_path / "hf", "hf")
@@ -178,7 +178,7 @@ def test_a_language_model_predicts_each_windows_next_token_from_a_text_file(tmp_
     assert result["counted"] == 24
     assert [row["label"] for row in result["rows"]] == spans[:, -1].tolist()
     on_npz = predict_json(str(tmp_path / "run"), str(tmp_path / "t.npz"))
-    assert on_npz["accuracy"] == record["final"]["val_accuracy"]
+    assert on_npz["accuracy"] == record.final.val_accuracy
 
 
 def bad(*args: str) -> str:
@@ -239,7 +239,7 @@ def test_progress_hears_every_batch_and_the_verb_matches_the_command(run):
         progress=lambda done, total: heard.append((done, total)),
     )
     assert heard == [(100, 397), (200, 397), (300, 397), (397, 397)]
-    assert result["accuracy"] == run["record"]["final"]["val_accuracy"]
+    assert result.accuracy == run["record"].final.val_accuracy
 
 
 def test_a_checkpoint_on_its_own_carries_its_model_and_an_old_one_is_one_line(run, tmp_path):
@@ -248,7 +248,7 @@ def test_a_checkpoint_on_its_own_carries_its_model_and_an_old_one_is_one_line(ru
     shutil.copy(checkpoint, alone)
     result = predict_json(str(alone), str(run["val"]))
     assert result["run_dir"] is None and result["run_val_accuracy"] is None
-    assert result["accuracy"] == run["record"]["final"]["val_accuracy"]
+    assert result["accuracy"] == run["record"].final.val_accuracy
     state = ckpt.load_checkpoint(checkpoint)
     del state["model_source"]  # as checkpoints were before they carried it
     torch.save(ckpt.sealed({k: v for k, v in state.items() if k != "format"}), alone)

@@ -111,7 +111,7 @@ def test_start_of_run_machine_warnings_are_kept_in_run_json(tmp_path: Path, monk
     record = api.train(spec, out_dir=tmp_path / "run")  # no reporter: nothing is printed
     stored = json.loads((tmp_path / "run" / "run.json").read_text())["warnings"]
     busy = [message for message in stored if "this machine is busy" in message]
-    assert len(busy) == 1 and record["warnings"] == stored
+    assert len(busy) == 1 and record.warnings == stored
 
 
 @pytest.mark.parametrize(

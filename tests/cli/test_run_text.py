@@ -83,10 +83,10 @@ def test_the_summary_never_cuts_a_path(tmp_path: Path):
         }
     )
     record = api.train(spec, out_dir=out)
-    text = rendered(summary_table(record), width=80)
+    text = rendered(summary_table(record.to_json()), width=80)  # what the reporter is given
     assert "…" not in text
     joined = "".join(text.replace("│", " ").split())  # a folded path continues on the next line
-    assert record["checkpoints"][-1] in joined and f"{out}/run.json" in joined
+    assert record.checkpoints[-1] in joined and f"{out}/run.json" in joined
 
 
 def test_the_ps_summary_names_each_worker_with_its_wait():

@@ -23,7 +23,7 @@ def trained_run(tmp_path_factory) -> Path:
     record = api.train(
         parse_spec({**spec, "device": "cpu"}), out_dir=tmp_path_factory.mktemp("r") / "run"
     )
-    return Path(record["run_dir"])
+    return Path(record.run_dir)
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,9 @@ def both_nodes_up(pair):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
-    return api.train(parse_spec(SPEC), out_dir=tmp_path_factory.mktemp("whole") / "run")
+    """Its run.json, beside those of the interrupted runs."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    return api.train(parse_spec(SPEC), out_dir=out).to_json()
 
 
 def workers_on(bed, index: int) -> list[int]:

@@ -55,7 +55,9 @@ def train_on(bed, tmp_path: Path, spec: dict, name: str):
 
 
 def local_run(tmp_path: Path, spec: dict, name: str) -> dict:
-    return api.train(parse_spec({**BASE, "name": name, **spec}), out_dir=tmp_path / f"{name}-1")
+    """The same run here, as its run.json (what it is compared with is one)."""
+    spec = parse_spec({**BASE, "name": name, **spec})
+    return api.train(spec, out_dir=tmp_path / f"{name}-1").to_json()
 
 
 def hosts_of(entries: list[dict]) -> list[str]:

@@ -365,7 +365,7 @@ def test_training_with_data_stage_records_the_staging_in_run_json(shards: Path, 
     assert not (tmp_path / "local").exists()
     record = api.train(spec, out_dir=tmp_path / "run")
     staging = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["staging"]
-    assert staging == record["data"]["staging"] and staging["files"] == 6
+    assert staging == record.data.staging and staging["files"] == 6
     assert staging["dir"] == str(tmp_path / "local") and staging["verified"] == "sha256"
     assert staging["staged_s"] > 0 and (tmp_path / "local" / "train-000003.tar").is_file()
 

@@ -249,8 +249,8 @@ def test_ddp_two_workers_at_batch_b_equal_one_process_at_2b(tmp_path: Path):
     )
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(ddp, out_dir=tmp_path / "ddp")
-    assert record["data"]["read_from_disk"] is True
-    assert all(w["samples"] == 8 * 8 for w in record["workers"])
+    assert record.data.read_from_disk is True
+    assert all(w.samples == 8 * 8 for w in record.workers)
     reference, parallel = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
     for name, expected in reference.items():
         difference = (parallel[name] - expected).norm() / expected.norm()

@@ -331,7 +331,7 @@ def train_spec(urls: str, **changes):
 def test_training_streams_shards_through_loader_workers(shards, tmp_path):
     record = api.train(train_spec(shards, loader={"workers": 2}), out_dir=tmp_path)
     data = json.loads((tmp_path / "run.json").read_text())["data"]
-    assert record["status"] == "completed" and record["final"]["step"] == 16
+    assert record.status == "completed" and record.final.step == 16
     assert data["read_from_disk"] is True and data["streamed"] is True
     assert data["train_samples"] == 160 and data["val_samples"] == 40
 
@@ -356,7 +356,7 @@ def test_resuming_mid_epoch_gives_the_uninterrupted_weights(shards, tmp_path, wo
             (resumed / path.relative_to(straight)).parent.mkdir(parents=True, exist_ok=True)
             (resumed / path.relative_to(straight)).write_bytes(path.read_bytes())
     record = api.train(spec, out_dir=resumed, resume=True)
-    assert record["resumed_from_step"] == 20
+    assert record.resumed_from_step == 20
     again = load_checkpoint(list_checkpoints(resumed)[-1][1])
     assert again["step"] == final["step"] == 32
     for name, tensor in final["model"].items():

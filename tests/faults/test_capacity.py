@@ -199,7 +199,7 @@ def test_a_busy_machine_is_said_at_the_start_and_threads_set_the_runs_own(
     monkeypatch.setattr(capacity, "available_cores", lambda: 2)
     before = torch.get_num_threads()
     record = api.train(spec(threads=1), out_dir=tmp_path, reporter=reporter)
-    assert record["environment"]["torch_threads"] == 1
+    assert record.environment["torch_threads"] == 1
     assert torch.get_num_threads() == before  # the caller's own count is given back
     assert any("load average 7.5 on 2 cores" in w for w in reporter.of("warn"))
     assert reporter.events[0][0] == "warn"  # said before training starts
@@ -212,7 +212,7 @@ def test_each_worker_runs_the_specs_threads_and_oversubscription_is_named(
     monkeypatch.setattr(capacity, "available_cores", lambda: 2)
     job = spec(threads=2, strategy={"name": "ddp", "workers": 2})
     record = api.train(job, out_dir=tmp_path, reporter=reporter)
-    assert record["environment"]["torch_threads"] == 2  # worker 0's, not the launcher's 1
+    assert record.environment["torch_threads"] == 2  # worker 0's, not the launcher's 1
     assert any("2 processes × 2 threads on 2 cores" in w for w in reporter.of("warn"))
 
 

@@ -68,13 +68,13 @@ def test_async_training_finishes_without_a_killed_worker(tmp_path: Path, ps_asyn
     assert processes, "no worker was killed"
     warnings = " ".join(" ".join(reporter.of("warn")).split())
     assert f"worker 2 (pid {processes[3]}) was killed by SIGKILL" in warnings
-    assert record == json.loads((tmp_path / "faulty" / "run.json").read_text())
-    assert record["status"] == "completed"
-    assert record["ps"]["dropped_workers"] == [2]
-    assert record["workers"][2] == {"rank": 2, "status": "died"}
-    assert record["workers"][0]["steps"] == record["plan"]["total_steps"]
-    assert abs(record["final"]["val_accuracy"] - reference["val_accuracy"]) <= 0.02, (
-        record["final"]["val_accuracy"],
+    assert record.to_json() == json.loads((tmp_path / "faulty" / "run.json").read_text())
+    assert record.status == "completed"
+    assert record.ps["dropped_workers"] == [2]
+    assert record.to_json()["workers"][2] == {"rank": 2, "status": "died"}  # nothing more
+    assert record.workers[0].steps == record.plan.total_steps
+    assert abs(record.final.val_accuracy - reference["val_accuracy"]) <= 0.02, (
+        record.final.val_accuracy,
         reference["val_accuracy"],
     )
     assert not any(alive(pid) for pid in processes)
@@ -159,10 +159,10 @@ def test_a_silent_worker_is_dropped_by_heartbeat_and_the_job_still_ends(tmp_path
     threading.Thread(target=stop_a_worker, daemon=True).start()
     record = api.train(spec, out_dir=tmp_path, reporter=reporter)
     assert stopped, "the worker was never stopped"
-    assert record["ps"]["dropped_workers"] == [1]
-    assert record["workers"][1] == {"rank": 1, "status": "died"}
-    assert record["workers"][0]["steps"] == 200
-    warnings = " ".join(record["warnings"])
+    assert record.ps["dropped_workers"] == [1]
+    assert record.to_json()["workers"][1] == {"rank": 1, "status": "died"}  # nothing more
+    assert record.workers[0].steps == 200
+    warnings = " ".join(record.warnings)
     assert "server 0: worker 1 sent no heartbeat" in warnings
     assert "worker 1 did not finish within 2 s of the others" in warnings
     assert not alive(stopped[0]), "the stopped worker outlived the job"

@@ -182,12 +182,12 @@ def test_async_job_survives_losing_a_worker_at_any_point(tmp_path: Path, point, 
         # 1 run in 5 here). Then the record must show it completed, as checked below.
         assert point == "summary/2", (
             f"the run ended before kill point {point}: {killer.missed}, "
-            f"workers {record['workers']}, dropped {record['ps']['dropped_workers']}, "
-            f"warnings {record['warnings']}"
+            f"workers {record.workers}, dropped {record.ps['dropped_workers']}, "
+            f"warnings {record.warnings}"
         )
     saved = json.loads((tmp_path / "run.json").read_text())
     assert saved["status"] == "completed"
-    assert saved == json.loads(json.dumps(record))
+    assert saved == json.loads(json.dumps(record.to_json()))
     assert saved["workers"][0]["steps"] == STEPS
     assert saved["final"]["val_accuracy"] is not None
     assert len(saved["ps"]["per_server"]) == 2

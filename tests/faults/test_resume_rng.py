@@ -57,7 +57,7 @@ def test_a_resume_mid_epoch_ends_on_the_uninterrupted_weights(tmp_path: Path, de
     shutil.copy(checkpoint_path(tmp_path / "straight", 8), checkpoint_path(resumed_dir, 8))
     reporter = RecordingReporter()
     record = api.train(spec, out_dir=resumed_dir, resume=True, reporter=reporter)
-    assert record["resumed_from_step"] == 8 and reporter.of("start")[0]["resumed"]
+    assert record.resumed_from_step == 8 and reporter.of("start")[0]["resumed"]
     straight = load_checkpoint(latest_checkpoint(tmp_path / "straight"))["model"]
     resumed = load_checkpoint(latest_checkpoint(resumed_dir))["model"]
     for name, tensor in straight.items():

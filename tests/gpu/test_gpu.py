@@ -55,15 +55,15 @@ def test_every_strategy_trains_on_cuda(tmp_path: Path, kind: str, precision: str
         return
     spec = parse_spec({**BASE, "precision": precision, "strategy": strategies()[kind]})
     record = api.train(spec, out_dir=tmp_path)
-    assert record["status"] == "completed" and record["final"]["step"] == 8
-    assert record["environment"]["device"].startswith("cuda")
-    assert record["final"]["peak_memory_kind"] == "cuda_max_allocated"
-    assert math.isfinite(record["epochs"][-1]["train_loss"])
-    assert all(w["status"] == "completed" for w in record["workers"])
+    assert record.status == "completed" and record.final.step == 8
+    assert record.environment["device"].startswith("cuda")
+    assert record.final.peak_memory_kind == "cuda_max_allocated"
+    assert math.isfinite(record.epochs[-1].train_loss)
+    assert all(w.status == "completed" for w in record.workers)
     if kind == "ddp":
-        assert record["distributed"]["backend"] == "nccl"
+        assert record.distributed["backend"] == "nccl"
     if kind == "tensor":
-        section = record["tensor"]
+        section = record.tensor
         assert section["backend"] == "nccl"
         assert section["collectives_per_step"] == section["predicted_collectives_per_step"]
 
@@ -71,7 +71,7 @@ def test_every_strategy_trains_on_cuda(tmp_path: Path, kind: str, precision: str
 def test_pinned_memory_and_loader_workers_feed_the_gpu(tmp_path: Path):
     spec = parse_spec({**BASE, "loader": {"workers": 2, "pin_memory": True}})
     record = api.train(spec, out_dir=tmp_path)
-    assert record["status"] == "completed" and not record["warnings"]
+    assert record.status == "completed" and not record.warnings
 
 
 @pytest.mark.parametrize("loader", [{}, {"workers": 1}, {"pin_memory": False}])
@@ -110,7 +110,7 @@ def test_accumulating_on_cuda_tracks_one_batch_of_k_b(tmp_path: Path, precision:
     micro = {**big, "batch_size": 16 // (4 * workers), "accumulate": 4, "strategy": strategy}
     record = api.train(parse_spec(micro), out_dir=tmp_path / "micro")
     if workers > 1:
-        assert record["distributed"]["allreduces_per_step"] == 1.0
+        assert record.distributed["allreduces_per_step"] == 1.0
     tolerance = 1e-4 if precision == "fp32" else 2e-2
     one, other = (final_weights(tmp_path / name) for name in ("big", "micro"))
     for name, value in one.items():

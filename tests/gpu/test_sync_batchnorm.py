@@ -46,7 +46,7 @@ def test_sync_batchnorm_equals_one_process_on_the_global_batch(tmp_path: Path):
     for sync in (True, False):
         spec = {**BASE, "batch_size": 8, "strategy": {**ddp, "sync_batchnorm": sync}}
         record = api.train(parse_spec(spec), out_dir=tmp_path / f"sync-{sync}")
-        assert record["final"]["step"] == 3
+        assert record.final.step == 3
     name, synced = largest_difference(tmp_path / "sync-True", tmp_path / "single")
     assert synced <= 1e-4, (name, synced)
     # The test could fail: each worker's own statistics (rank 0's buffers, broadcast by DDP)

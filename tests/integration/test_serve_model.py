@@ -47,7 +47,7 @@ def run_dir(tmp_path_factory) -> Path:
         "serve", synthetic_images(128), batch_size=32, steps=2, optimizer=SGD, device="cpu"
     )
     record = api.train(parse_spec(spec), out_dir=tmp_path_factory.mktemp("runs") / "serve")
-    return Path(record["run_dir"])
+    return Path(record.run_dir)
 
 
 @pytest.fixture(scope="module")

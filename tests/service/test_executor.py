@@ -120,7 +120,7 @@ def test_a_train_job_trains_what_api_train_trains_and_runs_only_once(tmp_path):
     assert len(result["weights_sha256"]) == 64
     run_json = json.loads((folder / "run" / "run.json").read_text())
     assert result["metrics"] == run_json["final"]
-    assert result["metrics"]["val_loss"] == record["final"]["val_loss"]
+    assert result["metrics"]["val_loss"] == record.final.val_loss
     metrics = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     assert metrics == run_json["epochs"] and [m["epoch"] for m in metrics] == [1, 2]
     assert result["data_sha256"] == provenance.data_digest(folder / "spec.yaml")

@@ -79,8 +79,7 @@ def test_a_job_trains_what_dlscale_train_trains_and_a_rerun_is_bit_identical(ser
         record = api.train(local, out_dir=tmp_path / "run")
     assert job["result"]["weights_sha256"] == api.weights_digest(tmp_path / "run")
     for key in ("val_loss", "val_accuracy", "train_loss"):
-        if key in record.get("final", {}):
-            assert job["result"]["metrics"][key] == record["final"][key], key
+        assert job["result"]["metrics"][key] == getattr(record.final, key), key
     repro = job["reproduction"]
     assert repro["seed"] == 5 and repro["weights_sha256"] == job["result"]["weights_sha256"]
     assert len(repro["data_sha256"]) == 64 and repro["environment"]["torch"]

@@ -24,11 +24,11 @@ def test_single_with_k_micro_batches_equals_one_batch_of_k_b(tmp_path: Path):
     record = api.train(spec, out_dir=tmp_path / "micro")
     assert_same_weights(tmp_path / "big", tmp_path / "micro")
     # Steps are optimizer steps: 4 of 24 samples each, as the big batch's.
-    assert record["final"]["step"] == 4 == big["final"]["step"]
-    assert record["plan"]["global_batch_size"] == 24 and record["plan"]["accumulate"] == 3
-    assert record["timing"]["samples"] == big["timing"]["samples"] == 4 * 24
-    losses = [s["loss"] for s in record["steps"]]
-    assert losses == pytest.approx([s["loss"] for s in big["steps"]], rel=1e-5)
+    assert record.final.step == 4 == big.final.step
+    assert record.plan.global_batch_size == 24 and record.plan.accumulate == 3
+    assert record.timing.samples == big.timing.samples == 4 * 24
+    losses = [s.loss for s in record.steps]
+    assert losses == pytest.approx([s.loss for s in big.steps], rel=1e-5)
 
 
 def test_a_resume_continues_at_an_optimizer_step_boundary(tmp_path: Path):
@@ -47,7 +47,7 @@ def test_a_resume_continues_at_an_optimizer_step_boundary(tmp_path: Path):
     checkpoint_path(resumed, 2).parent.mkdir(parents=True)
     shutil.copy(checkpoint_path(tmp_path / "straight", 2), checkpoint_path(resumed, 2))
     record = api.train(spec, out_dir=resumed, resume=True)
-    assert record["resumed_from_step"] == 2 and record["final"]["step"] == 4
+    assert record.resumed_from_step == 2 and record.final.step == 4
     straight, again = final_weights(tmp_path / "straight"), final_weights(resumed)
     for name, tensor in straight.items():
         assert torch.equal(again[name], tensor), name
@@ -62,11 +62,11 @@ def test_ddp_accumulating_equals_one_process_and_all_reduces_once_a_step(tmp_pat
     spec = {**BASE, "batch_size": 4, "accumulate": 3, "strategy": {"name": "ddp", "workers": 2}}
     record = api.train(parse_spec(spec), out_dir=tmp_path / "ddp")
     assert_same_weights(tmp_path / "single", tmp_path / "ddp")
-    dist = record["distributed"]
+    dist = record.distributed
     assert dist["accumulate"] == 3 and dist["global_batch_size"] == 24
     assert dist["allreduces_per_step"] == 1.0
     assert dist["allreduce_payload_bytes_per_step"] == LENET_PARAMETERS * 4
-    assert all(w["steps"] == 4 and w["samples"] == 4 * 12 for w in record["workers"])
+    assert all(w.steps == 4 and w.samples == 4 * 12 for w in record.workers)
 
 
 @pytest.mark.slow
@@ -79,7 +79,7 @@ def test_tensor_accumulating_equals_one_process(tmp_path: Path):
     spec = {**base, "batch_size": 8, "accumulate": 2, "strategy": {"name": "tensor"}}
     record = api.train(parse_spec(spec), out_dir=tmp_path / "tensor")
     assert_same_weights(tmp_path / "single", tmp_path / "tensor")
-    tensor = record["tensor"]
+    tensor = record.tensor
     assert tensor["accumulate"] == 2 and tensor["global_batch_size"] == 16
     # The plan's one forward all-reduce of (8, 16) fp32 activations, twice a step.
     predicted = tensor["predicted_collectives_per_step"]

@@ -29,16 +29,16 @@ def test_two_workers_at_batch_b_equal_one_process_at_2b(tmp_path: Path):
         assert difference <= 1e-5, (name, float(difference))
 
     # What the run shows: global batch, per-worker figures, the allreduce payload (the gradients).
-    assert record["plan"]["global_batch_size"] == 16 and record["final"]["step"] == 12
-    dist = record["distributed"]
+    assert record.plan.global_batch_size == 16 and record.final.step == 12
+    dist = record.distributed
     assert dist["workers"] == 2 and dist["backend"] == "gloo"
     assert dist["allreduce_payload_bytes_per_step"] == 41_282 * 4  # every fp32 gradient, once
     assert dist["bytes_sent_per_worker_per_step"] == 41_282 * 4  # ring: 2(N−1)/N × payload
-    assert [w["rank"] for w in record["workers"]] == [0, 1]
-    assert all(w["steps"] == 12 and w["samples"] == 12 * 8 for w in record["workers"])
+    assert [w.rank for w in record.workers] == [0, 1]
+    assert all(w.steps == 12 and w.samples == 12 * 8 for w in record.workers)
     assert 0 < dist["allreduce_share"] < 1
     on_disk = json.loads((tmp_path / "ddp" / "run.json").read_text())
-    assert on_disk["workers"] == record["workers"]
+    assert on_disk["workers"] == record.to_json()["workers"]
 
 
 @pytest.mark.slow

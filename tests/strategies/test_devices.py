@@ -41,6 +41,6 @@ def test_bf16_trains_every_strategy_on_the_cpu(tmp_path: Path, kind: str):
     """Refused before the one loop (`require_cpu_fp32`); now autocast reaches them all."""
     spec = parse_spec({**BASE, "device": "cpu", "precision": "bf16", "strategy": STRATEGIES[kind]})
     record = api.train(spec, out_dir=tmp_path)
-    assert record["status"] == "completed" and record["spec"]["precision"] == "bf16"
-    assert math.isfinite(record["epochs"][-1]["train_loss"])
-    assert record["final"]["val_accuracy"] is not None
+    assert record.status == "completed" and record.spec["precision"] == "bf16"
+    assert math.isfinite(record.epochs[-1].train_loss)
+    assert record.final.val_accuracy is not None

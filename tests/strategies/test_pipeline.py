@@ -147,12 +147,12 @@ def test_pipeline_weights_equal_one_process(tmp_path: Path, base: dict, schedule
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(piped, out_dir=tmp_path / "pipe")
     assert_same_weights(tmp_path / "single", tmp_path / "pipe")
-    pipe = record["pipeline"]
+    pipe = record.pipeline
     assert pipe["stages"] == 2 and pipe["microbatches"] == 4 and len(pipe["per_stage"]) == 2
-    assert sum(s["params"] for s in pipe["per_stage"]) >= record["model"]["parameters"]
+    assert sum(s["params"] for s in pipe["per_stage"]) >= record.model.parameters
     assert all(0 < s["busy_s"] < s["schedule_s"] for s in pipe["per_stage"])
     assert 0 < pipe["bubble_measured"] < 1 and pipe["bubble_predicted"] == pytest.approx(0.2)
-    assert record["final"]["step"] == 6 and record["epochs"]
+    assert record.final.step == 6 and record.epochs
 
 
 @pytest.mark.slow
@@ -169,8 +169,8 @@ def test_hybrid_two_by_two_equals_one_process_at_twice_the_batch(tmp_path: Path)
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(hybrid, out_dir=tmp_path / "hybrid")
     assert_same_weights(tmp_path / "single", tmp_path / "hybrid")
-    assert record["pipeline"]["data_parallel"] == 2 and len(record["workers"]) == 4
-    assert all(r["sync_s"] > 0 for r in record["pipeline"]["replicas"])
+    assert record.pipeline["data_parallel"] == 2 and len(record.workers) == 4
+    assert all(r["sync_s"] > 0 for r in record.pipeline["replicas"])
 
 
 @pytest.mark.slow
@@ -183,9 +183,9 @@ def test_a_model_refused_on_one_worker_trains_when_split(tmp_path: Path):
         api.train(one, out_dir=tmp_path / "one")
     two = parse_spec({**LENET, "batch_size": 16, "steps": 4, "strategy": {**strategy, "stages": 2}})
     record = api.train(two, out_dir=tmp_path / "two")
-    assert record["status"] == "completed"
-    assert record["pipeline"]["balanced_by"] in ("time", "flops", "memory")
-    assert all(s["memory_bytes"] <= int(whole * 0.7) for s in record["pipeline"]["per_stage"])
+    assert record.status == "completed"
+    assert record.pipeline["balanced_by"] in ("time", "flops", "memory")
+    assert all(s["memory_bytes"] <= int(whole * 0.7) for s in record.pipeline["per_stage"])
 
 
 @pytest.mark.slow
@@ -265,9 +265,9 @@ def test_a_model_with_in_place_activations_trains_in_stages(tmp_path: Path, monk
         }
     )
     record = api.train(spec, out_dir=tmp_path / "run")
-    assert record["status"] == "completed" and record["final"]["step"] == 3
-    assert not {"2", "4"} & set(record["pipeline"]["split"])  # the in-place ReLUs
-    assert record["pipeline"]["per_stage"][0]["params"] == 0
+    assert record.status == "completed" and record.final.step == 3
+    assert not {"2", "4"} & set(record.pipeline["split"])  # the in-place ReLUs
+    assert record.pipeline["per_stage"][0]["params"] == 0
 
 
 @pytest.mark.slow
@@ -292,8 +292,8 @@ def test_the_pipeline_evaluates_its_model_in_eval_mode(tmp_path: Path):
     model.load_state_dict(final_weights(tmp_path))
     loader = torch.utils.data.DataLoader(data.val, batch_size=64)
     val_loss, val_accuracy = evaluate(model, loader, torch.device("cpu"), "fp32")
-    assert record["final"]["val_loss"] == pytest.approx(val_loss, rel=1e-5)
-    assert record["final"]["val_accuracy"] == pytest.approx(val_accuracy)
+    assert record.final.val_loss == pytest.approx(val_loss, rel=1e-5)
+    assert record.final.val_accuracy == pytest.approx(val_accuracy)
 
 
 @pytest.mark.slow
@@ -305,8 +305,8 @@ def test_a_validation_set_smaller_than_a_batch_is_evaluated(tmp_path: Path):
     strategy = {"name": "pipeline", "stages": 2, "microbatches": 2}
     spec = parse_spec({**GPT, "data": data, "batch_size": 16, "steps": 2, "strategy": strategy})
     record = api.train(spec, out_dir=tmp_path / "small-val")
-    assert record["data"]["val_samples"] == 5
-    assert record["final"]["val_accuracy"] is not None
+    assert record.data.val_samples == 5
+    assert record.final.val_accuracy is not None
 
 
 @pytest.mark.slow
@@ -328,7 +328,7 @@ def test_2bw_records_staleness_and_no_steady_idle_slot_where_gpipe_has_some(tmp_
                 },
             }
         )
-        runs[schedule] = api.train(spec, out_dir=tmp_path / schedule)["pipeline"]
+        runs[schedule] = api.train(spec, out_dir=tmp_path / schedule).pipeline
     pipe, gpipe = runs["2bw"], runs["gpipe"]
     assert pipe["split"] == gpipe["split"]
     # 2 × (S − 1) = 2 idle slots per stage in all (fill and drain), none in between; gpipe

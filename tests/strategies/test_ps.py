@@ -105,17 +105,17 @@ def test_averaging_one_local_step_equals_one_process_at_n_times_b(tmp_path: Path
     api.train(single, out_dir=tmp_path / "single")
     before = shm_files()
     record = api.train(ps, out_dir=tmp_path / "ps")
-    assert record["ps"]["data_plane"] == plane
+    assert record.ps["data_plane"] == plane
     assert shm_files() <= before
     reference, averaged = final_weights(tmp_path / "single"), final_weights(tmp_path / "ps")
     for name, expected in reference.items():
         difference = (averaged[name] - expected).norm() / expected.norm()
         assert difference <= 1e-5, (name, float(difference))
-    stats = record["ps"]
-    assert stats["mode"] == "averaging" and record["final"]["step"] == 12
+    stats = record.ps
+    assert stats["mode"] == "averaging" and record.final.step == 12
     assert [s["updates"] for s in stats["per_server"]] == [12, 12]  # one average a step each
     assert sum(s["elements"] for s in stats["per_server"]) == 41_282
-    assert all(w["steps"] == 12 and w["samples"] == 12 * 8 for w in record["workers"])
+    assert all(w.steps == 12 and w.samples == 12 * 8 for w in record.workers)
     on_disk = json.loads((tmp_path / "ps" / "run.json").read_text())
     assert on_disk["ps"]["per_server"] == stats["per_server"]
 
@@ -159,7 +159,7 @@ def straggler_run(tmp_path: Path, name: str, mode: str, **strategy) -> dict:
             ),
         }
     )
-    return api.train(spec, out_dir=tmp_path / name)["ps"]
+    return api.train(spec, out_dir=tmp_path / name).ps
 
 
 @pytest.mark.slow
@@ -188,7 +188,7 @@ def test_one_async_worker_equals_one_process(tmp_path: Path):
     )
     api.train(single, out_dir=tmp_path / "single")
     record = api.train(ps, out_dir=tmp_path / "ps")
-    assert record["ps"]["staleness_histogram"] == {"0": 12}
+    assert record.ps["staleness_histogram"] == {"0": 12}
     reference, served = final_weights(tmp_path / "single"), final_weights(tmp_path / "ps")
     for name, expected in reference.items():
         difference = (served[name] - expected).norm() / expected.norm()

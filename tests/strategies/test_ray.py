@@ -16,6 +16,7 @@ from dlscale import api
 from dlscale.api.data import convert_data
 from dlscale.errors import UserError
 from dlscale.jobspec import parse_spec
+from dlscale.train.record import RunRecord
 
 SPEC = {
     "name": "ray-ddp",
@@ -28,10 +29,10 @@ SPEC = {
 }
 
 
-def assert_same_final_weights(*records: dict) -> None:
+def assert_same_final_weights(*records: RunRecord) -> None:
     """The last checkpoints of two runs hold the same weights (to float rounding)."""
     first, second = (
-        torch.load(Path(r["checkpoints"][-1]), weights_only=True)["model"] for r in records
+        torch.load(Path(r.checkpoints[-1]), weights_only=True)["model"] for r in records
     )
     for name, value in first.items():
         assert torch.allclose(second[name], value, rtol=1e-5, atol=1e-7), name
@@ -76,8 +77,8 @@ def test_hybrid_on_a_cluster_of_two_nodes_with_two_cpus_each(tmp_path: Path):
         placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=four.address)
     finally:
         four.shutdown()
-    assert placed["status"] == "completed" and len(placed["workers"]) == 4
-    assert len({worker["node"] for worker in placed["workers"]}) == 2
+    assert placed.status == "completed" and len(placed.workers) == 4
+    assert len({worker.node for worker in placed.workers}) == 2
     assert_same_final_weights(local, placed)
 
 
@@ -88,11 +89,11 @@ def test_ddp_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
     placed = api.train(
         parse_spec(SPEC), out_dir=tmp_path / "ray", cluster="ray", address=cluster.address
     )
-    assert placed["status"] == "completed" and placed["distributed"]["backend"] == "gloo"
-    nodes = {worker["node"] for worker in placed["workers"]}
+    assert placed.status == "completed" and placed.distributed["backend"] == "gloo"
+    nodes = {worker.node for worker in placed.workers}
     assert len(nodes) == 2, "one worker per node: each node has one CPU"
     # Same data plane, same math: the launcher changes where workers run, not what they compute.
-    assert placed["final"]["val_accuracy"] == pytest.approx(local["final"]["val_accuracy"])
+    assert placed.final.val_accuracy == pytest.approx(local.final.val_accuracy)
     assert not ray.is_initialized()  # the launcher disconnects what it connected
 
 
@@ -116,11 +117,11 @@ def test_parameter_servers_on_a_two_node_ray_cluster(cluster, tmp_path: Path):
         }
     )
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
-    assert (local["ps"]["data_plane"], placed["ps"]["data_plane"]) == ("shm", "gloo")
-    assert placed["status"] == "completed" and placed["ps"]["updates"] == local["ps"]["updates"]
+    assert (local.ps["data_plane"], placed.ps["data_plane"]) == ("shm", "gloo")
+    assert placed.status == "completed" and placed.ps["updates"] == local.ps["updates"]
     # One worker: no staleness, so the run is deterministic and both launchers agree exactly.
-    assert placed["ps"]["staleness_histogram"] == {"0": placed["ps"]["updates"]}
-    assert placed["final"]["val_accuracy"] == pytest.approx(local["final"]["val_accuracy"])
+    assert placed.ps["staleness_histogram"] == {"0": placed.ps["updates"]}
+    assert placed.final.val_accuracy == pytest.approx(local.final.val_accuracy)
     assert not ray.is_initialized()
 
 
@@ -142,8 +143,8 @@ def test_a_pipeline_across_the_two_nodes(cluster, tmp_path: Path):
     )
     local = api.train(spec, out_dir=tmp_path / "local")
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
-    assert placed["status"] == "completed"
-    assert len({worker["node"] for worker in placed["workers"]}) == 2
+    assert placed.status == "completed"
+    assert len({worker.node for worker in placed.workers}) == 2
     assert_same_final_weights(local, placed)
 
 
@@ -171,10 +172,10 @@ def test_each_worker_streams_its_own_part_of_the_shards(cluster, tmp_path: Path)
     )
     local = api.train(spec, out_dir=tmp_path / "local")
     placed = api.train(spec, out_dir=tmp_path / "ray", cluster="ray", address=cluster.address)
-    assert placed["status"] == "completed" and placed["data"]["streamed"] is True
-    assert len({worker["node"] for worker in placed["workers"]}) == 2
-    per_worker = placed["plan"]["total_steps"] * placed["plan"]["batch_size"]
-    assert [w["samples_read"] for w in placed["workers"]] == [per_worker, per_worker]
+    assert placed.status == "completed" and placed.data.streamed is True
+    assert len({worker.node for worker in placed.workers}) == 2
+    per_worker = placed.plan.total_steps * placed.plan.batch_size
+    assert [w.samples_read for w in placed.workers] == [per_worker, per_worker]
     assert_same_final_weights(local, placed)
 
 
@@ -212,15 +213,15 @@ def test_sweep_trials_as_ray_tasks_on_two_nodes(cluster, tmp_path: Path):
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(spec))
     result = api.sweep(path, tmp_path / "out", cluster="ray", address=cluster.address)
-    assert result["slots"] == 2 and result["cluster"] == "ray"
-    first, second, third, failed = result["trials"]
-    assert first["status"] == second["status"] == third["status"] == "completed"
-    pids = [trial["runs"][0]["pid"] for trial in (first, second, third)]
+    assert result.slots == 2 and result.cluster == "ray"
+    first, second, third, failed = result.trials
+    assert first.status == second.status == third.status == "completed"
+    pids = [trial.runs[0].pid for trial in (first, second, third)]
     assert pids[2] in pids[:2]  # an actor ran trial after trial
-    assert {first["runs"][0]["node"], second["runs"][0]["node"]} == {
+    assert {first.runs[0].node, second.runs[0].node} == {
         node["NodeID"] for node in ray_nodes(cluster.address)
     }
-    assert failed["status"] == "failed" and "larger than the training set" in failed["error"]
+    assert failed.status == "failed" and "larger than the training set" in failed.error
 
 
 def ray_nodes(address: str) -> list[dict]:

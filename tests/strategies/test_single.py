@@ -29,7 +29,7 @@ def spec(**changes):
 def test_run_record_schema(tmp_path: Path, reporter):
     record = api.train(spec(epochs=2), out_dir=tmp_path, reporter=reporter)
     on_disk = json.loads((tmp_path / "run.json").read_text())
-    assert on_disk == json.loads(json.dumps(record, default=str))
+    assert on_disk == json.loads(json.dumps(record.to_json()))
     assert on_disk["schema"] == "dlscale.run/2" and on_disk["status"] == "completed"
     assert len(on_disk["spec_hash"]) == 16 and on_disk["spec"]["batch_size"] == 16
     env = on_disk["environment"]
@@ -60,8 +60,8 @@ def test_run_record_schema(tmp_path: Path, reporter):
 
 def test_steps_that_end_mid_epoch_still_validate_and_checkpoint(tmp_path: Path):
     record = api.train(spec(steps=25), out_dir=tmp_path)
-    assert record["final"]["step"] == 25 and record["epochs"][-1]["step"] == 25
-    assert record["checkpoints"][-1].endswith("step-00000025.pt")
+    assert record.final.step == 25 and record.epochs[-1].step == 25
+    assert record.checkpoints[-1].endswith("step-00000025.pt")
 
 
 class SlowDataset(TensorDataset):
@@ -85,10 +85,10 @@ def test_a_starving_loop_warns_once_with_the_fix(tmp_path: Path, reporter, monke
     warnings = reporter.of("warn")
     assert len(warnings) == 1 and "waits for data" in warnings[0]
     assert "loader.workers (now 0)" in warnings[0]
-    assert record["warnings"] == warnings
+    assert record.warnings == warnings
     # Each of the 30 batches slept 20 ms while loading (the loader reads a batch in one call):
     # data wait counts at least that, however loaded the machine is (a share would not).
-    assert record["timing"]["data_wait_s"] >= 30 * 0.02
+    assert record.timing.data_wait_s >= 30 * 0.02
 
 
 def test_a_fed_loop_does_not_warn(tmp_path: Path, reporter):
@@ -103,12 +103,12 @@ def test_settings_ignored_at_run_time_are_warned_about(tmp_path: Path, reporter)
         "optimizer.momentum is ignored by optimizer 'sgd'",
         "loader.pin_memory is ignored on cpu",
     ]
-    assert record["warnings"] == reporter.of("warn")
+    assert record.warnings == reporter.of("warn")
 
 
 def test_bf16_training_learns(tmp_path: Path):
     record = api.train(spec(epochs=3, precision="bf16"), out_dir=tmp_path)
-    assert record["final"]["val_accuracy"] > 0.8
+    assert record.final.val_accuracy > 0.8
 
 
 def test_loader_workers_give_the_same_weights_as_none(tmp_path: Path):
@@ -132,4 +132,4 @@ def test_a_user_model_factory_trains(tmp_path: Path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     job = spec(epochs=1, model={"name": "mymodels:tiny", "kwargs": {"width": 6}})
     record = api.train(job, out_dir=tmp_path / "run")
-    assert record["model"]["parameters"] == (20 * 6 + 6) + (6 * 4 + 4)
+    assert record.model.parameters == (20 * 6 + 6) + (6 * 4 + 4)

@@ -65,46 +65,46 @@ MLP = {
 def test_the_example_grid_with_3_fold_cross_validation(tmp_path: Path):
     reporter = RecordingSweepReporter()
     result = api.sweep(EXAMPLES / "sweep-digits.yaml", tmp_path, parallel=2, reporter=reporter)
-    assert result["status"] == "completed" and result["slots"] == 2
-    trials = result["trials"]
-    assert [t["params"] for t in trials][:2] == [
+    assert result.status == "completed" and result.slots == 2
+    trials = result.trials
+    assert [t.params for t in trials][:2] == [
         {"optimizer.lr": 0.01, "model.kwargs.hidden": 32},
         {"optimizer.lr": 0.01, "model.kwargs.hidden": 128},
     ]
-    assert len(trials) == 6 and all(t["status"] == "completed" for t in trials)
+    assert len(trials) == 6 and all(t.status == "completed" for t in trials)
     for trial in trials:
-        assert len(trial["values"]) == 3
-        assert trial["metric"] == pytest.approx(sum(trial["values"]) / 3)
-        for run in trial["runs"]:
-            record = json.loads((Path(run["run_dir"]) / "run.json").read_text())
+        assert len(trial.values) == 3
+        assert trial.metric == pytest.approx(sum(trial.values) / 3)
+        for run in trial.runs:
+            record = json.loads((Path(run.run_dir) / "run.json").read_text())
             # Each fold trains on two thirds of the 1,437 training images, validates on a third,
             # and has its own share (half) of the two cores.
             assert record["data"]["train_samples"] + record["data"]["val_samples"] == 1437
             assert record["data"]["val_samples"] in (479, 480)
             assert record["environment"]["torch_threads"] == 1
-            assert record["final"]["val_accuracy"] == run["val_accuracy"]
-    best = max(trials, key=lambda t: t["metric"])
-    assert result["best"]["id"] == best["id"] and best["metric"] > 0.9
+            assert record["final"]["val_accuracy"] == run.val_accuracy
+    best = max(trials, key=lambda t: t.metric)
+    assert result.best.id == best.id and best.metric > 0.9
     # The best configuration, ready to train: the sweep's values, no sweep section, no fold.
     spec = load_spec(tmp_path / "best.yaml")
     assert spec.sweep is None and spec.data.fold is None
-    assert spec.optimizer.lr == best["params"]["optimizer.lr"]
-    assert spec.model.kwargs["hidden"] == best["params"]["model.kwargs.hidden"]
+    assert spec.optimizer.lr == best.params["optimizer.lr"]
+    assert spec.model.kwargs["hidden"] == best.params["model.kwargs.hidden"]
     rows = (tmp_path / "results.csv").read_text().splitlines()
     assert rows[0].startswith("trial,optimizer.lr,model.kwargs.hidden,status,val_accuracy")
     assert len(rows) == 7
     for plot in ("trials.png", "params.png", "kfold.png"):
         assert (tmp_path / plot).stat().st_size > 10_000
-    assert json.loads((tmp_path / "results.json").read_text())["best"]["id"] == best["id"]
+    assert json.loads((tmp_path / "results.json").read_text()) == result.to_json()
     assert len(reporter.of("trial_done")) == 6 and reporter.of("update")
     # Two long-lived slots ran all 18 runs, one after another, each setting up in its slot.
-    runs = [run for trial in trials for run in trial["runs"]]
-    assert len({run["pid"] for run in runs}) == 2 and {run["slot"] for run in runs} == {0, 1}
-    assert all(run["setup_s"] > 0 and run["global_batch_size"] == 64 for run in runs)
-    assert all(t["global_batch_size"] == 64 for t in trials)
-    gaps = result["slot_gaps_s"]
-    assert gaps["count"] == 16 and 0 <= gaps["median"] <= gaps["max"]
-    assert reporter.of("finish")[0]["best"]["id"] == best["id"]
+    runs = [run for trial in trials for run in trial.runs]
+    assert len({run.pid for run in runs}) == 2 and {run.slot for run in runs} == {0, 1}
+    assert all(run.setup_s > 0 and run.global_batch_size == 64 for run in runs)
+    assert all(t.global_batch_size == 64 for t in trials)
+    gaps = result.slot_gaps_s
+    assert gaps.count == 16 and 0 <= gaps.median <= gaps.max
+    assert reporter.of("finish")[0] == result.to_json()  # the reporter is shown the document
 
 
 @pytest.mark.slow
@@ -177,26 +177,26 @@ def _gone(pids: list[int], within_s: float = 10.0) -> bool:
 def test_an_ensemble_scores_its_members_averaged_predictions(tmp_path: Path):
     spec = write(tmp_path, {**MLP, "seed": 4, "sweep": {"ensemble": 3}})
     result = api.sweep(spec, tmp_path / "out", parallel=2)
-    (trial,) = result["trials"]
-    assert trial["status"] == "completed"
+    (trial,) = result.trials
+    assert trial.status == "completed"
     probabilities, labels = [], None
-    for index, run in enumerate(trial["runs"]):
-        record = json.loads((Path(run["run_dir"]) / "run.json").read_text())
+    for index, run in enumerate(trial.runs):
+        record = json.loads((Path(run.run_dir) / "run.json").read_text())
         assert record["spec"]["seed"] == 4 + index and record["spec"]["data"]["seed"] == 4
-        saved = torch.load(Path(run["run_dir"]) / "predictions.pt", weights_only=True)
+        saved = torch.load(Path(run.run_dir) / "predictions.pt", weights_only=True)
         member_accuracy = float(
             (saved["probabilities"].argmax(-1) == saved["labels"]).float().mean()
         )
-        assert member_accuracy == pytest.approx(run["val_accuracy"], abs=1e-6)
+        assert member_accuracy == pytest.approx(run.val_accuracy, abs=1e-6)
         if labels is not None:
             assert torch.equal(saved["labels"], labels)  # one validation set for all
         labels = saved["labels"]
         probabilities.append(saved["probabilities"])
     averaged = torch.stack(probabilities).mean(0).argmax(-1)
     expected = float((averaged == labels).float().mean())
-    assert trial["metric"] == pytest.approx(expected)
-    assert trial["ensemble"]["members"] == [r["val_accuracy"] for r in trial["runs"]]
-    assert len({round(v, 6) for v in trial["ensemble"]["members"]}) > 1  # different seeds
+    assert trial.metric == pytest.approx(expected)
+    assert trial.ensemble.members == [r.val_accuracy for r in trial.runs]
+    assert len({round(v, 6) for v in trial.ensemble.members}) > 1  # different seeds
     assert (tmp_path / "out" / "ensemble.png").is_file()
 
 
@@ -214,11 +214,11 @@ def test_early_stopping_stops_a_trailing_trial(tmp_path: Path):
         "early_stopping": {"rule": "median", "min_runs": 1},
     }
     result = api.sweep(write(tmp_path, {**lenet, "sweep": sweep}), tmp_path / "out", parallel=1)
-    good, bad = result["trials"]
-    assert good["status"] == "completed" and len(good["runs"][0]["curve"]) == 8
-    assert bad["status"] == "pruned" and bad["metric"] is None
-    run = bad["runs"][0]
-    assert run["status"] == "pruned" and 1 <= len(run["curve"]) < 8
-    assert run["error"] == f"stopped early after epoch {run['curve'][-1]['epoch']}"
-    assert bad["stopped_at"]["val_accuracy"] < good["runs"][0]["curve"][0]["val_accuracy"]
-    assert result["counts"]["pruned"] == 1 and result["best"]["id"] == good["id"]
+    good, bad = result.trials
+    assert good.status == "completed" and len(good.runs[0].curve) == 8
+    assert bad.status == "pruned" and bad.metric is None
+    run = bad.runs[0]
+    assert run.status == "pruned" and 1 <= len(run.curve) < 8
+    assert run.error == f"stopped early after epoch {run.curve[-1].epoch}"
+    assert bad.stopped_at.val_accuracy < good.runs[0].curve[0].val_accuracy
+    assert result.counts.pruned == 1 and result.best.id == good.id

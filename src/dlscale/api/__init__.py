@@ -21,13 +21,15 @@ from dlscale.models import ZOO, check_model, parameter_count_meta
 from dlscale.strategies import CHECKS, STRATEGIES
 from dlscale.train import provenance
 from dlscale.train.ownership import claim, claim_new
+from dlscale.train.record import RunRecord
 from dlscale.train.reporter import Reporter
 from dlscale.train.run_folder import latest_sweep_dir
 
 if TYPE_CHECKING:  # return types only: the verbs import these modules when they run, so that a
-    # command that needs neither starts without them
+    # command that needs none of them starts without them
     from dlscale.hardware.links import Link
     from dlscale.profiler.estimate import Estimate
+    from dlscale.sweep.record import SweepResult
 
 
 def validate(spec_path: str | Path) -> tuple[Spec, list[str]]:
@@ -58,8 +60,9 @@ def train(
     reporter: Reporter | None = None,
     cluster: str = "local",
     address: str | None = None,
-) -> dict:
-    """Train a spec with its strategy; returns the run record also written to run.json.
+) -> RunRecord:
+    """Train a spec with its strategy; returns the run record, typed, whose `to_json()` is
+    what run.json holds.
 
     `cluster` picks where workers run: `local` processes (the default) or a `ray` cluster at
     `address` (`auto`, or HOST:PORT of its head).
@@ -91,7 +94,11 @@ def train(
         return run(spec, run_dir, resume_from, reporter, launcher, said)
 
     # The folder is this process's from here to the end (a second run into it is refused).
-    return train_in_folder(spec.name, out_dir, resume, reporter, start, early)
+    # The record comes back as run.json's document (from a worker process, for most
+    # strategies): checked against its schema here, once for every strategy.
+    return RunRecord.model_validate(
+        train_in_folder(spec.name, out_dir, resume, reporter, start, early)
+    )
 
 
 def exit_quickly() -> None:
@@ -182,9 +189,10 @@ def sweep(
     reporter=None,
     cluster: str = "local",
     address: str | None = None,
-) -> dict:
-    """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results
-    (also in DIR/results.json), with the best trial written as DIR/best.yaml."""
+) -> SweepResult:
+    """Train the trials of a spec's `sweep:` section, `parallel` at a time; the sweep's results,
+    typed (their `to_json()` is DIR/results.json), with the best trial written as
+    DIR/best.yaml."""
     from dlscale.jobspec import load_raw, parse_spec
     from dlscale.launch import check_cluster, make_launcher
     from dlscale.sweep.runner import NullSweepReporter, SweepRunner

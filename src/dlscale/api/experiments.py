@@ -76,7 +76,7 @@ def scale(
 
     def run(count: int, run_dir: Path) -> dict:
         with local_cores(count, threads):
-            record = train(specs[count], run_dir, cluster=cluster, address=address)
+            record = train(specs[count], run_dir, cluster=cluster, address=address).to_json()
         row = scale_row(count, record, str(run_dir))
         if converge:
             row.update(convergence(record, specs[count], target_accuracy))
@@ -142,7 +142,7 @@ def compare(
 
     def run(name: str, run_dir: Path) -> dict:
         started = time.perf_counter()
-        record = train(specs[name], run_dir, cluster=cluster, address=address)
+        record = train(specs[name], run_dir, cluster=cluster, address=address).to_json()
         return compare_row(name, record, str(run_dir), time.perf_counter() - started)
 
     runs = {name: partial(run, name) for name in names}

@@ -34,6 +34,7 @@ from dlscale.infer.inputs import open_source
 from dlscale.infer.output import check_out, write_predictions
 from dlscale.infer.predict import Progress, run_sources
 from dlscale.infer.predictor import Prediction, Predictor, build_predictor
+from dlscale.infer.record import PredictResult
 from dlscale.infer.trained import load_trained
 
 __all__ = ["Prediction", "Predictor", "load_predictor", "predict"]
@@ -56,12 +57,13 @@ def predict(
     split: str | None = None,
     out: str | Path | None = None,
     progress: Progress | None = None,
-) -> dict:
+) -> PredictResult:
     """Run a trained model over input files (images or folders of them, .npz, .txt tokens,
     WebDataset shards, a saved Hugging Face data set; `split` picks the latter's split), in
-    batches of `batch_size`. Returns the result (schema dlscale.predict/1): one row per sample
-    (input, predicted, confidence, label) and, where the inputs carry labels, the accuracy
-    beside the run's recorded validation accuracy; also written to `out` (.json or .csv)."""
+    batches of `batch_size`. Returns the result, typed (its `to_json()` has schema
+    dlscale.predict/1): one row per sample (input, predicted, confidence, label) and, where the
+    inputs carry labels, the accuracy beside the run's recorded validation accuracy; also
+    written to `out` (.json or .csv), whose path it then names."""
     if not inputs:
         raise UserError("no inputs given: name image files or folders, .npz, .txt, shards")
     if out is not None:
@@ -70,5 +72,5 @@ def predict(
     sources = [open_source(path, predictor.trained, split) for path in inputs]
     result = run_sources(predictor, sources, batch_size, progress)
     if out is not None:
-        result["out"] = str(write_predictions(result, out))
+        result.out = str(write_predictions(result, out))
     return result

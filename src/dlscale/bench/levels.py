@@ -97,8 +97,8 @@ def measure_here(spec_path: str, steps: int, threads: int) -> float:
 
 
 def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None, train) -> dict:
-    """`train(spec, out_dir=...)` runs the ddp level (the api's verb: a bench does not start
-    strategies itself)."""
+    """`train(spec, out_dir=...)` runs the ddp level and returns its `RunRecord` (the api's
+    verb: a bench does not start strategies itself)."""
     from dlscale.jobspec import DdpStrategy, load_spec
 
     if steps < 3:
@@ -141,7 +141,7 @@ def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None,
             )
             record = train(scaled, out_dir=Path(scratch) / f"ddp-{count}")
             processes.append(
-                {"processes": count, "samples_per_s": record["final"]["train_samples_per_s"]}
+                {"processes": count, "samples_per_s": record.final.train_samples_per_s}
             )
     return {
         "schema": SCHEMA,

@@ -84,7 +84,7 @@ def train(
     finally:
         reporter.close()
     if stdout_closed():  # the summary went nowhere: say on stderr where the result is
-        stderr.print(f"training finished: {record['run_dir']}/run.json")
+        stderr.print(f"training finished: {record.run_dir}/run.json")
 
 
 @app.command()

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dlscale.api import inference
+from dlscale.api.inference import PredictResult
 from dlscale.cli.errors import user_errors
 
 SHOWN_ROWS = 20  # a longer result shows its first rows; --out or --json holds them all
@@ -44,20 +45,20 @@ def predict(
             run, inputs, batch_size, device, precision, split, out, progress=bar
         )
     if as_json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
         return
     console = Console(highlight=False)
     console.print(rows_table(result))
     console.print(summary(result))
     if out is not None:
-        console.print(f"wrote {result['out']}")
+        console.print(f"wrote {result.out}")
 
 
-def rows_table(result: dict) -> Table:
-    rows = result["rows"]
-    labelled = any(row["label"] is not None for row in rows)
-    what = "next token" if result["task"] == "language_modeling" else "class"
-    table = Table(title=f"{result['model']} ({result['precision']}, {result['device']})")
+def rows_table(result: PredictResult) -> Table:
+    rows = result.rows
+    labelled = any(row.label is not None for row in rows)
+    what = "next token" if result.task == "language_modeling" else "class"
+    table = Table(title=f"{result.model} ({result.precision}, {result.device})")
     table.add_column("input", overflow="fold")
     table.add_column(f"predicted {what}", justify="right")
     table.add_column("confidence", justify="right")
@@ -65,28 +66,27 @@ def rows_table(result: dict) -> Table:
         table.add_column("label", justify="right")
         table.add_column("right", justify="center")
     for row in rows[:SHOWN_ROWS]:
-        cells = [escape(row["input"]), str(row["predicted"]), f"{100 * row['confidence']:.1f}%"]
+        cells = [escape(row.input), str(row.predicted), f"{100 * row.confidence:.1f}%"]
         if labelled:
-            label = row["label"]
-            cells += ["-" if label is None else str(label), _mark(row["predicted"], label)]
+            label = row.label
+            cells += ["-" if label is None else str(label), _mark(row.predicted, label)]
         table.add_row(*cells)
     if len(rows) > SHOWN_ROWS:
         table.caption = f"first {SHOWN_ROWS} of {len(rows):,}; --out FILE.csv writes them all"
     return table
 
 
-def summary(result: dict) -> str:
+def summary(result: PredictResult) -> str:
     """One line: how many, and the accuracy beside the run's own where labels were there."""
-    where = result["run_dir"] or result["checkpoint"]
-    line = f"{result['samples']:,} samples from step {result['step']} of {where}"
-    if result["accuracy"] is None:
+    where = result.run_dir or result.checkpoint
+    line = f"{result.samples:,} samples from step {result.step} of {where}"
+    if result.accuracy is None:
         return line + " (no labels: no accuracy)"
-    per = " tokens" if result["task"] == "language_modeling" else ""
+    per = " tokens" if result.task == "language_modeling" else ""
     line += (
-        f"; accuracy {100 * result['accuracy']:.2f}% ({result['correct']:,} of "
-        f"{result['counted']:,}{per})"
+        f"; accuracy {100 * result.accuracy:.2f}% ({result.correct:,} of {result.counted:,}{per})"
     )
-    recorded = result["run_val_accuracy"]
+    recorded = result.run_val_accuracy
     if recorded is not None:
         line += f"; the run's validation accuracy: {100 * recorded:.2f}%"
     return line

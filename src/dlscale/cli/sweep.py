@@ -201,6 +201,6 @@ def sweep(
     finally:
         reporter.close()
     if as_json:
-        print(json.dumps(result, indent=2))
-    if result.get("failure"):  # trials ran, and every one failed: exit 1 (bad input is 2)
-        raise UserError(result["failure"], exit_code=1)
+        print(json.dumps(result.to_json(), indent=2))
+    if result.failure:  # trials ran, and every one failed: exit 1 (bad input is 2)
+        raise UserError(result.failure, exit_code=1)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from dlscale.atomic import write_atomic, write_json_atomic
 from dlscale.errors import UserError
+from dlscale.infer.record import PredictResult
 
 COLUMNS = ("input", "predicted", "confidence", "label")
 FORMATS = (".json", ".csv")
@@ -22,16 +23,17 @@ def check_out(path: str | Path) -> Path:
     return path
 
 
-def write_predictions(result: dict, path: str | Path) -> Path:
+def write_predictions(result: PredictResult, path: str | Path) -> Path:
     path = check_out(path)
     if path.suffix.lower() == ".json":
-        write_json_atomic(path, result)
+        write_json_atomic(path, result.to_json())
         return path
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
     writer.writeheader()
-    for row in result["rows"]:
-        writer.writerow({key: "" if row[key] is None else row[key] for key in COLUMNS})
+    for row in result.rows:
+        cells = row.model_dump()
+        writer.writerow({key: "" if cells[key] is None else cells[key] for key in COLUMNS})
     text = buffer.getvalue().encode()
     write_atomic(path, lambda handle: handle.write(text))
     return path

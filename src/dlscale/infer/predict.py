@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from dlscale.errors import UserError
 from dlscale.infer.inputs import Source
 from dlscale.infer.predictor import Predictor
+from dlscale.infer.record import PREDICT_SCHEMA, InputSource, PredictedRow, PredictResult
 
-SCHEMA = "dlscale.predict/1"
 # progress(samples done, samples in all)
 Progress = Callable[[int, int], None]
 
@@ -19,13 +19,13 @@ def run_sources(
     sources: Sequence[Source],
     batch_size: int,
     progress: Progress | None = None,
-) -> dict:
-    """Every sample of `sources` through the model, `batch_size` at a time: the result
-    (`SCHEMA`) with a row per sample and the accuracy over the labelled sources."""
+) -> PredictResult:
+    """Every sample of `sources` through the model, `batch_size` at a time: the result with a
+    row per sample and the accuracy over the labelled sources."""
     if batch_size < 1:
         raise UserError(f"--batch-size must be at least 1 (got {batch_size})")
     total = sum(source.count for source in sources)
-    rows: list[dict] = []
+    rows: list[PredictedRow] = []
     correct = counted = 0
     for source in sources:
         for x, y, names in source.batches(batch_size):
@@ -34,12 +34,12 @@ def run_sources(
             shown = None if y is None else (y[:, -1] if y.ndim == 2 else y).tolist()
             for index, name in enumerate(names):
                 rows.append(
-                    {
-                        "input": name,
-                        "predicted": prediction.classes[index],
-                        "confidence": prediction.confidence[index],
-                        "label": None if shown is None else shown[index],
-                    }
+                    PredictedRow(
+                        input=name,
+                        predicted=prediction.classes[index],
+                        confidence=prediction.confidence[index],
+                        label=None if shown is None else shown[index],
+                    )
                 )
             if y is not None:
                 right, count = predictor.correct(prediction, y)
@@ -48,22 +48,22 @@ def run_sources(
             if progress is not None:
                 progress(len(rows), total)
     trained = predictor.trained
-    return {
-        "schema": SCHEMA,
-        "run_dir": None if trained.run_dir is None else str(trained.run_dir),
-        "checkpoint": str(trained.checkpoint),
-        "step": trained.step,
-        "model": trained.model_name,
-        "task": trained.task,
-        "device": str(predictor.device),
-        "precision": predictor.precision,
-        "batch_size": batch_size,
-        "inputs": [{"path": s.path, "kind": s.kind, "samples": s.count} for s in sources],
-        "samples": len(rows),
-        "labelled": all(source.labelled for source in sources),
-        "correct": correct if counted else None,
-        "counted": counted or None,
-        "accuracy": correct / counted if counted else None,
-        "run_val_accuracy": trained.val_accuracy,
-        "rows": rows,
-    }
+    return PredictResult(
+        schema=PREDICT_SCHEMA,
+        run_dir=None if trained.run_dir is None else str(trained.run_dir),
+        checkpoint=str(trained.checkpoint),
+        step=trained.step,
+        model=trained.model_name,
+        task=trained.task,
+        device=str(predictor.device),
+        precision=predictor.precision,
+        batch_size=batch_size,
+        inputs=[InputSource(path=s.path, kind=s.kind, samples=s.count) for s in sources],
+        samples=len(rows),
+        labelled=all(source.labelled for source in sources),
+        correct=correct if counted else None,
+        counted=counted or None,
+        accuracy=correct / counted if counted else None,
+        run_val_accuracy=trained.val_accuracy,
+        rows=rows,
+    )

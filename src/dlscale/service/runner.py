@@ -153,7 +153,7 @@ def run_train(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | N
 
     reporter = LogReporter(MetricsFile(folder / METRICS))
     record = api.train(spec, out_dir=run_folder(folder), reporter=reporter)
-    return record["final"], api.weights_digest(folder / RUN)
+    return record.final.model_dump(mode="json"), api.weights_digest(folder / RUN)
 
 
 def run_sweep(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | None]:
@@ -162,9 +162,10 @@ def run_sweep(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | N
     reporter = SweepLogReporter(MetricsFile(folder / METRICS))
     run = run_folder(folder)
     result = api.sweep(spec, out_dir=run, parallel=job.get("parallel"), reporter=reporter)
-    if result.get("failure"):  # every trial failed: the sweep did not do its job
-        raise UserError(result["failure"])
-    return result.get("best"), None  # many trials' weights: no one digest stands for them
+    if result.failure:  # every trial failed: the sweep did not do its job
+        raise UserError(result.failure)
+    best = None if result.best is None else result.best.model_dump(mode="json")
+    return best, None  # many trials' weights: no one digest stands for them
 
 
 def run_profile(job: dict, spec: Path, folder: Path) -> tuple[dict | None, str | None]:

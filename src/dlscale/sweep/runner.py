@@ -22,6 +22,7 @@ from dlscale.errors import UserError
 from dlscale.jobspec import Spec, parse_spec
 from dlscale.launch.base import Launcher, Resources, TaskDone
 from dlscale.sweep import results as res
+from dlscale.sweep.record import SweepResult
 from dlscale.sweep.resume import open_folder, restore_run, saved_trials
 from dlscale.sweep.search import EarlyStopping, GridSearch
 from dlscale.sweep.space import config_raw, describe, portable, run_raw
@@ -71,7 +72,7 @@ class SweepRunner:
 
     # ------------------------------------------------------------------ the sweep
 
-    def run(self) -> dict:
+    def run(self) -> SweepResult:
         self._open_folder()
         self.reporter.start(self.describe())
         if isinstance(self.search, GridSearch):  # the whole grid is known: show it from the start
@@ -91,9 +92,12 @@ class SweepRunner:
 
         result["plots"] = [str(p) for p in write_plots(result, self.out_dir)]
         result["failure"] = res.failure_summary(result)  # None unless no trial completed
-        res.write_results(self.out_dir, result)
-        self.reporter.finish(result)
-        return result
+        # The last results.json is the typed result's own document, checked against its schema.
+        record = SweepResult.model_validate(result)
+        document = record.to_json()
+        res.write_results(self.out_dir, document)
+        self.reporter.finish(document)
+        return record
 
     def _loop(self, pool) -> None:
         last_update = 0.0
