@@ -30,8 +30,11 @@ MAX_CPU_PRODUCT_S = 2.0  # the CPU-vs-GPU bench: past this the GPU has won by a 
 # (batch × 9216 × 4096 in an image model's classifier, its weight's gradient 4096 × batch ×
 # 9216; tokens × d × 4d in a transformer), so every combination of the sides is timed, the
 # squares among them, but for those above SHAPE_MOST_MACS (the 2048³ square: 17 GFLOP, a
-# second or more on a CPU core), which clamp to their neighbours.
-SHAPE_SIDES = (4, 32, 256, 2048)
+# second or more on a CPU core), which clamp to their neighbours. 8,192 is a language model's
+# vocabulary: its LM head's N and its weight gradient's M. Clamped to 2,048, GPT-2's head at batch
+# 1 (64 × 256 × 8,192) was priced at 87 GFLOP/s on the 2-core development machine and ran at 58
+# (its 8 MiB weight leaves the L2); the cap keeps every product with a side of 8,192 skinny.
+SHAPE_SIDES = (4, 32, 256, 2048, 8192)
 SHAPE_MOST_MACS = 256 * 2048 * 2048
 SHAPE_PASSES = 3  # the grid is timed this many times over, interleaved; the median counts
 
