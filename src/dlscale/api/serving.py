@@ -20,7 +20,7 @@ import uvicorn
 
 from dlscale.api.inference import Predictor, load_predictor
 from dlscale.errors import UserError, one_line
-from dlscale.launch.ray_cluster import connect, import_ray, leave
+from dlscale.launch.ray_cluster import connect, import_ray, init_keeping_sigterm, leave
 from dlscale.serving.auth import BearerToken, required_token
 from dlscale.serving.inputs import MAX_SAMPLES_PER_REQUEST
 from dlscale.serving.plain import build_plain_app
@@ -148,6 +148,9 @@ def serve_model(run: str | Path, options: ServingOptions | None = None) -> Model
     except Exception as exc:  # Ray says why a deployment failed in a long multi-line error
         leave(ray)
         raise UserError(f"Ray Serve could not start the model: {one_line(exc)}") from None
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM while it deploys: leave Ray as a failure does
+        leave(ray)
+        raise
     url = _http_url(options.host, options.port)
     return ModelServer(url, info, token_file, stats, ray, started_ray)
 
@@ -171,7 +174,7 @@ def _start_ray(ray, options: ServingOptions) -> bool:
         return False
     if ray.is_initialized():
         return False
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    init_keeping_sigterm(ray, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     return True
 
 

@@ -3,7 +3,9 @@ token, room for the workers, and the queue their events come back through."""
 
 from __future__ import annotations
 
+import signal
 import socket
+import threading
 
 from dlscale.errors import UserError, one_line
 from dlscale.launch.base import Resources
@@ -21,6 +23,21 @@ def import_ray():
             "--cluster ray needs Ray: pip install 'dlscale[ray]' (or ray) on every node"
         ) from None
     return ray
+
+
+def init_keeping_sigterm(ray, **kwargs) -> None:
+    """`ray.init(**kwargs)`, this process's SIGTERM handler left as it was. ray.init installs its
+    own (`sys.exit(15)`), which would end a dlscale command by SIGTERM without its cleanup and
+    with exit 15 (signals.py: SIGTERM takes Ctrl-C's path): `serve-model` SIGTERMed the moment
+    its model first answered exited 15 in a fresh-clone suite, before the command had set its
+    handler back."""
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(**kwargs)
+    finally:
+        # None: a handler not set from Python, which Python cannot put back.
+        if previous is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, previous)
 
 
 def leave(ray) -> None:
@@ -81,7 +98,7 @@ def connect(ray, address: str) -> bool:
     check_reachable(address)
     authenticate(address)  # a token-authenticated head: its token, or one line why not
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        init_keeping_sigterm(ray, address=address, log_to_driver=False, logging_level="ERROR")
     except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         forget()
         raise UserError(f"cannot join the Ray cluster at '{address}': {one_line(exc)}") from None
