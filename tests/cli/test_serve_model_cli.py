@@ -94,3 +94,20 @@ def test_an_ipv6_port_in_use_is_one_line_with_the_address_in_brackets(trained_ru
         )
     assert result.exit_code == 2, result.output
     assert f"cannot listen on [::1]:{port}: Address already in use" in result.output
+
+
+def test_a_stop_while_the_model_deploys_ends_as_a_stop_later_does(monkeypatch, tmp_path: Path):
+    """SIGTERM (or Ctrl-C) before serve_model returned (its /health can answer first) ended the
+    command with train's "continue later with --resume" and 143; it is the stop the command
+    is meant to end by, whenever it comes."""
+    from dlscale.cli import serve_model as command
+    from dlscale.signals import Terminated
+
+    def interrupted(run, options):
+        raise Terminated
+
+    monkeypatch.setattr(command, "serve_model", interrupted)
+    result = runner.invoke(app, ["serve-model", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "stopped while Ray Serve started the model" in result.output
+    assert "--resume" not in result.output

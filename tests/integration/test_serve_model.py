@@ -140,7 +140,11 @@ def test_served_predictions_equal_the_predictor_s_and_metrics_count_them(server,
     text = httpx.get(f"{url}/metrics").text
     assert f'dlscale_serve_requests_total{{status="200"}} {CONCURRENT + 1}' in text
 
+    # The stop this checks is the one after the command says it serves: its /health can answer
+    # a moment before (a stop while it deploys: tests/cli/test_serve_model_cli.py).
+    serving = process.stdout.readline()
+    assert f"at {url}" in serving, serving
     process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=120)
+    _, err = process.communicate(timeout=120)
     assert process.returncode == 0, err[-2000:]
-    assert "Traceback" not in err and f"at {url}" in out
+    assert "Traceback" not in err and "stopping: Ray Serve shuts down" in err

@@ -52,10 +52,16 @@ def serve_model_command(
         address=address,
         token_file=token_file,
     )
-    server = serve_model(run, options)
-    # ray.init installs Ray's own SIGTERM handler in this process (a stack dump, then death,
-    # with Serve and a local Ray left to notice on their own): take Ctrl-C's path again.
+    # SIGTERM takes Ctrl-C's path from the start (serve_model keeps it over ray.init): a stop
+    # while the model deploys is the same stop as later. Its /health can answer before
+    # serve_model returns, and a SIGTERM sent then ended the command with train's "continue
+    # later with --resume" and 143 (a heavy test, after Ray's own handler had been fixed).
     stop_on_sigterm()
+    try:
+        server = serve_model(run, options)
+    except KeyboardInterrupt:  # serve_model has left Ray
+        stderr.print("stopped while Ray Serve started the model")
+        return
     try:
         shape = "×".join(map(str, server.info["input_shape"]))
         print(
