@@ -99,10 +99,15 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home, qui
     assert local.sources[0].startswith("measured by dlscale bench machine on ")
     keys, rate = result["attention_flops_per_s"]["full"]["forward"][0]
     assert local.attention_rate("fp32", 1e6, keys, False) == pytest.approx(rate)
-    # Products by shape: every combination of 4, 32, 256 and 2,048 for M, K and N but the 2048³
-    # square, kept in the entry, where a product at a grid point runs at that point's rate.
+    # Products by shape: every combination of 4, 32, 256, 2,048 and 8,192 for M, K and N up to
+    # 256 × 2,048 × 2,048 multiply-adds (the 2048³ square is not, 32 × 2,048 × 8,192 is), kept in
+    # the entry, where a product at a grid point runs at that point's rate.
     grid = result["matmul_shape_flops_per_s"]
-    assert len(grid) == 63 and all(0 < point[3] < math.inf for point in grid)
+    sides = (4, 32, 256, 2048, 8192)
+    shapes = {(m, k, n) for m in sides for k in sides for n in sides if m * k * n <= 2**30}
+    assert {tuple(point[:3]) for point in grid} == shapes and len(grid) == len(shapes) == 105
+    assert (2048, 2048, 2048) not in shapes and (32, 2048, 8192) in shapes
+    assert all(0 < point[3] < math.inf for point in grid)
     m, k, n, rate = grid[1]
     assert local.gemm_rate("fp32", m, k, n) == pytest.approx(rate)
     # Adam's update in a training step, by one tensor's working set: 1 MiB (cached) to 256 MiB.
