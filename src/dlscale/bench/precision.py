@@ -73,20 +73,24 @@ class Forward:
     x: torch.Tensor
     device: torch.device
     precision: str
-    tf32: bool = False
+    tf32_products: bool = False
 
-    def __call__(self) -> None:
-        with _tf32(self.tf32), torch.no_grad(), autocast(self.device, self.precision):
+    def __call__(self) -> None:  # under `tf32()`, which a round enters once
+        with torch.no_grad(), autocast(self.device, self.precision):
             self.model(self.x)
+
+    def tf32(self):
+        return _tf32(self.tf32_products)
 
 
 def round_s(forward: Forward) -> float:
     """Seconds a call of one round of `forward`: LATENCY_TIME_S / ROUNDS of calls, 3 at least."""
-    calls, start = 0, time.perf_counter()
-    while time.perf_counter() - start < LATENCY_TIME_S / ROUNDS or calls < 3:
-        forward()
-        calls += 1
-    synchronize(forward.device)
+    with forward.tf32():
+        calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < LATENCY_TIME_S / ROUNDS or calls < 3:
+            forward()
+            calls += 1
+        synchronize(forward.device)
     return (time.perf_counter() - start) / calls
 
 
@@ -99,9 +103,10 @@ def interleaved_latencies(forwards: list[Forward]) -> list[dict]:
     spread, and whether that is noisy."""
     settle_allocator()
     for forward in forwards:
-        for _ in range(3):  # warm-up
-            forward()
-        synchronize(forward.device)
+        with forward.tf32():
+            for _ in range(3):  # warm-up
+                forward()
+            synchronize(forward.device)
     rounds: list[list[float]] = [[] for _ in forwards]
 
     def settled() -> bool:
