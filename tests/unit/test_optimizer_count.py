@@ -1,16 +1,20 @@
-"""The optimizer update the tracer prices is the one a CPU runs: the same kernels, one parameter
-tensor at a time (torch's Adam on a CPU takes its single-tensor path by default)."""
+"""The optimizer update the tracer prices is the one a CPU trainer runs: torch's fused kernel,
+one call over every tensor, moving each tensor's bytes once (train/step.py build_optimizer),
+and torch's per-tensor loop of kernels for an optimizer without a fused kernel."""
 
 from collections import Counter
 
+import pytest
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dlscale.jobspec import OptimizerSpec
 from dlscale.profiler.trace import trace_step
+from dlscale.train.step import build_optimizer
 
-# Dispatched by Adam's step but moving no data: the profiler's markers around the step, and
-# each tensor's step count read back to the host (`.item()`), which the tracer counts as free.
+# Dispatched by a step but moving no data: the profiler's markers around the step, and a step
+# count read back to the host (`.item()`), which the tracer counts as free.
 MARKERS = {"_record_function_enter_new", "_record_function_exit", "_local_scalar_dense"}
 
 
@@ -24,29 +28,71 @@ class Dispatches(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_cpu_adam_step_dispatches_the_ops_the_tracer_prices():
+def _real_step_ops(make_optimizer) -> Counter:
     model = nn.Linear(64, 32)
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = make_optimizer(model.parameters())
     for _ in range(2):  # the first step allocates the state; the tracer prices the next
         optimizer.zero_grad(set_to_none=True)
         model(torch.randn(8, 64)).sum().backward()
         with Dispatches() as real:
             optimizer.step()
-    ran = Counter({op: n for op, n in real.ops.items() if op not in MARKERS})
-    # Per tensor (weight, bias): step += 1, m.lerp_, v.mul_, v.addcmul_, sqrt, div, add_ eps,
-    # p.addcdiv_: 8 kernels, none of them foreach on a CPU.
-    per_tensor = Counter(add_=2, lerp_=1, mul_=1, addcmul_=1, sqrt=1, div=1, addcdiv_=1)
+    return Counter({op: n for op, n in real.ops.items() if op not in MARKERS})
+
+
+def _trace(make_optimizer, name: str):
+    return trace_step(lambda: nn.Linear(64, 32), torch.zeros(64), 8, "fp32", make_optimizer, name)
+
+
+def _spec(name: str):
+    return lambda params: build_optimizer(params, OptimizerSpec(name=name))
+
+
+def test_a_cpu_trainers_adam_is_one_fused_call_and_the_tracer_prices_that_call():
+    ran = _real_step_ops(_spec("adam"))
+    # One call for the step counters (+1 each), one fused kernel over weight and bias.
+    assert ran == Counter(_foreach_add_=1, _fused_adam_=1)
+    step = _trace(_spec("adam"), "adam")
+    assert step.optimizer.ops == ran.total() == 2
+    weight, bias = step.optimizer_tensors
+    # The call's dispatch is counted once, with the first tensor; each tensor keeps its bytes.
+    assert (weight.cost.ops, bias.cost.ops) == (2, 0)
+    # 28 bytes a fp32 parameter: parameter, gradient and both moments read, parameter and
+    # moments written, in one pass (the loop's kernels made 8 passes and 2 temporaries); and
+    # the tensor's step counter read (4 bytes).
+    assert weight.cost.bytes_by_op["_fused_adam_"] == 28 * 64 * 32 + 4
+    assert bias.cost.bytes_by_op["_fused_adam_"] == 28 * 32 + 4
+    # The working set is still one tensor's: its parameter, gradient and two moments.
+    assert weight.working_set_bytes == 4 * 4 * 64 * 32
+
+
+@pytest.mark.parametrize(
+    ("name", "kernel", "per_param", "counters"),
+    [
+        ("sgd", "_fused_sgd_", 12, 0),  # parameter and gradient read, parameter written
+        ("momentum", "_fused_sgd_", 20, 0),  # and the momentum buffer read and written
+        ("adamw", "_fused_adamw_", 28, 2),
+        ("adagrad", "_fused_adagrad_", 20, 2),  # parameter, gradient, sum of squares; 2 written
+    ],
+)
+def test_every_optimizer_a_spec_names_is_traced_as_its_fused_kernel(
+    name, kernel, per_param, counters
+):
+    ran = _real_step_ops(_spec(name))
+    assert ran[kernel] == 1
+    step = _trace(_spec(name), name)
+    assert step.optimizer.ops == ran.total()
+    # and each tensor's step counter read, where the optimizer keeps one (4 bytes)
+    assert step.optimizer.bytes_by_op[kernel] == per_param * (64 * 32 + 32) + 4 * counters
+    assert step.uncounted_ops == {}
+
+
+def test_an_optimizer_without_a_fused_kernel_is_traced_as_torchs_loop():
+    # RMSprop has no fused kernel: per tensor, step += 1, v.mul_, v.addcmul_, sqrt, add_ eps,
+    # p.addcdiv_: 6 kernels, each its own pass.
+    ran = _real_step_ops(torch.optim.RMSprop)
+    per_tensor = Counter(add_=2, mul_=1, addcmul_=1, sqrt=1, addcdiv_=1)
     assert ran == Counter({op: 2 * n for op, n in per_tensor.items()})
-    step = trace_step(
-        lambda: nn.Linear(64, 32), torch.zeros(64), 8, "fp32", torch.optim.Adam, "adam"
-    )
-    assert step.optimizer.ops == ran.total() == 16
+    step = _trace(torch.optim.RMSprop, "rmsprop")
+    assert step.optimizer.ops == ran.total() == 12
     for tensor in step.optimizer_tensors:
-        assert set(tensor.cost.bytes_by_op) == set(per_tensor) and tensor.cost.ops == 8
-    # Bytes: the weight's 2,048 fp32 elements, 8 KiB a pass; lerp_ reads m and the gradient and
-    # writes m (3 passes), addcmul_ reads v and the gradient twice and writes v (4), addcdiv_
-    # reads p, m and the denominator and writes p (4), the others read and write one (2 each);
-    # step += 1 is a one-element tensor (2 × 4 bytes + the scalar's 8).
-    weight = step.optimizer_tensors[0].cost.bytes_by_op
-    passes = {"lerp_": 3, "addcmul_": 4, "addcdiv_": 4, "mul_": 2, "sqrt": 2, "div": 2}
-    assert {op: weight[op] for op in passes} == {op: n * 8192 for op, n in passes.items()}
+        assert set(tensor.cost.bytes_by_op) == set(per_tensor) and tensor.cost.ops == 6

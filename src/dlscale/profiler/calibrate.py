@@ -9,9 +9,11 @@ import torch
 from torch import nn
 
 from dlscale.free_memory import available_memory_bytes
+from dlscale.jobspec import OptimizerSpec
 from dlscale.profiler.recorder import LOSS
 from dlscale.profiler.trace import trace_step
 from dlscale.train.device import synchronize
+from dlscale.train.step import build_optimizer
 
 TINY_WIDTH = 8  # products this small cost nothing; what remains is the per-op overhead
 TINY_DEPTH = 16
@@ -80,6 +82,12 @@ def seconds_per_call(fn, device: torch.device, min_time_s: float, warmup: int = 
     return stable_median(one_round)
 
 
+def adam(params) -> torch.optim.Optimizer:
+    """Adam as dlscale's trainer builds it (train/step.py): torch's fused kernel on a CPU,
+    its foreach kernels on an accelerator. The probes time the update training runs."""
+    return build_optimizer(params, OptimizerSpec(name="adam"))
+
+
 def _tiny_model() -> nn.Module:
     layers = []
     for _ in range(TINY_DEPTH):
@@ -94,11 +102,11 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
     the backward engine and steps the optimizer per parameter, and small models pay that per op.
     """
     sample = torch.zeros(TINY_WIDTH)
-    trace = trace_step(_tiny_model, sample, TINY_BATCH, "fp32", torch.optim.Adam, "adam")
+    trace = trace_step(_tiny_model, sample, TINY_BATCH, "fp32", adam, "adam")
     ops = sum(layer.forward.ops + layer.backward.ops for layer in trace.layers)
     ops += trace.optimizer.ops
     model = _tiny_model().to(device)
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = adam(model.parameters())
     x = torch.randn(TINY_BATCH, TINY_WIDTH, device=device)
     y = torch.randint(0, TINY_WIDTH, (TINY_BATCH,), device=device)
 
@@ -405,12 +413,12 @@ def optimizer_efficiencies(
 ) -> dict:
     """Share of stream bandwidth an Adam update reaches inside a training step, by working set.
 
-    `optimizer_efficiency`: [working set bytes, share] points. torch's per-tensor loop (its CPU
-    default) runs all of one tensor's kernels before the next tensor's, so the bytes the caches
-    must hold are one tensor's: a small tensor's update reads its state from the cache, two to
-    three times faster than the stream bandwidth implies, and a large one streams. On a GPU the
+    `optimizer_efficiency`: [working set bytes, share] points. A CPU trainer's update (torch's
+    fused kernel, train/step.py build_optimizer) finishes one tensor before the next, so the
+    bytes the caches must hold are one tensor's: a small tensor's update reads its state from
+    the cache, faster than the stream bandwidth implies, and a large one streams. On a GPU the
     foreach kernels take all tensors at once, and the working set is the model's.
-    `op_efficiency`: the share at the streaming width, for the same ops in a model's layers.
+    `op_efficiency`: the share at the streaming width, for the update's own ops.
 
     Each update is timed inside a training step, after its forward and backward: an update
     timed alone, over and over, finds its state in the caches more often than training leaves
@@ -426,7 +434,7 @@ def optimizer_efficiencies(
             torch.zeros(width),
             OPTIMIZER_BATCH,
             "fp32",
-            torch.optim.Adam,
+            adam,
             "adam",
         )
         if device.type == "cpu":
@@ -450,9 +458,10 @@ def optimizer_efficiencies(
 def update_seconds_in_step(
     model: nn.Module, x: torch.Tensor, device: torch.device, min_time_s: float, warmup: int = 3
 ) -> float:
-    """Median seconds of `torch.optim.Adam.step` on `model`, each timed after a forward and a
-    backward (a sum as the loss), over at least `min_time_s` of updates (and 5 of them)."""
-    optimizer = torch.optim.Adam(model.parameters())
+    """Median seconds of an Adam step as dlscale trains (`adam`) on `model`, each timed after a
+    forward and a backward (a sum as the loss), over at least `min_time_s` of updates (and 5 of
+    them)."""
+    optimizer = adam(model.parameters())
     settle_allocator()
     updates: list[float] = []
     while len(updates) < warmup + 5 or sum(updates[warmup:]) < min_time_s:

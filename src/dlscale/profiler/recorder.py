@@ -340,6 +340,7 @@ class Recorder(TorchDispatchMode):
             cost.bytes = sum(nbytes(t) for t in outputs)
         else:
             cost.bytes = sum(nbytes(t) for t in inputs + outputs) + reread_bytes(func, args, kwargs)
+            cost.bytes += written_in_place_bytes(func, args, kwargs)
             packet = func.overloadpacket
             formula = flop_registry.get(packet) or attention.cpu_formula(name)
             if formula is not None:
@@ -356,7 +357,8 @@ class Recorder(TorchDispatchMode):
                     cost.attention.append(attention.shape(func, args, kwargs, cost.matmul_flops))
             elif torch.Tag.pointwise in func.tags or name in _ELEMENTWISE_LIKE:
                 cost.other_flops = max((t.numel() for t in inputs + outputs), default=0)
-            elif name.startswith("_foreach_"):  # one kernel over a list of tensors, elementwise
+            elif name.startswith("_foreach_") or name in FUSED_OPTIMIZERS:
+                # one kernel over a list of tensors, elementwise (a fused optimizer's a pass)
                 cost.other_flops = sum(t.numel() for t in args[0] if isinstance(t, torch.Tensor))
             elif name not in _MOVE:
                 self.uncounted[name] += 1
@@ -435,6 +437,34 @@ def winograd_eligible(name: str, args) -> bool:
         and not transposed
         and groups == 1
     )
+
+
+# torch's fused optimizer kernels: each updates its lists of tensors in place in one pass and
+# returns nothing, so what they write is not among their outputs.
+FUSED_OPTIMIZERS = {"_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_"}
+
+
+def written_in_place_bytes(func, args, kwargs) -> int:
+    """Bytes a fused optimizer kernel writes back: every list its schema marks written
+    (`Tensor(a!)[]`: the parameters and the optimizer's state), read once and written once, so
+    Adam moves 28 bytes a fp32 parameter (parameter, gradient and two moments read; parameter
+    and moments written), SGD 12, SGD with momentum and Adagrad 20. The gradients, marked
+    written too, are written only when a `grad_scale` is passed (unscaled in place); 0 for
+    every other op (an in-place op's write is its output, counted already)."""
+    if func.overloadpacket.__name__ not in FUSED_OPTIMIZERS:
+        return 0
+    names = [argument.name for argument in func._schema.arguments]
+    values = {**dict(zip(names, args, strict=False)), **kwargs}
+    written = 0
+    for argument in func._schema.arguments:
+        info = argument.alias_info
+        if info is None or not info.is_write or argument.name == "state_steps":
+            continue
+        if argument.name == "grads" and values.get("grad_scale") is None:
+            continue
+        value = values.get(argument.name) or []
+        written += sum(nbytes(t) for t in value if isinstance(t, torch.Tensor))
+    return written
 
 
 def reread_bytes(func, args, kwargs) -> int:

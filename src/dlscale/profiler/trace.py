@@ -17,8 +17,11 @@ the loss, the backward pass and the optimizer step:
 - activations saved for backward are what autograd actually saves (saved-tensor hooks), counted
   once per storage, parameters excluded;
 - the optimizer's step is traced in its steady state (after a first step allocates its state),
-  both as torch's per-tensor loop, one parameter tensor at a time with each tensor's working
-  set, and as its multi-tensor (foreach) kernels.
+  both as a CPU trainer runs it, one parameter tensor at a time with each tensor's working set
+  (torch's fused kernel, one pass a tensor, which dlscale's CPU training uses: train/step.py
+  build_optimizer; torch's per-tensor loop of kernels for an optimizer without one), and as
+  its multi-tensor (foreach) kernels, an accelerator's default. The fused kernels refuse meta
+  tensors, so they are traced on fake CPU tensors, which hold no storage either.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class LayerTrace:
 
 @dataclass(frozen=True)
 class TensorUpdate:
-    """The optimizer's ops on one parameter tensor, as torch's per-tensor loop runs them."""
+    """The optimizer's ops on one parameter tensor, as a CPU trainer runs them (fused)."""
 
     working_set_bytes: int  # the parameter, its gradient and its optimizer state
     cost: PhaseCost
@@ -107,7 +110,7 @@ class StepTrace:
 
     layers: list[LayerTrace]  # modules that did work, in execution order, plus loss/optimizer
     module_types: dict[str, str]  # every module name -> class name (containers included)
-    optimizer: PhaseCost  # torch's CPU default: a loop of kernels per parameter tensor
+    optimizer: PhaseCost  # a CPU trainer's update: tensor by tensor, fused where torch can
     optimizer_tensors: list[TensorUpdate]  # the same, one parameter tensor at a time
     optimizer_foreach: PhaseCost  # its GPU default: multi-tensor (foreach) kernels
     uncounted_ops: dict[str, int]
@@ -275,15 +278,13 @@ def trace_step(
             raise ModuleFailure(module, _type_of(watcher, module), exc) from exc
         finally:
             watcher.remove()
-    # torch's per-tensor loop runs all of one tensor's kernels before the next tensor's: one
-    # optimizer per parameter gives each tensor's ops (the optimizers torch ships for this loop,
-    # SGD, Adam, AdamW and Adagrad, do the same ops on a tensor alone as among the others).
-    # Meta tensors hold no values, so the same parameters serve both traces.
+    # A CPU trainer updates one tensor after another (torch's fused kernel walks its list of
+    # tensors in turn; its per-tensor loop runs all of one tensor's kernels before the next
+    # tensor's): one optimizer per parameter gives each tensor's ops (SGD, Adam, AdamW and
+    # Adagrad do the same ops on a tensor alone as among the others). Meta tensors hold no
+    # values, so the same parameters serve the loop's and the foreach trace.
     trainable = _meta_trainable(build)
-    tensors = []
-    for p in trainable:
-        cost, state = _trace_optimizer([p], make_optimizer, foreach=False)
-        tensors.append(TensorUpdate(2 * nbytes(p) + state, cost))
+    tensors = _cpu_updates(trainable, make_optimizer)
     optimizer_cost = PhaseCost()
     for tensor in tensors:
         optimizer_cost.add(tensor.cost)
@@ -361,21 +362,53 @@ def _meta_trainable(build: Callable[[], nn.Module]) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
+def _cpu_updates(
+    params: list[nn.Parameter],
+    make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
+) -> list[TensorUpdate]:
+    """Each parameter tensor's update as a CPU trainer runs it: torch's fused kernel, traced on
+    fake CPU copies of `params` (the kernels refuse meta tensors); torch's per-tensor loop where
+    the optimizer has no fused kernel. The fused kernel is one call over every tensor (its
+    dispatch, counted once, is the first tensor's); each tensor's bytes are its own."""
+    with FakeTensorMode():
+        copies = [nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu")) for p in params]
+        whole = _trace_optimizer(copies, make_optimizer, fused=True)
+        if whole is not None:
+            alone = [_trace_optimizer([copy], make_optimizer, fused=True) for copy in copies]
+    if whole is None:
+        alone = [_trace_optimizer([p], make_optimizer) for p in params]
+        calls = None
+    else:
+        calls = whole[0].ops
+    updates = []
+    for index, (param, (cost, state)) in enumerate(zip(params, alone, strict=True)):
+        if calls is not None:
+            cost = replace(cost, ops=calls if index == 0 else 0)
+        updates.append(TensorUpdate(2 * nbytes(param) + state, cost))
+    return updates
+
+
 def _trace_optimizer(
     params: list[nn.Parameter],
     make_optimizer: Callable[[list[nn.Parameter]], torch.optim.Optimizer],
-    foreach: bool,
-) -> tuple[PhaseCost, int]:
+    foreach: bool = False,
+    fused: bool = False,
+):
     """A steady-state optimizer step on meta `params`: its ops, and the state the optimizer
     keeps. The first step, which allocates that state, runs untraced: training pays for it once.
-    """
+    `fused`: as torch's fused kernel, on fake CPU `params` (inside their FakeTensorMode); None
+    where the optimizer has none."""
     if not params:  # nothing to update
         return PhaseCost(), 0
     for p in params:
         p.grad = torch.empty_like(p)
     optimizer = make_optimizer(params)
+    if fused and "fused" not in optimizer.defaults:
+        return None
     for group in optimizer.param_groups:
         group["foreach"] = foreach
+        if fused:
+            group["fused"], group["foreach"] = True, None
     optimizer.step()
     recorder = Recorder()
     recorder.scope = OPTIMIZER
@@ -384,11 +417,13 @@ def _trace_optimizer(
     cost = PhaseCost()
     for phase_cost in recorder.costs.values():
         cost.add(phase_cost)
+    # The state beside each parameter, on its device (a fused kernel's step counters are 0-d
+    # tensors there: not state that grows with the model)
     state_bytes = sum(
         nbytes(value)
         for state in optimizer.state.values()
         for value in state.values()
-        if isinstance(value, torch.Tensor) and value.device.type == "meta"
+        if isinstance(value, torch.Tensor) and value.device == params[0].device and value.dim() > 0
     )
     return cost, state_bytes
 

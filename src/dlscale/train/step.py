@@ -15,25 +15,70 @@ from dlscale.train.score import compute_loss
 
 
 def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
-    """`sgd` is plain SGD; `momentum` is SGD with (heavy-ball) momentum; adam/adamw as in torch."""
+    """`sgd` is plain SGD; `momentum` is SGD with (heavy-ball) momentum; adam/adamw as in torch.
+
+    On a CPU the update runs as torch's fused kernel (`fused=True`: one pass over each tensor,
+    no temporaries) where every parameter is a plain floating-point CPU tensor; torch's own
+    CPU default is a loop of several kernels per tensor, which ran AlexNet's Adam update 6.1×
+    and VGG-16's 4.6× slower on this project's machine, with the same result to 1.5e-7
+    relative (benchmarks/optimizer_in_step.py, docs/performance.md). Accelerators keep torch's
+    default (multi-tensor foreach kernels), which the GPU predictions price. The choice holds
+    after `load_state_dict` (which would restore a checkpoint's own flag), and a step with a
+    sparse gradient (an `nn.Embedding(sparse=True)`, which the fused kernels refuse) falls back
+    to torch's loop from then on.
+    """
     params = list(params)
+    fused = _fused_on_cpu(params)
+    extra = {"fused": True} if fused else {}
     if spec.name == "sgd":
-        return torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    if spec.name == "momentum":
-        return torch.optim.SGD(
-            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay
+        optimizer = torch.optim.SGD(params, lr=spec.lr, weight_decay=spec.weight_decay, **extra)
+    elif spec.name == "momentum":
+        optimizer = torch.optim.SGD(
+            params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, **extra
         )
-    if spec.name == "adam":
-        return torch.optim.Adam(
-            params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+    elif spec.name == "adam":
+        optimizer = torch.optim.Adam(
+            params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay, **extra
         )
-    if spec.name == "adamw":
-        return torch.optim.AdamW(
-            params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+    elif spec.name == "adamw":
+        optimizer = torch.optim.AdamW(
+            params, lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay, **extra
         )
-    if spec.name == "adagrad":
-        return torch.optim.Adagrad(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    raise AssertionError(f"optimizer {spec.name} passed validation but has no builder")
+    elif spec.name == "adagrad":
+        optimizer = torch.optim.Adagrad(params, lr=spec.lr, weight_decay=spec.weight_decay, **extra)
+    else:
+        raise AssertionError(f"optimizer {spec.name} passed validation but has no builder")
+    if fused:
+        optimizer.register_load_state_dict_post_hook(_keep_fused)
+        optimizer.register_step_pre_hook(_unfuse_for_sparse)
+    return optimizer
+
+
+def _fused_on_cpu(params: list) -> bool:
+    """Whether every parameter (of plain tensors or groups of them) is a plain floating-point
+    tensor on the CPU: what torch's fused CPU kernels take (no DTensor, no meta tensor)."""
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    return bool(tensors) and all(
+        type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.is_floating_point()
+        for t in tensors
+    )
+
+
+def _keep_fused(optimizer: torch.optim.Optimizer) -> None:
+    """After `load_state_dict`: the update runs as it was built to, whatever the checkpoint's
+    groups said (one saved before dlscale fused the CPU update, or on another device)."""
+    for group in optimizer.param_groups:
+        group["fused"], group["foreach"] = True, None
+    _unfuse_for_sparse(optimizer, (), {})
+
+
+def _unfuse_for_sparse(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
+    """Before a step: a group holding a sparse gradient leaves the fused kernel for good."""
+    for group in optimizer.param_groups:
+        if group.get("fused") and any(
+            p.grad is not None and p.grad.is_sparse for p in group["params"]
+        ):
+            group["fused"] = False
 
 
 class TrainStep:

@@ -1,0 +1,76 @@
+"""A CPU trainer's update runs as torch's fused kernel (train/step.py build_optimizer): chosen
+for plain CPU tensors only, kept across a checkpoint's load, left for torch's loop when a
+gradient is sparse, and equal to the loop's result."""
+
+import pytest
+import torch
+from torch import nn
+
+from dlscale.jobspec import OptimizerSpec
+from dlscale.train.step import build_optimizer
+
+NAMES = ("sgd", "momentum", "adam", "adamw", "adagrad")
+
+
+def _trained(name: str, fused: bool, steps: int = 5) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name=name, lr=0.01))
+    for group in optimizer.param_groups:  # the loop, as torch runs a CPU update by default
+        group["fused"] = fused
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        model(torch.randn(8, 16)).square().mean().backward()
+        optimizer.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_optimizer_is_fused_on_a_cpu_and_matches_torchs_loop(name):
+    model = nn.Linear(4, 2)
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name=name))
+    assert all(group["fused"] for group in optimizer.param_groups)
+    for fused, loop in zip(_trained(name, True), _trained(name, False), strict=True):
+        torch.testing.assert_close(fused, loop, rtol=1e-5, atol=1e-6)
+
+
+def test_tensors_the_fused_kernels_refuse_keep_torchs_default():
+    with torch.device("meta"):
+        model = nn.Linear(4, 2)
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="adam"))
+    assert not optimizer.param_groups[0]["fused"]
+    # groups of parameters (a tensor-parallel trainer's) are looked into, not taken as tensors
+    cpu = nn.Linear(4, 2)
+    groups = [{"params": [cpu.weight]}, {"params": [cpu.bias]}]
+    optimizer = build_optimizer(groups, OptimizerSpec(name="adam"))
+    assert all(group["fused"] for group in optimizer.param_groups)
+    integer = torch.zeros(3, dtype=torch.int64)
+    assert not build_optimizer([integer], OptimizerSpec(name="sgd")).param_groups[0]["fused"]
+
+
+def test_loading_a_checkpoint_keeps_the_fused_update():
+    model = nn.Linear(4, 2)
+    old = torch.optim.Adam(model.parameters())  # saved before dlscale fused the CPU update
+    model(torch.randn(3, 4)).sum().backward()
+    old.step()
+    saved = old.state_dict()
+    assert saved["param_groups"][0]["fused"] is None
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="adam"))
+    optimizer.load_state_dict(saved)
+    assert optimizer.param_groups[0]["fused"] is True
+    assert optimizer.param_groups[0]["foreach"] is None
+    optimizer.step()  # the saved state steps under the fused kernel
+    assert int(optimizer.state[model.weight]["step"]) == 2
+
+
+@pytest.mark.parametrize("name", ("sgd", "adagrad"))
+def test_a_sparse_gradient_leaves_the_fused_kernel_for_torchs_loop(name):
+    embedding = nn.Embedding(10, 4, sparse=True)
+    optimizer = build_optimizer(embedding.parameters(), OptimizerSpec(name=name, lr=0.1))
+    assert optimizer.param_groups[0]["fused"]
+    before = embedding.weight.detach().clone()
+    embedding(torch.tensor([1, 2])).sum().backward()
+    optimizer.step()  # torch's fused kernels raise on a sparse gradient
+    assert not optimizer.param_groups[0]["fused"]
+    changed = (embedding.weight != before).any(dim=1)
+    assert changed.tolist() == [i in (1, 2) for i in range(10)]
