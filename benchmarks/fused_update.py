@@ -8,6 +8,9 @@ alternating order round by round; a figure is the median step the loop records a
 Printed per case: each way's median over the rounds with its spread (max / min), and loop /
 fused (above 1: the fused update is faster). Adam unless --optimizer says otherwise.
 
+First, what the fused call costs a tensor (the tracer counts one op a tensor for it,
+profiler/trace.py): the median step over 1 and over 64 tensors of 64 elements, each way.
+
     .venv/bin/python benchmarks/fused_update.py [--rounds 3] [--steps 8] [--threads 1]
         [--models alexnet,vgg16,gpt2] [--optimizer adam]
 """
@@ -18,6 +21,7 @@ import argparse
 import os
 import statistics
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -44,6 +48,24 @@ def step_s(case: Case, batch: int, steps: int, fused: bool, optimizer: str) -> f
     return statistics.median(record["step_s"] for record in records)
 
 
+def per_tensor_s(fused: bool, tensors: int, rounds: int = 5, steps: int = 2000) -> float:
+    """Median seconds of one optimizer step over `tensors` tensors of 64 elements."""
+    params = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(tensors)]
+    for param in params:
+        param.grad = torch.randn(8, 8)
+    optimizer = torch.optim.Adam(params, fused=fused)
+    for _ in range(50):
+        optimizer.step()
+    calls = steps // tensors + 1
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            optimizer.step()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -64,7 +86,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"uptime before: {os.getloadavg()}; torch threads {torch.get_num_threads()}")
-    print(f"optimizer {args.optimizer}; {args.rounds} rounds of {args.steps} steps\n")
+    for fused in (True, False):
+        one, many = per_tensor_s(fused, 1), per_tensor_s(fused, 64)
+        print(
+            f"Adam {'fused' if fused else 'loop'}: a step over 1 tensor {one * 1e6:.1f} µs, over "
+            f"64 {many * 1e6:.1f} µs: {(many - one) / 63 * 1e6:.2f} µs a tensor"
+        )
+    print(f"\noptimizer {args.optimizer}; {args.rounds} rounds of {args.steps} steps\n")
     print("| case | batch | torch's loop | fused (dlscale) | loop / fused |")
     print("|---|---|---|---|---|")
     for label in labels:

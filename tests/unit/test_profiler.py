@@ -398,14 +398,37 @@ def test_optimizer_update_runs_at_the_rate_measured_for_its_working_set():
     assert phase_time(cost, no_curve, "fp32", working_set_bytes=1e6).memory_s == pytest.approx(2e-3)
 
 
+def test_the_updates_streaming_points_price_as_one_rate():
+    """Working sets ≥ 4× the last-level cache stream from memory: the curve's points there are
+    one rate measured again, priced at their median (32 MiB cache: 256 MiB and 1 GiB stream,
+    64 MiB does not); without a known cache, or with one streaming point, as measured."""
+    mib = 2**20
+    curve = [[mib, 0.8], [64 * mib, 1.7], [256 * mib, 1.1], [1024 * mib, 1.8]]
+    cost = PhaseCost(bytes=int(1e9), ops=1, bytes_by_op=Counter(add_=int(1e9)))
+
+    def share(measured, working_set):
+        hw = device(kind="cpu", measured=measured)
+        return 1e-3 / phase_time(cost, hw, "fp32", working_set_bytes=working_set).memory_s
+
+    cached = {"optimizer_efficiency": curve, "last_level_cache_bytes": 32 * mib}
+    assert share(cached, 256 * mib) == pytest.approx(1.45)
+    assert share(cached, 1024 * mib) == pytest.approx(1.45)
+    assert share(cached, 2048 * mib) == pytest.approx(1.45)  # clamped beyond, as before
+    assert share(cached, 64 * mib) == pytest.approx(1.7)
+    unknown = {"optimizer_efficiency": curve}
+    assert share(unknown, 256 * mib) == pytest.approx(1.1)
+    one = {"optimizer_efficiency": curve[:3], "last_level_cache_bytes": 32 * mib}
+    assert share(one, 256 * mib) == pytest.approx(1.1)
+
+
 def test_optimizer_is_priced_per_parameter_tensor_on_a_cpu_and_whole_on_a_gpu():
     step = trace(lambda: nn.Linear(64, 64), torch.zeros(64), 8, optimizer=adam)
     weight, bias = step.optimizer_tensors
     # Each tensor's parameter, gradient and Adam's two moments, 4 bytes an element.
     assert (weight.working_set_bytes, bias.working_set_bytes) == (16 * 64 * 64, 16 * 64)
     # The steady-state update: the first step's state allocation is not traced.
-    # A CPU trainer's fused kernel: one call a step over both (counted with the first tensor).
-    assert (weight.cost.ops, bias.cost.ops) == (step.optimizer.ops, 0) == (2, 0)
+    # A CPU trainer's fused kernel: one op a tensor, the step counters' add with the first.
+    assert (weight.cost.ops, bias.cost.ops) == (2, 1) and step.optimizer.ops == 3
     assert weight.cost.bytes + bias.cost.bytes == step.optimizer.bytes
     assert sum(step.optimizer.bytes_by_op.values()) == step.optimizer.bytes
     # param, gradient and two moments read, param and moments written; the step counter read

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -307,9 +308,29 @@ class Hardware:
         """
         curve = self.measured.get("optimizer_efficiency")
         if working_set_bytes is not None and curve:
-            points = {float(size): share for size, share in curve}
+            points = _streaming_as_one(curve, self.measured.get("last_level_cache_bytes"))
             return _interpolate(points, max(1.0, working_set_bytes))
         return self.measured.get("op_efficiency", {}).get(op, self.efficiency_memory)
+
+
+# A working set this many times the last-level cache streams from memory: an update's rate
+# there is one rate, whatever the size (the bandwidth probe's own rule, bench/machine.py).
+STREAMING_CACHES = 4
+
+
+def _streaming_as_one(curve: list, cache_bytes: int | None) -> dict[float, float]:
+    """The update curve's points by working set, those that stream (≥ STREAMING_CACHES × the
+    last-level cache) set to their median: repeated measurements of one rate. On the 2-core
+    development machine the same fused update's rate there came out at 29–30 GB/s for one
+    point and 46–48 for the other, which point varying from run to run (docs/performance.md,
+    "The fused CPU update"): interpolating between them priced one layer at the slow reading."""
+    points = {float(size): share for size, share in curve}
+    if cache_bytes:
+        streaming = [size for size in points if size >= STREAMING_CACHES * cache_bytes]
+        if len(streaming) > 1:
+            median = statistics.median(points[size] for size in streaming)
+            points.update(dict.fromkeys(streaming, median))
+    return points
 
 
 def _on_grid(grid: list, *at: float) -> float:

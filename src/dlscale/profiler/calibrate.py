@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 
@@ -123,13 +124,19 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
 # The grid of convolutions timed: (input channels, output channels, kernel, input grad?) by
 # (batch, side) of the input. The smallest is a first layer (one input channel, no gradient for
 # the input, as every network's first convolution); the others are mid-network 3×3 layers. Their
-# weights span 200 to 590k elements, and their outputs 128 to 8192 pixels on a CPU; a GPU also
-# times 65,536 and 1,048,576, the sizes of real layers there (ResNet-50 at batch 64: 3,136 to
-# 802,816 output pixels; AlexNet at 128: 21,632 to 387,200): an H100's grid that stopped at
-# 8,192 priced ResNet-50's fp32 step at 4.07× the measured one (docs/performance.md).
+# weights span 200 to 590k elements (2.4M on a CPU), and their outputs 16 to 8192 pixels on a
+# CPU; a GPU times 128 to 8192 and also 65,536 and 1,048,576, the sizes of real layers there
+# (ResNet-50 at batch 64: 3,136 to 802,816 output pixels; AlexNet at 128: 21,632 to 387,200): an
+# H100's grid that stopped at 8,192 priced ResNet-50's fp32 step at 4.07× the measured one
+# (docs/performance.md). A CPU trains small batches of small images, whose last layers have
+# 512 channels on a 2×2 or 4×4 map: a 512-channel 3×3 layer at batch 4 on a 2×2 map ran at
+# 14 GFLOP/s on the 2-core development machine, a 256-channel one on 4×4 at 48, against 60 at
+# the old grid's smallest point (128 pixels), which priced them (ResNet-18 at batch 4 0.70 of its
+# measured step, ResNet-50 at 2 0.66).
 CONV_LAYERS = ((1, 8, 5, False), (16, 16, 3, True), (64, 64, 3, True), (256, 256, 3, True))
-CONV_INPUTS = {  # (batch, side) by device type: 128, 1024 and 8192 output pixels (and more)
-    "cpu": ((2, 8), (16, 8), (8, 32)),
+CPU_CONV_LAYERS = (*CONV_LAYERS, (512, 512, 3, True))
+CONV_INPUTS = {  # (batch, side) by device type: output pixels 16, 64, 128, 1024, 8192 on a CPU
+    "cpu": ((4, 2), (4, 4), (2, 8), (16, 8), (8, 32)),
     "cuda": ((2, 8), (16, 8), (8, 32), (16, 64), (16, 256)),
 }
 
@@ -139,6 +146,11 @@ def conv_inputs(device_type: str) -> tuple[tuple[int, int], ...]:
     return CONV_INPUTS.get(device_type, CONV_INPUTS["cpu"])
 
 
+def conv_layers(device_type: str) -> tuple[tuple[int, int, int, bool], ...]:
+    """The layers the convolution grid times on this kind of device."""
+    return CONV_LAYERS if device_type == "cuda" else CPU_CONV_LAYERS
+
+
 def conv_point_bytes(c_in: int, c_out: int, batch: int, side: int) -> int:
     """Memory one grid point's training step holds, about: input and output, each with its
     gradient, in fp32, twice over for the library's workspace and the allocator's rounding
@@ -146,15 +158,30 @@ def conv_point_bytes(c_in: int, c_out: int, batch: int, side: int) -> int:
     return 2 * 2 * (c_in + c_out) * batch * side * side * 4
 
 
+# A CPU skips the grid's points whose forward exceeds this: the 512-channel layer at 8,192
+# pixels (39 GFLOP, over a second a step here, timed several times), a size no CPU-sized
+# training reaches (ResNet-50 at 224 × 224 and batch 8 has 392 pixels at 512 channels).
+CPU_CONV_MAX_FLOPS = 20e9
+
+
+def conv_point_flops(layer: tuple[int, int, int, bool], batch: int, side: int) -> float:
+    """A grid point's forward FLOPs (2 per multiply-add; padding keeps the side)."""
+    c_in, c_out, kernel, _ = layer
+    return 2.0 * c_in * c_out * kernel * kernel * batch * side * side
+
+
 def conv_points_that_fit(device: torch.device, free_bytes: int | None = None):
     """The grid's (layer, input) points whose step fits in the memory free now: a small GPU
-    or a MIG slice skips the largest sizes instead of failing the whole bench."""
+    or a MIG slice skips the largest sizes instead of failing the whole bench. A CPU also skips
+    the points beyond CPU_CONV_MAX_FLOPS."""
     free = available_memory_bytes(device) if free_bytes is None else free_bytes
+    most = math.inf if device.type == "cuda" else CPU_CONV_MAX_FLOPS
     return [
         (layer, (batch, side))
-        for layer in CONV_LAYERS
+        for layer in conv_layers(device.type)
         for batch, side in conv_inputs(device.type)
         if conv_point_bytes(layer[0], layer[1], batch, side) <= free
+        and conv_point_flops(layer, batch, side) <= most
     ]
 
 

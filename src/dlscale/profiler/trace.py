@@ -368,8 +368,12 @@ def _cpu_updates(
 ) -> list[TensorUpdate]:
     """Each parameter tensor's update as a CPU trainer runs it: torch's fused kernel, traced on
     fake CPU copies of `params` (the kernels refuse meta tensors); torch's per-tensor loop where
-    the optimizer has no fused kernel. The fused kernel is one call over every tensor (its
-    dispatch, counted once, is the first tensor's); each tensor's bytes are its own."""
+    the optimizer has no fused kernel. The fused kernel is one call over every tensor, which it
+    walks one by one, each tensor its own parallel loop: 3.3 µs a tensor on the 2-core
+    development machine (64 tensors of 64 elements: 236 µs a step against 30 µs for one; a bare
+    op's dispatch costs about as much), so each tensor counts one op, and the call's other
+    dispatches (the step counters' add) go with the first tensor. Each tensor's bytes are its
+    own."""
     with FakeTensorMode():
         copies = [nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="cpu")) for p in params]
         whole = _trace_optimizer(copies, make_optimizer, fused=True)
@@ -377,13 +381,10 @@ def _cpu_updates(
             alone = [_trace_optimizer([copy], make_optimizer, fused=True) for copy in copies]
     if whole is None:
         alone = [_trace_optimizer([p], make_optimizer) for p in params]
-        calls = None
-    else:
-        calls = whole[0].ops
     updates = []
     for index, (param, (cost, state)) in enumerate(zip(params, alone, strict=True)):
-        if calls is not None:
-            cost = replace(cost, ops=calls if index == 0 else 0)
+        if whole is not None:  # the fused call's dispatches beside the kernel: the first's
+            cost = replace(cost, ops=1 + (whole[0].ops - 1 if index == 0 else 0))
         updates.append(TensorUpdate(2 * nbytes(param) + state, cost))
     return updates
 
