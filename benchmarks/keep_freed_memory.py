@@ -4,8 +4,9 @@ time a step and page faults a step, side by side.
 
 Each case runs in a fresh process (the allocator's setting is the process's), alternating kept
 and released, `--rounds` times; a round times `--steps` steps of forward, backward and Adam's
-update at one thread after two warm-up steps, on seeded random inputs, and reports the median
-step and the minor page faults a step. Printed: each case's median over rounds, its spread
+update (as dlscale's trainer builds it: torch's fused kernel on a CPU) at one thread after two
+warm-up steps, on seeded random inputs, and reports the median step and the minor page faults
+a step. Printed: each case's median over rounds, its spread
 (max / min), and released / kept.
 
     .venv/bin/python benchmarks/keep_freed_memory.py [--rounds 3] [--steps 5]
@@ -31,7 +32,9 @@ CASES = {  # model: (batch, input shape), as benchmarks/predict_accuracy.py runs
 ROUND = textwrap.dedent(
     """
     import json, resource, statistics, sys, time, torch
+    from dlscale.jobspec import OptimizerSpec
     from dlscale.models.registry import build_model
+    from dlscale.train.step import build_optimizer
     from dlscale.train.allocator import keep_freed_memory
     name, keep, steps = sys.argv[1], sys.argv[2] == "keep", int(sys.argv[3])
     batch, shape = json.loads(sys.argv[4])
@@ -40,7 +43,7 @@ ROUND = textwrap.dedent(
     torch.manual_seed(0)
     model = build_model(name, {"num_classes": 10})
     x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
-    optimizer = torch.optim.Adam(model.parameters())
+    optimizer = build_optimizer(model.parameters(), OptimizerSpec(name="adam"))  # as trained
     def step():
         torch.nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()

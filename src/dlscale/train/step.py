@@ -21,8 +21,9 @@ def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
     no temporaries) where every parameter is a plain floating-point CPU tensor; torch's own
     CPU default is a loop of several kernels per tensor, which ran AlexNet's Adam update 6.1×
     and VGG-16's 4.6× slower on this project's machine, with the same result to 1.5e-7
-    relative (benchmarks/optimizer_in_step.py, docs/performance.md). Accelerators keep torch's
-    default (multi-tensor foreach kernels), which the GPU predictions price. The choice holds
+    relative (benchmarks/sqrt_zeros.py; whole steps: benchmarks/fused_update.py).
+    Accelerators keep torch's default (multi-tensor foreach kernels), which the GPU
+    predictions price. The choice holds
     after `load_state_dict` (which would restore a checkpoint's own flag), and a step with a
     sparse gradient (an `nn.Embedding(sparse=True)`, which the fused kernels refuse) falls back
     to torch's loop from then on.
