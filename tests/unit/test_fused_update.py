@@ -63,6 +63,41 @@ def test_loading_a_checkpoint_keeps_the_fused_update():
     assert int(optimizer.state[model.weight]["step"]) == 2
 
 
+def test_a_fused_runs_checkpoint_does_not_fuse_an_optimizer_built_unfused():
+    """A CPU run's checkpoint resumed where torch's default runs (a GPU; here meta tensors,
+    which the fused kernels refuse too): its saved `fused: True` is not taken."""
+    model = nn.Linear(4, 2)
+    cpu = build_optimizer(model.parameters(), OptimizerSpec(name="adam"))
+    model(torch.randn(3, 4)).sum().backward()
+    cpu.step()
+    saved = cpu.state_dict()
+    assert saved["param_groups"][0]["fused"] is True
+    with torch.device("meta"):
+        elsewhere = nn.Linear(4, 2)
+    optimizer = build_optimizer(elsewhere.parameters(), OptimizerSpec(name="adam"))
+    optimizer.load_state_dict(saved)
+    assert optimizer.param_groups[0]["fused"] is None
+    assert optimizer.param_groups[0]["foreach"] is None
+
+
+def test_groups_given_as_generators_train_every_parameter():
+    model = nn.Linear(4, 2)
+    optimizer = build_optimizer([{"params": model.parameters()}], OptimizerSpec(name="sgd"))
+    assert optimizer.param_groups[0]["fused"] and len(optimizer.param_groups[0]["params"]) == 2
+
+
+def test_a_gradient_laid_out_unlike_its_parameter_leaves_the_fused_kernel():
+    """torch's fused CPU kernels read a gradient as if laid out like its parameter: a transposed
+    gradient assigned by hand would update the wrong elements. The step uses torch's loop."""
+    weight = nn.Parameter(torch.zeros(3, 2))
+    optimizer = build_optimizer([weight], OptimizerSpec(name="sgd", lr=1.0))
+    gradient = torch.arange(6.0).reshape(2, 3)
+    weight.grad = gradient.t()  # the right values, another layout
+    optimizer.step()
+    assert not optimizer.param_groups[0]["fused"]
+    torch.testing.assert_close(weight.detach(), -gradient.t())
+
+
 @pytest.mark.parametrize("name", ("sgd", "adagrad"))
 def test_a_sparse_gradient_leaves_the_fused_kernel_for_torchs_loop(name):
     embedding = nn.Embedding(10, 4, sparse=True)

@@ -64,6 +64,9 @@ def test_a_cpu_trainers_adam_is_one_fused_call_and_the_tracer_prices_that_call()
     assert bias.cost.bytes_by_op["_fused_adam_"] == 28 * 32 + 4
     # The working set is still one tensor's: its parameter, gradient and two moments.
     assert weight.working_set_bytes == 4 * 4 * 64 * 32
+    # The update's arithmetic, one FLOP an element a pass (lerp, mul, addcmul, sqrt, div, add,
+    # addcdiv) and the two counters: what a report's optimizer_flops says on any device.
+    assert step.optimizer_flops == 7 * (64 * 32 + 32) + 2
 
 
 @pytest.mark.parametrize(

@@ -158,7 +158,7 @@ def test_every_matrix_product_is_mapped_with_flop_counter_modes_multiply_adds(na
     left = unmapped(step)
     assert left.products == {}
     other = sum(r.forward.other_flops + r.backward.other_flops for r in step.layers)
-    assert left.flops == left.other_flops == other + step.optimizer.flops
+    assert left.flops == left.other_flops == other + step.optimizer_flops
     matmul = sum(r.forward.matmul_flops + r.backward.matmul_flops for r in step.layers)
     assert left.mapped_flops == matmul and left.step_flops == matmul + left.flops
 

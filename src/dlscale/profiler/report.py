@@ -99,7 +99,7 @@ def totals(result: ProfileResult) -> dict:
     forward_other = sum(r.forward.other_flops for r in layers)
     backward_matmul = sum(r.backward.matmul_flops for r in layers)
     backward_other = sum(r.backward.other_flops for r in layers)
-    optimizer = trace.optimizer.flops
+    optimizer = trace.optimizer_flops
     return {
         "params": trace.params,
         "trainable_params": trace.trainable_params,
@@ -128,8 +128,8 @@ def optimizer_step(result: ProfileResult) -> dict:
         "batch_size": k * result.trace.batch_size,
         "forward_flops": k * forward,
         "backward_flops": k * backward,
-        "optimizer_flops": result.trace.optimizer.flops,
-        "step_flops": k * (forward + backward) + result.trace.optimizer.flops,
+        "optimizer_flops": result.trace.optimizer_flops,
+        "step_flops": k * (forward + backward) + result.trace.optimizer_flops,
         "batch_bytes": k * memory.batch_bytes,
         "peak_bytes": memory.step_peak_bytes(k),
     }

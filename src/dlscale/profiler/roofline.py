@@ -259,9 +259,10 @@ def host_to_device_s(batch_bytes: int, hardware: Hardware, pinned: bool = True) 
 
 
 def optimizer_seconds(trace: StepTrace, hardware: Hardware) -> float:
-    """The update, as torch runs it by default: a loop of kernels per parameter tensor on a CPU,
-    each tensor at the rate of its own working set (its parameter, gradient and state); foreach
-    kernels over all tensors at once on accelerators."""
+    """The update as dlscale's trainer runs it: on a CPU torch's fused kernel, tensor by tensor
+    (torch's loop of kernels for an optimizer without one), each tensor at the rate of its own
+    working set (its parameter, gradient and state); torch's foreach kernels over all tensors
+    at once on accelerators."""
     if hardware.kind == "cpu":
         return sum(
             phase_time(

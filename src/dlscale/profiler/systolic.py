@@ -168,7 +168,7 @@ class Unmapped:
 def unmapped(trace) -> Unmapped:
     """What of the traced step no GEMM covers: its vector work, and the matrix products of any
     op whose operands are not known as a GEMM."""
-    step, other, products = trace.optimizer.flops, trace.optimizer.flops, Counter()
+    step, other, products = trace.optimizer_flops, trace.optimizer_flops, Counter()
     for layer in trace.layers:
         for cost in (layer.forward, layer.backward):
             step += cost.flops

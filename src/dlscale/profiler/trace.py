@@ -125,6 +125,13 @@ class StepTrace:
     optimizer_name: str
 
     @property
+    def optimizer_flops(self) -> int:
+        """The update's arithmetic: one FLOP an element for each elementwise pass it makes, as
+        its multi-tensor kernels count it, the same on any device (a CPU's fused kernel makes
+        the passes inside one call, whose trace counts one FLOP an element)."""
+        return self.optimizer_foreach.flops
+
+    @property
     def optimizer_working_set_bytes(self) -> int:
         """What foreach kernels touch at once: every trainable tensor's parameter, gradient and
         optimizer state."""

@@ -23,12 +23,13 @@ def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
     and VGG-16's 4.6× slower on this project's machine, with the same result to 1.5e-7
     relative (benchmarks/sqrt_zeros.py; whole steps: benchmarks/fused_update.py).
     Accelerators keep torch's default (multi-tensor foreach kernels), which the GPU
-    predictions price. The choice holds
-    after `load_state_dict` (which would restore a checkpoint's own flag), and a step with a
-    sparse gradient (an `nn.Embedding(sparse=True)`, which the fused kernels refuse) falls back
-    to torch's loop from then on.
+    predictions price. The choice holds after `load_state_dict` (which would restore the
+    checkpoint's own flags: a CPU run's checkpoint resumed on a GPU would turn the fused
+    kernels on there), and a step with a gradient the fused kernels mishandle moves its group
+    to torch's loop from then on: a sparse one (`nn.Embedding(sparse=True)`), which they
+    refuse, or one laid out unlike its parameter, whose strides they ignore.
     """
-    params = list(params)
+    params = [_listed(p) for p in params]
     fused = _fused_on_cpu(params)
     extra = {"fused": True} if fused else {}
     if spec.name == "sgd":
@@ -49,35 +50,50 @@ def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
         optimizer = torch.optim.Adagrad(params, lr=spec.lr, weight_decay=spec.weight_decay, **extra)
     else:
         raise AssertionError(f"optimizer {spec.name} passed validation but has no builder")
+    built = [(group.get("fused"), group.get("foreach")) for group in optimizer.param_groups]
+
+    def keep_built(optimizer: torch.optim.Optimizer) -> None:
+        for group, (group_fused, foreach) in zip(optimizer.param_groups, built, strict=True):
+            group["fused"], group["foreach"] = group_fused, foreach
+
+    optimizer.register_load_state_dict_post_hook(keep_built)
     if fused:
-        optimizer.register_load_state_dict_post_hook(_keep_fused)
-        optimizer.register_step_pre_hook(_unfuse_for_sparse)
+        optimizer.register_step_pre_hook(_unfuse_for_unfit_gradients)
     return optimizer
+
+
+def _listed(group):
+    """A parameter group with its parameters in a list (a generator would be used up by the
+    look at them before torch's own); a tensor as it is."""
+    if isinstance(group, dict) and not isinstance(group["params"], torch.Tensor):
+        return {**group, "params": list(group["params"])}
+    return group
 
 
 def _fused_on_cpu(params: list) -> bool:
     """Whether every parameter (of plain tensors or groups of them) is a plain floating-point
     tensor on the CPU: what torch's fused CPU kernels take (no DTensor, no meta tensor)."""
-    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
+    tensors = []
+    for p in params:
+        if not isinstance(p, dict):
+            tensors.append(p)
+        elif isinstance(p["params"], torch.Tensor):
+            tensors.append(p["params"])
+        else:
+            tensors.extend(p["params"])
     return bool(tensors) and all(
         type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.is_floating_point()
         for t in tensors
     )
 
 
-def _keep_fused(optimizer: torch.optim.Optimizer) -> None:
-    """After `load_state_dict`: the update runs as it was built to, whatever the checkpoint's
-    groups said (one saved before dlscale fused the CPU update, or on another device)."""
-    for group in optimizer.param_groups:
-        group["fused"], group["foreach"] = True, None
-    _unfuse_for_sparse(optimizer, (), {})
-
-
-def _unfuse_for_sparse(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
-    """Before a step: a group holding a sparse gradient leaves the fused kernel for good."""
+def _unfuse_for_unfit_gradients(optimizer: torch.optim.Optimizer, _args, _kwargs) -> None:
+    """Before a step: a group holding a sparse gradient, or one laid out unlike its parameter
+    (a gradient assigned by hand as a transposed view), leaves the fused kernel for good."""
     for group in optimizer.param_groups:
         if group.get("fused") and any(
-            p.grad is not None and p.grad.is_sparse for p in group["params"]
+            p.grad is not None and (p.grad.is_sparse or p.grad.stride() != p.stride())
+            for p in group["params"]
         ):
             group["fused"] = False
 
