@@ -21,11 +21,11 @@ import argparse
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch
 
+from dlscale.profiler.calibrate import seconds_per_call
 from dlscale.train.loop import Trainer
 from predict_accuracy import CASES, Case, spec_for  # benchmarks/ is the script's own folder
 
@@ -48,22 +48,14 @@ def step_s(case: Case, batch: int, steps: int, fused: bool, optimizer: str) -> f
     return statistics.median(record["step_s"] for record in records)
 
 
-def per_tensor_s(fused: bool, tensors: int, rounds: int = 5, steps: int = 2000) -> float:
-    """Median seconds of one optimizer step over `tensors` tensors of 64 elements."""
+def per_tensor_s(fused: bool, tensors: int) -> float:
+    """Seconds of one Adam step over `tensors` tensors of 64 elements (the stable median of
+    `bench machine`'s own timer)."""
     params = [torch.nn.Parameter(torch.randn(8, 8)) for _ in range(tensors)]
     for param in params:
         param.grad = torch.randn(8, 8)
     optimizer = torch.optim.Adam(params, fused=fused)
-    for _ in range(50):
-        optimizer.step()
-    calls = steps // tensors + 1
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            optimizer.step()
-        times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
+    return seconds_per_call(optimizer.step, torch.device("cpu"), 0.5, warmup=50)
 
 
 def main() -> None:

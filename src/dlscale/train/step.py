@@ -64,23 +64,19 @@ def build_optimizer(params, spec: OptimizerSpec) -> torch.optim.Optimizer:
 
 def _listed(group):
     """A parameter group with its parameters in a list (a generator would be used up by the
-    look at them before torch's own); a tensor as it is."""
-    if isinstance(group, dict) and not isinstance(group["params"], torch.Tensor):
-        return {**group, "params": list(group["params"])}
+    look at them before torch's own; a lone tensor is a list of one); a tensor as it is."""
+    if isinstance(group, dict):
+        listed = group["params"]
+        listed = [listed] if isinstance(listed, torch.Tensor) else list(listed)
+        return {**group, "params": listed}
     return group
 
 
 def _fused_on_cpu(params: list) -> bool:
-    """Whether every parameter (of plain tensors or groups of them) is a plain floating-point
-    tensor on the CPU: what torch's fused CPU kernels take (no DTensor, no meta tensor)."""
-    tensors = []
-    for p in params:
-        if not isinstance(p, dict):
-            tensors.append(p)
-        elif isinstance(p["params"], torch.Tensor):
-            tensors.append(p["params"])
-        else:
-            tensors.extend(p["params"])
+    """Whether every parameter (of plain tensors or groups listed by `_listed`) is a plain
+    floating-point tensor on the CPU: what torch's fused CPU kernels take (no DTensor, no meta
+    tensor)."""
+    tensors = [t for p in params for t in (p["params"] if isinstance(p, dict) else [p])]
     return bool(tensors) and all(
         type(t) in (torch.Tensor, nn.Parameter) and t.device.type == "cpu" and t.is_floating_point()
         for t in tensors
