@@ -7,13 +7,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Callable
+import secrets
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from dlscale.errors import UserError, os_reason
 from dlscale.signals import interrupt_behind
+
+TEMP_NAME_TRIES = 100  # 48 random bits a name: a clash is someone else's file, tried again
 
 
 class WriteFailed(UserError):
@@ -40,6 +42,32 @@ class _Recorder:
         return getattr(self._handle, name)
 
 
+@contextlib.contextmanager
+def temp_beside(path: Path) -> Iterator[tuple[int, str]]:
+    """A new file's descriptor and name in `path`'s folder (`.NAME.RANDOM.tmp`, mode 0600),
+    removed when the block raises. Its name is chosen before the file exists: a Ctrl-C or
+    SIGTERM raised as `open` returns (after the kernel made the file, before the caller holds
+    the descriptor) still finds it. `tempfile.mkstemp` names it only once it returns, and such
+    a stop left the file behind."""
+    name = None
+    try:
+        for _ in range(TEMP_NAME_TRIES):
+            name = str(path.parent / f".{path.name[:64]}.{secrets.token_hex(6)}.tmp")
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                break
+            except FileExistsError:
+                name = None  # someone else's: never removed here
+        else:
+            raise FileExistsError(f"no free temporary name beside {path}")
+        yield fd, name
+    except BaseException:
+        if name is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(name)
+        raise
+
+
 def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     """Write through `write(file)` into a temp file beside `path`, fsync it, then rename over;
     an OSError on the way (a full disk) is a WriteFailed naming `path` and the real cause."""
@@ -47,19 +75,14 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     recorder = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as exc:
-        raise WriteFailed(f"cannot write {path}: {os_reason(exc)}") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            recorder = _Recorder(handle)
-            write(recorder)  # type: ignore[arg-type]
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp_name, path)
+        with temp_beside(path) as (fd, tmp_name):
+            with os.fdopen(fd, "wb") as handle:
+                recorder = _Recorder(handle)
+                write(recorder)  # type: ignore[arg-type]
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp_name, path)
     except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp_name)
         stop = interrupt_behind(exc)
         if stop is not None:  # Ctrl-C or SIGTERM: the run stops as interrupted, not failed
             raise stop from None

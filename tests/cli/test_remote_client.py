@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import socket
 
 import httpx
@@ -189,6 +190,25 @@ def test_a_file_that_appears_during_the_download_is_kept(monkeypatch, tmp_path):
     result = invoke(monkeypatch, handler, "artifacts", JOB, "--download", "aB_1", "--out", str(out))
     assert result.exit_code == 2 and "exists" in result.stderr
     assert out.read_bytes() == b"written meanwhile" and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_ctrl_c_as_the_download_file_is_created_leaves_nothing(monkeypatch, tmp_path):
+    payload = b"weights"
+    served = _artifact_server(payload, hashlib.sha256(payload).hexdigest())
+    real_open = os.open
+
+    def created_then_interrupted(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT and str(tmp_path) in str(path):
+            os.close(fd)
+            raise KeyboardInterrupt  # as the call returns, before the caller holds it
+        return fd
+
+    monkeypatch.setattr(os, "open", created_then_interrupted)
+    out = tmp_path / "model.pt"
+    result = invoke(monkeypatch, served, "artifacts", JOB, "--download", "aB_1", "--out", str(out))
+    assert isinstance(result.exception, KeyboardInterrupt) or result.exit_code == 130
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_ctrl_c_while_following_stops_the_watching_not_the_job(monkeypatch):

@@ -259,6 +259,26 @@ def test_stage_copies_once_and_then_reuses_the_ledger(shards: Path, tmp_path: Pa
     assert sorted(ledger) == names
 
 
+def test_ctrl_c_while_the_ledger_is_written_leaves_no_temp_file(
+    shards: Path, tmp_path: Path, monkeypatch
+):
+    real_fsync = os.fsync
+
+    def interrupted_on_the_ledger(fd: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{fd}")
+        if LEDGER in name and name.endswith(".tmp"):
+            raise KeyboardInterrupt  # Ctrl-C while the ledger's new copy reaches the disk
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", interrupted_on_the_ledger)
+    dst = tmp_path / "local"
+    with pytest.raises(KeyboardInterrupt):
+        stage(sorted(shards.iterdir()), shards, dst)
+    assert list(dst.rglob("*.tmp")) == []
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert stage(sorted(shards.iterdir()), shards, dst)["files"] == len(list(shards.iterdir()))
+
+
 def test_a_half_written_part_is_continued(shards: Path, tmp_path: Path):
     source = shards / "train-000000.tar"
     dst = tmp_path / "local"

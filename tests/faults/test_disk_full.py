@@ -176,3 +176,42 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line(tmp_path: Path, strategy
     assert f"newest: step {newest_step}" in err
     assert load_checkpoint(newest)["step"] == newest_step
     assert not list((out / "checkpoints").glob("*.tmp"))
+
+
+def interrupt_once_created(monkeypatch) -> None:
+    """From now on the next file created raises KeyboardInterrupt just after the kernel made it:
+    a Ctrl-C or SIGTERM that arrives while `open` runs is raised as the call returns, before
+    its caller holds the descriptor."""
+    real_open = atomic.os.open
+
+    def created_then_interrupted(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & atomic.os.O_CREAT:
+            monkeypatch.setattr(atomic.os, "open", real_open)
+            atomic.os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(atomic.os, "open", created_then_interrupted)
+
+
+def test_ctrl_c_as_the_temp_file_is_created_leaves_no_temp_file(tmp_path: Path, monkeypatch):
+    ckpt.save_checkpoint(tmp_path, 10, {"model": {"w": torch.ones(3)}}, keep_last=2)
+    interrupt_once_created(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, 20, {"model": {"w": torch.ones(3)}}, keep_last=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000010.pt"]
+
+
+def test_ctrl_c_as_a_shard_index_is_cached_leaves_no_temp_file(tmp_path: Path, monkeypatch):
+    import numpy as np
+
+    from dlscale.data import shard_cache
+
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))
+    shard = tmp_path / "shard.tar"
+    shard.write_bytes(b"\0" * 2048)
+    interrupt_once_created(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        shard_cache.save(str(shard), shard.stat(), np.array([0, 512, 1024]))
+    assert [p for p in (tmp_path / "home").rglob("*") if p.is_file()] == []

@@ -102,3 +102,26 @@ def test_a_slot_keeps_the_data_its_tasks_read(pool: LocalPool):
         seen.append(finish(pool)[f"fold-{fold}"].value)
     assert sum(size for size, _ in seen) == 1437  # three distinct folds of the training part
     assert seen[-1][1] == {"loads": 1, "hits": 2}
+
+
+def test_ctrl_c_while_a_slot_process_starts_leaves_a_pool_that_closes(monkeypatch):
+    """A Ctrl-C that lands while the forkserver starts a slot's process (the sweep's next
+    trial) unwinds the sweep; closing the pool after it must not trip on the unstarted process
+    (it did: 'can only join a started process', a traceback and exit 1 instead of 130)."""
+    made = LocalPool(1, Resources(cpus=1.0))
+    real_process = made.ctx.Process
+
+    class Interrupted(real_process):
+        def start(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(made.ctx, "Process", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        made.submit("t0", whoami, None)
+    made.close()
+    assert made.running == [] and made.started == 0
+    monkeypatch.setattr(made.ctx, "Process", real_process)
+    made.submit("t1", whoami, None)  # the slot is usable again
+    done = finish(made)
+    assert done["t1"].ok and made.started == 1
+    made.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from dlscale.atomic import temp_beside
 from dlscale.errors import UserError, one_line
 
 DEFAULT_SERVER = "http://127.0.0.1:8080"
@@ -189,12 +189,9 @@ class Remote:
             raise UserError(f"{out} exists; add --force to replace it")
         if not out.parent.is_dir():
             raise UserError(f"{out.parent}: folder not found")
-        part: Path | None = None
-        try:
-            with tempfile.NamedTemporaryFile(
-                dir=out.parent, prefix=f".{out.name}.", suffix=".part", delete=False
-            ) as handle:
-                part = Path(handle.name)
+        with temp_beside(out) as (fd, name):  # removed if anything below raises
+            part = Path(name)
+            with os.fdopen(fd, "wb") as handle:
                 digest = self._fetch(path, job, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
@@ -205,9 +202,7 @@ class Remote:
                     1,
                 )
             _place(part, out, force)
-        finally:
-            if part is not None:
-                part.unlink(missing_ok=True)
+            part.unlink(missing_ok=True)  # linked into place: `out` is the file now
 
     def _fetch(self, path: str, job: str, handle) -> str:
         """Write the answer's bytes to `handle`; their sha256 (hex)."""

@@ -12,13 +12,13 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import time
 from pathlib import Path
 
 import numpy as np
 from webdataset import TarWriter
 
+from dlscale.atomic import write_atomic
 from dlscale.data.convert_hf import write_hf
 from dlscale.data.pixels import png_bytes
 from dlscale.data.sources import SPLITS, Progress, Source, open_source
@@ -207,10 +207,5 @@ def dataset_record(data: Source, shards: list[dict]) -> dict:
 
 def write_json_last(path: Path, record: dict) -> None:
     """Write beside, then rename: dataset.json appears whole, and only once the shards are."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as handle:
-        json.dump(record, handle, indent=2)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    text = json.dumps(record, indent=2) + "\n"
+    write_atomic(path, lambda handle: handle.write(text.encode()))

@@ -11,15 +11,14 @@ every open scanning as before, never an error.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
+from dlscale.atomic import temp_beside
 from dlscale.data.tar_index import BLOCK_BYTES
 from dlscale.home import dlscale_home
 
@@ -76,16 +75,12 @@ def save(shard: str, stat: os.stat_result, starts: np.ndarray) -> None:
     home, a full disk) only costs the next open a scan."""
     path = entry_path(shard, stat)
     stored = np.concatenate([[len(starts) - 1, stat.st_size], starts]).astype(np.int64)
-    temp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temp = tempfile.mkstemp(prefix=f".{path.stem[:16]}.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as handle:
-            np.save(handle, stored, allow_pickle=False)
-        # No fsync: an entry lost or cut short by a crash is ignored on load and rewritten.
-        os.replace(temp, path)  # concurrent writers of one entry write the same bytes
+        with temp_beside(path) as (fd, temp):
+            with os.fdopen(fd, "wb") as handle:
+                np.save(handle, stored, allow_pickle=False)
+            # No fsync: an entry lost or cut short by a crash is ignored on load and rewritten.
+            os.replace(temp, path)  # concurrent writers of one entry write the same bytes
     except OSError as error:
         _log.debug("shard index cache %s not written (%s)", path, error)
-        if temp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from dlscale.atomic import write_atomic
 from dlscale.errors import UserError, os_reason
 
 LEDGER = ".dlscale-staged.json"
@@ -238,13 +239,8 @@ def _source_stat(path: Path) -> os.stat_result:
 
 def _write_ledger(dst_dir: Path, files: dict[str, dict]) -> None:
     """Write beside, then rename: a reader sees the old ledger or the new one, never half."""
-    path = dst_dir / LEDGER
-    tmp = dst_dir / f"{LEDGER}.tmp"
-    with open(tmp, "w") as handle:
-        json.dump({"files": files}, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+    text = json.dumps({"files": files}, indent=1)
+    write_atomic(dst_dir / LEDGER, lambda handle: handle.write(text.encode()))
 
 
 @contextmanager

@@ -169,19 +169,26 @@ class LocalLauncher:
         threads = threads_per_worker(num_workers)
         gpus = _gpu_indices(per_rank(resources, num_workers))
         processes = []
-        for rank in range(num_workers):
-            context = WorkerContext(
-                rank, num_workers, rank, LOOPBACK, port, events, socket.gethostname(), gpus[rank]
-            )
-            with thread_env(threads):
-                process = ctx.Process(
-                    target=_entry,
-                    args=(fn, payload, context, results, os.getpid(), threads, environment()),
-                    name=f"dlscale-worker-{rank}",
+        try:  # a stop while the later ones start stops those already started
+            for rank in range(num_workers):
+                context = WorkerContext(
+                    rank,
+                    num_workers,
+                    rank,
+                    LOOPBACK,
+                    port,
+                    events,
+                    socket.gethostname(),
+                    gpus[rank],
                 )
-                process.start()
-            processes.append(process)
-        try:
+                with thread_env(threads):
+                    process = ctx.Process(
+                        target=_entry,
+                        args=(fn, payload, context, results, os.getpid(), threads, environment()),
+                        name=f"dlscale-worker-{rank}",
+                    )
+                    process.start()
+                processes.append(process)
             silence = Silence(num_workers, heartbeat_warn_s, [p.pid for p in processes])
             return self._supervise(processes, results, events, on_event, expendable, silence)
         finally:

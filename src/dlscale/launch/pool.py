@@ -179,7 +179,7 @@ class LocalPool:
         self._retire(slot)
         ours, theirs = self.ctx.Pipe(duplex=True)
         with thread_env(self.threads):
-            slot.process = self.ctx.Process(
+            process = self.ctx.Process(
                 target=_slot_main,
                 args=(
                     theirs,
@@ -192,9 +192,14 @@ class LocalPool:
                 ),
                 name=f"dlscale-slot-{slot.index}",
             )
-            slot.process.start()
+            try:
+                process.start()
+            except BaseException:  # Ctrl-C while the forkserver starts it: the slot stays empty
+                ours.close()
+                theirs.close()
+                raise
         theirs.close()  # the child holds its end; EOF here means it is gone
-        slot.conn = ours
+        slot.process, slot.conn = process, ours
         self.started += 1
 
     def _gpus(self, index: int) -> str | None:

@@ -113,7 +113,7 @@ def new_token_file(port: int) -> tuple[str, Path]:
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     path = folder / f"token-{port}"
     token = secrets.token_urlsafe(32)
-    # write_atomic's temporary file is made by mkstemp, readable and writable by its owner
+    # write_atomic's temporary file is made readable and writable by its owner
     # only (0600), and renamed over the old one: the token is never readable by others.
     write_atomic(path, lambda handle: handle.write(f"{token}\n".encode()))
     os.chmod(path, 0o600)
