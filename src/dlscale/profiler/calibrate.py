@@ -125,7 +125,7 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
 # The grid of convolutions timed: (input channels, output channels, kernel, input grad?) by
 # (batch, side) of the input. The smallest is a first layer (one input channel, no gradient for
 # the input, as every network's first convolution); the others are mid-network 3×3 layers. Their
-# weights span 200 to 590k elements (2.4M on a CPU), and their outputs 16 to 8192 pixels on a
+# weights span 200 to 590k elements (2.4M on a CPU), and their outputs 8 to 8192 pixels on a
 # CPU; a GPU times 128 to 8192 and also 65,536 and 1,048,576, the sizes of real layers there
 # (ResNet-50 at batch 64: 3,136 to 802,816 output pixels; AlexNet at 128: 21,632 to 387,200): an
 # H100's grid that stopped at 8,192 priced ResNet-50's fp32 step at 4.07× the measured one
@@ -133,11 +133,12 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
 # 512 channels on a 2×2 or 4×4 map: a 512-channel 3×3 layer at batch 4 on a 2×2 map ran at
 # 14 GFLOP/s on the 2-core development machine, a 256-channel one on 4×4 at 48, against 60 at
 # the old grid's smallest point (128 pixels), which priced them (ResNet-18 at batch 4 0.70 of its
-# measured step, ResNet-50 at 2 0.66).
+# measured step, ResNet-50 at 2 0.66). ResNet-50's last stage at batch 2 has 8 pixels (2×2):
+# priced at the 16-pixel rate it ran at 0.76 of its step, with the 8-pixel point 0.81.
 CONV_LAYERS = ((1, 8, 5, False), (16, 16, 3, True), (64, 64, 3, True), (256, 256, 3, True))
 CPU_CONV_LAYERS = (*CONV_LAYERS, (512, 512, 3, True))
-CONV_INPUTS = {  # (batch, side) by device type: output pixels 16, 64, 128, 1024, 8192 on a CPU
-    "cpu": ((4, 2), (4, 4), (2, 8), (16, 8), (8, 32)),
+CONV_INPUTS = {  # (batch, side) by device type: output pixels 8, 16, 64, 128, 1024, 8192 on a CPU
+    "cpu": ((2, 2), (4, 2), (4, 4), (2, 8), (16, 8), (8, 32)),
     "cuda": ((2, 8), (16, 8), (8, 32), (16, 64), (16, 256)),
 }
 
