@@ -104,8 +104,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.label not in {c.label for c in CASES}:
         parser.error(f"unknown case {args.label!r}; known: {[c.label for c in CASES]}")
-    if args.batch < 1 or args.steps < 2 or args.top < 1 or args.threads < 1:
-        parser.error("batch, --top and --threads must be at least 1, --steps at least 2")
+    if args.batch < 1 or args.steps < 3 or args.top < 1 or args.threads < 1:
+        parser.error("batch, --top and --threads must be at least 1, --steps at least 3")
     torch.set_num_threads(args.threads)
     found = profiled_step(args.label, args.batch, args.steps, args.no_update)
     steps = args.steps

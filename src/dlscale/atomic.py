@@ -43,12 +43,12 @@ class _Recorder:
 
 
 @contextlib.contextmanager
-def temp_beside(path: Path) -> Iterator[tuple[int, str]]:
-    """A new file's descriptor and name in `path`'s folder (`.NAME.RANDOM.tmp`, mode 0600),
-    removed when the block raises. Its name is chosen before the file exists: a Ctrl-C or
-    SIGTERM raised as `open` returns (after the kernel made the file, before the caller holds
-    the descriptor) still finds it. `tempfile.mkstemp` names it only once it returns, and such
-    a stop left the file behind."""
+def temp_beside(path: Path) -> Iterator[tuple[IO[bytes], str]]:
+    """A new file open for binary writing in `path`'s folder (`.NAME.RANDOM.tmp`, mode 0600) and
+    its name; removed when the block raises, closed when it ends. Its name is chosen before the
+    file exists: a Ctrl-C or SIGTERM raised as `open` returns (after the kernel made the file,
+    before the caller holds it) still finds it. `tempfile.mkstemp` names it only once it
+    returns, and such a stop left the file behind."""
     name = None
     try:
         for _ in range(TEMP_NAME_TRIES):
@@ -60,7 +60,8 @@ def temp_beside(path: Path) -> Iterator[tuple[int, str]]:
                 name = None  # someone else's: never removed here
         else:
             raise FileExistsError(f"no free temporary name beside {path}")
-        yield fd, name
+        with os.fdopen(fd, "wb") as handle:
+            yield handle, name
     except BaseException:
         if name is not None:
             with contextlib.suppress(OSError):
@@ -75,12 +76,11 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     recorder = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with temp_beside(path) as (fd, tmp_name):
-            with os.fdopen(fd, "wb") as handle:
-                recorder = _Recorder(handle)
-                write(recorder)  # type: ignore[arg-type]
-                handle.flush()
-                os.fsync(handle.fileno())
+        with temp_beside(path) as (handle, tmp_name):
+            recorder = _Recorder(handle)
+            write(recorder)  # type: ignore[arg-type]
+            handle.flush()
+            os.fsync(handle.fileno())
             os.replace(tmp_name, path)
     except BaseException as exc:
         stop = interrupt_behind(exc)

@@ -396,6 +396,27 @@ def test_the_secret_is_private_and_stable(tmp_path):
         auth.load_secret(tmp_path / "data")
 
 
+def test_a_stop_as_the_secret_is_staged_leaves_no_staging_file(tmp_path, monkeypatch):
+    """SIGTERM at a server's first start, landing as the staging file is created (raised as
+    `open` returns): nothing half-made stays in the data folder, and the next start makes it."""
+    real_open = os.open
+
+    def created_then_interrupted(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT:
+            monkeypatch.setattr(os, "open", real_open)
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    (tmp_path / "data").mkdir()
+    monkeypatch.setattr(os, "open", created_then_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        auth.load_secret(tmp_path / "data")
+    assert list((tmp_path / "data").iterdir()) == []
+    assert len(auth.load_secret(tmp_path / "data")) == 32
+
+
 def test_bad_database_urls_are_one_line_errors_without_the_password(tmp_path):
     with pytest.raises(UserError, match="not a valid URL"):
         make_engine("not a url")

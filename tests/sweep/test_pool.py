@@ -9,6 +9,7 @@ import pytest
 
 from dlscale.launch.base import Resources
 from dlscale.launch.pool import LocalPool
+from dlscale.launch.start import context as start_context
 
 
 def whoami(context, payload):
@@ -104,20 +105,42 @@ def test_a_slot_keeps_the_data_its_tasks_read(pool: LocalPool):
     assert seen[-1][1] == {"loads": 1, "hits": 2}
 
 
-def test_ctrl_c_while_a_slot_process_starts_leaves_a_pool_that_closes(monkeypatch):
+class StoppedBeforeStart(start_context().Process):
+    """A slot process whose start a Ctrl-C cuts short (while the forkserver answers);
+    module-level, as the forkserver pickles the process it starts."""
+
+    def start(self):
+        raise KeyboardInterrupt
+
+
+class StoppedAfterStart(start_context().Process):
+    """A slot process that started, then a Ctrl-C before the pool's next line."""
+
+    def start(self):
+        super().start()
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("kind", [StoppedBeforeStart, StoppedAfterStart], ids=["before", "after"])
+def test_ctrl_c_while_a_slot_process_starts_leaves_a_pool_that_closes(monkeypatch, kind):
     """A Ctrl-C that lands while the forkserver starts a slot's process (the sweep's next
     trial) unwinds the sweep; closing the pool after it must not trip on the unstarted process
-    (it did: 'can only join a started process', a traceback and exit 1 instead of 130)."""
+    (it did: 'can only join a started process', a traceback and exit 1 instead of 130), and a
+    process that did start just before the stop is stopped with it."""
     made = LocalPool(1, Resources(cpus=1.0))
     real_process = made.ctx.Process
+    made_processes = []
 
-    class Interrupted(real_process):
-        def start(self):
-            raise KeyboardInterrupt
+    def process(*args, **kwargs):
+        made_processes.append(kind(*args, **kwargs))
+        return made_processes[-1]
 
-    monkeypatch.setattr(made.ctx, "Process", Interrupted)
+    monkeypatch.setattr(made.ctx, "Process", process)
     with pytest.raises(KeyboardInterrupt):
         made.submit("t0", whoami, None)
+    (interrupted,) = made_processes
+    assert (interrupted.pid is not None) == (kind is StoppedAfterStart)
+    assert not interrupted.is_alive()
     made.close()
     assert made.running == [] and made.started == 0
     monkeypatch.setattr(made.ctx, "Process", real_process)

@@ -189,12 +189,11 @@ class Remote:
             raise UserError(f"{out} exists; add --force to replace it")
         if not out.parent.is_dir():
             raise UserError(f"{out.parent}: folder not found")
-        with temp_beside(out) as (fd, name):  # removed if anything below raises
+        with temp_beside(out) as (handle, name):  # removed if anything below raises
             part = Path(name)
-            with os.fdopen(fd, "wb") as handle:
-                digest = self._fetch(path, job, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
+            digest = self._fetch(path, job, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
             if digest != sha256:
                 raise UserError(
                     f"download corrupt: sha256 {digest} but the server lists {sha256}; "

@@ -7,8 +7,8 @@ and `label` (class, or next tokens). Splits `train` and `validation`. Read back 
 
 from __future__ import annotations
 
+import secrets
 import shutil
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -27,7 +27,9 @@ def write_hf(data: Source, out: Path, max_bytes: int, png: bool, progress: Progr
     features = hf_features(data, png)
     # from_generator writes Arrow into a cache as rows arrive (memory stays bounded); the cache
     # lives beside OUT, not in ~/.cache, and is removed once save_to_disk has copied it.
-    cache = Path(tempfile.mkdtemp(prefix=f".{out.name}-convert-", dir=out.parent))
+    # Named before it exists, and made inside the `try` that removes it: a stop at any point
+    # leaves no cache folder behind (mkdtemp names it only once it exists).
+    cache = out.parent / f".{out.name}-convert-{secrets.token_hex(6)}"
     total, done = sum(data.counts.values()), [0]
 
     def rows(split: str):
@@ -43,6 +45,7 @@ def write_hf(data: Source, out: Path, max_bytes: int, png: bool, progress: Progr
             progress(done[0], total)
 
     try:
+        cache.mkdir(mode=0o700)
         parts = {}
         for split, name in HF_SPLITS.items():
             # A fresh fingerprint: datasets would otherwise hash the generator and what it holds.

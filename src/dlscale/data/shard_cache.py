@@ -77,9 +77,9 @@ def save(shard: str, stat: os.stat_result, starts: np.ndarray) -> None:
     stored = np.concatenate([[len(starts) - 1, stat.st_size], starts]).astype(np.int64)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with temp_beside(path) as (fd, temp):
-            with os.fdopen(fd, "wb") as handle:
-                np.save(handle, stored, allow_pickle=False)
+        with temp_beside(path) as (handle, temp):
+            np.save(handle, stored, allow_pickle=False)
+            handle.flush()
             # No fsync: an entry lost or cut short by a crash is ignored on load and rewritten.
             os.replace(temp, path)  # concurrent writers of one entry write the same bytes
     except OSError as error:

@@ -187,8 +187,8 @@ class LocalLauncher:
                         args=(fn, payload, context, results, os.getpid(), threads, environment()),
                         name=f"dlscale-worker-{rank}",
                     )
+                    processes.append(process)  # before it starts: stopped however far it got
                     process.start()
-                processes.append(process)
             silence = Silence(num_workers, heartbeat_warn_s, [p.pid for p in processes])
             return self._supervise(processes, results, events, on_event, expendable, silence)
         finally:

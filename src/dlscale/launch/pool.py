@@ -178,28 +178,31 @@ class LocalPool:
     def _start(self, slot: _Slot) -> None:
         self._retire(slot)
         ours, theirs = self.ctx.Pipe(duplex=True)
-        with thread_env(self.threads):
-            process = self.ctx.Process(
-                target=_slot_main,
-                args=(
-                    theirs,
-                    slot.index,
-                    os.getpid(),
-                    self.threads,
-                    slot.cores,
-                    self._gpus(slot.index),
-                    environment(),
-                ),
-                name=f"dlscale-slot-{slot.index}",
-            )
-            try:
+        process = None
+        try:  # a stop anywhere in here (the forkserver answering, say) leaves the slot empty
+            with thread_env(self.threads):
+                process = self.ctx.Process(
+                    target=_slot_main,
+                    args=(
+                        theirs,
+                        slot.index,
+                        os.getpid(),
+                        self.threads,
+                        slot.cores,
+                        self._gpus(slot.index),
+                        environment(),
+                    ),
+                    name=f"dlscale-slot-{slot.index}",
+                )
                 process.start()
-            except BaseException:  # Ctrl-C while the forkserver starts it: the slot stays empty
-                ours.close()
-                theirs.close()
-                raise
-        theirs.close()  # the child holds its end; EOF here means it is gone
-        slot.process, slot.conn = process, ours
+            theirs.close()  # the child holds its end; EOF here means it is gone
+            slot.process, slot.conn = process, ours
+        except BaseException:
+            if process is not None:
+                stop_processes([process])  # only if it started
+            ours.close()
+            theirs.close()
+            raise
         self.started += 1
 
     def _gpus(self, index: int) -> str | None:

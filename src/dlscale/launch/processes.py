@@ -71,7 +71,9 @@ def describe_exit(code: int) -> str:
 
 
 def stop_processes(processes) -> None:
-    """SIGTERM the live ones, give them a moment, SIGKILL what is left, and reap all."""
+    """SIGTERM the live ones, give them a moment, SIGKILL what is left, and reap all (a
+    process never started, its start cut short by a stop, is left out)."""
+    processes = [process for process in processes if process.pid is not None]
     for process in processes:
         if process.is_alive():
             process.terminate()

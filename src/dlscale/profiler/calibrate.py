@@ -134,7 +134,8 @@ def training_op_overhead_s(device: torch.device, min_time_s: float = 0.5) -> flo
 # 14 GFLOP/s on the 2-core development machine, a 256-channel one on 4×4 at 48, against 60 at
 # the old grid's smallest point (128 pixels), which priced them (ResNet-18 at batch 4 0.70 of its
 # measured step, ResNet-50 at 2 0.66). ResNet-50's last stage at batch 2 has 8 pixels (2×2):
-# priced at the 16-pixel rate it ran at 0.76 of its step, with the 8-pixel point 0.81.
+# priced at the 16-pixel rate it ran at 0.76 of its step; with the 8-pixel point 0.81 in a run of
+# the ResNets alone and 0.75 in the next whole run, a slower one (docs/performance.md).
 CONV_LAYERS = ((1, 8, 5, False), (16, 16, 3, True), (64, 64, 3, True), (256, 256, 3, True))
 CPU_CONV_LAYERS = (*CONV_LAYERS, (512, 512, 3, True))
 CONV_INPUTS = {  # (batch, side) by device type: output pixels 8, 16, 64, 128, 1024, 8192 on a CPU

@@ -22,6 +22,7 @@ from argon2 import PasswordHasher
 from argon2.exceptions import Argon2Error, InvalidHashError
 
 from dlscale import units
+from dlscale.atomic import temp_beside
 from dlscale.errors import UserError, os_reason
 
 SECRET_BYTES = 32
@@ -58,18 +59,14 @@ def load_secret(data_dir: Path) -> bytes:
 
 def _create_secret(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".secret.{secrets.token_hex(4)}")
-    descriptor = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(descriptor, "wb") as handle:
-            handle.write(secrets.token_bytes(SECRET_BYTES))
-            handle.flush()
-            os.fsync(handle.fileno())
+    with temp_beside(path) as (handle, staged):  # 0600, removed if a stop lands here
+        handle.write(secrets.token_bytes(SECRET_BYTES))
+        handle.flush()
+        os.fsync(handle.fileno())
         # Never replaces: a server started at the same time may have won; its key stands.
         with contextlib.suppress(FileExistsError):
             os.link(staged, path)
-    finally:
-        staged.unlink(missing_ok=True)
+        os.unlink(staged)
 
 
 def hash_password(password: str) -> str:
