@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import statistics
 import tempfile
 import time
@@ -39,7 +38,7 @@ FLUSH_BYTES = 64 * 2**20
 def profiled_step(label: str, batch: int, steps: int, no_update: bool) -> dict:
     """{(op, input shapes): [each call's own milliseconds]} over `steps` steps of the case."""
     case = next(c for c in CASES if c.label == label)
-    calls: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+    calls: dict[tuple[str, tuple], list[float]] = collections.defaultdict(list)
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(spec_for(case, batch, steps), Path(scratch))
         if no_update:
@@ -48,16 +47,12 @@ def profiled_step(label: str, batch: int, steps: int, no_update: bool) -> dict:
             trainer.run_epoch(0)
         step_ms = [r["step_s"] * 1e3 for r in trainer.history.steps.records]
     for event in prof.events():
-        shapes = json_shapes(event.input_shapes)
+        shapes = tuple(tuple(shape) for shape in event.input_shapes)
         calls[(event.name, shapes)].append(event.self_cpu_time_total / 1e3)
     return {"calls": calls, "step_ms": step_ms}
 
 
-def json_shapes(shapes) -> str:
-    return str([list(s) for s in shapes]).replace(" ", "")
-
-
-def alone_ms(op: str, shapes: list[list[int]]) -> float | None:
+def alone_ms(op: str, shapes: tuple[tuple[int, ...], ...]) -> float | None:
     """The op by itself on new contiguous tensors of `shapes`, the caches flushed before each
     call; None for ops or shapes it does not rebuild."""
     flush = torch.empty(FLUSH_BYTES // 4)
@@ -121,9 +116,10 @@ def main() -> None:
     for per_step, median, count, op, shapes in rows[: args.top]:
         alone = None
         if args.alone and op in ALONE:
-            alone = alone_ms(op, json.loads(shapes))
+            alone = alone_ms(op, shapes)
         shown = f"{alone:7.3f}" if alone is not None else f"{'':>7}"
-        print(f"{per_step:8.3f} {median:8.3f} {count:6.1f} {shown}  {op} {shapes}")
+        listed = str([list(shape) for shape in shapes]).replace(" ", "")
+        print(f"{per_step:8.3f} {median:8.3f} {count:6.1f} {shown}  {op} {listed}")
 
 
 if __name__ == "__main__":

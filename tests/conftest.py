@@ -112,6 +112,23 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def interrupt_next_create(monkeypatch, within: Path | None = None) -> None:
+    """From now on the next file created (under `within`, if given) raises KeyboardInterrupt
+    just after the kernel made it: a Ctrl-C or SIGTERM that arrives while `open` runs is raised
+    as the call returns, before its caller holds the descriptor. Later opens run as usual."""
+    real_open = os.open
+
+    def created_then_interrupted(path, flags, *args, **kwargs):
+        fd = real_open(path, flags, *args, **kwargs)
+        if flags & os.O_CREAT and (within is None or str(path).startswith(str(within))):
+            monkeypatch.setattr(os, "open", real_open)
+            os.close(fd)
+            raise KeyboardInterrupt
+        return fd
+
+    monkeypatch.setattr(os, "open", created_then_interrupted)
+
+
 @pytest.fixture(autouse=True)
 def _calm_machine(monkeypatch):
     """Runs in tests do not hear how busy the machine is (other test runs share it), so what a

@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import socket
 
 import httpx
@@ -17,6 +16,7 @@ from typer.testing import CliRunner
 from dlscale.cli import remote as remote_cli
 from dlscale.cli.main import app
 from dlscale.cli.remote_client import Remote, parse_events
+from tests.conftest import interrupt_next_create
 
 JOB = "0123456789abcdef"
 runner = CliRunner()
@@ -195,16 +195,7 @@ def test_a_file_that_appears_during_the_download_is_kept(monkeypatch, tmp_path):
 def test_ctrl_c_as_the_download_file_is_created_leaves_nothing(monkeypatch, tmp_path):
     payload = b"weights"
     served = _artifact_server(payload, hashlib.sha256(payload).hexdigest())
-    real_open = os.open
-
-    def created_then_interrupted(path, flags, *args, **kwargs):
-        fd = real_open(path, flags, *args, **kwargs)
-        if flags & os.O_CREAT and str(tmp_path) in str(path):
-            os.close(fd)
-            raise KeyboardInterrupt  # as the call returns, before the caller holds it
-        return fd
-
-    monkeypatch.setattr(os, "open", created_then_interrupted)
+    interrupt_next_create(monkeypatch, within=tmp_path)
     out = tmp_path / "model.pt"
     result = invoke(monkeypatch, served, "artifacts", JOB, "--download", "aB_1", "--out", str(out))
     assert isinstance(result.exception, KeyboardInterrupt) or result.exit_code == 130

@@ -17,7 +17,7 @@ from dlscale import atomic
 from dlscale.errors import UserError
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.checkpoint import list_checkpoints, load_checkpoint
-from tests.conftest import worker_pids
+from tests.conftest import interrupt_next_create, worker_pids
 
 DLSCALE = str(Path(sys.executable).parent / "dlscale")
 SPEC = """
@@ -178,26 +178,9 @@ def test_a_disk_that_fills_mid_run_stops_it_in_one_line(tmp_path: Path, strategy
     assert not list((out / "checkpoints").glob("*.tmp"))
 
 
-def interrupt_once_created(monkeypatch) -> None:
-    """From now on the next file created raises KeyboardInterrupt just after the kernel made it:
-    a Ctrl-C or SIGTERM that arrives while `open` runs is raised as the call returns, before
-    its caller holds the descriptor."""
-    real_open = atomic.os.open
-
-    def created_then_interrupted(path, flags, *args, **kwargs):
-        fd = real_open(path, flags, *args, **kwargs)
-        if flags & atomic.os.O_CREAT:
-            monkeypatch.setattr(atomic.os, "open", real_open)
-            atomic.os.close(fd)
-            raise KeyboardInterrupt
-        return fd
-
-    monkeypatch.setattr(atomic.os, "open", created_then_interrupted)
-
-
 def test_ctrl_c_as_the_temp_file_is_created_leaves_no_temp_file(tmp_path: Path, monkeypatch):
     ckpt.save_checkpoint(tmp_path, 10, {"model": {"w": torch.ones(3)}}, keep_last=2)
-    interrupt_once_created(monkeypatch)
+    interrupt_next_create(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         ckpt.save_checkpoint(tmp_path, 20, {"model": {"w": torch.ones(3)}}, keep_last=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000010.pt"]
@@ -211,7 +194,7 @@ def test_ctrl_c_as_a_shard_index_is_cached_leaves_no_temp_file(tmp_path: Path, m
     monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))
     shard = tmp_path / "shard.tar"
     shard.write_bytes(b"\0" * 2048)
-    interrupt_once_created(monkeypatch)
+    interrupt_next_create(monkeypatch)
     with pytest.raises(KeyboardInterrupt):
         shard_cache.save(str(shard), shard.stat(), np.array([0, 512, 1024]))
     assert [p for p in (tmp_path / "home").rglob("*") if p.is_file()] == []

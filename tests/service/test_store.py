@@ -20,6 +20,7 @@ from dlscale.errors import UserError
 from dlscale.service import admin, auth, jobstore, store
 from dlscale.service.db import default_url, downgrade, make_engine, migrate, sessions
 from dlscale.service.db.models import Base, Job, Token, WebSession
+from tests.conftest import interrupt_next_create
 
 TABLES = {
     "users",
@@ -399,18 +400,8 @@ def test_the_secret_is_private_and_stable(tmp_path):
 def test_a_stop_as_the_secret_is_staged_leaves_no_staging_file(tmp_path, monkeypatch):
     """SIGTERM at a server's first start, landing as the staging file is created (raised as
     `open` returns): nothing half-made stays in the data folder, and the next start makes it."""
-    real_open = os.open
-
-    def created_then_interrupted(path, flags, *args, **kwargs):
-        fd = real_open(path, flags, *args, **kwargs)
-        if flags & os.O_CREAT:
-            monkeypatch.setattr(os, "open", real_open)
-            os.close(fd)
-            raise KeyboardInterrupt
-        return fd
-
     (tmp_path / "data").mkdir()
-    monkeypatch.setattr(os, "open", created_then_interrupted)
+    interrupt_next_create(monkeypatch, within=tmp_path)
     with pytest.raises(KeyboardInterrupt):
         auth.load_secret(tmp_path / "data")
     assert list((tmp_path / "data").iterdir()) == []

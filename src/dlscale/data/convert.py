@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 from webdataset import TarWriter
 
-from dlscale.atomic import write_atomic
+from dlscale.atomic import write_json_atomic
 from dlscale.data.convert_hf import write_hf
 from dlscale.data.pixels import png_bytes
 from dlscale.data.sources import SPLITS, Progress, Source, open_source
@@ -68,7 +67,8 @@ def convert(
             shards = write_hf(data, out, max_bytes, image_format == "png", progress)
         else:
             shards = write_shards(data, out, max_bytes, image_format == "png", progress)
-            write_json_last(out / "dataset.json", dataset_record(data, shards))
+            # written whole, and only once the shards are: its presence says they are complete
+            write_json_atomic(out / "dataset.json", dataset_record(data, shards))
     except OSError as exc:
         raise UserError(f"cannot write the data set into {out}: {os_reason(exc)}") from None
     return {
@@ -203,9 +203,3 @@ def dataset_record(data: Source, shards: list[dict]) -> dict:
         "input_shape": data.input_shape,
         "shards": shards,
     }
-
-
-def write_json_last(path: Path, record: dict) -> None:
-    """Write beside, then rename: dataset.json appears whole, and only once the shards are."""
-    text = json.dumps(record, indent=2) + "\n"
-    write_atomic(path, lambda handle: handle.write(text.encode()))

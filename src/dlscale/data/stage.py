@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from dlscale.atomic import write_atomic
+from dlscale.atomic import write_json_atomic
 from dlscale.errors import UserError, os_reason
 
 LEDGER = ".dlscale-staged.json"
@@ -239,8 +239,7 @@ def _source_stat(path: Path) -> os.stat_result:
 
 def _write_ledger(dst_dir: Path, files: dict[str, dict]) -> None:
     """Write beside, then rename: a reader sees the old ledger or the new one, never half."""
-    text = json.dumps({"files": files}, indent=1)
-    write_atomic(dst_dir / LEDGER, lambda handle: handle.write(text.encode()))
+    write_json_atomic(dst_dir / LEDGER, {"files": files})
 
 
 @contextmanager
