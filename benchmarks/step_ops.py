@@ -1,55 +1,91 @@
 """One training step of a predict_accuracy.py case, op by op: where its time goes inside dlscale's
 loop, and what the largest products, adds and fills take when they run alone.
 
-`Trainer.run_epoch` runs `--steps` steps under torch.profiler (input shapes recorded); each
-(aten op, input shapes) is printed with its median time a call, its calls a step and their
-product, the time a step, largest first (the median over every call, the first steps'
-included, so that a warm-up step's page faults do not count). `--alone` runs the largest
-`aten::mm`, `aten::add` and `aten::fill_` entries again by themselves, on new contiguous
-tensors of the same shapes, each call after a 64 MiB write that pushes them out of the caches,
-and prints their median beside (the step's own operands may be transposed views: a product's
-time alone is then only near its time in the step). `--no-update` makes the optimizer's step a
-no-op: the step without its update, to see what the update does to the ops around it
-(docs/performance.md, GPT-2 at batch 1).
+`Trainer.run_epoch` runs `--steps` steps twice: once as it is, for the step's time and page
+faults, then under a TorchDispatchMode that times each aten op a step dispatches (an op that
+calls others internally, as the embedding's backward calls a zero-fill, is timed whole; a call's
+time includes a few microseconds of dispatch from Python). Each (op, input shapes) is printed
+with its median time a call over the steps after the first two, its calls a step and their
+product, largest first. `--alone` runs the largest `mm`, `add` and `fill_` entries again by
+themselves, on new contiguous tensors of the same shapes, each call after a 64 MiB write that
+pushes them out of the caches, and prints their median beside (the step's own operands may be
+transposed views: a product's time alone is then only near its time in the step). `--no-update`
+makes the optimizer's step a no-op (docs/performance.md, GPT-2 at batch 1).
+
+Not torch.profiler: under it this process faulted about 5,000 pages a step (GPT-2 at batch 1;
+none without it), and every op that writes a new 8 MB tensor ran 3-10× slower, its fault time
+counted as the op's. The page faults a step are printed for both runs, so that a timing which
+disturbs the step shows it.
 
     .venv/bin/python benchmarks/step_ops.py gpt2 1 [--steps 14] [--top 16] [--alone]
-        [--no-update] [--threads 1]
+        [--no-update] [--threads 1] [--shape 1] [--hardware local]
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import dataclasses
+import resource
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from dlscale.errors import UserError
+from dlscale.hardware.catalogue import get_hardware
 from dlscale.train.loop import Trainer
-from predict_accuracy import CASES, spec_for  # the script beside this one
+from predict_accuracy import CASES, Case, predicted, spec_for  # the script beside this one
 
-ALONE = ("aten::mm", "aten::add", "aten::fill_")
+ALONE = ("aten.mm.default", "aten.add.Tensor", "aten.fill_.Scalar")
 FLUSH_BYTES = 64 * 2**20
+WARMUP = 2  # steps left out of the medians: the first steps fault their tensors' pages in
 
 
-def profiled_step(label: str, batch: int, steps: int, no_update: bool) -> dict:
-    """{(op, input shapes): [each call's own milliseconds]} over `steps` steps of the case."""
-    case = next(c for c in CASES if c.label == label)
-    calls: dict[tuple[str, tuple], list[float]] = collections.defaultdict(list)
+class OpTimer(TorchDispatchMode):
+    """Each dispatched op's wall time, by (op, input shapes), with the step it ran in."""
+
+    def __init__(self):
+        super().__init__()
+        self.step = 0
+        self.calls: dict[tuple[str, tuple], list[tuple[int, float]]] = collections.defaultdict(list)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        start = time.perf_counter()
+        out = func(*args, **(kwargs or {}))
+        took = time.perf_counter() - start
+        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        self.calls[(str(func), shapes)].append((self.step, took * 1e3))
+        return out
+
+
+def run_steps(case: Case, batch: int, steps: int, no_update: bool, timer: OpTimer | None):
+    """`steps` steps of the case in dlscale's loop, under `timer` if given: each step's
+    milliseconds and minor page faults."""
+    faults: list[int] = []
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(spec_for(case, batch, steps), Path(scratch))
         if no_update:
             trainer.optimizer.step = lambda *args, **kwargs: None
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        inner = trainer.step_fn
+
+        def counted(x, y):
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            loss = inner(x, y)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            if timer is not None:
+                timer.step += 1
+            return loss
+
+        trainer.step_fn = counted
+        with timer if timer is not None else contextlib.nullcontext():
             trainer.run_epoch(0)
         step_ms = [r["step_s"] * 1e3 for r in trainer.history.steps.records]
-    for event in prof.events():
-        shapes = tuple(tuple(shape) for shape in event.input_shapes)
-        calls[(event.name, shapes)].append(event.self_cpu_time_total / 1e3)
-    return {"calls": calls, "step_ms": step_ms}
+    return step_ms, faults
 
 
 def alone_ms(op: str, shapes: tuple[tuple[int, ...], ...]) -> float | None:
@@ -57,19 +93,19 @@ def alone_ms(op: str, shapes: tuple[tuple[int, ...], ...]) -> float | None:
     call; None for ops or shapes it does not rebuild."""
     flush = torch.empty(FLUSH_BYTES // 4)
     tensors = [torch.randn(shape) for shape in shapes if shape]
-    if op == "aten::mm" and len(tensors) == 2:
+    if op == "aten.mm.default" and len(tensors) == 2:
         a, b = tensors
 
         def call():
             return torch.mm(a, b)
 
-    elif op == "aten::add" and len(tensors) == 2 and tensors[0].shape == tensors[1].shape:
+    elif op == "aten.add.Tensor" and len(tensors) == 2 and tensors[0].shape == tensors[1].shape:
         a, b = tensors
 
         def call():
             return torch.add(a, b)
 
-    elif op == "aten::fill_" and len(tensors) == 1:
+    elif op == "aten.fill_.Scalar" and len(tensors) == 1:
         (a,) = tensors
 
         def call():
@@ -91,32 +127,83 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("label", help=f"a case: {', '.join(c.label for c in CASES)}")
     parser.add_argument("batch", type=int)
-    parser.add_argument("--steps", type=int, default=14, help="steps profiled")
+    parser.add_argument("--steps", type=int, default=14, help="steps run, each way")
     parser.add_argument("--top", type=int, default=16, help="entries printed")
     parser.add_argument("--alone", action="store_true", help="time the largest ops alone")
     parser.add_argument("--no-update", action="store_true", help="the optimizer's step skipped")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument(
+        "--shape",
+        help="one sample's shape instead of the case's, comma-separated ('1': GPT-2 or BERT on "
+        "one token, where a step is nearly all fixed cost)",
+    )
+    parser.add_argument(
+        "--hardware",
+        help="also print the step dlscale predicts on this catalogue device ('local': this "
+        "machine, after `dlscale bench machine`)",
+    )
     args = parser.parse_args()
     if args.label not in {c.label for c in CASES}:
         parser.error(f"unknown case {args.label!r}; known: {[c.label for c in CASES]}")
     if args.batch < 1 or args.steps < 3 or args.top < 1 or args.threads < 1:
         parser.error("batch, --top and --threads must be at least 1, --steps at least 3")
+    case = next(c for c in CASES if c.label == args.label)
+    if args.shape is not None:
+        try:
+            shape = [int(size) for size in args.shape.split(",")]
+        except ValueError:
+            parser.error(
+                f"--shape {args.shape!r}: give sizes separated by commas, e.g. 1 or 3,32,32"
+            )
+        if len(shape) != len(case.shape) or min(shape) < 1:
+            parser.error(f"--shape: {len(case.shape)} positive sizes, as the case's {case.shape}")
+        case = dataclasses.replace(case, shape=shape)
+    hardware = None
+    if args.hardware is not None:
+        try:
+            hardware = get_hardware(args.hardware)
+        except UserError as exc:
+            parser.error(str(exc))
     torch.set_num_threads(args.threads)
-    found = profiled_step(args.label, args.batch, args.steps, args.no_update)
-    steps = args.steps
+    plain_ms, plain_faults = run_steps(case, args.batch, args.steps, args.no_update, None)
+    timer = OpTimer()
+    timed_ms, timed_faults = run_steps(case, args.batch, args.steps, args.no_update, timer)
+    counted = args.steps - WARMUP
     rows = []
-    for (op, shapes), times in found["calls"].items():
-        median = statistics.median(times)
-        rows.append((median * len(times) / steps, median, len(times) / steps, op, shapes))
+    for (op, shapes), calls in timer.calls.items():
+        times = [ms for step, ms in calls if step >= WARMUP]
+        if times:
+            median = statistics.median(times)
+            rows.append((median * len(times) / counted, median, len(times) / counted, op, shapes))
     rows.sort(reverse=True)
-    step = statistics.median(found["step_ms"][2:])
     update = " (no update)" if args.no_update else ""
-    print(f"{args.label} batch {args.batch}{update}: median step {step:.2f} ms, {steps} steps")
+    print(
+        f"{args.label} {case.shape} batch {args.batch}{update}, {args.steps} steps, "
+        f"medians after {WARMUP}: "
+        f"step {statistics.median(plain_ms[WARMUP:]):.2f} ms "
+        f"({statistics.median(plain_faults[WARMUP:]):.0f} page faults a step); "
+        f"timed op by op {statistics.median(timed_ms[WARMUP:]):.2f} ms "
+        f"({statistics.median(timed_faults[WARMUP:]):.0f} faults), "
+        f"its {sum(row[2] for row in rows):.0f} ops a step {sum(row[0] for row in rows):.2f} ms "
+        "together"
+    )
+    if hardware is not None:
+        measured_threads = hardware.measured.get("threads")
+        if measured_threads not in (None, args.threads):
+            print(
+                f"note: {hardware.name} was measured with {measured_threads} torch threads, this "
+                f"run has {args.threads}: its prediction is for a different machine"
+            )
+        p = predicted(case, args.batch, hardware)
+        update_s = 0.0 if args.no_update else p.optimizer_s
+        print(
+            f"predicted on {hardware.name}: step {(p.step_s - p.optimizer_s + update_s) * 1e3:.2f} "
+            f"ms (forward {p.forward_s * 1e3:.2f}, backward {p.backward_s * 1e3:.2f}, update "
+            f"{update_s * 1e3:.2f}, loop {p.loop_s * 1e3:.2f})"
+        )
     print(f"{'ms/step':>8} {'ms/call':>8} {'calls':>6} {'alone':>7}  op, input shapes")
     for per_step, median, count, op, shapes in rows[: args.top]:
-        alone = None
-        if args.alone and op in ALONE:
-            alone = alone_ms(op, shapes)
+        alone = alone_ms(op, shapes) if args.alone and op in ALONE else None
         shown = f"{alone:7.3f}" if alone is not None else f"{'':>7}"
         listed = str([list(shape) for shape in shapes]).replace(" ", "")
         print(f"{per_step:8.3f} {median:8.3f} {count:6.1f} {shown}  {op} {listed}")
