@@ -138,6 +138,7 @@ def test_normalization_probes_run_at_the_sizes_models_have(monkeypatch):
         return 1.0
 
     monkeypatch.setattr(calibrate, "_time_training_step", fake_step)
+    monkeypatch.setattr(calibrate, "_time_forward", lambda model, x, device, t: 0.5)
     calibrate.op_efficiencies(torch.device("cpu"), 1e9, 0.0)
     batch = calibrate.PROBE_BATCH["cpu"]
     bn, bn_shape = timed["batch_norm"]
@@ -185,32 +186,83 @@ def test_a_gpu_with_little_free_memory_skips_the_largest_convolutions_only():
     assert skipped == [(calibrate.CONV_LAYERS[3], (16, 256))]
 
 
-def test_dropouts_share_goes_to_its_mask_alone(monkeypatch):
-    """Dropout on a CPU draws its mask (`bernoulli_`), then scales and multiplies (`div_`,
-    `mul`): ops of every elementwise layer. Its probe's share goes to the mask alone, the other
-    ops priced at the stream bandwidth and taken off its time; every other probe's share goes
-    to all of its ops, as before."""
-    step_s = {"dropout": 0.1}
-    monkeypatch.setattr(
-        calibrate, "_time_training_step", lambda model, x, device, t: step_s.get(model.kind, 1.0)
-    )
-    bandwidth = 1e9
-    found = calibrate.op_efficiencies(torch.device("cpu"), bandwidth, 0.0)
+def _probe_layers(kind: str) -> list:
+    """A probe's traced layers, the loss left out (its timed step has none)."""
     step = trace_step(
-        lambda: calibrate.probe_module("dropout"),
-        torch.zeros(calibrate.probe_shape("dropout")),
+        lambda: calibrate.probe_module(kind),
+        torch.zeros(calibrate.probe_shape(kind)),
         calibrate.PROBE_BATCH["cpu"],
         "fp32",
         torch.optim.SGD,
         "sgd",
         True,
     )
-    layers = [layer for layer in step.layers if layer.name != LOSS]
-    moved = sum((c.bytes_by_op for one in layers for c in (one.forward, one.backward)), Counter())
-    assert set(moved) == {"bernoulli_", "div_", "mul"}
-    others_s = (moved["div_"] + moved["mul"]) / bandwidth
-    assert others_s < step_s["dropout"]
-    expected = moved["bernoulli_"] / (step_s["dropout"] - others_s) / bandwidth
+    return [layer for layer in step.layers if layer.name != LOSS]
+
+
+def _probe_bytes(kind: str) -> dict[str, Counter]:
+    """The bytes each op of a probe's traced step moves, by phase."""
+    layers = _probe_layers(kind)
+    return {
+        phase: sum((getattr(one, phase).bytes_by_op for one in layers), Counter())
+        for phase in ("forward", "backward")
+    }
+
+
+def _fake_probe_times(monkeypatch, step_s: dict, forward_s: dict) -> None:
+    monkeypatch.setattr(
+        calibrate, "_time_training_step", lambda model, x, device, t: step_s.get(model.kind, 1.0)
+    )
+    monkeypatch.setattr(
+        calibrate, "_time_forward", lambda model, x, device, t: forward_s.get(model.kind, 0.5)
+    )
+
+
+def test_dropouts_share_goes_to_its_mask_alone(monkeypatch):
+    """Dropout on a CPU draws its mask (`bernoulli_`), then scales and multiplies (`div_`,
+    `mul`): ops of every elementwise layer. Its probe's share goes to the mask alone, the other
+    ops priced at the stream bandwidth and taken off its time (the forward's: the mask is drawn
+    there); every other probe's share goes to all of its ops, as before."""
+    _fake_probe_times(monkeypatch, {"dropout": 0.1}, {"dropout": 0.06})
+    bandwidth = 1e9
+    found = calibrate.op_efficiencies(torch.device("cpu"), bandwidth, 0.0)
+    moved = _probe_bytes("dropout")
+    assert (
+        set(moved["forward"]) == {"bernoulli_", "div_", "mul"}
+        and "bernoulli_" not in (moved["backward"])
+    )
+    forward = moved["forward"]
+    others_s = (forward["div_"] + forward["mul"]) / bandwidth
+    assert others_s < 0.06
+    expected = forward["bernoulli_"] / (0.06 - others_s) / bandwidth
     assert found["bernoulli_"] == pytest.approx(min(1.0, expected))
     assert "mul" not in found and "div_" not in found
+
+
+def test_a_forward_op_takes_the_forwards_share_and_a_backward_op_the_backwards(monkeypatch):
+    """Max pooling's forward (which also writes the indices) and its backward run at very
+    different shares of the bandwidth (0.05 and 0.6–1.0 on the 2-core development machine): each
+    takes its own phase's, the backward's time the step's less the forward's. An op both phases
+    run (the `add` probe's `flip` and `add`) takes the whole step's share, as before."""
+    bandwidth = 2e9  # with these times every share checked is inside (0.01, 1): none clamped
+    _fake_probe_times(monkeypatch, {"max_pool": 0.02, "add": 0.02}, {"max_pool": 0.008})
+    found = calibrate.op_efficiencies(torch.device("cpu"), bandwidth, 1e-6)
+    pool = _probe_bytes("max_pool")
+    assert set(pool["forward"]) == {"max_pool2d_with_indices"}
+    assert set(pool["backward"]) == {"max_pool2d_with_indices_backward"}
+    forward_s = 0.008 - 1e-6  # one op's overhead off each phase
+    backward_s = 0.02 - 0.008 - 1e-6
+    assert found["max_pool2d_with_indices"] == pytest.approx(
+        pool["forward"]["max_pool2d_with_indices"] / forward_s / bandwidth
+    )
+    assert found["max_pool2d_with_indices_backward"] == pytest.approx(
+        pool["backward"]["max_pool2d_with_indices_backward"] / backward_s / bandwidth
+    )
+    add = _probe_bytes("add")
+    assert {"add", "flip"} <= set(add["forward"]) & set(add["backward"])
+    ops = sum(one.forward.ops + one.backward.ops for one in _probe_layers("add"))
+    whole = sum(add["forward"].values()) + sum(add["backward"].values())
+    assert found["add"] == found["flip"] == pytest.approx(whole / (0.02 - ops * 1e-6) / bandwidth)
+    checked = ("max_pool2d_with_indices", "max_pool2d_with_indices_backward", "add")
+    assert all(0.01 < found[op] < 1 for op in checked)
     assert found["relu"] == found["threshold_backward"]  # a probe's own ops: all of them
