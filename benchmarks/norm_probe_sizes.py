@@ -3,8 +3,10 @@
 `dlscale bench machine` times batch norm and layer norm at one sample shape each
 (`calibrate.PROBE_SHAPES`); this runs the same probe (`calibrate.op_efficiencies`) at other
 shapes of the same bytes, to show how the share depends on the channel count or the feature
-width. It reads the bandwidth and per-op overhead from the saved `local` entry, so run
-`dlscale bench machine [--device cuda]` first.
+width. Each op's share is printed: the forward's and the backward's apart since 2026-11-28 (the
+H100 figures quoted in calibrate.py and docs/hardware.md were the whole step's, one for both).
+It reads the bandwidth and per-op overhead from the saved `local` entry, so run `dlscale bench
+machine [--device cuda]` first.
 
     python benchmarks/norm_probe_sizes.py [--device cuda|cpu]
 """
@@ -39,8 +41,8 @@ def main() -> None:
             calibrate.PROBE_SHAPES = {kind: shape}
             calibrate.PROBE_SHAPE = shape
             shares = calibrate.op_efficiencies(device, bandwidth, overhead)
-            share = next(iter(shares.values()))
-            print(f"{kind:<11} sample {shape!s:<15} share of bandwidth {share:.3f}", flush=True)
+            listed = ", ".join(f"{op} {share:.3f}" for op, share in shares.items())
+            print(f"{kind:<11} sample {shape!s:<15} share of bandwidth: {listed}", flush=True)
 
 
 if __name__ == "__main__":

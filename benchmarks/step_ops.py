@@ -58,9 +58,18 @@ class OpTimer(TorchDispatchMode):
         start = time.perf_counter()
         out = func(*args, **(kwargs or {}))
         took = time.perf_counter() - start
-        shapes = tuple(tuple(a.shape) for a in args if isinstance(a, torch.Tensor))
+        shapes = tuple(_shape(arg) for arg in args if _shape(arg) is not None)
         self.calls[(str(func), shapes)].append((self.step, took * 1e3))
         return out
+
+
+def _shape(arg) -> tuple[int, ...] | str | None:
+    """A tensor argument's shape; a list of tensors (`cat`, a fused update) as their count."""
+    if isinstance(arg, torch.Tensor):
+        return tuple(arg.shape)
+    if isinstance(arg, list | tuple) and arg and all(isinstance(a, torch.Tensor) for a in arg):
+        return f"{len(arg)} tensors"
+    return None
 
 
 def run_steps(case: Case, batch: int, steps: int, no_update: bool, timer: OpTimer | None):
@@ -88,10 +97,12 @@ def run_steps(case: Case, batch: int, steps: int, no_update: bool, timer: OpTime
     return step_ms, faults
 
 
-def alone_ms(op: str, shapes: tuple[tuple[int, ...], ...]) -> float | None:
+def alone_ms(op: str, shapes: tuple[tuple[int, ...] | str, ...]) -> float | None:
     """The op by itself on new contiguous tensors of `shapes`, the caches flushed before each
     call; None for ops or shapes it does not rebuild."""
     flush = torch.empty(FLUSH_BYTES // 4)
+    if not all(isinstance(shape, tuple) for shape in shapes):
+        return None
     tensors = [torch.randn(shape) for shape in shapes if shape]
     if op == "aten.mm.default" and len(tensors) == 2:
         a, b = tensors
@@ -158,14 +169,18 @@ def main() -> None:
         if len(shape) != len(case.shape) or min(shape) < 1:
             parser.error(f"--shape: {len(case.shape)} positive sizes, as the case's {case.shape}")
         case = dataclasses.replace(case, shape=shape)
-    hardware = None
-    if args.hardware is not None:
+    torch.set_num_threads(args.threads)
+    prediction = None
+    if args.hardware is not None:  # first: a bad name or shape is told before minutes of steps
         try:
             hardware = get_hardware(args.hardware)
-        except UserError as exc:
-            parser.error(str(exc))
-    torch.set_num_threads(args.threads)
-    plain_ms, plain_faults = run_steps(case, args.batch, args.steps, args.no_update, None)
+            prediction = hardware, predicted(case, args.batch, hardware)
+        except (UserError, RuntimeError) as exc:
+            parser.error(f"--hardware {args.hardware}: {str(exc).splitlines()[0]}")
+    try:
+        plain_ms, plain_faults = run_steps(case, args.batch, args.steps, args.no_update, None)
+    except (UserError, RuntimeError) as exc:  # a --shape the model cannot take
+        parser.error(f"{args.label} at {case.shape}: {str(exc).splitlines()[0]}")
     timer = OpTimer()
     timed_ms, timed_faults = run_steps(case, args.batch, args.steps, args.no_update, timer)
     counted = args.steps - WARMUP
@@ -187,14 +202,14 @@ def main() -> None:
         f"its {sum(row[2] for row in rows):.0f} ops a step {sum(row[0] for row in rows):.2f} ms "
         "together"
     )
-    if hardware is not None:
+    if prediction is not None:
+        hardware, p = prediction
         measured_threads = hardware.measured.get("threads")
         if measured_threads not in (None, args.threads):
             print(
                 f"note: {hardware.name} was measured with {measured_threads} torch threads, this "
                 f"run has {args.threads}: its prediction is for a different machine"
             )
-        p = predicted(case, args.batch, hardware)
         update_s = 0.0 if args.no_update else p.optimizer_s
         print(
             f"predicted on {hardware.name}: step {(p.step_s - p.optimizer_s + update_s) * 1e3:.2f} "
@@ -205,7 +220,10 @@ def main() -> None:
     for per_step, median, count, op, shapes in rows[: args.top]:
         alone = alone_ms(op, shapes) if args.alone and op in ALONE else None
         shown = f"{alone:7.3f}" if alone is not None else f"{'':>7}"
-        listed = str([list(shape) for shape in shapes]).replace(" ", "")
+        listed = ",".join(
+            str(list(shape)).replace(" ", "") if isinstance(shape, tuple) else f"[{shape}]"
+            for shape in shapes
+        )
         print(f"{per_step:8.3f} {median:8.3f} {count:6.1f} {shown}  {op} {listed}")
 
 

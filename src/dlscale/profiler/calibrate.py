@@ -354,6 +354,8 @@ class _Probe(nn.Module):
 
 
 PROBES = ("relu", "gelu", "max_pool", "softmax", "add", "layer_norm", "batch_norm", "dropout")
+# A probe phase's time under this share of its step's is taken for noise (op_efficiencies).
+MIN_PHASE_FRACTION = 0.05
 DROPOUT_P = 0.1  # GPT-2's and BERT's
 # A probe whose ops other layers also run (dropout on a CPU: its random mask by `bernoulli_`, then
 # `div_` and `mul`, ops of every elementwise layer) gives its share to its own ops alone, the
@@ -377,9 +379,10 @@ PROBE_SHAPE = (16, 64, 64)
 # The normalizations' shares depend on the normalized axis, so each is probed at a size the
 # models in the zoo have (same 256 KiB a sample): layer norm over 1,024 features (GPT-2's 768,
 # BERT's 1,024), batch norm over 256 channels of 16 × 16 (ResNet-50 has 64 to 2,048). Measured on
-# an H100 (2026-11-27, `benchmarks/norm_probe_sizes.py`): batch norm reached
-# 0.09 of bandwidth at 16 channels, 0.35 at 64, 0.90 at 256, 0.81 at 1,024 — few channels leave
-# most of the 132 SMs idle; layer norm 0.18 over 64 features, 0.47 over 256, 0.55 over 1,024.
+# an H100 (2026-11-27, `benchmarks/norm_probe_sizes.py`, the whole step's share then): batch
+# norm reached 0.09 of bandwidth at 16 channels, 0.35 at 64, 0.90 at 256, 0.81 at 1,024 — few
+# channels leave most of the 132 SMs idle; layer norm 0.18 over 64 features, 0.47 over 256, 0.55
+# over 1,024.
 PROBE_SHAPES = {"layer_norm": (64, 1024), "batch_norm": (256, 16, 16)}
 PROBE_BATCH = {"cpu": 8, "cuda": 512}
 
@@ -395,6 +398,27 @@ def probe_module(kind: str) -> _Probe:
     return _Probe(kind, shape[-1] if kind == "layer_norm" else shape[0])
 
 
+def _own_bytes_and_time(
+    phases: tuple[str, ...],
+    seconds: dict[tuple[str, ...], float],
+    moved: dict[str, Counter],
+    own: set[str],
+    found: dict[str, float],
+    bandwidth_bytes_per_s: float,
+) -> tuple[Counter, float]:
+    """A probe's own ops' bytes in `phases`, and the phases' time less the other ops' (priced at
+    the share a probe before measured, else at the stream bandwidth)."""
+    mine: Counter = Counter()
+    others_s = 0.0
+    for phase in phases:
+        for op, size in moved[phase].items():
+            if op in own:
+                mine[op] += size
+            else:
+                others_s += size / bandwidth_bytes_per_s / found.get(op, 1.0)
+    return mine, seconds[phases] - others_s
+
+
 def op_efficiencies(
     device: torch.device, bandwidth_bytes_per_s: float, overhead_s: float, min_time_s: float = 0.3
 ) -> dict[str, float]:
@@ -402,15 +426,21 @@ def op_efficiencies(
 
     Each probe runs forward and backward (its input needs a gradient, as mid-network); its bytes
     and ops come from the tracer, so the efficiency matches how the roofline counts. Where the
-    probe's own forward ops and backward ops differ (every probe here), each op's share comes
-    from the phase it runs in, the forward timed apart: max pooling's forward reached 0.05 of
-    the stream bandwidth on the 2-core development machine and its backward 0.9 (LeNet at batch
-    512: 6.5 and 0.7 ms), which one share for both priced at 4.2 and 6.6. An op both phases run
-    takes the whole step's share. The optimizer's elementwise ops are probed apart, by
+    probe's own forward ops and backward ops differ (every probe but `add`, whose `add` and
+    `flip` run in both), each op's share comes from the phase it runs in, the forward timed
+    apart: max pooling's forward reached 0.05 of the stream bandwidth on the 2-core development
+    machine and its backward 0.6–1.0 (LeNet at batch 512: 6.5 and 0.7 ms), which one share for
+    both priced at 4.2 and 6.6 ms. An op both phases run takes the whole step's share, and so do
+    all of a probe's ops when one phase's time, two medians subtracted, comes to under
+    MIN_PHASE_FRACTION of the step's (noise, not a rate). The per-op overhead taken off each
+    phase is the training step's average (`training_op_overhead_s`), backward engine and update
+    included: a little too much for a forward op, too little for a backward one, under 1% of a
+    probe's time here. The optimizer's elementwise ops are probed apart, by
     `optimizer_efficiencies`.
     """
     found: dict[str, float] = {}
     batch = PROBE_BATCH.get(device.type, PROBE_BATCH["cpu"])
+    whole = ("forward", "backward")
     for kind in PROBES:
         step = trace_step(
             lambda k=kind: probe_module(k),
@@ -430,30 +460,27 @@ def op_efficiencies(
             "forward": sum(layer.forward.ops for layer in rows),
             "backward": sum(layer.backward.ops for layer in rows),
         }
+        own = set(OWN_OPS.get(kind, set(moved["forward"]) | set(moved["backward"])))
+        forward_own, backward_own = (own & set(moved[phase]) for phase in whole)
         model = probe_module(kind)
         x = torch.randn(batch, *probe_shape(kind), device=device, requires_grad=True)
         step_s = _time_training_step(model, x, device, min_time_s)
-        forward_s = _time_forward(model, x, device, min_time_s)
-        seconds = {
-            "forward": forward_s - ops["forward"] * overhead_s,
-            "backward": step_s - forward_s - ops["backward"] * overhead_s,
-        }
-        own = set(OWN_OPS.get(kind, set(moved["forward"]) | set(moved["backward"])))
-        forward_own, backward_own = (own & set(moved[phase]) for phase in ("forward", "backward"))
-        if forward_own & backward_own:  # an op in both: the whole step's share for all
-            groups = [("forward", "backward")]
-        else:
-            groups = [(phase,) for phase in ("forward", "backward") if own & set(moved[phase])]
+        seconds = {whole: step_s - (ops["forward"] + ops["backward"]) * overhead_s}
+        groups = [whole]
+        if not forward_own & backward_own:  # each phase's own ops apart: time the forward
+            forward_s = _time_forward(model, x, device, min_time_s)
+            seconds[("forward",)] = forward_s - ops["forward"] * overhead_s
+            seconds[("backward",)] = step_s - forward_s - ops["backward"] * overhead_s
+            groups = [(phase,) for phase in whole if own & set(moved[phase])]
+
+        def split(phases, seconds=seconds, moved=moved, own=own):
+            return _own_bytes_and_time(phases, seconds, moved, own, found, bandwidth_bytes_per_s)
+
+        if any(split(phases)[1] < MIN_PHASE_FRACTION * split(whole)[1] for phases in groups):
+            groups = [whole]
         for phases in groups:
-            by_op = sum((moved[phase] for phase in phases), Counter())
-            shared_s = sum(
-                size / bandwidth_bytes_per_s / found.get(op, 1.0)
-                for op, size in by_op.items()
-                if op not in own
-            )
-            mine = {op: size for op, size in by_op.items() if op in own}
-            phase_s = sum(seconds[phase] for phase in phases)
-            share = sum(mine.values()) / max(phase_s - shared_s, 1e-9) / bandwidth_bytes_per_s
+            mine, left_s = split(phases)
+            share = sum(mine.values()) / max(left_s, 1e-9) / bandwidth_bytes_per_s
             for op in mine:
                 found[op] = _clamp(share)
     return found
