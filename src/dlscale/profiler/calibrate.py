@@ -434,9 +434,8 @@ def op_efficiencies(
     all of a probe's ops when one phase's time, two medians subtracted, comes to under
     MIN_PHASE_FRACTION of the step's (noise, not a rate). The per-op overhead taken off each
     phase is the training step's average (`training_op_overhead_s`), backward engine and update
-    included: a little too much for a forward op, too little for a backward one, under 1% of a
-    probe's time here. The optimizer's elementwise ops are probed apart, by
-    `optimizer_efficiencies`.
+    included: a little too much for a forward op, too little for a backward one (a few µs an
+    op). The optimizer's elementwise ops are probed apart, by `optimizer_efficiencies`.
     """
     found: dict[str, float] = {}
     batch = PROBE_BATCH.get(device.type, PROBE_BATCH["cpu"])
