@@ -260,11 +260,30 @@ def test_cli_machine_quick_writes_files_and_saves_nothing(
     args = ["bench", "machine", "--quick", "--no-save", "--out", str(tmp_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    assert asked == [{"quick": True, "device": "auto"}]
+    assert asked == [{"quick": True, "device": "auto", "threads": None}]
     assert "peak matmul fp32" in result.stdout and "not saved" in result.stdout
     record = json.loads((tmp_path / "machine.json").read_text())
     assert record["peak_flops"]["fp32"] > 0 and is_png(tmp_path / "machine.png")
     assert not local_entry_path().exists()
+
+
+def test_machine_bench_runs_at_the_threads_asked_and_gives_them_back(monkeypatch):
+    """`bench machine --threads 1` calibrates what a spec with `threads: 1` trains with; the
+    caller's own thread count comes back after, as after a run."""
+    from dlscale.api import bench as api_bench
+    from dlscale.bench import machine as machine_bench
+
+    before = torch.get_num_threads()
+    during = []
+    monkeypatch.setattr(
+        machine_bench,
+        "run_machine_bench",
+        lambda **options: during.append(torch.get_num_threads()) or {"threads": during[-1]},
+    )
+    asked = 2 if before == 1 else 1  # not the count the process already has
+    assert api_bench.bench_machine(quick=True, device="cpu", threads=asked) == {"threads": asked}
+    assert api_bench.bench_machine(quick=True, device="cpu") == {"threads": before}
+    assert during == [asked, before] and torch.get_num_threads() == before
 
 
 @pytest.mark.parametrize(
@@ -274,6 +293,7 @@ def test_cli_machine_quick_writes_files_and_saves_nothing(
         (["matmul", "--sizes", "64,0"], "--sizes: 0 is below the minimum of 1"),
         (["width", "--widths", "-8"], "--widths: -8 is below the minimum of 1"),
         (["width", "--batch", "0"], "--batch: must be a positive integer"),
+        (["machine", "--threads", "0"], "--threads: must be a positive integer"),
         (["loader", "--workers", "0,x"], "--workers: 'x' is not an integer"),
     ],
 )

@@ -10,17 +10,29 @@ from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
 from dlscale.bench.precision import LATENCY_BATCH
+from dlscale.errors import UserError
 from dlscale.hardware import Hardware
 from dlscale.jobspec import load_spec
 from dlscale.train.run_folder import new_run_dir
 from dlscale.train.run_folder import output_dir as made_output_dir
 
 
-def bench_machine(quick: bool = False, device: str = "auto") -> dict:
-    """Matmul FLOP/s, memory bandwidth, host link and per-op overhead of this machine."""
-    from dlscale.bench.machine import run_machine_bench
+def check_threads(threads: int | None) -> None:
+    """A thread count asked for: None (torch's default) or a positive integer."""
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads: must be a positive integer (got {threads})")
 
-    return run_machine_bench(quick=quick, device=device)
+
+def bench_machine(quick: bool = False, device: str = "auto", threads: int | None = None) -> dict:
+    """Matmul FLOP/s, memory bandwidth, host link and per-op overhead of this machine, with
+    `threads` intra-op threads (None: torch's default): what a spec's `threads` trains with, so
+    that `local` predicts such a run (the `threads` it records says which)."""
+    from dlscale.bench.machine import run_machine_bench
+    from dlscale.train.threads import intra_op_threads
+
+    check_threads(threads)
+    with intra_op_threads(threads):
+        return run_machine_bench(quick=quick, device=device)
 
 
 def worse_than_saved(result: dict) -> str | None:

@@ -65,13 +65,20 @@ def machine(
     device: str = typer.Option(
         "auto", "--device", help="auto (cuda if visible, else cpu) | cpu | cuda."
     ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        help="Intra-op threads (default: torch's, one a core); the spec's `threads`, to predict "
+        "runs that set it.",
+    ),
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_threads(threads)
     console.print(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
-    result = bench.bench_machine(quick=quick, device=device)
+    result = bench.bench_machine(quick=quick, device=device, threads=threads)
     problems = bench.calibration_problems(result)  # before the JSON is written: it is marked
     console.print(matmul_sweep_table(result))
     console.print(machine_table(result))
