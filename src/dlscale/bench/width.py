@@ -25,7 +25,7 @@ from dlscale.jobspec import OptimizerSpec
 from dlscale.models import build_model, count_parameters
 from dlscale.train.device import synchronize
 from dlscale.train.step import TrainStep, build_optimizer
-from dlscale.train.threads import intra_op_threads
+from dlscale.train.threads import check_threads, intra_op_threads
 
 SCHEMA = "dlscale.bench.width/1"
 DEFAULT_WIDTHS = (128, 256, 512, 1024, 2048, 4096, 8192)
@@ -187,8 +187,7 @@ def check_options(
         raise UserError(f"batch size must be a positive integer (got {batch_size})")
     if dataset_size < 1:
         raise UserError(f"--dataset-size: must be a positive integer (got {dataset_size})")
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads: must be a positive integer (got {threads})")
+    check_threads(threads)
 
 
 def summary(rows: list[dict], levels: list[tuple[str, int]], beyond: str) -> dict:

@@ -74,7 +74,6 @@ def machine(
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    bench.check_threads(threads)
     console.print(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )

@@ -249,7 +249,9 @@ def conv_rates(
         (conv,) = _traced(build, sample, batch, input_requires_grad=input_grad)
         model = build().to(device)
         x = torch.randn(batch, c_in, side, side, device=device).requires_grad_(input_grad)
-        seconds = _phase_seconds(model, x, conv, device, overhead_s, min_time_s)
+        seconds = _phase_seconds(
+            model, x, conv.forward.ops, conv.backward.ops, device, overhead_s, min_time_s
+        )
         for phase, found, phase_s in zip(
             (conv.forward, conv.backward), (forward, backward), seconds, strict=True
         ):
@@ -258,18 +260,15 @@ def conv_rates(
     return {"forward": forward, "backward": backward}
 
 
-def _phase_seconds(model, x, layer, device, overhead_s: float, min_time_s: float):
-    """Seconds of a traced layer's forward and of its backward (a training step minus the
-    forward), each less the per-op overhead of the ops the tracer counted in it."""
-
-    def run_forward() -> None:
-        with torch.no_grad():
-            model(x)
-
-    forward_s = seconds_per_call(run_forward, device, min_time_s) - layer.forward.ops * overhead_s
+def _phase_seconds(
+    model, x, forward_ops: int, backward_ops: int, device, overhead_s: float, min_time_s: float
+):
+    """Seconds of a forward and of its backward (a training step minus the forward), the forward
+    timed as a training step runs it (`_time_forward`), each less the per-op overhead of the ops
+    the tracer counted in it."""
+    forward_s = _time_forward(model, x, device, min_time_s)
     step_s = _time_training_step(model, x, device, min_time_s)
-    backward_s = step_s - forward_s - (layer.forward.ops + layer.backward.ops) * overhead_s
-    return forward_s, backward_s
+    return forward_s - forward_ops * overhead_s, step_s - forward_s - backward_ops * overhead_s
 
 
 # Fused self-attention timed at these keys per query (= queries), head size 64, forward and backward
@@ -317,7 +316,9 @@ def attention_rates(
             build = lambda h=heads, k=keys, c=causal: _Attention(h, k, c)  # noqa: E731
             (layer,) = _traced(build, torch.zeros(1), 1)
             x = torch.zeros(1, 1, device=device)
-            seconds = _phase_seconds(build().to(device), x, layer, device, overhead_s, min_time_s)
+            seconds = _phase_seconds(
+                build(), x, layer.forward.ops, layer.backward.ops, device, overhead_s, min_time_s
+            )
             for phase, points, phase_s in zip(
                 (layer.forward, layer.backward), (forward, backward), seconds, strict=True
             ):
@@ -463,22 +464,25 @@ def op_efficiencies(
         forward_own, backward_own = (own & set(moved[phase]) for phase in whole)
         model = probe_module(kind)
         x = torch.randn(batch, *probe_shape(kind), device=device, requires_grad=True)
-        step_s = _time_training_step(model, x, device, min_time_s)
-        seconds = {whole: step_s - (ops["forward"] + ops["backward"]) * overhead_s}
-        groups = [whole]
-        if not forward_own & backward_own:  # each phase's own ops apart: time the forward
-            forward_s = _time_forward(model, x, device, min_time_s)
-            seconds[("forward",)] = forward_s - ops["forward"] * overhead_s
-            seconds[("backward",)] = step_s - forward_s - ops["backward"] * overhead_s
+        if forward_own & backward_own:  # an op in both phases: the whole step's share for all
+            step_s = _time_training_step(model, x, device, min_time_s)
+            seconds = {whole: step_s - (ops["forward"] + ops["backward"]) * overhead_s}
+            groups = [whole]
+        else:  # each phase's own ops apart
+            forward_s, backward_s = _phase_seconds(
+                model, x, ops["forward"], ops["backward"], device, overhead_s, min_time_s
+            )
+            seconds = {("forward",): forward_s, ("backward",): backward_s}
+            seconds[whole] = forward_s + backward_s
             groups = [(phase,) for phase in whole if own & set(moved[phase])]
-
-        def split(phases, seconds=seconds, moved=moved, own=own):
-            return _own_bytes_and_time(phases, seconds, moved, own, found, bandwidth_bytes_per_s)
-
-        if any(split(phases)[1] < MIN_PHASE_FRACTION * split(whole)[1] for phases in groups):
+        parts = {
+            phases: _own_bytes_and_time(phases, seconds, moved, own, found, bandwidth_bytes_per_s)
+            for phases in (whole, *groups)
+        }
+        if any(parts[phases][1] < MIN_PHASE_FRACTION * parts[whole][1] for phases in groups):
             groups = [whole]
         for phases in groups:
-            mine, left_s = split(phases)
+            mine, left_s = parts[phases]
             share = sum(mine.values()) / max(left_s, 1e-9) / bandwidth_bytes_per_s
             for op in mine:
                 found[op] = _clamp(share)
