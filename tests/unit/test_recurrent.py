@@ -1,5 +1,6 @@
 """An LSTM on a CPU is priced as the fused kernel torch runs there: the ops the real dispatch
-issues (counted here on real CPU tensors), the trace's FLOPs, bytes and per-step products."""
+issues (counted here on real CPU tensors), the trace's FLOPs and bytes, its
+per-step products merged over the steps where the kernel merges them."""
 
 import pytest
 import torch
@@ -7,8 +8,9 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlscale.hardware.device import Hardware
+from dlscale.profiler.gemms import Gemm
 from dlscale.profiler.recorder import MODEL, Recorder
-from dlscale.profiler.recurrent import cpu_fused_ops
+from dlscale.profiler.recurrent import cpu_fused_ops, merged_products
 from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.trace import trace_step
 from tests.toy_hardware import toy_hardware
@@ -121,6 +123,21 @@ def test_a_traced_lstm_keeps_its_flops_and_per_step_products_in_fewer_ops():
     # by (size × 4·size): 2 · 4 · 16 · 64 = 8,192 FLOPs each, 12 products in all.
     assert forward.matmul_ops == 2 * steps
     assert forward.matmul_flops == 2 * steps * 2 * batch * size * 4 * size == 98_304
+    # The products the kernel merges over the steps (input and hidden size equal here, so the
+    # input's gradient shares the hidden state's shape, and the two weights' gradients theirs):
+    # forward one projection of 24 rows and the 6 hidden ones; backward the input's gradient,
+    # both weights' (24 deep) and the 5 hidden ones (none for the zero initial state).
+    assert sorted(forward.gemms, key=lambda g: g.m) == [
+        *[Gemm("addmm", batch, size, 4 * size)] * steps,
+        Gemm("addmm", steps * batch, size, 4 * size),
+    ]
+    assert sorted(backward.gemms, key=lambda g: (g.m, g.k)) == [
+        *[Gemm("mm", batch, 4 * size, size)] * (steps - 1),
+        Gemm("mm", steps * batch, 4 * size, size),
+        *[Gemm("mm", 4 * size, steps * batch, size)] * 2,
+    ]
+    for phase, traced in ((forward, layer.forward), (backward, layer.backward)):
+        assert sum(g.macs for g in phase.gemms) == sum(g.macs for g in traced.gemms)
 
 
 def cpu(**overrides) -> Hardware:
@@ -148,18 +165,61 @@ def test_a_small_batch_lstm_with_a_large_state_is_bound_by_memory_bandwidth():
     assert phase_time(layer.forward, hardware, "fp32").bound == "overhead"
 
 
-def test_the_products_run_at_the_rate_of_one_steps_product():
+def test_the_products_run_at_the_rate_of_their_merged_shapes():
+    """The input's projection runs as one product over the 6 steps, the hidden state's as 6."""
     size, steps, batch = 16, 6, 4
     _step, layer = traced_lstm(size, steps, batch)
     # A measured curve: n×n products at 1 GFLOP/s for n = 8 and 100 GFLOP/s for n = 512.
     hardware = cpu(measured={"matmul_flops_per_s": {"fp32": {8: 1e9, 512: 1e11}}})
     forward, _ = layer.phases("cpu")
     one_step = 2 * batch * size * 4 * size  # 8,192 FLOPs: n = 4,096^(1/3) = 16
-    rate = hardware.matmul_rate("fp32", one_step)
-    assert rate < hardware.matmul_rate("fp32", forward.matmul_flops)  # not the whole layer's
+    assert forward.matmul_flops == 2 * steps * one_step
+    merged = steps * one_step  # the input's projection: 24 rows, 49,152 FLOPs
+    assert hardware.matmul_rate("fp32", one_step) < hardware.matmul_rate("fp32", merged)
+    products_s = merged / hardware.matmul_rate("fp32", merged) + steps * one_step / (
+        hardware.matmul_rate("fp32", one_step)
+    )
     vector_s = forward.other_flops / 5e11
     timed = phase_time(forward, hardware, "fp32")
-    assert timed.compute_s == pytest.approx(forward.matmul_flops / rate + vector_s)
+    assert timed.compute_s == pytest.approx(products_s + vector_s)
+    # Faster than the trace's per-step products; a GPU keeps those (not merged there).
+    assert timed.compute_s < phase_time(layer.forward, hardware, "fp32").compute_s
+
+
+def test_merged_products_by_hand():
+    per_step = [Gemm("addmm", 8, 64, 512)] * 3 + [Gemm("addmm", 8, 128, 512)] * 3
+    gradients = [Gemm("mm", 512, 8, 64)] * 3 + [Gemm("mm", 8, 512, 128)] * 2
+    # rows grow with the steps; a merge takes at most its steps, and a shape found once stays
+    merged = merged_products(per_step, ((8, 64, 512, 0, 3), (8, 32, 512, 0, 3)))
+    assert merged == [Gemm("addmm", 8, 128, 512)] * 3 + [Gemm("addmm", 24, 64, 512)]
+    assert merged_products(per_step, ((8, 64, 512, 0, 2),)) == [
+        Gemm("addmm", 8, 64, 512),
+        *[Gemm("addmm", 8, 128, 512)] * 3,
+        Gemm("addmm", 16, 64, 512),
+    ]
+    # depth grows: a weight's gradient summed over the steps inside one product
+    assert merged_products(gradients, ((512, 8, 64, 1, 3), (8, 512, 128, 1, 1))) == [
+        *[Gemm("mm", 8, 512, 128)] * 2,
+        Gemm("mm", 512, 24, 64),
+    ]
+    for before, merges in ((per_step, ((8, 64, 512, 0, 3),)), (gradients, ((512, 8, 64, 1, 3),))):
+        after = merged_products(before, merges)
+        assert sum(g.macs for g in after) == sum(g.macs for g in before)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_the_fused_kernel_merges_what_does_not_wait_on_the_step_before(batch_first):
+    """oneDNN: the input's projection (forward), the input's gradient and both weights'
+    gradients (backward), each layer and direction; the hidden state's products stay per step."""
+    lstm = nn.LSTM(10, 16, num_layers=2, bidirectional=True, batch_first=batch_first)
+    x = torch.zeros(3, 7, 10) if batch_first else torch.zeros(7, 3, 10)  # 3 samples, 7 steps
+    fused = cpu_fused_ops(lstm, (x,), {}, "fp32")
+    # layer 0 reads 10 inputs, layer 1 both directions' 16 outputs: 32; 4 gates × 16 = 64
+    assert fused.forward_merged == ((3, 10, 64, 0, 7),) * 2 + ((3, 32, 64, 0, 7),) * 2
+    assert fused.backward_merged == (
+        ((3, 64, 10, 0, 7), (64, 3, 10, 1, 7), (64, 3, 16, 1, 7)) * 2
+        + ((3, 64, 32, 0, 7), (64, 3, 32, 1, 7), (64, 3, 16, 1, 7)) * 2
+    )
 
 
 class AccumulationAdds(TorchDispatchMode):

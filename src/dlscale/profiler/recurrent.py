@@ -13,6 +13,18 @@ against it in tests/unit/test_recurrent.py. The bytes stay the trace's but for o
 does not move: the decomposed backward sums each weight's per-step gradients with T - 1 separate
 `add`s (each reads two weight-sized tensors and writes one); the kernel accumulates them inside.
 
+Nor does the kernel run every product one time step at a time. oneDNN's RNN primitive, which
+the kernel calls, "merges the GEMM across iterations" wherever a product does not wait on the
+step before (`merge_gemm_layer` and `merge_gemm_iter` in src/cpu/rnn/rnn_utils.cpp, `init_conf`):
+the input's projection for every step in the forward (one T·B-row product instead of T of B
+rows), and in the backward the input's gradient and both weights' gradients (summed over the
+steps inside one product of depth T·B); only the products on the hidden state, which each step
+needs from the last, stay per step. The trace's per-step products (torch's decomposed path on
+the meta device) are merged so (`merged_products`), and each is priced at the rate of its
+merged shape: the zoo's 64-step LSTM of 128 hidden units at batch 8, whose per-step products
+(8 rows; the weights' gradients 8 deep) were priced at 1.5× its measured forward and backward
+on the 2-core development machine (docs/performance.md).
+
 Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
 projections, and bf16/fp16 (fused only on CPUs with oneDNN's bf16/fp16 support, not assumed).
 GPUs run every RNN through cuDNN (`_cudnn_rnn`), whose dispatched ops have not been counted on
@@ -26,6 +38,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dlscale.profiler.gemms import Gemm
+
+# A per-step product the fused kernel runs once over every step: its shape at one step (M, K,
+# N), the axis that grows with the steps (0: M, rows; 1: K, the depth summed over), the steps.
+StepProduct = tuple[int, int, int, int, int]
+
 
 @dataclass(frozen=True)
 class FusedCalls:
@@ -34,13 +52,34 @@ class FusedCalls:
     forward_ops: int
     backward_ops: int
     accumulation_bytes: int  # the trace's backward `add`s summing per-step weight gradients
+    forward_merged: tuple[StepProduct, ...] = ()  # products the kernel merges over the steps
+    backward_merged: tuple[StepProduct, ...] = ()
 
     def __add__(self, other: FusedCalls) -> FusedCalls:
         return FusedCalls(
             self.forward_ops + other.forward_ops,
             self.backward_ops + other.backward_ops,
             self.accumulation_bytes + other.accumulation_bytes,
+            self.forward_merged + other.forward_merged,
+            self.backward_merged + other.backward_merged,
         )
+
+
+def merged_products(gemms: list[Gemm], merges: tuple[StepProduct, ...]) -> list[Gemm]:
+    """The trace's products with each merge's per-step products (up to its steps of that
+    shape) as one product over those steps; the same multiply-accumulates."""
+    left = list(gemms)
+    for m, k, n, axis, steps in merges:
+        found = [i for i, g in enumerate(left) if (g.m, g.k, g.n, g.repeats) == (m, k, n, 1)]
+        found = found[:steps]
+        if len(found) < 2:
+            continue
+        name = left[found[0]].name
+        for index in reversed(found):
+            del left[index]
+        count = len(found)
+        left.append(Gemm(name, m * count if axis == 0 else m, k * count if axis == 1 else k, n))
+    return left
 
 
 def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls | None:
@@ -71,5 +110,25 @@ def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls
     if batch_first_copy and x.requires_grad:  # new_empty_strided, copy_: back to batch-first
         backward += 2
     steps = x.shape[1] if batch_first_copy else x.shape[0]
+    batch = 1 if x.dim() == 2 else x.shape[0] if module.batch_first else x.shape[1]
     weights = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    return FusedCalls(forward, backward, max(0, steps - 1) * 3 * weights)
+    hidden, gates = module.hidden_size, 4 * module.hidden_size
+    directions = 2 if module.bidirectional else 1
+    forward_merged: list[StepProduct] = []
+    backward_merged: list[StepProduct] = []
+    for layer in range(module.num_layers):
+        width = module.input_size if layer == 0 else hidden * directions
+        for _ in range(directions):
+            forward_merged.append((batch, width, gates, 0, steps))  # the input's projection
+            backward_merged += [
+                (batch, gates, width, 0, steps),  # the input's gradient
+                (gates, batch, width, 1, steps),  # the input weight's gradient
+                (gates, batch, hidden, 1, steps),  # the hidden weight's gradient
+            ]
+    return FusedCalls(
+        forward,
+        backward,
+        max(0, steps - 1) * 3 * weights,
+        tuple(forward_merged),
+        tuple(backward_merged),
+    )

@@ -50,7 +50,7 @@ from dlscale.profiler.recorder import (
     nbytes,
     storage_id,
 )
-from dlscale.profiler.recurrent import FusedCalls, cpu_fused_ops
+from dlscale.profiler.recurrent import FusedCalls, cpu_fused_ops, merged_products
 
 
 @dataclass
@@ -80,8 +80,9 @@ class LayerTrace:
 
     def phases(self, kind: str) -> tuple[PhaseCost, PhaseCost]:
         """Forward and backward as a device of `kind` runs them: on a CPU that fuses the layer,
-        the same FLOPs and products (done inside the kernel) in fewer dispatched ops, without the
-        backward's separate accumulation of per-step weight gradients."""
+        the same FLOPs (done inside the kernel) in fewer dispatched ops, the products that do
+        not wait on the step before merged over the steps, without the backward's separate
+        accumulation of per-step weight gradients (profiler/recurrent.py)."""
         fused = self.cpu_fused
         if kind != "cpu" or fused is None:
             return self.forward, self.backward
@@ -92,8 +93,14 @@ class LayerTrace:
             ops=fused.backward_ops,
             bytes=self.backward.bytes - fused.accumulation_bytes,
             bytes_by_op=+by_op,
+            gemms=merged_products(self.backward.gemms, fused.backward_merged),
         )
-        return replace(self.forward, ops=fused.forward_ops), backward
+        forward = replace(
+            self.forward,
+            ops=fused.forward_ops,
+            gemms=merged_products(self.forward.gemms, fused.forward_merged),
+        )
+        return forward, backward
 
 
 @dataclass(frozen=True)
