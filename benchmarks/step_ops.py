@@ -16,9 +16,10 @@ makes the optimizer's step a no-op (docs/performance.md, GPT-2 at batch 1).
 `--modules` runs the steps a third time with forward hooks on every module (no dispatch mode)
 and prints each module's own forward a step (its time less its children's), the modules with
 the same name but for their block numbers together (`transformer.h.*.attn`), beside the
-forward dlscale predicts for those layers with `--hardware`, largest difference first. A
-module's time includes a few microseconds of its hooks; the loss is no module (its predicted
-forward is printed apart).
+forward dlscale predicts for those layers with `--hardware`, largest difference first. Hooks
+send every module's call through torch's slower call path, about 2 µs a call, which lands in the
+parent's own time (a container's row reads high by that much a child); the loss is no module
+(its predicted forward is printed apart).
 
 Not torch.profiler: under it this process faulted about 5,000 pages a step (GPT-2 at batch 1;
 none without it), and every op that writes a new 8 MB tensor ran 3-10× slower, its fault time

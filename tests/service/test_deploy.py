@@ -244,13 +244,14 @@ def test_a_deployment_is_refused_for_a_job_with_no_model_or_bad_options(deployed
             f"/api/jobs/{job_id}/deploy", data={"device": device, "precision": precision}
         )
         assert answer.status_code == status and said in answer.json()["detail"], answer.text
-    # A train job that has not succeeded, over HTTP: while it is queued or runs, then cancelled.
+    # A train job that has not succeeded, over HTTP: while it is queued, starts or runs, then
+    # cancelled.
     serving = [job["id"] for job in alice.get("/api/jobs").json() if job["kind"] == "serve-model"]
     long = submit(alice, TINY.replace("epochs: 1", "epochs: 10000"))
     answer = alice.post(f"/api/jobs/{long}/deploy", data={"device": "cpu", "precision": "fp32"})
     assert answer.status_code == 409, answer.text
     assert re.fullmatch(
-        f"job {long} is (queued|running): only a succeeded job's model can be deployed",
+        f"job {long} is (queued|starting|running): only a succeeded job's model can be deployed",
         answer.json()["detail"],
     )
     assert alice.post(f"/api/jobs/{long}/cancel").status_code == 200

@@ -2,6 +2,8 @@
 issues (counted here on real CPU tensors), the trace's FLOPs and bytes, its
 per-step products merged over the steps where the kernel merges them."""
 
+from collections import Counter
+
 import pytest
 import torch
 from torch import nn
@@ -208,18 +210,89 @@ def test_merged_products_by_hand():
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
-def test_the_fused_kernel_merges_what_does_not_wait_on_the_step_before(batch_first):
-    """oneDNN: the input's projection (forward), the input's gradient and both weights'
-    gradients (backward), each layer and direction; the hidden state's products stay per step."""
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_the_fused_kernel_merges_what_does_not_wait_on_the_step_before(batch_first, input_grad):
+    """oneDNN: the input's projection (forward), the input's gradient where one is wanted and
+    both weights' gradients (backward), each layer and direction; the hidden state's products
+    stay per step."""
     lstm = nn.LSTM(10, 16, num_layers=2, bidirectional=True, batch_first=batch_first)
     x = torch.zeros(3, 7, 10) if batch_first else torch.zeros(7, 3, 10)  # 3 samples, 7 steps
-    fused = cpu_fused_ops(lstm, (x,), {}, "fp32")
+    fused = cpu_fused_ops(lstm, (x.requires_grad_(input_grad),), {}, "fp32")
     # layer 0 reads 10 inputs, layer 1 both directions' 16 outputs: 32; 4 gates × 16 = 64
     assert fused.forward_merged == ((3, 10, 64, 0, 7),) * 2 + ((3, 32, 64, 0, 7),) * 2
+    first = ((3, 64, 10, 0, 7),) if input_grad else ()
     assert fused.backward_merged == (
-        ((3, 64, 10, 0, 7), (64, 3, 10, 1, 7), (64, 3, 16, 1, 7)) * 2
+        (*first, (64, 3, 10, 1, 7), (64, 3, 16, 1, 7)) * 2
         + ((3, 64, 32, 0, 7), (64, 3, 32, 1, 7), (64, 3, 16, 1, 7)) * 2
     )
+
+
+class Stacked(nn.Module):
+    def __init__(self, size: int, hidden: int, **options):
+        super().__init__()
+        self.lstm = nn.LSTM(size, hidden, batch_first=True, **options)
+
+    def forward(self, x):
+        return self.lstm(x)[0]
+
+
+def traced_phases(size, hidden, steps, batch, input_grad, **options):
+    """The traced LSTM layer's products as traced and as a CPU prices them, as shape counts."""
+    step = trace_step(
+        lambda: Stacked(size, hidden, **options),
+        torch.zeros(steps, size),
+        batch,
+        "fp32",
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        "sgd",
+        input_requires_grad=input_grad,
+    )
+    (layer,) = [layer for layer in step.layers if layer.name == "lstm"]
+    forward, backward = layer.phases("cpu")
+    for phase, traced in ((forward, layer.forward), (backward, layer.backward)):
+        assert sum(g.macs for g in phase.gemms) == sum(g.macs for g in traced.gemms)
+
+    def shapes(gemms):
+        return Counter((g.m, g.k, g.n) for g in gemms)
+
+    return shapes(layer.forward.gemms), shapes(forward.gemms), shapes(backward.gemms)
+
+
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_a_traced_deep_bidirectional_lstm_merges_by_layer_and_direction(input_grad):
+    steps, batch = 5, 3  # 15 rows merged; 4 gates × 16 = 64
+    _, forward, backward = traced_phases(
+        10, 16, steps, batch, input_grad, num_layers=2, bidirectional=True
+    )
+    # each of the 4 layer-directions: one projection merged, its 5 hidden products per step
+    assert forward == Counter({(15, 10, 64): 2, (15, 32, 64): 2, (3, 16, 64): 4 * steps})
+    expected = Counter(
+        {
+            (64, 15, 10): 2,  # layer 0's input weight's gradient, 15 deep
+            (64, 15, 32): 2,  # layer 1's
+            (64, 15, 16): 4,  # every hidden weight's gradient
+            (15, 64, 32): 2,  # layer 1's input gradient, 15 rows
+            (3, 64, 16): 4 * (steps - 1),  # the hidden state's, per step (none for h0)
+        }
+    )
+    if input_grad:
+        expected[15, 64, 10] = 2  # layer 0's input gradient
+    assert backward == expected
+
+
+def test_without_an_input_gradient_the_hidden_states_products_stay_per_step():
+    """Input and hidden of one size: the hidden state's gradient products share the shape an
+    input gradient would have, and there is no input gradient to merge."""
+    steps, batch = 5, 2
+    _, _, backward = traced_phases(16, 16, steps, batch, input_grad=False)
+    assert backward == Counter({(64, 10, 16): 2, (2, 64, 16): steps - 1})
+
+
+def test_the_forward_projection_is_per_step_from_128_samples():
+    """oneDNN merges the forward's input projection only under 128 samples (fp32)."""
+    traced, forward, backward = traced_phases(8, 8, 3, 128, input_grad=True)
+    assert forward == traced == Counter({(128, 8, 32): 6})
+    assert backward[384, 32, 8] == 1  # the backward still merges: the input's gradient
 
 
 class AccumulationAdds(TorchDispatchMode):

@@ -14,16 +14,18 @@ does not move: the decomposed backward sums each weight's per-step gradients wit
 `add`s (each reads two weight-sized tensors and writes one); the kernel accumulates them inside.
 
 Nor does the kernel run every product one time step at a time. oneDNN's RNN primitive, which
-the kernel calls, "merges the GEMM across iterations" wherever a product does not wait on the
-step before (`merge_gemm_layer` and `merge_gemm_iter` in src/cpu/rnn/rnn_utils.cpp, `init_conf`):
-the input's projection for every step in the forward (one T·B-row product instead of T of B
-rows), and in the backward the input's gradient and both weights' gradients (summed over the
-steps inside one product of depth T·B); only the products on the hidden state, which each step
-needs from the last, stay per step. The trace's per-step products (torch's decomposed path on
-the meta device) are merged so (`merged_products`), and each is priced at the rate of its
-merged shape: the zoo's 64-step LSTM of 128 hidden units at batch 8, whose per-step products
-(8 rows; the weights' gradients 8 deep) were priced at 1.5× its measured forward and backward
-on the 2-core development machine (docs/performance.md).
+the kernel calls, merges over the time steps the products that do not wait on the step before
+(`merge_gemm_layer` and `merge_gemm_iter`, set by `rnn_utils::init_conf` in oneDNN's
+src/cpu/rnn/rnn_utils.hpp; rnn_utils.cpp in older releases): in the forward, at fp32 and under
+128 samples, the input's projection for every step (one T·B-row product instead of T of B
+rows); in the backward the input's gradient (T·B rows) and both weights' gradients (summed over
+the steps inside one product T·B deep). The products on the hidden state, which each step needs
+from the last, stay per step. The trace's per-step products (torch's decomposed path on the meta
+device) are merged so (`merged_products`), and each is priced at the rate of its merged shape:
+the zoo's 64-step LSTM of 128 hidden units at batch 8, whose per-step products (8 rows; the
+weights' gradients 8 deep) were priced at about 1.6× its measured forward and backward on the
+2-core development machine (docs/performance.md). The bytes stay the trace's: a merged product
+reads its weight once where the trace counts a read a step (an over-count, left).
 
 Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
 projections, and bf16/fp16 (fused only on CPUs with oneDNN's bf16/fp16 support, not assumed).
@@ -43,6 +45,9 @@ from dlscale.profiler.gemms import Gemm
 # A per-step product the fused kernel runs once over every step: its shape at one step (M, K,
 # N), the axis that grows with the steps (0: M, rows; 1: K, the depth summed over), the steps.
 StepProduct = tuple[int, int, int, int, int]
+# oneDNN merges the forward's input projection over the steps only under this many samples
+# (`(is_fwd && mb < 128) || !is_fwd` in its init_conf, for fp32).
+FORWARD_MERGE_BATCH = 128
 
 
 @dataclass(frozen=True)
@@ -67,19 +72,25 @@ class FusedCalls:
 
 def merged_products(gemms: list[Gemm], merges: tuple[StepProduct, ...]) -> list[Gemm]:
     """The trace's products with each merge's per-step products (up to its steps of that
-    shape) as one product over those steps; the same multiply-accumulates."""
-    left = list(gemms)
+    shape, among the trace's own: a merged product is never merged again) as one product over
+    those steps, appended after the rest; the same multiply-accumulates."""
+    by_shape: dict[tuple[int, int, int], list[int]] = {}
+    for index, gemm in enumerate(gemms):
+        if gemm.repeats == 1:
+            by_shape.setdefault((gemm.m, gemm.k, gemm.n), []).append(index)
+    taken: set[int] = set()
+    merged = []
     for m, k, n, axis, steps in merges:
-        found = [i for i, g in enumerate(left) if (g.m, g.k, g.n, g.repeats) == (m, k, n, 1)]
-        found = found[:steps]
+        waiting = by_shape.get((m, k, n), [])
+        found, by_shape[m, k, n] = waiting[:steps], waiting[steps:]
         if len(found) < 2:
+            by_shape[m, k, n] = found + by_shape[m, k, n]
             continue
-        name = left[found[0]].name
-        for index in reversed(found):
-            del left[index]
+        taken.update(found)
         count = len(found)
-        left.append(Gemm(name, m * count if axis == 0 else m, k * count if axis == 1 else k, n))
-    return left
+        rows, depth = (m * count, k) if axis == 0 else (m, k * count)
+        merged.append(Gemm(gemms[found[0]].name, rows, depth, n))
+    return [gemm for index, gemm in enumerate(gemms) if index not in taken] + merged
 
 
 def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls | None:
@@ -119,9 +130,11 @@ def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls
     for layer in range(module.num_layers):
         width = module.input_size if layer == 0 else hidden * directions
         for _ in range(directions):
-            forward_merged.append((batch, width, gates, 0, steps))  # the input's projection
+            if batch < FORWARD_MERGE_BATCH:  # the input's projection
+                forward_merged.append((batch, width, gates, 0, steps))
+            if layer > 0 or x.requires_grad:  # the input's gradient, where autograd wants one
+                backward_merged.append((batch, gates, width, 0, steps))
             backward_merged += [
-                (batch, gates, width, 0, steps),  # the input's gradient
                 (gates, batch, width, 1, steps),  # the input weight's gradient
                 (gates, batch, hidden, 1, steps),  # the hidden weight's gradient
             ]
