@@ -82,23 +82,23 @@ def test_layers_torch_decomposes_on_a_cpu_keep_the_traced_count():
 class Sequence(nn.Module):
     """An LSTM alone, its outputs at every step as the logits."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, hidden: int | None = None, **options):
         super().__init__()
-        self.lstm = nn.LSTM(size, size, batch_first=True)
+        self.lstm = nn.LSTM(size, hidden or size, batch_first=True, **options)
 
     def forward(self, x):
         return self.lstm(x)[0]
 
 
-def traced_lstm(size: int, steps: int, batch: int):
+def traced_lstm(size: int, steps: int, batch: int, hidden=None, input_grad: bool = True, **options):
     step = trace_step(
-        lambda: Sequence(size),
+        lambda: Sequence(size, hidden, **options),
         torch.zeros(steps, size),
         batch,
         "fp32",
         lambda params: torch.optim.SGD(params, lr=0.1),
         "sgd",
-        input_requires_grad=True,
+        input_requires_grad=input_grad,
     )
     (layer,) = [layer for layer in step.layers if layer.name == "lstm"]
     return step, layer
@@ -227,27 +227,9 @@ def test_the_fused_kernel_merges_what_does_not_wait_on_the_step_before(batch_fir
     )
 
 
-class Stacked(nn.Module):
-    def __init__(self, size: int, hidden: int, **options):
-        super().__init__()
-        self.lstm = nn.LSTM(size, hidden, batch_first=True, **options)
-
-    def forward(self, x):
-        return self.lstm(x)[0]
-
-
 def traced_phases(size, hidden, steps, batch, input_grad, **options):
     """The traced LSTM layer's products as traced and as a CPU prices them, as shape counts."""
-    step = trace_step(
-        lambda: Stacked(size, hidden, **options),
-        torch.zeros(steps, size),
-        batch,
-        "fp32",
-        lambda params: torch.optim.SGD(params, lr=0.1),
-        "sgd",
-        input_requires_grad=input_grad,
-    )
-    (layer,) = [layer for layer in step.layers if layer.name == "lstm"]
+    _step, layer = traced_lstm(size, steps, batch, hidden, input_grad, **options)
     forward, backward = layer.phases("cpu")
     for phase, traced in ((forward, layer.forward), (backward, layer.backward)):
         assert sum(g.macs for g in phase.gemms) == sum(g.macs for g in traced.gemms)
