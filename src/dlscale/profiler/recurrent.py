@@ -46,7 +46,7 @@ from dlscale.profiler.gemms import Gemm
 # N), the axis that grows with the steps (0: M, rows; 1: K, the depth summed over), the steps.
 StepProduct = tuple[int, int, int, int, int]
 # oneDNN merges the forward's input projection over the steps only under this many samples
-# (`(is_fwd && mb < 128) || !is_fwd` in its init_conf, for fp32).
+# (its init_conf, at fp32); the backward's merges at any batch.
 FORWARD_MERGE_BATCH = 128
 
 
