@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dlscale.hardware.device import Hardware
 from dlscale.profiler.gemms import Gemm
-from dlscale.profiler.recorder import MODEL, Recorder
+from dlscale.profiler.inference import predict_inference
+from dlscale.profiler.recorder import LOSS, MODEL, Recorder
 from dlscale.profiler.recurrent import cpu_fused_ops, merged_products
 from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.trace import trace_step
@@ -275,6 +276,40 @@ def test_the_forward_projection_is_per_step_from_128_samples():
     traced, forward, backward = traced_phases(8, 8, 3, 128, input_grad=True)
     assert forward == traced == Counter({(128, 8, 32): 6})
     assert backward[384, 32, 8] == 1  # the backward still merges: the input's gradient
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_inference_prices_the_forward_the_device_runs(kind):
+    """Inference runs the same fused kernel on a CPU (its forward dispatches the ops counted
+    for training: checked on real tensors under no_grad), so it is priced as training's forward
+    is; a GPU keeps the trace's count."""
+    lstm = nn.LSTM(8, 16, batch_first=True).eval()
+    x = torch.randn(4, 6, 8)
+    with torch.no_grad():
+        recorder = Recorder()
+        with recorder:
+            lstm(x)
+    assert (
+        recorder.costs[(MODEL, "forward")].ops == cpu_fused_ops(lstm, (x,), {}, "fp32").forward_ops
+    )
+    step, _layer = traced_lstm(16, 6, 4)
+    hardware = cpu(kind=kind)
+    row = predict_inference(step, hardware, "fp32")
+    priced = sum(
+        phase_time(each.phases(kind)[0], hardware, "fp32").seconds
+        for each in step.layers
+        if each.name != LOSS
+    )
+    assert row.forward_s == pytest.approx(priced)
+    as_traced = sum(
+        phase_time(each.forward, hardware, "fp32").seconds
+        for each in step.layers
+        if each.name != LOSS
+    )
+    if kind == "cpu":  # 6 ops, not the trace's hundreds, and the projection merged
+        assert row.forward_s < as_traced / 5
+    else:
+        assert row.forward_s == pytest.approx(as_traced)
 
 
 class AccumulationAdds(TorchDispatchMode):

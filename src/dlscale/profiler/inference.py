@@ -116,7 +116,10 @@ def predict_inference(trace: StepTrace, hardware: Hardware, precision: str) -> I
     for layer in trace.layers:
         if layer.name == LOSS:
             continue
-        timed = phase_time(_scaled(layer.forward, scale), hardware, precision)
+        # as the device runs it: an fp32 LSTM on a CPU is its fused kernel (LayerTrace.phases;
+        # at other precisions the fused kernel is not assumed, as in training)
+        forward = layer.phases(hardware.kind)[0] if precision == "fp32" else layer.forward
+        timed = phase_time(_scaled(forward, scale), hardware, precision)
         forward_s += timed.seconds
         by_bound[timed.bound] += timed.seconds
     if precision not in hardware.peak_flops:
