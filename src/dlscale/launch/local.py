@@ -2,14 +2,20 @@
 
 No service to start: the workers are spawned processes that meet over torch.distributed's TCP
 rendezvous on 127.0.0.1. The parent polls them; the first that dies or raises stops the job (the
-others get SIGTERM, then SIGKILL), and every child kills itself if the parent disappears.
+others get SIGTERM, then SIGKILL), and every child kills itself if the parent disappears. Each
+worker reports its events and its result on its own pipe (`_Inbox`): a worker killed while it
+reports cannot stop its peers' reports.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import dataclasses
 import errno
+import multiprocessing.connection as mp_connection
 import os
+import pickle
 import queue
 import signal
 import socket
@@ -36,6 +42,7 @@ from dlscale.launch.heartbeat import Silence, start_beating
 from dlscale.launch.pool import LocalPool
 from dlscale.launch.processes import (
     LOOPBACK,
+    PipeChannel,
     available_cores,
     describe_exit,
     die_with_parent,
@@ -72,11 +79,15 @@ def free_port(host: str = LOOPBACK) -> int:
 
 
 def _entry(
-    fn, payload, context: WorkerContext, results, parent_pid: int, threads: int, env: dict
+    fn, payload, context: WorkerContext, conn, parent_pid: int, threads: int, env: dict
 ) -> None:
-    """What each worker process runs: set up, call `fn`, report its result or its error."""
+    """What each worker process runs: set up, call `fn`, report its result or its error, its
+    events and result on its own pipe `conn`."""
     adopt(env)
     die_with_parent(parent_pid)
+    channel = PipeChannel(conn)
+    context = dataclasses.replace(context, events=channel)
+    results = _Results(channel)
     start_beating(context)
     import torch  # after the parent check: importing torch takes a second or two
 
@@ -114,6 +125,83 @@ def _entry(
         end_by_signal(stop)
     if failed:
         raise SystemExit(1)
+
+
+class _Results:
+    """A worker's side of its pipe, as the reports are written: put((status, rank, value))."""
+
+    def __init__(self, channel: PipeChannel):
+        self.channel = channel
+
+    def put(self, report: tuple) -> None:
+        self.channel.send(("result", report))
+
+
+class _Inbox:
+    """The workers' pipes, read by the launcher: each worker's events and result on its own.
+
+    A shared multiprocessing Queue for all of them hung an async job that lost a worker: the
+    worker was killed while its queue's feeder thread held the queue's write lock (shared by every
+    writer), and every other worker's report and exit then waited on that lock for good (found
+    by py-spy in a hung `make test`; tests/launch/test_reports.py). A pipe has one writer: a
+    worker killed mid-send garbles or closes only its own, which then reads as EOF (the
+    launcher holds no writing end) and is dropped; its exit code says the rest.
+    """
+
+    def __init__(self, readers: list):
+        self.readers = list(readers)
+        self.results: collections.deque = collections.deque()
+        self.events: collections.deque = collections.deque()
+
+    def pump(self, timeout: float) -> None:
+        """Read whatever has arrived, waiting up to `timeout` for something to."""
+        if not self.readers:
+            time.sleep(timeout)
+            return
+        for conn in mp_connection.wait(self.readers, timeout):
+            try:
+                while conn.poll():
+                    kind, item = conn.recv()
+                    (self.results if kind == "result" else self.events).append(item)
+            except (EOFError, OSError, pickle.UnpicklingError, ValueError):  # gone, or mid-send
+                self.readers.remove(conn)
+                conn.close()
+
+    def close(self) -> None:
+        for conn in self.readers:
+            conn.close()
+        self.readers = []
+
+
+class _InboxResults:
+    """The results as `_supervise` reads them, as from a queue: get(timeout), get_nowait()."""
+
+    def __init__(self, inbox: _Inbox):
+        self.inbox = inbox
+
+    def get(self, timeout: float = 0.0) -> tuple:
+        if not self.inbox.results:
+            self.inbox.pump(timeout)
+        if not self.inbox.results:
+            raise queue.Empty
+        return self.inbox.results.popleft()
+
+    def get_nowait(self) -> tuple:
+        return self.get(0.0)
+
+
+class _InboxEvents:
+    """The events as `drain_events` reads them: get_nowait()."""
+
+    def __init__(self, inbox: _Inbox):
+        self.inbox = inbox
+
+    def get_nowait(self) -> tuple:
+        if not self.inbox.events:
+            self.inbox.pump(0.0)
+        if not self.inbox.events:
+            raise queue.Empty
+        return self.inbox.events.popleft()
 
 
 def threads_per_worker(num_workers: int) -> int:
@@ -165,7 +253,7 @@ class LocalLauncher:
     ) -> list[Any]:
         port = check_port(port) if port is not None else free_port()
         ctx = start_context()
-        results, events = ctx.Queue(), ctx.Queue()
+        inbox = _Inbox([])
         threads = threads_per_worker(num_workers)
         gpus = _gpu_indices(per_rank(resources, num_workers))
         processes = []
@@ -177,22 +265,38 @@ class LocalLauncher:
                     rank,
                     LOOPBACK,
                     port,
-                    events,
+                    None,  # its events go on its own pipe (the worker sets it: _entry)
                     socket.gethostname(),
                     gpus[rank],
                 )
-                with thread_env(threads):
-                    process = ctx.Process(
-                        target=_entry,
-                        args=(fn, payload, context, results, os.getpid(), threads, environment()),
-                        name=f"dlscale-worker-{rank}",
-                    )
-                    processes.append(process)  # before it starts: stopped however far it got
-                    process.start()
+                reader, writer = ctx.Pipe(duplex=False)
+                inbox.readers.append(reader)
+                try:
+                    with thread_env(threads):
+                        process = ctx.Process(
+                            target=_entry,
+                            args=(
+                                fn,
+                                payload,
+                                context,
+                                writer,
+                                os.getpid(),
+                                threads,
+                                environment(),
+                            ),
+                            name=f"dlscale-worker-{rank}",
+                        )
+                        processes.append(process)  # before it starts: stopped however far it got
+                        process.start()
+                finally:
+                    writer.close()  # the worker holds its end: EOF here means it is gone
             silence = Silence(num_workers, heartbeat_warn_s, [p.pid for p in processes])
-            return self._supervise(processes, results, events, on_event, expendable, silence)
+            return self._supervise(
+                processes, _InboxResults(inbox), _InboxEvents(inbox), on_event, expendable, silence
+            )
         finally:
             stop_processes(processes)
+            inbox.close()
 
     def _supervise(self, processes, results, events, on_event, expendable, silence) -> list[Any]:
         done: dict[int, Any] = {}

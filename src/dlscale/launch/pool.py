@@ -38,6 +38,7 @@ from dlscale.launch.base import (
 from dlscale.launch.heartbeat import BEAT_INTERVAL_S, HEARTBEAT, Silence
 from dlscale.launch.processes import (
     LOOPBACK,
+    PipeChannel,
     available_cores,
     describe_exit,
     die_with_parent,
@@ -51,25 +52,7 @@ from dlscale.signals import end_by_signal, stop_on_sigterm
 TASK_STARTED = "start"  # a sweep trial's first event: its training set up (train/reporter.py)
 
 
-class _PipeEvents:
-    """A task's events travel on its slot's own pipe: a task killed mid-send (a pruned sweep
-    trial) can only garble its own channel, never another slot's, as a shared queue could.
-    The slot's heartbeat thread sends on it too, so every send holds the lock."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.lock = threading.Lock()
-        self.busy = threading.Event()  # a task runs: the slot beats (an idle one's pipe is unread)
-
-    def put(self, item: tuple) -> None:
-        self.send(("event", item))
-
-    def send(self, message: tuple) -> None:
-        with self.lock:
-            self.conn.send(message)
-
-
-def _beat(channel: _PipeEvents, index: int) -> None:
+def _beat(channel: PipeChannel, index: int) -> None:
     """The slot's heartbeat while a task runs, as a launcher's workers beat (launch/heartbeat.py):
     a slot that stops (SIGSTOP) is named while the sweep waits for it."""
     while True:
@@ -97,7 +80,7 @@ def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env:
     import torch
 
     torch.set_num_threads(threads)
-    channel = _PipeEvents(conn)
+    channel = PipeChannel(conn)
     threading.Thread(target=_beat, args=(channel, index), daemon=True, name="dlscale-beat").start()
     # A cancelled task (pruned, or its sweep stopped) unwinds: no half-written checkpoint stays.
     stop_on_sigterm()

@@ -19,6 +19,26 @@ from dlscale.signals import end_with_parent
 LOOPBACK = "127.0.0.1"
 
 
+class PipeChannel:
+    """A worker's reports on its own pipe (a sweep slot's, a launcher worker's): a worker killed
+    mid-send can only garble its own channel, never another's, as a shared queue could (a
+    multiprocessing Queue's write lock, held by a worker killed mid-put, blocks every other
+    writer for good). The worker's heartbeat thread sends on it too, so every send holds the
+    lock."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.busy = threading.Event()  # a task runs: the slot beats (an idle one's pipe is unread)
+
+    def put(self, item: tuple) -> None:
+        self.send(("event", item))
+
+    def send(self, message: tuple) -> None:
+        with self.lock:
+            self.conn.send(message)
+
+
 def available_cores() -> int:
     """Cores this process may use: its CPU affinity, or DLSCALE_CPUS when a pool task set it
     (a trial given 2 cores of a Ray node sizes its own workers to those 2, not to the node)."""
