@@ -18,7 +18,8 @@ from dlscale.launch.base import READY, Resources
 
 
 def killed_holding_its_report_locks(context, payload):
-    context.send(READY, context.rank)  # met the others: from now on worker 1 may be lost
+    context.send(READY, context.rank)  # both READY: from then on worker 1 may be lost (no
+    # rendezvous here; worker 1 waits half the payload before its locks, as the others send)
     if context.rank == 1:
         time.sleep(payload / 2)  # its READY on its way (a queue's feeder thread sends it)
         for thing in gc.get_objects():  # the reporting path's shared locks, if it has any

@@ -195,7 +195,8 @@ def lost_worker(rank: int, why: str, on_event: EventHandler | None) -> None:
 
 
 def drain_events(events: Any, on_event: EventHandler | None) -> None:
-    """Hand every event waiting in `events` (a multiprocessing or Ray queue) to `on_event`."""
+    """Hand every event waiting in `events` (the local workers' pipes, or a Ray queue) to
+    `on_event`."""
     while True:
         try:
             kind, args = events.get_nowait()

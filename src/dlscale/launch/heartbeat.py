@@ -37,7 +37,7 @@ def start_beating(context: WorkerContext, orphan_after_s: float | None = None) -
         while True:
             try:
                 context.send(HEARTBEAT, context.rank)
-            except Exception:  # the queue is gone: the job is over
+            except Exception:  # the channel is gone: the job is over
                 if orphan_after_s is not None:
                     orphaned(orphan_after_s)
                 return

@@ -295,8 +295,10 @@ class LocalLauncher:
                 processes, _InboxResults(inbox), _InboxEvents(inbox), on_event, expendable, silence
             )
         finally:
-            stop_processes(processes)
-            inbox.close()
+            try:
+                stop_processes(processes)
+            finally:
+                inbox.close()
 
     def _supervise(self, processes, results, events, on_event, expendable, silence) -> list[Any]:
         done: dict[int, Any] = {}
@@ -314,6 +316,8 @@ class LocalLauncher:
                 status, rank, value = results.get(timeout=POLL_S)
             except queue.Empty:
                 status = None
+            if status is not None:  # what the worker sent before its result (READY) counts first
+                drain_events(events, on_event)
             running = [other for other in range(len(processes)) if other not in done]
             if status == "ok":
                 done[rank] = value

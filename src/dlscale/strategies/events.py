@@ -19,7 +19,7 @@ class EventReporter:
     """Worker 0's reporter: sends events to the parent, which shows them.
 
     Step events are thinned to one per STEP_EVENT_INTERVAL_S (the epoch's end always goes):
-    pickling, the queue's pipe and the parent's redraw cost CPU that the workers need, a few
+    pickling, the pipe to the parent and its redraw cost CPU that the workers need, a few
     percent of a small model's throughput on a 2-core machine.
     """
 
