@@ -87,7 +87,6 @@ def _entry(
     die_with_parent(parent_pid)
     channel = PipeChannel(conn)
     context = dataclasses.replace(context, events=channel)
-    results = _Results(channel)
     start_beating(context)
     import torch  # after the parent check: importing torch takes a second or two
 
@@ -104,16 +103,16 @@ def _entry(
     try:
         try:
             stop_once()  # a stop unwinds the run: a checkpoint being written is discarded whole
-            results.put(("ok", context.rank, fn(context, payload)))
+            channel.send(("result", ("ok", context.rank, fn(context, payload))))
         except KeyboardInterrupt:
             raise
         except RunFailed as exc:  # the run itself failed: the job stops, whoever met it
-            results.put(("run_failed", context.rank, str(exc)))
+            channel.send(("result", ("run_failed", context.rank, str(exc))))
         except UserError as exc:
-            results.put(("user_error", context.rank, str(exc)))
+            channel.send(("result", ("user_error", context.rank, str(exc))))
         except BaseException as exc:  # report everything else, traceback included, then fail
             line = f"{type(exc).__name__}: {one_line(exc)}"
-            results.put(("error", context.rank, (line, traceback.format_exc())))
+            channel.send(("result", ("error", context.rank, (line, traceback.format_exc()))))
             failed = True
         # Reported: this process only exits now. The launcher's SIGTERM, sent the moment it
         # reads a failure (or the last result), must not raise in the exit and print a trace.
@@ -127,16 +126,6 @@ def _entry(
         raise SystemExit(1)
 
 
-class _Results:
-    """A worker's side of its pipe, as the reports are written: put((status, rank, value))."""
-
-    def __init__(self, channel: PipeChannel):
-        self.channel = channel
-
-    def put(self, report: tuple) -> None:
-        self.channel.send(("result", report))
-
-
 class _Inbox:
     """The workers' pipes, read by the launcher: each worker's events and result on its own.
 
@@ -148,8 +137,8 @@ class _Inbox:
     launcher holds no writing end) and is dropped; its exit code says the rest.
     """
 
-    def __init__(self, readers: list):
-        self.readers = list(readers)
+    def __init__(self):
+        self.readers: list = []
         self.results: collections.deque = collections.deque()
         self.events: collections.deque = collections.deque()
 
@@ -173,35 +162,23 @@ class _Inbox:
         self.readers = []
 
 
-class _InboxResults:
-    """The results as `_supervise` reads them, as from a queue: get(timeout), get_nowait()."""
+class _InboxQueue:
+    """One kind of the inbox's messages ("results" or "events") as `_supervise`, `_first_cause`
+    and `drain_events` read a queue: get(timeout), get_nowait()."""
 
-    def __init__(self, inbox: _Inbox):
-        self.inbox = inbox
+    def __init__(self, inbox: _Inbox, kind: str):
+        self.inbox, self.kind = inbox, kind
 
     def get(self, timeout: float = 0.0) -> tuple:
-        if not self.inbox.results:
+        waiting = getattr(self.inbox, self.kind)
+        if not waiting:
             self.inbox.pump(timeout)
-        if not self.inbox.results:
+        if not waiting:
             raise queue.Empty
-        return self.inbox.results.popleft()
+        return waiting.popleft()
 
     def get_nowait(self) -> tuple:
         return self.get(0.0)
-
-
-class _InboxEvents:
-    """The events as `drain_events` reads them: get_nowait()."""
-
-    def __init__(self, inbox: _Inbox):
-        self.inbox = inbox
-
-    def get_nowait(self) -> tuple:
-        if not self.inbox.events:
-            self.inbox.pump(0.0)
-        if not self.inbox.events:
-            raise queue.Empty
-        return self.inbox.events.popleft()
 
 
 def threads_per_worker(num_workers: int) -> int:
@@ -253,7 +230,7 @@ class LocalLauncher:
     ) -> list[Any]:
         port = check_port(port) if port is not None else free_port()
         ctx = start_context()
-        inbox = _Inbox([])
+        inbox = _Inbox()
         threads = threads_per_worker(num_workers)
         gpus = _gpu_indices(per_rank(resources, num_workers))
         processes = []
@@ -292,7 +269,12 @@ class LocalLauncher:
                     writer.close()  # the worker holds its end: EOF here means it is gone
             silence = Silence(num_workers, heartbeat_warn_s, [p.pid for p in processes])
             return self._supervise(
-                processes, _InboxResults(inbox), _InboxEvents(inbox), on_event, expendable, silence
+                processes,
+                _InboxQueue(inbox, "results"),
+                _InboxQueue(inbox, "events"),
+                on_event,
+                expendable,
+                silence,
             )
         finally:
             try:

@@ -52,12 +52,12 @@ from dlscale.signals import end_by_signal, stop_on_sigterm
 TASK_STARTED = "start"  # a sweep trial's first event: its training set up (train/reporter.py)
 
 
-def _beat(channel: PipeChannel, index: int) -> None:
+def _beat(channel: PipeChannel, busy: threading.Event, index: int) -> None:
     """The slot's heartbeat while a task runs, as a launcher's workers beat (launch/heartbeat.py):
     a slot that stops (SIGSTOP) is named while the sweep waits for it."""
     while True:
         time.sleep(BEAT_INTERVAL_S)
-        if channel.busy.is_set():
+        if busy.is_set():
             try:
                 channel.put((HEARTBEAT, (index,)))
             except (OSError, ValueError):  # the pipe is gone: so is the pool
@@ -81,7 +81,10 @@ def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env:
 
     torch.set_num_threads(threads)
     channel = PipeChannel(conn)
-    threading.Thread(target=_beat, args=(channel, index), daemon=True, name="dlscale-beat").start()
+    busy = threading.Event()  # a task runs: the slot beats (an idle one's pipe is unread)
+    beat = threading.Thread(target=_beat, args=(channel, busy, index), daemon=True)
+    beat.name = "dlscale-beat"
+    beat.start()
     # A cancelled task (pruned, or its sweep stopped) unwinds: no half-written checkpoint stays.
     stop_on_sigterm()
     while True:
@@ -94,19 +97,19 @@ def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env:
         fn, payload = message
         began = time.time()
         context = WorkerContext(0, 1, 0, LOOPBACK, 0, channel, socket.gethostname())
-        channel.busy.set()
+        busy.set()
         try:
             result = fn(context, payload)
-            channel.busy.clear()
+            busy.clear()
             channel.send(("ok", result, (began, time.time())))
         except UserError as exc:
-            channel.busy.clear()
+            busy.clear()
             channel.send(("failed", str(exc), (began, time.time())))
             return  # a fresh process for the next task
         except KeyboardInterrupt as stop:  # cancelled: the pool knows, and nothing failed
             end_by_signal(stop)
         except BaseException as exc:
-            channel.busy.clear()
+            busy.clear()
             channel.send(("failed", f"{type(exc).__name__}: {one_line(exc)}", (began, time.time())))
             traceback.print_exc()
             raise SystemExit(1) from None

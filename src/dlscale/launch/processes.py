@@ -29,8 +29,6 @@ class PipeChannel:
     def __init__(self, conn):
         self.conn = conn
         self.lock = threading.Lock()
-        # a sweep slot's task runs: the slot beats (an idle one's pipe is unread); unused elsewhere
-        self.busy = threading.Event()
 
     def put(self, item: tuple) -> None:
         self.send(("event", item))
