@@ -1,20 +1,33 @@
-"""A worker killed while it reports stops no other worker's report (launch/local.py `_Inbox`).
+"""A worker's reports reach the launcher whatever another worker, or the launcher, is doing
+(launch/local.py `_Inbox`, launch/processes.py `PipeReader`).
 
 Found as a hung `make test`: an async job losing a worker at a random point (py-spy: every
 surviving worker stuck exiting, its queue's feeder thread waiting for the write lock of the
-queue all workers shared, which the killed worker had held). The worker below takes every
-cross-process lock its reporting could hold, then is killed, as that worker was.
+queue all workers shared, which the killed worker had held). The first worker below takes every
+cross-process lock its reporting could hold, then is killed, as that worker was. The others
+come from the review of the fix: a worker stopped in the middle of a message, one whose pipe
+carries bytes that are no message, and a launcher busy elsewhere (its output paused) while a
+worker reports a lot.
 """
 
 import gc
 import multiprocessing.queues
 import os
 import signal
+import struct
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 
 from dlscale.launch import local
-from dlscale.launch.base import READY, Resources
+from dlscale.launch.base import READY, Resources, WorkerFailed
+from dlscale.launch.heartbeat import process_state
+from dlscale.launch.processes import PipeEnd
+
+PIPE_BYTES = 64 * 1024  # Linux's default pipe buffer: a writer blocks once this much is unread
 
 
 def killed_holding_its_report_locks(context, payload):
@@ -83,3 +96,158 @@ def test_a_worker_killed_while_it_reports_stops_no_other_report(monkeypatch):
             if process.pid is not None and process.is_alive():
                 process.kill()
                 process.join()
+
+
+def wait_for(condition, guard_s: float = 60.0) -> bool:
+    """Poll `condition` until it holds or the guard runs out (a hang's guard, not a timing)."""
+    deadline = time.monotonic() + guard_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def launch_in_thread(ctx, fn, payload, workers, events, expendable=frozenset(), guard_s=120):
+    """Run the launcher on a thread; its results or its error, None if it still runs."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["results"] = local.LocalLauncher().run(
+                fn,
+                payload,
+                workers,
+                Resources(cpus=1.0),
+                on_event=lambda kind, args: events.append((kind, args)),
+                expendable=expendable,
+            )
+        except BaseException as exc:  # told below, not lost in the thread
+            outcome["error"] = exc
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=guard_s)
+    return None if runner.is_alive() else outcome
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    ctx = Recorded(local.start_context())
+    monkeypatch.setattr(local, "start_context", lambda: ctx)
+    yield ctx
+    for process in ctx.made:
+        if process.pid is not None and process.is_alive():
+            process.kill()
+            process.join()
+
+
+def stopped_in_mid_message(context, folder):
+    """Worker 1 sends the start of a long message and stops (SIGSTOP) before its end; worker 0
+    reports once worker 1 is stopped."""
+    folder = Path(folder)
+    context.send(READY, context.rank)
+    if context.rank == 1:
+        (folder / "pid").write_text(str(os.getpid()))
+        with context.events.lock:  # as a send of 100 KB stopped after its first bytes
+            os.write(context.events.conn.fileno(), struct.pack("!i", 100_000) + b"x" * 100)
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return 1
+    assert wait_for(lambda: (folder / "pid").exists()), "worker 1 never got going"
+    pid = int((folder / "pid").read_text())
+    assert wait_for(lambda: process_state(pid) == "T"), "worker 1 never stopped"
+    context.send("progress", context.rank)
+    return 0
+
+
+def test_a_worker_stopped_in_the_middle_of_a_message_holds_up_no_other(
+    recorded, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(local, "RESULT_GRACE_S", 3.0)  # worker 1 is left behind after this
+    events = []
+    outcome = launch_in_thread(recorded, stopped_in_mid_message, str(tmp_path), 2, events, {1})
+    # On the code before PipeReader the launcher sat in worker 1's recv for good.
+    assert outcome is not None, "the launcher still waits in the stopped worker's message"
+    assert "error" not in outcome, outcome
+    assert outcome["results"] == [0, None]
+    assert ("progress", (0,)) in events
+    lost = "worker 1 did not finish within 3 s of the others; training continues without it"
+    assert ("warn", (lost,)) in events
+
+
+def garbles_its_pipe(context, folder):
+    """Worker 1 writes a framed message that is no pickle, then goes on to its result."""
+    if context.rank == 1:
+        with context.events.lock:
+            os.write(context.events.conn.fileno(), struct.pack("!i", 8) + b"\x00garbage")
+    return context.rank
+
+
+def test_a_garbled_report_is_named_not_dropped_silently(recorded, monkeypatch, tmp_path):
+    monkeypatch.setattr(local, "RESULT_GRACE_S", 1.0)
+    events = []
+    outcome = launch_in_thread(recorded, garbles_its_pipe, str(tmp_path), 2, events)
+    assert outcome is not None and "error" in outcome, outcome
+    # Its result, sent after the garbage, is never read: the exit that follows says so.
+    assert isinstance(outcome["error"], WorkerFailed)
+    assert str(outcome["error"]) == "worker 1 exited without reporting a result"
+    warnings = [args[0] for kind, args in events if kind == "warn"]
+    assert len(warnings) == 1, events  # the code before said nothing of the garbled pipe
+    assert warnings[0].startswith("worker 1's reports cannot be read any more (a garbled message: ")
+    assert warnings[0].endswith("; its exit will say how it ended")
+
+
+def floods_its_reports(context, folder):
+    """Worker 0 says it begins; once the launcher is busy, sends eight pipes' worth of events,
+    then says it got past them."""
+    folder = Path(folder)
+    context.send("begin", context.rank)
+    assert wait_for((folder / "busy").exists), "the launcher never took the first event"
+    for _ in range(8 * PIPE_BYTES // 1024):
+        context.send("progress", "x" * 1024)
+    (folder / "sent").touch()
+    return context.rank
+
+
+def test_a_launcher_busy_elsewhere_does_not_stop_a_worker_that_reports(recorded, tmp_path):
+    """The launcher's own work (here its event handler, as one printing to a paused terminal)
+    blocks until the worker has sent all its events: on the code before PipeReader the worker
+    waited on its full pipe for the launcher, which waited for it."""
+    got_past, events = [], []
+
+    def on_event(kind, args):
+        if kind == "begin":
+            (tmp_path / "busy").touch()
+            got_past.append(wait_for((tmp_path / "sent").exists))
+        events.append((kind, args))
+
+    outcome = {}
+
+    def run():
+        outcome["results"] = local.LocalLauncher().run(
+            floods_its_reports, str(tmp_path), 1, Resources(cpus=1.0), on_event=on_event
+        )
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(timeout=180)
+    assert got_past == [True], "the worker waited on its pipe while the launcher was busy"
+    assert outcome.get("results") == [0]
+    assert sum(kind == "progress" for kind, _ in events) == 8 * PIPE_BYTES // 1024
+
+
+def test_an_exit_code_waits_for_the_reports_sent_before_it():
+    """A worker's failure report, sent just before it exits, is taken in before its exit code
+    is: else the launcher said "exited with code 1" instead of the worker's error."""
+    inbox = local._Inbox()
+    worker = local._Reported(SimpleNamespace(exitcode=1, pid=7), 0, inbox)
+    assert worker.exitcode is None  # nothing read yet: its report may still be in the pipe
+    inbox._sort(0, ("result", ("error", 0, ("ValueError: x", "trace"))))
+    inbox._sort(0, PipeEnd())
+    assert worker.exitcode is None  # its report waits to be acted on
+    assert inbox.results.popleft()[0] == "error"
+    assert worker.exitcode == 1
+    held = local._Reported(SimpleNamespace(exitcode=-9, pid=8), 1, inbox)
+    assert held.exitcode is None
+    held.exited -= local.PIPE_END_GRACE_S + 1  # its pipe held open by a process it forked
+    assert held.exitcode == -9

@@ -3,8 +3,8 @@
 No service to start: the workers are spawned processes that meet over torch.distributed's TCP
 rendezvous on 127.0.0.1. The parent polls them; the first that dies or raises stops the job (the
 others get SIGTERM, then SIGKILL), and every child kills itself if the parent disappears. Each
-worker reports its events and its result on its own pipe (`_Inbox`): a worker killed while it
-reports cannot stop its peers' reports.
+worker reports its events and its result on its own pipe, read on a thread of its own (`_Inbox`):
+a worker killed, or stopped, while it reports cannot stop its peers' reports.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import collections
 import contextlib
 import dataclasses
 import errno
-import multiprocessing.connection as mp_connection
 import os
-import pickle
 import queue
 import signal
 import socket
@@ -43,6 +41,8 @@ from dlscale.launch.pool import LocalPool
 from dlscale.launch.processes import (
     LOOPBACK,
     PipeChannel,
+    PipeEnd,
+    PipeReader,
     available_cores,
     describe_exit,
     die_with_parent,
@@ -55,6 +55,7 @@ from dlscale.signals import end_by_signal, stop_once
 
 POLL_S = 0.05
 DEATH_NOTICE_S = 2.0  # how long to look for a dead peer behind a worker's error
+PIPE_END_GRACE_S = 5.0  # an exited worker whose pipe another process holds: its code after this
 
 
 def check_port(port: int, host: str = LOOPBACK) -> int:
@@ -127,39 +128,90 @@ def _entry(
 
 
 class _Inbox:
-    """The workers' pipes, read by the launcher: each worker's events and result on its own.
+    """The workers' pipes, read for the launcher: each worker's events and result on its own,
+    each pipe read on its own thread (`PipeReader`).
 
     A shared multiprocessing Queue for all of them hung an async job that lost a worker: the
     worker was killed while its queue's feeder thread held the queue's write lock (shared by every
     writer), and every other worker's report and exit then waited on that lock for good (found
     by py-spy in a hung `make test`; tests/launch/test_reports.py). A pipe has one writer: a
-    worker killed mid-send garbles or closes only its own, which then reads as EOF (the
-    launcher holds no writing end) and is dropped; its exit code says the rest.
+    worker killed mid-send cuts short only its own, which then reads as its end (the launcher
+    holds no writing end); its exit code says the rest. A worker stopped mid-message holds only
+    its own reader, not the launcher.
     """
 
     def __init__(self):
-        self.readers: list = []
+        self.arrived: queue.Queue = queue.Queue()
+        self.readers: list[PipeReader] = []
         self.results: collections.deque = collections.deque()
         self.events: collections.deque = collections.deque()
+        self.ended: set[int] = set()  # ranks whose pipe's end has been read
+
+    def add(self, rank: int, conn) -> None:
+        self.readers.append(PipeReader(conn, rank, self.arrived))
 
     def pump(self, timeout: float) -> None:
-        """Read whatever has arrived, waiting up to `timeout` for something to."""
-        if not self.readers:
-            time.sleep(timeout)
+        """Take whatever has arrived, waiting up to `timeout` for something to."""
+        try:
+            rank, message = self.arrived.get(timeout=timeout)
+        except queue.Empty:
             return
-        for conn in mp_connection.wait(self.readers, timeout):
+        while True:
+            self._sort(rank, message)
             try:
-                while conn.poll():
-                    kind, item = conn.recv()
-                    (self.results if kind == "result" else self.events).append(item)
-            except (EOFError, OSError, pickle.UnpicklingError, ValueError):  # gone, or mid-send
-                self.readers.remove(conn)
-                conn.close()
+                rank, message = self.arrived.get_nowait()
+            except queue.Empty:
+                return
 
-    def close(self) -> None:
-        for conn in self.readers:
-            conn.close()
-        self.readers = []
+    def _sort(self, rank: int, message) -> None:
+        if isinstance(message, PipeEnd):
+            self.ended.add(rank)
+            if message.garbled:  # said, not dropped silently: its silence is not a stop
+                why = (
+                    f"worker {rank}'s reports cannot be read any more (a garbled message: "
+                    f"{message.garbled}); its exit will say how it ended"
+                )
+                self.events.append(("warn", (why,)))
+            return
+        kind, item = message
+        (self.results if kind == "result" else self.events).append(item)
+
+    def settled(self, rank: int) -> bool:
+        """Everything `rank` sent has been taken in: its pipe's end read, no result of its
+        waiting."""
+        return rank in self.ended and not any(item[1] == rank for item in self.results)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Wait briefly for the readers to see their pipes end (the workers are stopped by
+        now); a pipe some other process still holds open is left to its reader, which closes it
+        at its end."""
+        deadline = time.monotonic() + timeout
+        for reader in self.readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+
+
+class _Reported:
+    """A worker process as `_supervise` sees it: its exit code once what it sent before its
+    exit has been taken in (`_Inbox.settled`), so a failure it reported is read before the exit
+    code that follows it; or PIPE_END_GRACE_S after the exit, if something else holds its pipe
+    open (a data loader's worker it forked, until that sees its parent gone)."""
+
+    def __init__(self, process, rank: int, inbox: _Inbox):
+        self.process, self.rank, self.inbox = process, rank, inbox
+        self.exited: float | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        code = self.process.exitcode
+        if code is None or self.inbox.settled(self.rank):
+            return code
+        if self.exited is None:
+            self.exited = time.monotonic()
+        return code if time.monotonic() - self.exited > PIPE_END_GRACE_S else None
 
 
 class _InboxQueue:
@@ -247,7 +299,7 @@ class LocalLauncher:
                     gpus[rank],
                 )
                 reader, writer = ctx.Pipe(duplex=False)
-                inbox.readers.append(reader)
+                inbox.add(rank, reader)
                 try:
                     with thread_env(threads):
                         process = ctx.Process(
@@ -269,7 +321,7 @@ class LocalLauncher:
                     writer.close()  # the worker holds its end: EOF here means it is gone
             silence = Silence(num_workers, heartbeat_warn_s, [p.pid for p in processes])
             return self._supervise(
-                processes,
+                [_Reported(process, rank, inbox) for rank, process in enumerate(processes)],
                 _InboxQueue(inbox, "results"),
                 _InboxQueue(inbox, "events"),
                 on_event,
@@ -369,7 +421,9 @@ def _first_cause(
             if status == "run_failed":
                 return RunFailed(value)
         for other, process in enumerate(processes):
-            code = process.exitcode
+            # The peer's death as the kernel tells it, not held back for its reports (_Reported):
+            # its pipe may stay open for seconds in the data loader's workers it forked.
+            code = getattr(process, "process", process).exitcode
             if other != rank and code not in (None, 0):
                 return WorkerFailed(
                     f"worker {other} (pid {process.pid}) {describe_exit(code)}; "

@@ -9,15 +9,18 @@ process (a sweep trial: the data it read, data/cache.py) is there for the slot's
 A task that raises fails alone, and its slot process is replaced before the next task (the
 failure may have left it in any state). One that kills its process (a crash, SIGKILL, running
 out of memory) fails alone too, and so does one that is cancelled (its process is stopped):
-the slot starts a fresh process for its next task.
+the slot starts a fresh process for its next task. A task's events and result come back on a
+pipe of the slot's own, read on a thread of its own (`PipeReader`): a slot stopped mid-message
+holds up no other, one whose reports cannot be read fails its task alone, and a slot never waits
+for its owner to call `wait`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import multiprocessing.connection as mp_connection
 import os
+import queue
 import signal
 import socket
 import threading
@@ -39,6 +42,8 @@ from dlscale.launch.heartbeat import BEAT_INTERVAL_S, HEARTBEAT, Silence
 from dlscale.launch.processes import (
     LOOPBACK,
     PipeChannel,
+    PipeEnd,
+    PipeReader,
     available_cores,
     describe_exit,
     die_with_parent,
@@ -64,9 +69,12 @@ def _beat(channel: PipeChannel, busy: threading.Event, index: int) -> None:
                 return
 
 
-def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env: dict) -> None:
-    """A slot process: its cores and threads once, then each task sent to it, until told to
-    stop (None) or its pipe closes. A task's result goes back with when it began and ended."""
+def _slot_main(
+    tasks, reports, index: int, parent_pid: int, threads: int, cores, gpu, env: dict
+) -> None:
+    """A slot process: its cores and threads once, then each task sent down `tasks`, until told
+    to stop (None) or that pipe closes. A task's events, and its result with when it began and
+    ended, go up `reports`."""
     adopt(env)
     die_with_parent(parent_pid)
     # Ctrl-C at a terminal reaches the whole process group: the pool's owner alone decides
@@ -80,8 +88,8 @@ def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env:
     import torch
 
     torch.set_num_threads(threads)
-    channel = PipeChannel(conn)
-    busy = threading.Event()  # a task runs: the slot beats (an idle one's pipe is unread)
+    channel = PipeChannel(reports)
+    busy = threading.Event()  # a task runs: the slot beats (an idle one is not watched)
     beat = threading.Thread(target=_beat, args=(channel, busy, index), daemon=True)
     beat.name = "dlscale-beat"
     beat.start()
@@ -89,7 +97,7 @@ def _slot_main(conn, index: int, parent_pid: int, threads: int, cores, gpu, env:
     stop_on_sigterm()
     while True:
         try:
-            message = conn.recv()
+            message = tasks.recv()
         except (EOFError, OSError, KeyboardInterrupt):  # stopped between two tasks: nothing to undo
             return
         if message is None:
@@ -120,8 +128,9 @@ class _Slot:
     index: int
     cores: list[int] | None
     process: Any = None
-    conn: Any = None
+    tasks: Any = None  # the pipe its tasks go down; its reports come up another (`_start`)
     key: str | None = None  # the task it runs now
+    generation: int = 0  # its processes started: a retired one's last reports are ignored
 
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
@@ -146,6 +155,9 @@ class LocalPool:
         self.silence = Silence(slots, HEARTBEAT_WARN_S, label="slot")
         self.started = 0  # slot processes started, replacements included
         self.ctx = start_context()
+        # Every slot's reports, each slot's pipe read on its own thread: ((index, generation),
+        # message), a PipeEnd last.
+        self.arrived: queue.Queue = queue.Queue()
 
     @property
     def running(self) -> list[str]:
@@ -157,20 +169,22 @@ class LocalPool:
             raise RuntimeError(f"pool of {self.slots} is full; task {key} cannot start")
         if not slot.alive():
             self._start(slot)
-        slot.conn.send((fn, payload))
+        slot.tasks.send((fn, payload))
         slot.key = key
         self.silence.restart(slot.index, slot.process.pid)
 
     def _start(self, slot: _Slot) -> None:
         self._retire(slot)
-        ours, theirs = self.ctx.Pipe(duplex=True)
+        tasks_in, tasks_out = self.ctx.Pipe(duplex=False)
+        reports_in, reports_out = self.ctx.Pipe(duplex=False)
         process = None
         try:  # a stop anywhere in here (the forkserver answering, say) leaves the slot empty
             with thread_env(self.threads):
                 process = self.ctx.Process(
                     target=_slot_main,
                     args=(
-                        theirs,
+                        tasks_in,
+                        reports_out,
                         slot.index,
                         os.getpid(),
                         self.threads,
@@ -181,14 +195,17 @@ class LocalPool:
                     name=f"dlscale-slot-{slot.index}",
                 )
                 process.start()
-            theirs.close()  # the child holds its end; EOF here means it is gone
-            slot.process, slot.conn = process, ours
         except BaseException:
             if process is not None:
                 stop_processes([process])  # only if it started
-            ours.close()
-            theirs.close()
+            for conn in (tasks_in, tasks_out, reports_in, reports_out):
+                conn.close()
             raise
+        tasks_in.close()  # the child holds these ends: its reports' pipe ends when it does
+        reports_out.close()
+        slot.generation += 1
+        slot.process, slot.tasks = process, tasks_out
+        PipeReader(reports_in, (slot.index, slot.generation), self.arrived)
         self.started += 1
 
     def _gpus(self, index: int) -> str | None:
@@ -200,17 +217,12 @@ class LocalPool:
 
     def wait(self, timeout: float, on_event=None) -> list[TaskDone]:
         busy = [slot for slot in self._slots if slot.key is not None]
-        handles = {}
-        for slot in busy:
-            handles[slot.conn] = handles[slot.process.sentinel] = slot
-        ready = mp_connection.wait(list(handles), timeout) if handles else []
         done: list[TaskDone] = []
-        for slot in {id(handles[h]): handles[h] for h in ready}.values():
-            ended = self._drain(slot, on_event)
-            if ended is None and not slot.process.is_alive():
-                slot.process.join()
-                ended = TaskDone(slot.key, False, f"process {describe_exit(slot.process.exitcode)}")
-                self._retire(slot)
+        for (index, generation), message in self._arrivals(timeout if busy else 0.0):
+            slot = self._slots[index]
+            if slot.key is None or generation != slot.generation:
+                continue  # an idle slot's end, or a retired process's last words
+            ended = self._take(slot, message, on_event)
             if ended is not None:
                 done.append(ended)
                 slot.key = None
@@ -218,6 +230,19 @@ class LocalPool:
             if slot.key is not None:
                 self.silence.check([slot.index], self._forward(slot, on_event))
         return done
+
+    def _arrivals(self, timeout: float) -> list[tuple]:
+        """What the slots reported, waiting up to `timeout` for the first report."""
+        try:
+            arrived = [
+                self.arrived.get(timeout=timeout) if timeout > 0 else self.arrived.get_nowait()
+            ]
+        except queue.Empty:
+            return []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                arrived.append(self.arrived.get_nowait())
+        return arrived
 
     def _forward(self, slot: _Slot, on_event):
         """The slot's events as the pool's caller takes them (with the task's key); its beats
@@ -232,23 +257,25 @@ class LocalPool:
 
         return self.silence.watch(forward)
 
-    def _drain(self, slot: _Slot, on_event) -> TaskDone | None:
-        """Hand over the slot's events; its task's end, if it has come."""
-        forward = self._forward(slot, on_event)
-        while _poll(slot.conn):
-            try:
-                message = slot.conn.recv()
-            except (EOFError, OSError):
-                return None
-            if message[0] == "event":
-                forward(*message[1])
-                continue
-            status, value, (began, ended) = message
-            if status != "ok":  # the process leaves after a failure: the next task gets a new one
-                slot.process.join(timeout=WORKER_EXIT_GRACE_S)
-                self._retire(slot)
-            return TaskDone(slot.key, status == "ok", value, slot.index, began, ended)
-        return None
+    def _take(self, slot: _Slot, message, on_event) -> TaskDone | None:
+        """One report of the slot's task: an event handed over, or the task's end."""
+        if isinstance(message, PipeEnd):  # the process is gone, or its reports unreadable
+            if message.garbled is not None:
+                why = f"its reports could not be read ({message.garbled})"
+            else:
+                slot.process.join(timeout=WORKER_EXIT_GRACE_S)  # its pipe ends as it exits
+                stop_processes([slot.process])  # or it closed the pipe and lives on: stopped
+                why = f"process {describe_exit(slot.process.exitcode)}"
+            self._retire(slot)
+            return TaskDone(slot.key, False, why)
+        if message[0] == "event":
+            self._forward(slot, on_event)(*message[1])
+            return None
+        status, value, (began, ended) = message
+        if status != "ok":  # the process leaves after a failure: the next task gets a new one
+            slot.process.join(timeout=WORKER_EXIT_GRACE_S)
+            self._retire(slot)
+        return TaskDone(slot.key, status == "ok", value, slot.index, began, ended)
 
     def cancel(self, key: str) -> None:
         for slot in self._slots:
@@ -260,7 +287,7 @@ class LocalPool:
         for slot in self._slots:
             if slot.alive() and slot.key is None:
                 with contextlib.suppress(OSError):
-                    slot.conn.send(None)  # an idle slot leaves by itself
+                    slot.tasks.send(None)  # an idle slot leaves by itself
         for slot in self._slots:
             self._retire(slot)
             slot.key = None
@@ -273,12 +300,5 @@ class LocalPool:
                 if slot.key is None:
                     slot.process.join(timeout=WORKER_EXIT_GRACE_S)
                 stop_processes([slot.process])
-            slot.conn.close()
-        slot.process = slot.conn = None
-
-
-def _poll(conn) -> bool:
-    try:
-        return conn.poll()
-    except (EOFError, OSError):
-        return False
+            slot.tasks.close()  # its reports' pipe ends with the process: its reader closes it
+        slot.process = slot.tasks = None

@@ -1,17 +1,21 @@
 """What the local launcher and the pool both do with the processes they start on this machine.
 
 Share out the cores and size each one's threads before it starts, make it follow its launcher
-out, stop it, and say how it ended; LOOPBACK is the address they meet on.
+out, carry its reports (`PipeChannel` in it, `PipeReader` in the parent), stop it, and say how
+it ended; LOOPBACK is the address they meet on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import signal
 import threading
 import time
+from dataclasses import dataclass
 
+from dlscale.errors import one_line
 from dlscale.launch.base import WORKER_EXIT_GRACE_S
 from dlscale.launch.start import parent_alive, wait_for_parent_exit
 from dlscale.signals import end_with_parent
@@ -23,8 +27,9 @@ class PipeChannel:
     """A worker's reports on its own pipe (a sweep slot's, a launcher worker's): a worker killed
     mid-send can only garble its own channel, never another's, as a shared queue could (a
     multiprocessing Queue's write lock, held by a worker killed mid-put, blocks every other
-    writer for good). The worker's heartbeat thread sends on it too, so every send holds the
-    lock."""
+    writer for good). The parent reads each pipe on a thread of its own (`PipeReader`), so a
+    send waits only while the parent's process does not run, not while it prints or steps. The
+    worker's heartbeat thread sends on it too, so every send holds the lock."""
 
     def __init__(self, conn):
         self.conn = conn
@@ -36,6 +41,48 @@ class PipeChannel:
     def send(self, message: tuple) -> None:
         with self.lock:
             self.conn.send(message)
+
+
+@dataclass(frozen=True)
+class PipeEnd:
+    """A report pipe's last word from its `PipeReader`: closed by its writers (`garbled` None),
+    or dropped after a message that could not be read (`garbled`: why)."""
+
+    garbled: str | None = None
+
+
+class PipeReader:
+    """A worker's report pipe, read on a thread of its own into `arrived` as (key, message),
+    then (key, PipeEnd) once.
+
+    The launcher (or pool) never waits in a receive itself: a worker stopped (SIGSTOP) in the
+    middle of a message holds only its own reader, and one that floods its pipe delays no
+    other's messages, which all arrive in order on one queue. The thread closes the pipe at its
+    end: closed from another thread while this one reads, the descriptor's number could be
+    reused under the read. A message cut short by its writer's death reads as the pipe's end
+    (the exit code tells the rest); one that does not unpickle is named (`PipeEnd.garbled`),
+    and nothing after it is read: the stream's framing can no longer be trusted."""
+
+    def __init__(self, conn, key, arrived: queue.Queue):
+        self.conn, self.key, self.arrived = conn, key, arrived
+        self.thread = threading.Thread(target=self._read, daemon=True, name=f"dlscale-read-{key}")
+        self.thread.start()
+
+    def _read(self) -> None:
+        garbled = None
+        try:
+            while True:
+                self.arrived.put((self.key, self.conn.recv()))
+        except (EOFError, OSError):  # every writer gone, perhaps mid-message
+            pass
+        except Exception as exc:  # bytes that are no message: an unpickling error of any kind
+            garbled = f"{type(exc).__name__}: {one_line(exc)}"
+        finally:
+            self.conn.close()
+            self.arrived.put((self.key, PipeEnd(garbled)))
+
+    def join(self, timeout: float) -> None:
+        self.thread.join(timeout)
 
 
 def available_cores() -> int:
