@@ -4,12 +4,14 @@
 On the code before PipeReader a slot stopped in the middle of a message held the pool in its
 receive for good, a slot whose pipe carried bytes that are no message crashed the pool's wait
 with an unpickling error, and a slot reporting while the owner did not call `wait` stopped once
-its pipe was full.
+its pipe was full. And a slot that died while a process it started held its pipe open must
+still end its task (the pool noticed deaths by the process's sentinel before).
 """
 
 import os
 import signal
 import struct
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -50,8 +52,9 @@ def after_the_stop(context, folder):
 
 def garbles_its_pipe(context, folder):
     with context.events.lock:
-        os.write(context.events.conn.fileno(), struct.pack("!i", 8) + b"\x00garbage")
-    return "unread"
+        for _ in range(2):
+            os.write(context.events.conn.fileno(), struct.pack("!i", 8) + b"\x00garbage")
+    return "read"
 
 
 def whoami(context, payload):
@@ -63,6 +66,12 @@ def floods_its_reports(context, folder):
         context.send("progress", "x" * 1024)
     (Path(folder) / "sent").touch()
     return "sent"
+
+
+def dies_leaving_its_pipe_open(context, folder):
+    holder = subprocess.Popen(["sleep", "300"], pass_fds=(context.events.conn.fileno(),))
+    (Path(folder) / "holder").write_text(str(holder.pid))
+    os._exit(3)
 
 
 def in_thread(work, guard_s: float = 120.0):
@@ -107,24 +116,24 @@ def test_a_slot_stopped_in_the_middle_of_a_message_holds_up_no_other(pool, tmp_p
     assert pool.running == []
 
 
-def test_a_garbled_report_fails_its_task_alone(pool, tmp_path):
+def test_a_garbled_report_is_named_and_skipped(pool, tmp_path):
     pool.submit("garbled", garbles_its_pipe, str(tmp_path))
-    first = pool._slots[0].process.pid
+    events = []
 
     def until_it_ends():
         while True:
-            for ended in pool.wait(0.2):
+            for ended in pool.wait(0.2, lambda *event: events.append(event)):
                 return ended
 
     outcome = in_thread(until_it_ends)
+    # The code before crashed the pool's wait with the unpickling error.
     assert outcome is not None and "error" not in outcome, outcome
     ended = outcome["value"]
-    assert (ended.key, ended.ok) == ("garbled", False)
-    assert ended.value.startswith("its reports could not be read (UnpicklingError: ")
-    pool.submit("next", whoami, None)  # the slot runs on, on a fresh process
-    outcome = in_thread(until_it_ends)
-    assert outcome is not None and "error" not in outcome, outcome
-    assert outcome["value"].ok and outcome["value"].value not in (first, os.getpid())
+    assert (ended.key, ended.ok, ended.value) == ("garbled", True, "read")
+    warnings = [(key, args[0]) for key, kind, args in events if kind == "warn"]
+    assert len(warnings) == 1, events  # once per process
+    assert warnings[0][0] == "garbled"
+    assert warnings[0][1].startswith("the task sent a report that cannot be read (Unpickling")
 
 
 def test_a_slot_reports_on_while_its_owner_does_not_wait(pool, tmp_path):
@@ -140,3 +149,24 @@ def test_a_slot_reports_on_while_its_owner_does_not_wait(pool, tmp_path):
         done = pool.wait(0.2, on_event)
     assert (done[0].key, done[0].ok, done[0].value) == ("flood", True, "sent")
     assert progress == ["flood"] * (8 * PIPE_BYTES // 1024)
+
+
+def test_a_slot_dead_while_another_process_holds_its_pipe_ends_its_task(pool, tmp_path):
+    pool.submit("dead", dies_leaving_its_pipe_open, str(tmp_path))
+
+    def until_it_ends():
+        while True:
+            for ended in pool.wait(0.2):
+                return ended
+
+    try:
+        outcome = in_thread(until_it_ends)
+    finally:
+        holder = tmp_path / "holder"
+        if holder.exists():
+            os.kill(int(holder.read_text()), signal.SIGKILL)
+    # Judged by its exit once PIPE_END_GRACE_S passed without its pipe's end: not waited on.
+    assert outcome is not None, "the pool waits for a pipe a live process holds"
+    assert "error" not in outcome, outcome
+    ended = outcome["value"]
+    assert (ended.key, ended.ok, ended.value) == ("dead", False, "process exited with code 3")

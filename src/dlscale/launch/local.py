@@ -40,9 +40,11 @@ from dlscale.launch.heartbeat import Silence, start_beating
 from dlscale.launch.pool import LocalPool
 from dlscale.launch.processes import (
     LOOPBACK,
+    PIPE_END_GRACE_S,
     PipeChannel,
     PipeEnd,
     PipeReader,
+    Unreadable,
     available_cores,
     describe_exit,
     die_with_parent,
@@ -55,7 +57,6 @@ from dlscale.signals import end_by_signal, stop_once
 
 POLL_S = 0.05
 DEATH_NOTICE_S = 2.0  # how long to look for a dead peer behind a worker's error
-PIPE_END_GRACE_S = 5.0  # an exited worker whose pipe another process holds: its code after this
 
 
 def check_port(port: int, host: str = LOOPBACK) -> int:
@@ -146,6 +147,7 @@ class _Inbox:
         self.results: collections.deque = collections.deque()
         self.events: collections.deque = collections.deque()
         self.ended: set[int] = set()  # ranks whose pipe's end has been read
+        self.garbled: set[int] = set()  # ranks that sent a message that did not unpickle
 
     def add(self, rank: int, conn) -> None:
         self.readers.append(PipeReader(conn, rank, self.arrived))
@@ -166,12 +168,12 @@ class _Inbox:
     def _sort(self, rank: int, message) -> None:
         if isinstance(message, PipeEnd):
             self.ended.add(rank)
-            if message.garbled:  # said, not dropped silently: its silence is not a stop
-                why = (
-                    f"worker {rank}'s reports cannot be read any more (a garbled message: "
-                    f"{message.garbled}); its exit will say how it ended"
-                )
-                self.events.append(("warn", (why,)))
+            return
+        if isinstance(message, Unreadable):  # said once, not dropped silently
+            if rank not in self.garbled:
+                self.garbled.add(rank)
+                line = f"worker {rank} sent a report that cannot be read ({message.why}); skipped"
+                self.events.append(("warn", (line,)))
             return
         kind, item = message
         (self.results if kind == "result" else self.events).append(item)

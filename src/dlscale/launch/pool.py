@@ -11,8 +11,9 @@ failure may have left it in any state). One that kills its process (a crash, SIG
 out of memory) fails alone too, and so does one that is cancelled (its process is stopped):
 the slot starts a fresh process for its next task. A task's events and result come back on a
 pipe of the slot's own, read on a thread of its own (`PipeReader`): a slot stopped mid-message
-holds up no other, one whose reports cannot be read fails its task alone, and a slot never waits
-for its owner to call `wait`.
+holds up no other, a report that cannot be read is named and skipped, and a slot never waits
+for its owner to call `wait`. A process that dies while one it started holds that pipe open
+ends its task PIPE_END_GRACE_S later, by its exit code.
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ from dlscale.launch.base import (
 from dlscale.launch.heartbeat import BEAT_INTERVAL_S, HEARTBEAT, Silence
 from dlscale.launch.processes import (
     LOOPBACK,
+    PIPE_END_GRACE_S,
     PipeChannel,
     PipeEnd,
     PipeReader,
+    Unreadable,
     available_cores,
     describe_exit,
     die_with_parent,
@@ -131,6 +134,8 @@ class _Slot:
     tasks: Any = None  # the pipe its tasks go down; its reports come up another (`_start`)
     key: str | None = None  # the task it runs now
     generation: int = 0  # its processes started: a retired one's last reports are ignored
+    dead_since: float | None = None  # when its process was first seen exited, its pipe open
+    garbled: bool = False  # its process sent a report that did not unpickle (said once)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
@@ -177,7 +182,7 @@ class LocalPool:
         self._retire(slot)
         tasks_in, tasks_out = self.ctx.Pipe(duplex=False)
         reports_in, reports_out = self.ctx.Pipe(duplex=False)
-        process = None
+        process = reader = None
         try:  # a stop anywhere in here (the forkserver answering, say) leaves the slot empty
             with thread_env(self.threads):
                 process = self.ctx.Process(
@@ -195,17 +200,20 @@ class LocalPool:
                     name=f"dlscale-slot-{slot.index}",
                 )
                 process.start()
+            tasks_in.close()  # the child holds these ends: its reports' pipe ends when it does
+            reports_out.close()
+            slot.generation += 1
+            slot.process, slot.tasks = process, tasks_out
+            slot.dead_since, slot.garbled = None, False
+            reader = PipeReader(reports_in, (slot.index, slot.generation), self.arrived)
         except BaseException:
+            slot.process = slot.tasks = None
             if process is not None:
                 stop_processes([process])  # only if it started
-            for conn in (tasks_in, tasks_out, reports_in, reports_out):
+            # Closing twice does nothing; a reader already running closes its own end.
+            for conn in (tasks_in, tasks_out, reports_out) + (() if reader else (reports_in,)):
                 conn.close()
             raise
-        tasks_in.close()  # the child holds these ends: its reports' pipe ends when it does
-        reports_out.close()
-        slot.generation += 1
-        slot.process, slot.tasks = process, tasks_out
-        PipeReader(reports_in, (slot.index, slot.generation), self.arrived)
         self.started += 1
 
     def _gpus(self, index: int) -> str | None:
@@ -227,9 +235,25 @@ class LocalPool:
                 done.append(ended)
                 slot.key = None
         for slot in busy:
+            if slot.key is not None and (ended := self._exited(slot)) is not None:
+                done.append(ended)
+                slot.key = None
             if slot.key is not None:
                 self.silence.check([slot.index], self._forward(slot, on_event))
         return done
+
+    def _exited(self, slot: _Slot) -> TaskDone | None:
+        """The task's end by its process's exit, where the pipe's end has not come within
+        PIPE_END_GRACE_S of it (a process the task forked holds the pipe open)."""
+        if slot.process.is_alive():
+            return None
+        if slot.dead_since is None:
+            slot.dead_since = time.monotonic()
+        if time.monotonic() - slot.dead_since <= PIPE_END_GRACE_S:
+            return None
+        why = f"process {describe_exit(slot.process.exitcode)}"
+        self._retire(slot)
+        return TaskDone(slot.key, False, why)
 
     def _arrivals(self, timeout: float) -> list[tuple]:
         """What the slots reported, waiting up to `timeout` for the first report."""
@@ -259,15 +283,18 @@ class LocalPool:
 
     def _take(self, slot: _Slot, message, on_event) -> TaskDone | None:
         """One report of the slot's task: an event handed over, or the task's end."""
-        if isinstance(message, PipeEnd):  # the process is gone, or its reports unreadable
-            if message.garbled is not None:
-                why = f"its reports could not be read ({message.garbled})"
-            else:
-                slot.process.join(timeout=WORKER_EXIT_GRACE_S)  # its pipe ends as it exits
-                stop_processes([slot.process])  # or it closed the pipe and lives on: stopped
-                why = f"process {describe_exit(slot.process.exitcode)}"
+        if isinstance(message, PipeEnd):  # the process is gone
+            slot.process.join(timeout=WORKER_EXIT_GRACE_S)  # its pipe ends as it exits
+            stop_processes([slot.process])  # or it closed the pipe and lives on: stopped
+            why = f"process {describe_exit(slot.process.exitcode)}"
             self._retire(slot)
             return TaskDone(slot.key, False, why)
+        if isinstance(message, Unreadable):  # said to the owner, once per process
+            if not slot.garbled:
+                slot.garbled = True
+                line = f"the task sent a report that cannot be read ({message.why}); skipped"
+                self._forward(slot, on_event)("warn", (line,))
+            return None
         if message[0] == "event":
             self._forward(slot, on_event)(*message[1])
             return None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -21,6 +22,10 @@ from dlscale.launch.start import parent_alive, wait_for_parent_exit
 from dlscale.signals import end_with_parent
 
 LOOPBACK = "127.0.0.1"
+# A worker that has exited, but whose report pipe another process still holds open (a data
+# loader's worker it forked, until that sees its parent gone: torch checks every 5 s), is judged
+# by its exit code after this long without its pipe's end.
+PIPE_END_GRACE_S = 6.0
 
 
 class PipeChannel:
@@ -45,23 +50,28 @@ class PipeChannel:
 
 @dataclass(frozen=True)
 class PipeEnd:
-    """A report pipe's last word from its `PipeReader`: closed by its writers (`garbled` None),
-    or dropped after a message that could not be read (`garbled`: why)."""
+    """A report pipe's last word from its `PipeReader`: every writer has closed it (the worker
+    exited, or was killed, perhaps in the middle of a message)."""
 
-    garbled: str | None = None
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A message on a report pipe that did not unpickle (`why`); the reader reads on."""
+
+    why: str
 
 
 class PipeReader:
     """A worker's report pipe, read on a thread of its own into `arrived` as (key, message),
-    then (key, PipeEnd) once.
+    then (key, PipeEnd()) once.
 
     The launcher (or pool) never waits in a receive itself: a worker stopped (SIGSTOP) in the
-    middle of a message holds only its own reader, and one that floods its pipe delays no
-    other's messages, which all arrive in order on one queue. The thread closes the pipe at its
-    end: closed from another thread while this one reads, the descriptor's number could be
-    reused under the read. A message cut short by its writer's death reads as the pipe's end
-    (the exit code tells the rest); one that does not unpickle is named (`PipeEnd.garbled`),
-    and nothing after it is read: the stream's framing can no longer be trusted."""
+    middle of a message holds only its own reader, and a worker never waits on a full pipe
+    while its launcher prints. The thread closes the pipe at its end: closed from another
+    thread while this one reads, the descriptor's number could be reused under the read. A
+    message cut short by its writer's death reads as the pipe's end (the exit code tells the
+    rest); one whose bytes do not unpickle arrives as `Unreadable` and the next is read as
+    usual (each message comes whole, its length first, before it is unpickled)."""
 
     def __init__(self, conn, key, arrived: queue.Queue):
         self.conn, self.key, self.arrived = conn, key, arrived
@@ -69,17 +79,21 @@ class PipeReader:
         self.thread.start()
 
     def _read(self) -> None:
-        garbled = None
         try:
             while True:
-                self.arrived.put((self.key, self.conn.recv()))
+                data = self.conn.recv_bytes()
+                try:
+                    message = pickle.loads(data)
+                except Exception as exc:  # bytes that are no message: any unpickling error
+                    message = Unreadable(f"{type(exc).__name__}: {one_line(exc)}")
+                self.arrived.put((self.key, message))
         except (EOFError, OSError):  # every writer gone, perhaps mid-message
             pass
-        except Exception as exc:  # bytes that are no message: an unpickling error of any kind
-            garbled = f"{type(exc).__name__}: {one_line(exc)}"
         finally:
-            self.conn.close()
-            self.arrived.put((self.key, PipeEnd(garbled)))
+            try:
+                self.conn.close()
+            finally:
+                self.arrived.put((self.key, PipeEnd()))
 
     def join(self, timeout: float) -> None:
         self.thread.join(timeout)
@@ -128,7 +142,9 @@ def thread_env(threads: int):
                 os.environ[name] = value
 
 
-def describe_exit(code: int) -> str:
+def describe_exit(code: int | None) -> str:
+    if code is None:  # still not reaped after SIGKILL (a driver's teardown, say)
+        return "did not end when killed"
     if code < 0:
         name = signal.Signals(-code).name
         hint = " (out of memory, or killed)" if name == "SIGKILL" else ""
