@@ -40,22 +40,39 @@ def stop_once() -> None:
     _unless_ignored(signal.SIGTERM, _interrupted_once)
 
 
+def ignore(*signums: int) -> None:
+    """Ignore these signals from now on, one already on its way included.
+
+    Set to SIG_IGN, a signal that arrived just before, while a Python handler was in place, is
+    still handled by CPython, which then finds SIG_IGN and raises OSError("Signal 15 ignored due
+    to race condition") wherever the process stands: in the middle of its cleanup, printed as a
+    traceback (found by pressing Ctrl-C on a ddp run: each worker took the terminal's SIGINT
+    and the launcher's SIGTERM together). A handler that does nothing takes it instead, and the
+    system calls it interrupts are restarted."""
+    for signum in signums:
+        signal.signal(signum, _swallow)
+        signal.siginterrupt(signum, False)
+
+
+def _swallow(signum, frame) -> None:
+    """A signal `ignore` ignores."""
+
+
 def _unless_ignored(signum: int, handler) -> None:
     """A signal this process was started with ignored stays ignored: `dlscale train ... &` from a
     script ignores SIGINT, and so do sweep slots on purpose; a worker that took Ctrl-C anyway
     would die of it while its parent carries on and blames it."""
-    if signal.getsignal(signum) is not signal.SIG_IGN:
+    if signal.getsignal(signum) not in (signal.SIG_IGN, _swallow):
         signal.signal(signum, handler)
 
 
 def _terminated(signum, frame) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore(signal.SIGTERM)
     raise Terminated
 
 
 def _interrupted_once(signum, frame) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ignore(signal.SIGINT, signal.SIGTERM)
     raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
 

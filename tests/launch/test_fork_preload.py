@@ -1,5 +1,6 @@
 """Local workers fork from a server that has already imported what their first step needs."""
 
+import subprocess
 import sys
 
 from dlscale.launch import start
@@ -22,3 +23,28 @@ def test_a_worker_starts_with_torch_and_dynamo_already_imported():
     assert process.exitcode == 0
     assert found["torch"] and found["torch._dynamo"], found
     assert all(found.values()), found
+
+
+QUIET_IMPORT = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the caller left
+sys.path.insert(0, sys.argv[1])
+from dlscale.launch.start import import_quietly
+import_quietly(["interrupts", "no_such_module_here", "json"])
+assert "interrupts" in sys.modules and "json" in sys.modules
+assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+print("imported")
+"""
+
+
+def test_the_servers_imports_ignore_ctrl_c_and_leave_its_handler_as_it_was(tmp_path):
+    """Ctrl-C while the fork server imports reached it too (it is in the terminal's process
+    group) and printed the interrupted import's traceback. A module that is Ctrl-C'd as it is
+    imported stands in for the moment."""
+    (tmp_path / "interrupts.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", QUIET_IMPORT, str(tmp_path)], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stderr, done.stdout.strip()) == (0, "", "imported")

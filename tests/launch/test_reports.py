@@ -14,8 +14,6 @@ import gc
 import multiprocessing.queues
 import os
 import signal
-import struct
-import subprocess
 import threading
 import time
 from pathlib import Path
@@ -25,10 +23,8 @@ import pytest
 
 from dlscale.launch import local
 from dlscale.launch.base import READY, Resources, WorkerFailed
-from dlscale.launch.heartbeat import process_state
 from dlscale.launch.processes import PipeEnd
-
-PIPE_BYTES = 64 * 1024  # Linux's default pipe buffer: a writer blocks once this much is unread
+from tests.launch import pipe_faults as faults
 
 
 def killed_holding_its_report_locks(context, payload):
@@ -68,7 +64,7 @@ def test_a_worker_killed_while_it_reports_stops_no_other_report(monkeypatch):
 
     def run():
         try:
-            outcome["results"] = launch()
+            outcome["value"] = launch()
         except BaseException as exc:  # told below, not lost in the thread
             outcome["error"] = exc
 
@@ -88,7 +84,7 @@ def test_a_worker_killed_while_it_reports_stops_no_other_report(monkeypatch):
         runner.join(timeout=120)
         assert not runner.is_alive(), "the launcher still waits on the surviving worker"
         assert "error" not in outcome, outcome
-        assert outcome["results"] == [0, None]  # worker 1 lost, worker 0's result in
+        assert outcome["value"] == [0, None]  # worker 1 lost, worker 0's result in
         assert ("progress", (0,)) in events
         lost = f"worker 1 (pid {ctx.made[1].pid}) was killed by SIGKILL (out of memory, or killed)"
         assert ("warn", (f"{lost}; training continues without it",)) in events
@@ -99,37 +95,18 @@ def test_a_worker_killed_while_it_reports_stops_no_other_report(monkeypatch):
                 process.join()
 
 
-def wait_for(condition, guard_s: float = 60.0) -> bool:
-    """Poll `condition` until it holds or the guard runs out (a hang's guard, not a timing)."""
-    deadline = time.monotonic() + guard_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def launch_in_thread(ctx, fn, payload, workers, events, expendable=frozenset(), guard_s=120):
-    """Run the launcher on a thread; its results or its error, None if it still runs."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["results"] = local.LocalLauncher().run(
-                fn,
-                payload,
-                workers,
-                Resources(cpus=1.0),
-                on_event=lambda kind, args: events.append((kind, args)),
-                expendable=expendable,
-            )
-        except BaseException as exc:  # told below, not lost in the thread
-            outcome["error"] = exc
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    runner.join(timeout=guard_s)
-    return None if runner.is_alive() else outcome
+def launch_in_thread(fn, payload, workers, events, expendable=frozenset()):
+    """Run the launcher on a thread: {"value": results} or {"error": …}, None if it still runs."""
+    return faults.in_thread(
+        lambda: local.LocalLauncher().run(
+            fn,
+            payload,
+            workers,
+            Resources(cpus=1.0),
+            on_event=lambda kind, args: events.append((kind, args)),
+            expendable=expendable,
+        )
+    )
 
 
 @pytest.fixture
@@ -146,17 +123,11 @@ def recorded(monkeypatch):
 def stopped_in_mid_message(context, folder):
     """Worker 1 sends the start of a long message and stops (SIGSTOP) before its end; worker 0
     reports once worker 1 is stopped."""
-    folder = Path(folder)
     context.send(READY, context.rank)
     if context.rank == 1:
-        (folder / "pid").write_text(str(os.getpid()))
-        with context.events.lock:  # as a send of 100 KB stopped after its first bytes
-            os.write(context.events.conn.fileno(), struct.pack("!i", 100_000) + b"x" * 100)
-            os.kill(os.getpid(), signal.SIGSTOP)
+        faults.stop_in_mid_message(context, folder)
         return 1
-    assert wait_for(lambda: (folder / "pid").exists()), "worker 1 never got going"
-    pid = int((folder / "pid").read_text())
-    assert wait_for(lambda: process_state(pid) == "T"), "worker 1 never stopped"
+    faults.wait_until_stopped(folder)
     context.send("progress", context.rank)
     return 0
 
@@ -166,11 +137,11 @@ def test_a_worker_stopped_in_the_middle_of_a_message_holds_up_no_other(
 ):
     monkeypatch.setattr(local, "RESULT_GRACE_S", 3.0)  # worker 1 is left behind after this
     events = []
-    outcome = launch_in_thread(recorded, stopped_in_mid_message, str(tmp_path), 2, events, {1})
+    outcome = launch_in_thread(stopped_in_mid_message, str(tmp_path), 2, events, {1})
     # On the code before PipeReader the launcher sat in worker 1's recv for good.
     assert outcome is not None, "the launcher still waits in the stopped worker's message"
     assert "error" not in outcome, outcome
-    assert outcome["results"] == [0, None]
+    assert outcome["value"] == [0, None]
     assert ("progress", (0,)) in events
     lost = "worker 1 did not finish within 3 s of the others; training continues without it"
     assert ("warn", (lost,)) in events
@@ -180,18 +151,16 @@ def garbles_its_pipe(context, folder):
     """Worker 1 writes two framed messages that are no pickle, then goes on to its events and
     result."""
     if context.rank == 1:
-        with context.events.lock:
-            for _ in range(2):
-                os.write(context.events.conn.fileno(), struct.pack("!i", 8) + b"\x00garbage")
+        faults.garble(context)
     context.send("progress", context.rank)
     return context.rank
 
 
 def test_a_garbled_report_is_named_and_skipped(recorded, tmp_path):
     events = []
-    outcome = launch_in_thread(recorded, garbles_its_pipe, str(tmp_path), 2, events)
+    outcome = launch_in_thread(garbles_its_pipe, str(tmp_path), 2, events)
     assert outcome is not None and "error" not in outcome, outcome
-    assert outcome["results"] == [0, 1]  # worker 1's result, sent after the garbage, read
+    assert outcome["value"] == [0, 1]  # worker 1's result, sent after the garbage, read
     assert ("progress", (1,)) in events
     warnings = [args[0] for kind, args in events if kind == "warn"]
     assert len(warnings) == 1, events  # once per worker; the code before said nothing
@@ -204,8 +173,8 @@ def floods_its_reports(context, folder):
     then says it got past them."""
     folder = Path(folder)
     context.send("begin", context.rank)
-    assert wait_for((folder / "busy").exists), "the launcher never took the first event"
-    for _ in range(8 * PIPE_BYTES // 1024):
+    assert faults.wait_for((folder / "busy").exists), "the launcher never took the first event"
+    for _ in range(8 * faults.PIPE_BYTES // 1024):
         context.send("progress", "x" * 1024)
     (folder / "sent").touch()
     return context.rank
@@ -220,40 +189,26 @@ def test_a_launcher_busy_elsewhere_does_not_stop_a_worker_that_reports(recorded,
     def on_event(kind, args):
         if kind == "begin":
             (tmp_path / "busy").touch()
-            got_past.append(wait_for((tmp_path / "sent").exists))
+            got_past.append(faults.wait_for((tmp_path / "sent").exists))
         events.append((kind, args))
 
-    outcome = {}
-
-    def run():
-        outcome["results"] = local.LocalLauncher().run(
+    outcome = faults.in_thread(
+        lambda: local.LocalLauncher().run(
             floods_its_reports, str(tmp_path), 1, Resources(cpus=1.0), on_event=on_event
-        )
-
-    runner = threading.Thread(target=run, daemon=True)
-    runner.start()
-    runner.join(timeout=180)
+        ),
+        guard_s=180,
+    )
     assert got_past == [True], "the worker waited on its pipe while the launcher was busy"
-    assert outcome.get("results") == [0]
-    assert sum(kind == "progress" for kind, _ in events) == 8 * PIPE_BYTES // 1024
-
-
-def dies_leaving_its_pipe_open(context, folder):
-    """The worker starts a process that holds its report pipe open (as a data loader's worker
-    it forked would), then dies without a report."""
-    holder = subprocess.Popen(["sleep", "300"], pass_fds=(context.events.conn.fileno(),))
-    (Path(folder) / "holder").write_text(str(holder.pid))
-    os._exit(3)
+    assert outcome == {"value": [0]}
+    assert sum(kind == "progress" for kind, _ in events) == 8 * faults.PIPE_BYTES // 1024
 
 
 def test_a_worker_dead_while_another_process_holds_its_pipe_is_named(recorded, tmp_path):
     events = []
     try:
-        outcome = launch_in_thread(recorded, dies_leaving_its_pipe_open, str(tmp_path), 1, events)
+        outcome = launch_in_thread(faults.die_leaving_the_pipe_open, str(tmp_path), 1, events)
     finally:
-        holder = tmp_path / "holder"
-        if holder.exists():
-            os.kill(int(holder.read_text()), signal.SIGKILL)
+        faults.kill_holder(tmp_path)
     # Judged by its exit once PIPE_END_GRACE_S passed without its pipe's end: not waited on.
     assert outcome is not None, "the launcher waits for a pipe a live process holds"
     assert isinstance(outcome.get("error"), WorkerFailed), outcome

@@ -13,9 +13,12 @@ spawned process would have it) and `parent_alive()` watches the launcher itself.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import multiprocessing as mp
 import multiprocessing.connection
 import os
+import signal
 import time
 
 # What every worker needs before its first step; a module that fails to import is skipped.
@@ -41,9 +44,23 @@ def context():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     if not _configured:
-        ctx.set_forkserver_preload(PRELOAD)
+        ctx.set_forkserver_preload(["dlscale.launch.server_preload"])  # PRELOAD, Ctrl-C ignored
         _configured = True
     return ctx
+
+
+def import_quietly(names: list[str]) -> None:
+    """Import these modules (one that fails to import is skipped) with SIGINT ignored, then put
+    back the handler that was in place. The fork server does so (launch/server_preload.py): it
+    runs in the terminal's process group, and Ctrl-C in the seconds its imports take printed
+    the interrupted import's traceback (found by trying it); the launcher stops its workers."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        for name in names:
+            with contextlib.suppress(ImportError):
+                importlib.import_module(name)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_DFL if before is None else before)
 
 
 def environment() -> dict[str, str]:
