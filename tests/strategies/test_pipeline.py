@@ -1,6 +1,8 @@
 """Pipeline and hybrid: the split, equality with one process, the memory cap, the record."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -342,3 +344,21 @@ def test_2bw_records_staleness_and_no_steady_idle_slot_where_gpipe_has_some(tmp_
     assert pipe["staleness_histogram"] == {"0": 1, "1": 5} and pipe["max_staleness"] == 1
     assert gpipe["staleness_histogram"] == {"0": 6} and gpipe["mean_staleness"] == 0
     assert pipe["bubble_predicted"] == 0 and gpipe["bubble_predicted"] == pytest.approx(0.2)
+
+
+FX_STAGE_CALL = """
+import torch, torch.fx
+from dlscale.strategies.pipeline.exchange import thread_progress_lock
+thread_progress_lock()
+module = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))
+torch.fx.Interpreter(module).run(torch.zeros(1, 2))  # as a pipeline stage's call does
+from tqdm.std import TqdmDefaultWriteLock
+print(getattr(TqdmDefaultWriteLock, "mp_lock", None))
+"""
+
+
+def test_a_stage_call_makes_no_multiprocessing_lock():
+    """torch.fx's Interpreter opens a disabled tqdm bar on each call; tqdm's default lock is a
+    multiprocessing one, whose semaphore was reported as leaked when Ctrl-C ended the workers."""
+    done = subprocess.run([sys.executable, "-c", FX_STAGE_CALL], capture_output=True, text=True)
+    assert (done.returncode, done.stdout.strip()) == (0, "None"), done.stderr
