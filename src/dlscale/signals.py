@@ -43,12 +43,13 @@ def stop_once() -> None:
 def ignore(*signums: int) -> None:
     """Ignore these signals from now on, one already on its way included.
 
-    Set to SIG_IGN, a signal that arrived just before, while a Python handler was in place, is
-    still handled by CPython, which then finds SIG_IGN and raises OSError("Signal 15 ignored due
-    to race condition") wherever the process stands: in the middle of its cleanup, printed as a
-    traceback (found by pressing Ctrl-C on a ddp run: each worker took the terminal's SIGINT
-    and the launcher's SIGTERM together). A handler that does nothing takes it instead, and the
-    system calls it interrupts are restarted."""
+    Set to SIG_IGN from inside a handler, a signal that arrived just before is still handled by
+    CPython, which then finds SIG_IGN and prints OSError("Signal 15 ignored due to race
+    condition") as a traceback in the middle of the cleanup (found by pressing Ctrl-C on a ddp
+    run: each worker took the terminal's SIGINT and the launcher's SIGTERM together). A handler
+    that does nothing takes it instead, and the system calls it interrupts are restarted. Only
+    the handlers below need it: outside a handler, `signal.signal` runs a pending handler first,
+    and SIG_IGN (kept through exec and Python's shutdown) is the better choice there."""
     for signum in signums:
         signal.signal(signum, _swallow)
         signal.siginterrupt(signum, False)

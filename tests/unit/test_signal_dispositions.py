@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from dlscale import signals
 from dlscale.signals import stop_on_sigterm, stop_once
 
 
@@ -32,8 +33,11 @@ def test_a_worker_unwinds_on_sigint_where_it_was_not_ignored(restored_signals):
     stop_once()
     with pytest.raises(KeyboardInterrupt):
         signal.raise_signal(signal.SIGINT)
-    signal.raise_signal(signal.SIGTERM)  # once: the next one is ignored, raises nothing
-    signal.raise_signal(signal.SIGINT)
+    # Once: the next one is ignored (a handler that does nothing, not the default that would
+    # end this test process).
+    assert signal.getsignal(signal.SIGTERM) is signals._swallow
+    assert signal.getsignal(signal.SIGINT) is signals._swallow
+    signal.raise_signal(signal.SIGTERM)
 
 
 def test_the_command_keeps_an_inherited_ignored_sigterm(restored_signals):

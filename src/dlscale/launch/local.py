@@ -53,7 +53,7 @@ from dlscale.launch.processes import (
 )
 from dlscale.launch.start import adopt, environment
 from dlscale.launch.start import context as start_context
-from dlscale.signals import end_by_signal, ignore, stop_once
+from dlscale.signals import end_by_signal, stop_once
 
 POLL_S = 0.05
 DEATH_NOTICE_S = 2.0  # how long to look for a dead peer behind a worker's error
@@ -118,7 +118,8 @@ def _entry(
             failed = True
         # Reported: this process only exits now. The launcher's SIGTERM, sent the moment it
         # reads a failure (or the last result), must not raise in the exit and print a trace.
-        ignore(signal.SIGINT, signal.SIGTERM)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # set outside a handler: no race
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except KeyboardInterrupt as stop:
         # Told to stop, not failed: no traceback, no report. So too when the stop lands while
         # this worker reports its own failure (its peer died; the launcher is stopping all).

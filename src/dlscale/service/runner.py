@@ -37,7 +37,6 @@ from dlscale.service.layout import (
     SOCKET,
     SPEC_FILE,
 )
-from dlscale.signals import ignore
 
 PROGRESS_EVERY_S = 2.0  # a step line in the log at most this often
 EXIT_CODES = {"succeeded": 0, "failed": 1, "cancelled": 130}
@@ -217,7 +216,8 @@ def _interrupt(signum, frame) -> None:
 def _ignore_signals() -> None:
     """From the first cancel on: the server resends it until the process is gone, and a second
     one must not interrupt the writing of the result."""
-    ignore(signal.SIGINT, signal.SIGTERM)  # one already on its way included
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _last_checkpoint(folder: Path) -> str | None:
