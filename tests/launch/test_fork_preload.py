@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 from dlscale.launch import start
+from tests.conftest import default_sigint
 
 
 def modules_at_start(queue) -> None:
@@ -45,6 +46,9 @@ def test_the_servers_imports_ignore_ctrl_c_and_leave_its_handler_as_it_was(tmp_p
         "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", QUIET_IMPORT, str(tmp_path)], capture_output=True, text=True
+        [sys.executable, "-c", QUIET_IMPORT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        preexec_fn=default_sigint,  # the child is sent SIGINT, whatever the suite inherited
     )
     assert (done.returncode, done.stderr, done.stdout.strip()) == (0, "", "imported")

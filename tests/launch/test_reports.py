@@ -23,7 +23,7 @@ import pytest
 
 from dlscale.launch import local
 from dlscale.launch.base import READY, Resources, WorkerFailed
-from dlscale.launch.processes import PipeEnd
+from dlscale.launch.processes import PIPE_END_GRACE_S, PipeEnd
 from tests.launch import pipe_faults as faults
 
 
@@ -229,5 +229,5 @@ def test_an_exit_code_waits_for_the_reports_sent_before_it():
     assert worker.exitcode == 1
     held = local._Reported(SimpleNamespace(exitcode=-9, pid=8), 1, inbox)
     assert held.exitcode is None
-    held.exited -= local.PIPE_END_GRACE_S + 1  # its pipe held open by a process it forked
+    held.watch.exited -= PIPE_END_GRACE_S + 1  # its pipe held open by a process it forked
     assert held.exitcode == -9

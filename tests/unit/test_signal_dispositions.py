@@ -10,6 +10,7 @@ import pytest
 
 from dlscale import signals
 from dlscale.signals import stop_on_sigterm, stop_once
+from tests.conftest import default_sigint
 
 
 @pytest.fixture
@@ -76,7 +77,12 @@ def test_a_worker_given_sigint_and_sigterm_together_unwinds_once_and_cleanly():
     the second, caught by the process before the first's handler set it ignored, used to raise
     OSError("Signal 15 ignored due to race condition") in the middle of the cleanup (a
     traceback printed by each ddp worker)."""
-    done = subprocess.run([sys.executable, "-c", BOTH_AT_ONCE], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH_AT_ONCE],
+        capture_output=True,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.strip() == "unwound by KeyboardInterrupt"
 
@@ -100,5 +106,10 @@ main()
 
 
 def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130():
-    done = subprocess.run([sys.executable, "-c", CTRL_C_AT_START], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_AT_START],
+        capture_output=True,
+        text=True,
+        preexec_fn=default_sigint,
+    )
     assert (done.returncode, done.stderr) == (130, "dlscale: interrupted while starting\n")

@@ -40,7 +40,7 @@ from dlscale.launch.heartbeat import Silence, start_beating
 from dlscale.launch.pool import LocalPool
 from dlscale.launch.processes import (
     LOOPBACK,
-    PIPE_END_GRACE_S,
+    ExitWatch,
     PipeChannel,
     PipeEnd,
     PipeReader,
@@ -200,7 +200,7 @@ class _Reported:
 
     def __init__(self, process, rank: int, inbox: _Inbox):
         self.process, self.rank, self.inbox = process, rank, inbox
-        self.exited: float | None = None
+        self.watch = ExitWatch(process)
 
     @property
     def pid(self) -> int | None:
@@ -208,12 +208,7 @@ class _Reported:
 
     @property
     def exitcode(self) -> int | None:
-        code = self.process.exitcode
-        if code is None or self.inbox.settled(self.rank):
-            return code
-        if self.exited is None:
-            self.exited = time.monotonic()
-        return code if time.monotonic() - self.exited > PIPE_END_GRACE_S else None
+        return self.watch.code(self.inbox.settled(self.rank))
 
 
 class _InboxQueue:

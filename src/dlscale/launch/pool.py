@@ -42,7 +42,7 @@ from dlscale.launch.base import (
 from dlscale.launch.heartbeat import BEAT_INTERVAL_S, HEARTBEAT, Silence
 from dlscale.launch.processes import (
     LOOPBACK,
-    PIPE_END_GRACE_S,
+    ExitWatch,
     PipeChannel,
     PipeEnd,
     PipeReader,
@@ -134,7 +134,7 @@ class _Slot:
     tasks: Any = None  # the pipe its tasks go down; its reports come up another (`_start`)
     key: str | None = None  # the task it runs now
     generation: int = 0  # its processes started: a retired one's last reports are ignored
-    dead_since: float | None = None  # when its process was first seen exited, its pipe open
+    watch: Any = None  # its process's ExitWatch
     garbled: bool = False  # its process sent a report that did not unpickle (said once)
 
     def alive(self) -> bool:
@@ -204,7 +204,7 @@ class LocalPool:
             reports_out.close()
             slot.generation += 1
             slot.process, slot.tasks = process, tasks_out
-            slot.dead_since, slot.garbled = None, False
+            slot.watch, slot.garbled = ExitWatch(process), False
             reader = PipeReader(reports_in, (slot.index, slot.generation), self.arrived)
         except BaseException:
             slot.process = slot.tasks = None
@@ -245,13 +245,10 @@ class LocalPool:
     def _exited(self, slot: _Slot) -> TaskDone | None:
         """The task's end by its process's exit, where the pipe's end has not come within
         PIPE_END_GRACE_S of it (a process the task forked holds the pipe open)."""
-        if slot.process.is_alive():
+        code = slot.watch.code(reports_in=False)  # its pipe's end, read, ends the task first
+        if code is None:
             return None
-        if slot.dead_since is None:
-            slot.dead_since = time.monotonic()
-        if time.monotonic() - slot.dead_since <= PIPE_END_GRACE_S:
-            return None
-        why = f"process {describe_exit(slot.process.exitcode)}"
+        why = f"process {describe_exit(code)}"
         self._retire(slot)
         return TaskDone(slot.key, False, why)
 

@@ -99,6 +99,25 @@ class PipeReader:
         self.thread.join(timeout)
 
 
+class ExitWatch:
+    """When a process's exit may be acted on: once all it reported has been read (its pipe's end
+    taken in), or PIPE_END_GRACE_S after it exited if another process holds its pipe open (a
+    data loader's worker it forked). The launcher (`_Reported`) and the pool (`_exited`) both
+    judge a worker's exit so."""
+
+    def __init__(self, process):
+        self.process = process
+        self.exited: float | None = None  # when first seen exited with reports still to come
+
+    def code(self, reports_in: bool) -> int | None:
+        code = self.process.exitcode
+        if code is None or reports_in:
+            return code
+        if self.exited is None:
+            self.exited = time.monotonic()
+        return code if time.monotonic() - self.exited > PIPE_END_GRACE_S else None
+
+
 def available_cores() -> int:
     """Cores this process may use: its CPU affinity, or DLSCALE_CPUS when a pool task set it
     (a trial given 2 cores of a Ray node sizes its own workers to those 2, not to the node)."""
