@@ -47,6 +47,13 @@ def test_the_command_keeps_an_inherited_ignored_sigterm(restored_signals):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
 
 
+def run_script(script: str) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter that reacts to SIGINT whatever the suite inherited."""
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=default_sigint
+    )
+
+
 BOTH_AT_ONCE = """
 import signal
 signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the caller left
@@ -77,12 +84,7 @@ def test_a_worker_given_sigint_and_sigterm_together_unwinds_once_and_cleanly():
     the second, caught by the process before the first's handler set it ignored, used to raise
     OSError("Signal 15 ignored due to race condition") in the middle of the cleanup (a
     traceback printed by each ddp worker)."""
-    done = subprocess.run(
-        [sys.executable, "-c", BOTH_AT_ONCE],
-        capture_output=True,
-        text=True,
-        preexec_fn=default_sigint,
-    )
+    done = run_script(BOTH_AT_ONCE)
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout.strip() == "unwound by KeyboardInterrupt"
 
@@ -106,10 +108,5 @@ main()
 
 
 def test_ctrl_c_while_the_command_starts_is_one_line_and_exit_130():
-    done = subprocess.run(
-        [sys.executable, "-c", CTRL_C_AT_START],
-        capture_output=True,
-        text=True,
-        preexec_fn=default_sigint,
-    )
+    done = run_script(CTRL_C_AT_START)
     assert (done.returncode, done.stderr) == (130, "dlscale: interrupted while starting\n")
