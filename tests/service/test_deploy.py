@@ -3,7 +3,8 @@ Unix socket, reached only with its tenant's tokens, its body passed unread, stop
 
 One trained job and one deployment (on one server, under a data folder deep enough that the
 socket's absolute path would not fit a socket address) are shared by the tests of this module;
-they run in the order written, the cancel last."""
+they run in the order written, the cancel after the others but the storage quota's, which
+needs the tenant to have no job running."""
 
 from __future__ import annotations
 
@@ -274,31 +275,6 @@ def test_a_deployment_is_refused_for_a_job_with_no_model_or_bad_options(deployed
     assert answer.status_code == 409 and "deploy it first" in answer.json()["detail"]
 
 
-def test_a_deployment_past_the_tenants_storage_quota_is_refused_and_leaves_nothing(deployed):
-    """Over HTTP: a copy that would pass the storage left is refused as it copies (422), a
-    tenant already at its quota before any copy (409); neither leaves a job or a folder."""
-    live, alice, trained = deployed["live"], deployed["alice"], deployed["trained"]
-    jobs = live.data_dir / "jobs"
-    before = sorted(p.name for p in jobs.iterdir())
-    listed = len(alice.get("/api/jobs").json())
-    model = sum(p.stat().st_size for p in (jobs / trained / "run").rglob("*") if p.is_file())
-    tenants = admin.tenants(live.data_dir, None)
-    (used,) = [t["storage_used"] for t in tenants if t["name"] == "lab-a"]
-    try:
-        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=used + model // 2)
-        answer = alice.post(f"/api/jobs/{trained}/deploy")
-        assert answer.status_code == 422, answer.text
-        assert "the model's files pass the tenant's storage quota" in answer.json()["detail"]
-        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=used)
-        answer = alice.post(f"/api/jobs/{trained}/deploy")
-        assert answer.status_code == 409, answer.text
-        assert "tenant lab-a is at its storage quota" in answer.json()["detail"]
-    finally:
-        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=None)
-    assert sorted(p.name for p in jobs.iterdir()) == before
-    assert len(alice.get("/api/jobs").json()) == listed
-
-
 @pytest.mark.slow
 def test_a_server_killed_while_a_model_serves_finds_it_again_once_back(deployed):
     """The engine runs in its sandbox as any job does, so it outlives the server; the server
@@ -329,6 +305,36 @@ def test_cancel_ends_the_engine_and_the_route_then_says_so(deployed):
     cancel_and_see_the_engine_end(deployed)
     assert not (live.data_dir / "sandboxes" / f"{served}.json").exists()  # its sandbox is gone
     route_says_the_model_is_no_longer_served(deployed)
+
+
+def test_a_deployment_past_the_tenants_storage_quota_is_refused_and_leaves_nothing(deployed):
+    """Over HTTP: a copy that would pass the storage left is refused as it copies (422), a
+    tenant already at its quota before any copy (409); neither leaves a job or a folder.
+
+    Run once the tenant has no job running: a tenant at its quota has its running jobs stopped
+    (service.md), and the deployment the tests before share would be one of them."""
+    live, alice, trained = deployed["live"], deployed["alice"], deployed["trained"]
+    running = [job["id"] for job in alice.get("/api/jobs").json() if job["state"] not in ENDED]
+    assert running == [], "the tenant's running jobs would be stopped at its quota"
+    jobs = live.data_dir / "jobs"
+    before = sorted(p.name for p in jobs.iterdir())
+    listed = len(alice.get("/api/jobs").json())
+    model = sum(p.stat().st_size for p in (jobs / trained / "run").rglob("*") if p.is_file())
+    tenants = admin.tenants(live.data_dir, None)
+    (used,) = [t["storage_used"] for t in tenants if t["name"] == "lab-a"]
+    try:
+        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=used + model // 2)
+        answer = alice.post(f"/api/jobs/{trained}/deploy")
+        assert answer.status_code == 422, answer.text
+        assert "the model's files pass the tenant's storage quota" in answer.json()["detail"]
+        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=used)
+        answer = alice.post(f"/api/jobs/{trained}/deploy")
+        assert answer.status_code == 409, answer.text
+        assert "tenant lab-a is at its storage quota" in answer.json()["detail"]
+    finally:
+        admin.set_tenant(live.data_dir, None, "lab-a", storage_bytes=None)
+    assert sorted(p.name for p in jobs.iterdir()) == before
+    assert len(alice.get("/api/jobs").json()) == listed
 
 
 def test_the_server_connects_only_to_a_socket_itself_never_through_a_link(tmp_path):
