@@ -5,11 +5,12 @@ import pytest
 import torch
 from torch import nn
 
-from dlscale.bench.matmul import shape_grid
+from dlscale.bench import machine
+from dlscale.bench.matmul import cold_shape_grid, shape_grid
 from dlscale.hardware.device import Hardware
 from dlscale.profiler.gemms import Gemm
 from dlscale.profiler.recorder import PhaseCost
-from dlscale.profiler.roofline import phase_time
+from dlscale.profiler.roofline import phase_time, predict
 from dlscale.profiler.trace import trace_step
 
 G = 1e9
@@ -124,3 +125,81 @@ def test_the_bench_times_every_combination_of_sides_up_to_its_largest_product():
     shapes = [[m, k, n] for m in (2, 4) for k in (2, 4) for n in (2, 4)]
     assert [point[:3] for point in points] == shapes[:-1]  # 4³ = 64 > 32: left out
     assert all(point[3] > 0 for point in points)
+
+
+# The same grid timed with its operands read from memory: every rate halved.
+COLD = [[m, k, n, rate / 2] for m, k, n, rate in GRID]
+
+
+def test_a_cold_product_runs_at_the_rate_timed_cold_and_only_past_the_cache():
+    hw = cpu({"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": COLD})
+    hw.measured["last_level_cache_bytes"] = 1000
+    assert hw.gemm_rate("fp32", 100, 1000, 1000, cold=True) == pytest.approx(3.5 * G)  # 7 / 2
+    assert hw.gemm_rate("fp32", 100, 1000, 1000) == pytest.approx(7 * G)
+    assert hw.gemm_rate("bf16", 100, 1000, 1000, cold=True) == pytest.approx(2 * G)  # no grid
+    assert hw.reads_cold(1001) and not hw.reads_cold(1000)  # the state passes the cache, or not
+    # Without the cold grid (an entry measured before it), or the cache's size: hot, as before.
+    hot_only = cpu({"matmul_shape_flops_per_s": GRID, "last_level_cache_bytes": 1000})
+    assert hot_only.gemm_rate("fp32", 100, 1000, 1000, cold=True) == pytest.approx(7 * G)
+    assert not hot_only.reads_cold(10**9)
+    assert not cpu({"matmul_shape_cold_flops_per_s": COLD}).reads_cold(10**9)
+    # A cold point timed faster than the hot one (noise: the operands passed the cache in both)
+    # keeps the hot rate; the others still take theirs.
+    noisy = [
+        [m, k, n, rate * 2 if (m, k, n) == (1000, 1000, 1000) else rate] for m, k, n, rate in COLD
+    ]
+    hw = cpu({"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": noisy})
+    assert hw.gemm_rate("fp32", 1000, 1000, 1000, cold=True) == pytest.approx(8 * G)
+    assert hw.gemm_rate("fp32", 10, 10, 10, cold=True) == pytest.approx(0.5 * G)
+
+
+def test_a_step_whose_state_passes_the_cache_prices_its_products_cold():
+    """Linear(64, 256) trained with SGD: 16,640 parameters and their gradients, 133,120 bytes
+    of state. Past a cache of 100,000 bytes each product takes twice as long (the cold grid's
+    rates are half); under one of 10**6 the step is the hot one."""
+    step = trace_step(
+        lambda: nn.Linear(64, 256),
+        torch.zeros(64),
+        32,
+        "fp32",
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        "sgd",
+        input_requires_grad=True,
+    )
+    assert step.optimizer_working_set_bytes == 2 * 4 * (64 * 256 + 256)
+    predictions = {}
+    for cache in (100_000, 10**6):
+        measured = {"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": COLD}
+        hw = cpu({**measured, "last_level_cache_bytes": cache})
+        predictions[cache] = predict(step, hw)
+    cold, hot = predictions[100_000], predictions[10**6]
+    assert cold.products_cold and not hot.products_cold
+    layer = next(layer for layer in step.layers if layer.forward.gemms)
+    hw = cpu({"matmul_shape_flops_per_s": GRID})
+    products = sum(
+        2 * g.macs / hw.gemm_rate("fp32", g.m, g.k, g.n)
+        for g in [*layer.forward.gemms, *layer.backward.gemms]
+    )
+    by_layer = {
+        name: {t.name: t.forward.compute_s + t.backward.compute_s for t in p.layers}
+        for name, p in (("cold", cold), ("hot", hot))
+    }
+    assert by_layer["cold"][layer.name] - by_layer["hot"][layer.name] == pytest.approx(products)
+
+
+def test_the_cold_bench_times_the_same_shapes_as_the_hot_one():
+    points = cold_shape_grid(torch.device("cpu"), 1 << 20, 2, sides=(2, 4), most_macs=32)
+    hot = shape_grid(torch.device("cpu"), 0.001, sides=(2, 4), most_macs=32)
+    assert [point[:3] for point in points] == [point[:3] for point in hot]
+    assert all(0 < point[3] < float("inf") for point in points)
+
+
+def test_no_cold_grid_where_the_cache_size_is_unknown_or_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda device: None)
+    assert machine.cold_grid(torch.device("cpu"), quick=True) is None
+    monkeypatch.setattr(machine, "last_level_cache_bytes", lambda device: 50 * 2**20)
+    assert machine.cold_grid(torch.device("cuda"), quick=True) is None  # nothing timed there
+    flushes = []
+    monkeypatch.setattr(machine, "cold_shape_grid", lambda *args: flushes.append(args) or [])
+    assert machine.cold_grid(torch.device("cpu"), quick=True) == []
+    assert flushes == [(torch.device("cpu"), 100 * 2**20, machine.COLD_CALLS[True])]

@@ -17,7 +17,13 @@ import torch
 
 from dlscale.bench import plausible
 from dlscale.bench.loop_cost import measure_loop_cost
-from dlscale.bench.matmul import DEFAULT_SIZES, matmul_sweep, median_time_s, shape_grid
+from dlscale.bench.matmul import (
+    DEFAULT_SIZES,
+    cold_shape_grid,
+    matmul_sweep,
+    median_time_s,
+    shape_grid,
+)
 from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
@@ -295,6 +301,9 @@ def run_machine_bench(
         **matmul_table(sizes, dev, run_time_s),
         # fp32 products by shape (M, K, N): a step's skinny products priced by their own shape.
         "matmul_shape_flops_per_s": shape_grid(dev, run_time_s),
+        # The same products with their operands evicted from the caches: what a step whose state
+        # passes the last-level cache pays (CPU only; None where the cache size is unknown).
+        "matmul_shape_cold_flops_per_s": cold_grid(dev, quick),
         "bandwidth": bandwidth,
         # A new tensor above the allocator's threshold: fresh pages, faulted in (CPU only).
         "first_touch": touch,
@@ -328,6 +337,18 @@ def run_machine_bench(
     # Never the entry predictions use unless forced: `bench machine` reads this before saving.
     result["unreliable"] = unreliable(result)
     return result
+
+
+COLD_CALLS = {False: 5, True: 3}  # by `quick`: calls a shape, in each pass
+
+
+def cold_grid(device: torch.device, quick: bool) -> list[list[float]] | None:
+    """The product grid timed cold (bench.matmul.cold_shape_grid), each call after a write of
+    twice the last-level cache; on a CPU whose cache size is known."""
+    cache = last_level_cache_bytes(device)
+    if device.type != "cpu" or not cache:
+        return None
+    return cold_shape_grid(device, 2 * cache, COLD_CALLS[quick])
 
 
 def _link_probe(quick: bool) -> dict:
@@ -379,6 +400,7 @@ def measured_tables(result: dict) -> dict:
         "quick": result["quick"],
         "matmul_flops_per_s": flops_by_size,
         "matmul_shape_flops_per_s": result.get("matmul_shape_flops_per_s"),
+        "matmul_shape_cold_flops_per_s": result.get("matmul_shape_cold_flops_per_s"),
         "bandwidth_tensor_bytes": bandwidth["tensor_bytes"],
         "copy_bytes_per_s": bandwidth["copy_bytes_per_s"],
         "triad_bytes_per_s": bandwidth["triad_bytes_per_s"],

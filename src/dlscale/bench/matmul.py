@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -173,6 +175,44 @@ def shape_grid(
     return [
         [m, k, n, 2 * m * k * n / sorted(found)[len(found) // 2]]
         for (m, k, n), found in times.items()
+    ]
+
+
+def cold_shape_grid(
+    device: torch.device,
+    flush_bytes: int,
+    calls: int,
+    sides: Iterable[int] = SHAPE_SIDES,
+    most_macs: int = SHAPE_MOST_MACS,
+) -> list[list[float]]:
+    """fp32 FLOP/s of the same (M × K) · (K × N) products as shape_grid, each call timed after
+    writing `flush_bytes` (twice the last-level cache) so that its operands, its output and
+    the code that runs it come from memory: [M, K, N, FLOP/s] points.
+
+    A training step whose parameters, gradients and optimizer state pass the cache reads each
+    weight back from memory: GPT-2 (d 256, 4 layers) at batch 1 on the 2-core development
+    machine ran its nine largest products 2–51% slower inside the step than back-to-back calls
+    of the same shapes, and within 11% of these (benchmarks/step_ops.py gpt2 1 --alone).
+    Each shape is timed `calls` times in each of SHAPE_PASSES passes, the median call of a
+    pass and the median pass counting (CPU only: no synchronisation around the call)."""
+    sides = sorted(set(sides))
+    shapes = [(m, k, n) for m in sides for k in sides for n in sides if m * k * n <= most_macs]
+    flush = torch.zeros(max(1, flush_bytes // 4), device=device)
+    times: dict[tuple[int, int, int], list[float]] = {shape: [] for shape in shapes}
+    with float32_products("fp32", device):
+        for _ in range(SHAPE_PASSES):
+            for m, k, n in shapes:
+                a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+                torch.mm(a, b)  # its output's block allocated once, as a step's is
+                found = []
+                for _ in range(max(1, calls)):
+                    flush.add_(1.0)  # read and written: every line of it passes the caches
+                    start = time.perf_counter()
+                    torch.mm(a, b)
+                    found.append(time.perf_counter() - start)
+                times[m, k, n].append(statistics.median(found))
+    return [
+        [m, k, n, 2 * m * k * n / statistics.median(found)] for (m, k, n), found in times.items()
     ]
 
 

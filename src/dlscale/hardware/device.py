@@ -182,21 +182,45 @@ class Hardware:
             return True
         return self.measures_matmul(precision)
 
-    def gemm_rate(self, precision: str, m: float, k: float, n: float) -> float:
+    def gemm_rate(self, precision: str, m: float, k: float, n: float, cold: bool = False) -> float:
         """FLOP/s one (M × K) · (K × N) product reaches: on a measured fp32 grid of (M, K, N,
         FLOP/s) points (`local`), interpolated in log M, log K and log N and clamped to the
         grid; else (another precision, an entry measured before the grid) the square curve at
-        its FLOPs (matmul_rate).
+        its FLOPs (matmul_rate). `cold`: its operands come from memory (reads_cold), on the grid
+        timed so where there is one, never faster than the hot grid (a product whose operands
+        pass the cache read them from memory there too: where its cold time came out shorter,
+        that is the timing's noise: up to 15% at single shapes on the 2-core development machine).
 
         A training step's products are skinny (tokens × d × 4d, d × tokens × 4d in backward):
         the square of equal FLOPs can run at another rate than the shape itself.
         """
-        return self._measured_rate(
+        hot = self._measured_rate(
             precision,
             2 * m * k * n,
             ("matmul_shape_flops_per_s",),
-            lambda grid: _on_grid(grid, m, k, n),
+            lambda points: _on_grid(points, m, k, n),
         )
+        if not cold:
+            return hot
+        return min(
+            hot,
+            self._measured_rate(
+                precision,
+                2 * m * k * n,
+                ("matmul_shape_cold_flops_per_s",),
+                lambda points: _on_grid(points, m, k, n),
+            ),
+        )
+
+    def reads_cold(self, state_bytes: int) -> bool:
+        """Whether a training step whose parameters, gradients and optimizer state take
+        `state_bytes` reads its products' operands from memory: that state passes this
+        device's last-level cache, so between two uses of a weight the step has streamed more
+        than the cache holds; only where `bench machine` timed the products that way (a CPU).
+        """
+        cache = self.measured.get("last_level_cache_bytes")
+        cold = self._points(("matmul_shape_cold_flops_per_s",))
+        return bool(cache and cold and state_bytes > cache)
 
     def conv_rate(
         self,

@@ -158,6 +158,9 @@ def _hardware_json(report) -> dict:
         # dlscale's own loop per step (measured by `bench machine` on `local`, else a default).
         "loop_s": pred.loop_s,
         "step_s": pred.step_s,
+        # The step's parameters, gradients and optimizer state pass the last-level cache: its
+        # products priced as timed with their operands read from memory.
+        "products_cold": pred.products_cold,
         # The calibration's median probe spread (measured entries): the step's relative
         # uncertainty, shown as ±.
         "step_spread": prediction_spread(hw),
@@ -276,6 +279,11 @@ def step_parts_line(hw: dict) -> str:
     if shown and sources["measured"]:  # a datasheet entry: every layer, not worth listing
         more = len(hw["roofline_layers"]) - len(shown)
         line += f" ({', '.join(shown)}{f' and {more} more' if more else ''})"
+    if hw["products_cold"]:
+        line += (
+            "; products at their rates read from memory (the step's parameters, gradients and "
+            "optimizer state pass the last-level cache)"
+        )
     return line
 
 

@@ -102,6 +102,9 @@ class Prediction:
     # Micro-batches of the traced batch per optimizer step (the spec's `accumulate`): forward,
     # backward and host→device above are the whole step's, the K micro-batches' together.
     accumulate: int = 1
+    # The step's state passes the device's last-level cache: its products were priced with their
+    # operands read from memory (Hardware.reads_cold).
+    products_cold: bool = False
 
     @property
     def micro_batch_s(self) -> float:
@@ -143,14 +146,19 @@ def phase_time(
     phase: str = "forward",
     working_set_bytes: int | None = None,
     fresh_pages: bool = False,
+    cold: bool = False,
 ) -> PhaseTime:
     """One phase of one layer; `working_set_bytes`: the optimizer's update of one tensor (or of
     all of them, for foreach kernels), whose bytes moved run at the rate measured for updates
     of that working set; `fresh_pages`: the process hands large freed blocks back to the
     kernel (the spec's `keep_freed_memory: false`), so the phase's large new tensors fault
-    their pages in (Hardware.first_touch_seconds); by default dlscale's loop keeps them."""
+    their pages in (Hardware.first_touch_seconds); by default dlscale's loop keeps them;
+    `cold`: the step reads its products' operands from memory (Hardware.reads_cold), so its
+    plain products run at the rates of products timed that way."""
     products: list[tuple[float, bool]] = [
-        conv_seconds(hardware, precision, phase, *conv) for conv in cost.conv_shapes() if conv[0]
+        conv_seconds(hardware, precision, phase, *conv, cold=cold)
+        for conv in cost.conv_shapes()
+        if conv[0]
     ]
     products += [
         (
@@ -162,7 +170,7 @@ def phase_time(
         for flops, keys, causal in cost.attention
         if flops
     ]
-    products += plain_products(cost, hardware, precision)
+    products += plain_products(cost, hardware, precision, cold)
     products_s = sum(seconds for seconds, _ in products)
     # Elementwise FLOPs run on the vector units at the fp32 peak: a roofline figure everywhere.
     vector_s = cost.other_flops / (hardware.peak_flops["fp32"] * hardware.efficiency_compute)
@@ -205,13 +213,15 @@ def conv_seconds(
     pixels: int,
     winograd: bool,
     per_sample: Gemm | None,
+    cold: bool = False,
 ) -> tuple[float, bool]:
     """(seconds, measured?) of one convolution or its backward: at the convolution grid's rate
     for its weight and output pixels; a small pointwise one (`per_sample`, see
     recorder.small_pointwise) on a device that computes those one sample at a time at the rate
-    of that sample's product (hardware.per_sample_pointwise_convs)."""
+    of that sample's product (hardware.per_sample_pointwise_convs), read from memory where the
+    step is `cold` (phase_time)."""
     if per_sample is not None and hardware.per_sample_pointwise_convs():
-        rate = hardware.gemm_rate(precision, per_sample.m, per_sample.k, per_sample.n)
+        rate = hardware.gemm_rate(precision, per_sample.m, per_sample.k, per_sample.n, cold)
         return flops / rate, hardware.measures_gemm(precision)
     return (
         flops / hardware.conv_rate(precision, flops, weight, pixels, phase, winograd),
@@ -219,9 +229,12 @@ def conv_seconds(
     )
 
 
-def plain_products(cost: PhaseCost, hardware: Hardware, precision: str) -> list[tuple[float, bool]]:
+def plain_products(
+    cost: PhaseCost, hardware: Hardware, precision: str, cold: bool = False
+) -> list[tuple[float, bool]]:
     """(seconds, measured?) of the phase's plain matrix products (neither convolution nor
-    attention): each GEMM the tracer mapped (profiler/gemms.py) at the rate of its own shape; a
+    attention): each GEMM the tracer mapped (profiler/gemms.py) at the rate of its own shape,
+    timed with its operands read from memory where the step is `cold` (phase_time); a
     batched product's batch counts as more rows (M × batch), as its kernel streams through them.
     Products known only by FLOPs (an op not mapped, a cost built by hand) at the square curve's
     rate for their mean FLOPs per op."""
@@ -231,7 +244,7 @@ def plain_products(cost: PhaseCost, hardware: Hardware, precision: str) -> list[
     for gemm in cost.gemms:
         if gemm.name in PRODUCTS and gemm.macs:
             flops = 2 * gemm.macs
-            rate = hardware.gemm_rate(precision, gemm.m * gemm.repeats, gemm.k, gemm.n)
+            rate = hardware.gemm_rate(precision, gemm.m * gemm.repeats, gemm.k, gemm.n, cold)
             found.append((flops / rate, hardware.measures_gemm(precision)))
             others -= flops
             ops -= 1
@@ -292,11 +305,14 @@ def predict(
     (each its forward, backward and copy in; the update and the loop's per-step cost once),
     and an epoch has dataset_size // (K × batch) such steps. `fresh_pages`: see phase_time."""
     layers = []
+    cold = hardware.reads_cold(trace.optimizer_working_set_bytes)
     for layer in trace.layers:
         forward_cost, backward_cost = layer.phases(hardware.kind)  # an LSTM fused on a CPU
-        forward = phase_time(forward_cost, hardware, trace.precision, fresh_pages=fresh_pages)
+        forward = phase_time(
+            forward_cost, hardware, trace.precision, fresh_pages=fresh_pages, cold=cold
+        )
         backward = phase_time(
-            backward_cost, hardware, trace.precision, "backward", fresh_pages=fresh_pages
+            backward_cost, hardware, trace.precision, "backward", fresh_pages=fresh_pages, cold=cold
         )
         intensity = layer.forward.flops / layer.forward.bytes if layer.forward.bytes else 0.0
         layers.append(LayerTime(layer.name, forward, backward, intensity))
@@ -324,6 +340,7 @@ def predict(
         steps_per_epoch=steps,
         epoch_s=steps * step_s if steps is not None else None,
         accumulate=accumulate,
+        products_cold=cold,
     )
 
 
