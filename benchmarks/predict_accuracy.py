@@ -38,6 +38,7 @@ import torch
 
 from dlscale import profiler
 from dlscale.bench.machine import machine_hardware, run_machine_bench
+from dlscale.hardware.device import COLD_GRID, HOT_GRID
 from dlscale.jobspec import parse_spec
 from dlscale.profiler.target import resolve
 from dlscale.train.loop import Trainer
@@ -111,9 +112,6 @@ def predicted(case: Case, batch: int, local):
     tokens = case.data != IMAGE
     workload = resolve(case.model, batch, case.shape, "fp32", "adam", tokens, case.kwargs)
     return profiler.profile(workload, [local]).reports[0].prediction
-
-
-HOT_GRID, COLD_GRID = "matmul_shape_flops_per_s", "matmul_shape_cold_flops_per_s"
 
 
 def without(local, *keys: str):

@@ -138,9 +138,18 @@ def test_a_cold_product_runs_at_the_rate_timed_cold_and_only_past_the_cache():
     assert hw.gemm_rate("fp32", 100, 1000, 1000) == pytest.approx(7 * G)
     assert hw.gemm_rate("bf16", 100, 1000, 1000, cold=True) == pytest.approx(2 * G)  # no grid
     assert hw.reads_cold(1001) and not hw.reads_cold(1000)  # the state passes the cache, or not
-    # Without the cold grid (an entry measured before it), or the cache's size: hot, as before.
-    hot_only = cpu({"matmul_shape_flops_per_s": GRID, "last_level_cache_bytes": 1000})
+    assert not hw.reads_cold(10**9, "bf16")  # the grids are fp32's: bf16 products stay hot
+    # Without the cold grid (an entry measured before it), or the cache's size: hot, as before,
+    # not the slower of the shape's rate and the square curve's (3.33 GFLOP/s at 10 · 10 · 1000).
+    hot_only = cpu(
+        {
+            "matmul_flops_per_s": SQUARES,
+            "matmul_shape_flops_per_s": GRID,
+            "last_level_cache_bytes": 1000,
+        }
+    )
     assert hot_only.gemm_rate("fp32", 100, 1000, 1000, cold=True) == pytest.approx(7 * G)
+    assert hot_only.gemm_rate("fp32", 10, 10, 1000, cold=True) == pytest.approx(5 * G)
     assert not hot_only.reads_cold(10**9)
     assert not cpu({"matmul_shape_cold_flops_per_s": COLD}).reads_cold(10**9)
     # A cold point timed faster than the hot one (noise: the operands passed the cache in both)
@@ -187,6 +196,65 @@ def test_a_step_whose_state_passes_the_cache_prices_its_products_cold():
     assert by_layer["cold"][layer.name] - by_layer["hot"][layer.name] == pytest.approx(products)
 
 
+def test_a_cold_step_prices_its_layers_products_cold_and_its_batched_ones_hot():
+    """A batched product multiplies activations the step has just made (in GPT-2's step its
+    [4, 64, 64] products ran nearer their hot time than their cold one): it stays hot."""
+    hw = cpu({"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": COLD})
+    linear, batched = Gemm("addmm", 100, 1000, 1000), Gemm("bmm", 10, 1000, 100, repeats=10)
+    cost = PhaseCost(
+        matmul_flops=2 * linear.macs + 2 * batched.macs, matmul_ops=2, gemms=[linear, batched]
+    )
+    hot = 2e8 / (7 * G) + 2e7 / (5 * G)  # as in the test of each product's own shape above
+    assert phase_time(cost, hw, "fp32").compute_s == pytest.approx(hot, rel=1e-5)
+    cold = 2e8 / (3.5 * G) + 2e7 / (5 * G)  # the layer's product at half its rate, bmm hot
+    assert phase_time(cost, hw, "fp32", cold=True).compute_s == pytest.approx(cold, rel=1e-5)
+
+
+def test_the_report_says_where_a_steps_products_were_priced_cold():
+    from dlscale.profiler import profile
+    from dlscale.profiler.report import step_parts_line, to_json
+    from dlscale.profiler.target import resolve
+
+    # The zoo's MLP with SGD: 535,818 parameters and their gradients, 4.3 MB of state.
+    workload = resolve("mlp", 32, [784], "fp32", "sgd", False, {})
+    said = {}
+    for cache in (10**6, 10**9):
+        measured = {"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": COLD}
+        hw = cpu({**measured, "last_level_cache_bytes": cache})
+        shown = to_json(profile(workload, [hw]))["hardware"][0]
+        said[cache] = (shown["products_cold"], step_parts_line(shown))
+    assert said[10**6][0] is True and said[10**9][0] is False
+    phrase = "products at their rates read from memory"
+    assert phrase in said[10**6][1] and phrase not in said[10**9][1]
+
+
+def test_last_level_caches_counts_each_shared_cache_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+
+    def cpu_caches(cpu: int, l3_shared: str | None) -> None:
+        levels = [
+            (0, "Data", 1, str(cpu)),
+            (1, "Instruction", 1, str(cpu)),
+            (2, "Unified", 2, str(cpu)),
+        ]
+        if l3_shared is not None:
+            levels.append((3, "Unified", 3, l3_shared))
+        for index, kind, level, shared in levels:
+            folder = tmp_path / f"cpu{cpu}" / "cache" / f"index{index}"
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "type").write_text(kind + "\n")
+            (folder / "level").write_text(f"{level}\n")
+            (folder / "shared_cpu_list").write_text(shared + "\n")
+
+    for cpu in range(4):  # two core complexes of two cores, each with its own L3
+        cpu_caches(cpu, "0-1" if cpu < 2 else "2-3")
+    assert machine.last_level_caches(str(tmp_path)) == 2
+    for cpu in range(4):  # one L3 for all four
+        cpu_caches(cpu, "0-3")
+    assert machine.last_level_caches(str(tmp_path)) == 1
+    assert machine.last_level_caches(str(tmp_path / "none")) == 1  # sysfs silent: one
+
+
 def test_the_cold_bench_times_the_same_shapes_as_the_hot_one():
     points = cold_shape_grid(torch.device("cpu"), 1 << 20, 2, sides=(2, 4), most_macs=32)
     hot = shape_grid(torch.device("cpu"), 0.001, sides=(2, 4), most_macs=32)
@@ -198,6 +266,7 @@ def test_no_cold_grid_where_the_cache_size_is_unknown_or_on_a_gpu(monkeypatch):
     monkeypatch.setattr(machine, "last_level_cache_bytes", lambda device: None)
     assert machine.cold_grid(torch.device("cpu"), quick=True) is None
     monkeypatch.setattr(machine, "last_level_cache_bytes", lambda device: 50 * 2**20)
+    monkeypatch.setattr(machine, "last_level_caches", lambda: 1)
     assert machine.cold_grid(torch.device("cuda"), quick=True) is None  # nothing timed there
     flushes = []
     monkeypatch.setattr(machine, "cold_shape_grid", lambda *args: flushes.append(args) or [])

@@ -344,11 +344,38 @@ COLD_CALLS = {False: 5, True: 3}  # by `quick`: calls a shape, in each pass
 
 def cold_grid(device: torch.device, quick: bool) -> list[list[float]] | None:
     """The product grid timed cold (bench.matmul.cold_shape_grid), each call after a write of
-    twice the last-level cache; on a CPU whose cache size is known."""
+    twice the last-level cache for each last-level cache this process's threads write through
+    (a CPU of several core complexes or sockets has one each); on a CPU whose cache size is
+    known."""
     cache = last_level_cache_bytes(device)
     if device.type != "cpu" or not cache:
         return None
-    return cold_shape_grid(device, 2 * cache, COLD_CALLS[quick])
+    return cold_shape_grid(device, 2 * cache * last_level_caches(), COLD_CALLS[quick])
+
+
+def last_level_caches(root: str = "/sys/devices/system/cpu") -> int:
+    """How many distinct last-level caches serve the CPUs this process may run on: the sets of
+    CPUs sharing cpu N's highest-level data cache (sysfs `shared_cpu_list`), counted once each;
+    1 where sysfs does not say."""
+    shared = set()
+    for cpu in sorted(os.sched_getaffinity(0)):
+        best = None
+        for index in glob.glob(f"{root}/cpu{cpu}/cache/index*"):
+            try:
+                with open(f"{index}/type") as handle:
+                    if handle.read().strip() == "Instruction":
+                        continue
+                with open(f"{index}/level") as handle:
+                    level = int(handle.read())
+                with open(f"{index}/shared_cpu_list") as handle:
+                    cpus = handle.read().strip()
+            except (OSError, ValueError):
+                continue
+            if best is None or level > best[0]:
+                best = (level, cpus)
+        if best is not None:
+            shared.add(best[1])
+    return max(1, len(shared))
 
 
 def _link_probe(quick: bool) -> dict:

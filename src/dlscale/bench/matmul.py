@@ -163,18 +163,28 @@ def shape_grid(
     Each product is timed once in each of SHAPE_PASSES passes over the whole grid, for a share
     of `min_run_time_s`, and the median pass counts: a burst of load on a shared machine then
     slows one pass of every shape instead of every pass of a few neighbouring shapes."""
-    sides = sorted(set(sides))
-    shapes = [(m, k, n) for m in sides for k in sides for n in sides if m * k * n <= most_macs]
-    times: dict[tuple[int, int, int], list[float]] = {shape: [] for shape in shapes}
+    times: dict[tuple[int, int, int], list[float]] = {
+        shape: [] for shape in grid_shapes(sides, most_macs)
+    }
     with float32_products("fp32", device):
         for _ in range(SHAPE_PASSES):
-            for m, k, n in shapes:
+            for m, k, n in times:
                 env = {"a": torch.randn(m, k, device=device), "b": torch.randn(k, n, device=device)}
                 run_s = min_run_time_s / SHAPE_PASSES
                 times[m, k, n].append(median_time_s("torch.mm(a, b)", env, run_s))
+    return grid_rates(times)
+
+
+def grid_shapes(sides: Iterable[int], most_macs: int) -> list[tuple[int, int, int]]:
+    """Every (M, K, N) of `sides` up to `most_macs` multiply-accumulates, in the grid's order."""
+    sides = sorted(set(sides))
+    return [(m, k, n) for m in sides for k in sides for n in sides if m * k * n <= most_macs]
+
+
+def grid_rates(times: dict[tuple[int, int, int], list[float]]) -> list[list[float]]:
+    """[M, K, N, FLOP/s] points from each shape's times a pass: its median pass counts."""
     return [
-        [m, k, n, 2 * m * k * n / sorted(found)[len(found) // 2]]
-        for (m, k, n), found in times.items()
+        [m, k, n, 2 * m * k * n / statistics.median(found)] for (m, k, n), found in times.items()
     ]
 
 
@@ -186,8 +196,9 @@ def cold_shape_grid(
     most_macs: int = SHAPE_MOST_MACS,
 ) -> list[list[float]]:
     """fp32 FLOP/s of the same (M × K) · (K × N) products as shape_grid, each call timed after
-    writing `flush_bytes` (twice the last-level cache) so that its operands, its output and
-    the code that runs it come from memory: [M, K, N, FLOP/s] points.
+    writing `flush_bytes` (twice the last-level cache in each of the machine's cache domains) so
+    that its operands, its output and the code that runs it come from memory: [M, K, N,
+    FLOP/s] points.
 
     A training step whose parameters, gradients and optimizer state pass the cache reads each
     weight back from memory: GPT-2 (d 256, 4 layers) at batch 1 on the 2-core development
@@ -195,13 +206,13 @@ def cold_shape_grid(
     of the same shapes, and within 11% of these (benchmarks/step_ops.py gpt2 1 --alone).
     Each shape is timed `calls` times in each of SHAPE_PASSES passes, the median call of a
     pass and the median pass counting (CPU only: no synchronisation around the call)."""
-    sides = sorted(set(sides))
-    shapes = [(m, k, n) for m in sides for k in sides for n in sides if m * k * n <= most_macs]
     flush = torch.zeros(max(1, flush_bytes // 4), device=device)
-    times: dict[tuple[int, int, int], list[float]] = {shape: [] for shape in shapes}
+    times: dict[tuple[int, int, int], list[float]] = {
+        shape: [] for shape in grid_shapes(sides, most_macs)
+    }
     with float32_products("fp32", device):
         for _ in range(SHAPE_PASSES):
-            for m, k, n in shapes:
+            for m, k, n in times:
                 a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
                 torch.mm(a, b)  # its output's block allocated once, as a step's is
                 found = []
@@ -211,9 +222,7 @@ def cold_shape_grid(
                     torch.mm(a, b)
                     found.append(time.perf_counter() - start)
                 times[m, k, n].append(statistics.median(found))
-    return [
-        [m, k, n, 2 * m * k * n / statistics.median(found)] for (m, k, n), found in times.items()
-    ]
+    return grid_rates(times)
 
 
 def first_gpu_win(rows: list[dict], key: str) -> int | None:

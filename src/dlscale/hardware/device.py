@@ -12,6 +12,9 @@ PRECISIONS = ("fp64", "fp32", "tf32", "bf16", "fp16", "int8", "int4")
 # Integer formats count operations (TOP/s), not FLOPs: a device without an int4 peak runs int4
 # products at best as int8 (weights unpacked to bytes), and without that at its fp32 rate.
 PEAK_FALLBACK = {"int4": ("int8", "fp32")}
+# `bench machine`'s fp32 products by shape, timed call after call (hot) and each after a write
+# that evicts the caches (cold): lists of [M, K, N, FLOP/s] in `measured`.
+HOT_GRID, COLD_GRID = "matmul_shape_flops_per_s", "matmul_shape_cold_flops_per_s"
 
 # Fallbacks when an entry gives none. Efficiency: the fraction of a published peak that a large,
 # well-shaped kernel reaches in practice. Op overhead: fixed time per operator (kernel launch and
@@ -178,7 +181,7 @@ class Hardware:
 
     def measures_gemm(self, precision: str) -> bool:
         """Whether products at this precision run at measured rates: by shape, else by size."""
-        if precision == "fp32" and self._points(("matmul_shape_flops_per_s",)):
+        if precision == "fp32" and self._points((HOT_GRID,)):
             return True
         return self.measures_matmul(precision)
 
@@ -194,32 +197,25 @@ class Hardware:
         A training step's products are skinny (tokens × d × 4d, d × tokens × 4d in backward):
         the square of equal FLOPs can run at another rate than the shape itself.
         """
-        hot = self._measured_rate(
-            precision,
-            2 * m * k * n,
-            ("matmul_shape_flops_per_s",),
-            lambda points: _on_grid(points, m, k, n),
-        )
-        if not cold:
+        hot = self._grid_rate(precision, HOT_GRID, m, k, n)
+        if not cold or not self._points((COLD_GRID,)):
             return hot
-        return min(
-            hot,
-            self._measured_rate(
-                precision,
-                2 * m * k * n,
-                ("matmul_shape_cold_flops_per_s",),
-                lambda points: _on_grid(points, m, k, n),
-            ),
+        return min(hot, self._grid_rate(precision, COLD_GRID, m, k, n))
+
+    def _grid_rate(self, precision: str, grid: str, m: float, k: float, n: float) -> float:
+        return self._measured_rate(
+            precision, 2 * m * k * n, (grid,), lambda points: _on_grid(points, m, k, n)
         )
 
-    def reads_cold(self, state_bytes: int) -> bool:
+    def reads_cold(self, state_bytes: int, precision: str = "fp32") -> bool:
         """Whether a training step whose parameters, gradients and optimizer state take
         `state_bytes` reads its products' operands from memory: that state passes this
         device's last-level cache, so between two uses of a weight the step has streamed more
-        than the cache holds; only where `bench machine` timed the products that way (a CPU).
+        than the cache holds; only where `bench machine` timed the products that way (a CPU)
+        and at the precision it timed them in (fp32).
         """
         cache = self.measured.get("last_level_cache_bytes")
-        cold = self._points(("matmul_shape_cold_flops_per_s",))
+        cold = precision == "fp32" and self._points((COLD_GRID,))
         return bool(cache and cold and state_bytes > cache)
 
     def conv_rate(

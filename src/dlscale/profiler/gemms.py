@@ -41,6 +41,10 @@ _BMM = {"bmm": (0, 1), "baddbmm": (1, 2)}
 _CONVOLUTION = {"convolution", "_convolution"}  # (input, weight, bias, stride, ..., groups, ...)
 # The plain products (neither convolution nor attention): each one GEMM, named by its op.
 PRODUCTS = frozenset({*_MM, *_BMM})
+# Those that are not batched: a layer's (its weight, or an input saved since the forward, against
+# what the step just made), which a step whose state passes the cache reads from memory; a
+# batched product multiplies activations the step has just made (attention's scores by hand).
+UNBATCHED_PRODUCTS = frozenset(_MM)
 
 
 def op_gemms(name: str, args: tuple, out) -> list[Gemm]:

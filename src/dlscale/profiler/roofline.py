@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dlscale.hardware.device import Hardware
-from dlscale.profiler.gemms import PRODUCTS, Gemm
+from dlscale.profiler.gemms import PRODUCTS, UNBATCHED_PRODUCTS, Gemm
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.trace import StepTrace
 
@@ -154,7 +154,8 @@ def phase_time(
     kernel (the spec's `keep_freed_memory: false`), so the phase's large new tensors fault
     their pages in (Hardware.first_touch_seconds); by default dlscale's loop keeps them;
     `cold`: the step reads its products' operands from memory (Hardware.reads_cold), so its
-    plain products run at the rates of products timed that way."""
+    plain products and small pointwise convolutions' per-sample products run at the rates of
+    products timed that way."""
     products: list[tuple[float, bool]] = [
         conv_seconds(hardware, precision, phase, *conv, cold=cold)
         for conv in cost.conv_shapes()
@@ -234,7 +235,9 @@ def plain_products(
 ) -> list[tuple[float, bool]]:
     """(seconds, measured?) of the phase's plain matrix products (neither convolution nor
     attention): each GEMM the tracer mapped (profiler/gemms.py) at the rate of its own shape,
-    timed with its operands read from memory where the step is `cold` (phase_time); a
+    timed with its operands read from memory where the step is `cold` (phase_time) and the
+    product is a layer's, not batched (gemms.UNBATCHED_PRODUCTS: inside GPT-2's step at batch 1
+    its batched [4, 64, 64] products took 43 µs a call, 29–31 µs hot and 89–100 cold alone); a
     batched product's batch counts as more rows (M × batch), as its kernel streams through them.
     Products known only by FLOPs (an op not mapped, a cost built by hand) at the square curve's
     rate for their mean FLOPs per op."""
@@ -244,7 +247,8 @@ def plain_products(
     for gemm in cost.gemms:
         if gemm.name in PRODUCTS and gemm.macs:
             flops = 2 * gemm.macs
-            rate = hardware.gemm_rate(precision, gemm.m * gemm.repeats, gemm.k, gemm.n, cold)
+            read_cold = cold and gemm.name in UNBATCHED_PRODUCTS
+            rate = hardware.gemm_rate(precision, gemm.m * gemm.repeats, gemm.k, gemm.n, read_cold)
             found.append((flops / rate, hardware.measures_gemm(precision)))
             others -= flops
             ops -= 1
@@ -305,7 +309,7 @@ def predict(
     (each its forward, backward and copy in; the update and the loop's per-step cost once),
     and an epoch has dataset_size // (K × batch) such steps. `fresh_pages`: see phase_time."""
     layers = []
-    cold = hardware.reads_cold(trace.optimizer_working_set_bytes)
+    cold = hardware.reads_cold(trace.optimizer_working_set_bytes, trace.precision)
     for layer in trace.layers:
         forward_cost, backward_cost = layer.phases(hardware.kind)  # an LSTM fused on a CPU
         forward = phase_time(
