@@ -42,6 +42,20 @@ def cpu(measured: dict) -> Hardware:
     )
 
 
+def linear_step():
+    """A traced training step of Linear(64, 256) at batch 32 with SGD, its input needing a
+    gradient (so its backward has both products)."""
+    return trace_step(
+        lambda: nn.Linear(64, 256),
+        torch.zeros(64),
+        32,
+        "fp32",
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        "sgd",
+        input_requires_grad=True,
+    )
+
+
 def test_a_skinny_product_runs_at_its_shapes_rate_not_at_the_squares():
     hw = cpu({"matmul_flops_per_s": SQUARES, "matmul_shape_flops_per_s": GRID})
     # M = 100 is half way from 10 to 1000 in log: 1 + 2·½ + 1 + 4 = 7 GFLOP/s.
@@ -92,15 +106,7 @@ def test_a_traced_linear_layers_products_are_priced_by_shape():
         for n in (10, 1000)
     ]
     hw = cpu({"matmul_shape_flops_per_s": grid})
-    step = trace_step(
-        lambda: nn.Linear(64, 256),
-        torch.zeros(64),
-        32,
-        "fp32",
-        lambda params: torch.optim.SGD(params, lr=0.1),
-        "sgd",
-        input_requires_grad=True,
-    )
+    step = linear_step()
     layer = next(layer for layer in step.layers if layer.forward.gemms)
 
     def at(side: int) -> float:  # log(side / 10) / log(100): a side's share of a long one
@@ -166,15 +172,7 @@ def test_a_step_whose_state_passes_the_cache_prices_its_products_cold():
     """Linear(64, 256) trained with SGD: 16,640 parameters and their gradients, 133,120 bytes
     of state. Past a cache of 100,000 bytes each product takes twice as long (the cold grid's
     rates are half); under one of 10**6 the step is the hot one."""
-    step = trace_step(
-        lambda: nn.Linear(64, 256),
-        torch.zeros(64),
-        32,
-        "fp32",
-        lambda params: torch.optim.SGD(params, lr=0.1),
-        "sgd",
-        input_requires_grad=True,
-    )
+    step = linear_step()
     assert step.optimizer_working_set_bytes == 2 * 4 * (64 * 256 + 256)
     predictions = {}
     for cache in (100_000, 10**6):

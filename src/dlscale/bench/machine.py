@@ -96,19 +96,29 @@ def data_caches(folder: str = "/sys/devices/system/cpu/cpu0") -> list[tuple[str,
     """The CPU's data caches, innermost first, as sysfs states them: [("L1", bytes), ("L2",
     bytes), ...] (instruction caches left out; empty where sysfs has no cache entries)."""
     found = []
+    for level, index in _data_cache_folders(folder):
+        try:
+            with open(f"{index}/size") as handle:
+                found.append((f"L{level}", parse_cache_size(handle.read())))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def _data_cache_folders(folder: str) -> list[tuple[int, str]]:
+    """(level, sysfs folder) of each data or unified cache of one CPU's sysfs `folder`,
+    innermost first; instruction caches and unreadable entries left out."""
+    found = []
     for index in glob.glob(f"{folder}/cache/index*"):
         try:
             with open(f"{index}/type") as handle:
                 if handle.read().strip() == "Instruction":
                     continue
             with open(f"{index}/level") as handle:
-                level = int(handle.read())
-            with open(f"{index}/size") as handle:
-                size = parse_cache_size(handle.read())
+                found.append((int(handle.read()), index))
         except (OSError, ValueError):
             continue
-        found.append((level, size))
-    return [(f"L{level}", size) for level, size in sorted(found)]
+    return sorted(found)
 
 
 def last_level_cache_bytes(device: torch.device | None = None) -> int | None:
@@ -359,22 +369,14 @@ def last_level_caches(root: str = "/sys/devices/system/cpu") -> int:
     1 where sysfs does not say."""
     shared = set()
     for cpu in sorted(os.sched_getaffinity(0)):
-        best = None
-        for index in glob.glob(f"{root}/cpu{cpu}/cache/index*"):
-            try:
-                with open(f"{index}/type") as handle:
-                    if handle.read().strip() == "Instruction":
-                        continue
-                with open(f"{index}/level") as handle:
-                    level = int(handle.read())
-                with open(f"{index}/shared_cpu_list") as handle:
-                    cpus = handle.read().strip()
-            except (OSError, ValueError):
-                continue
-            if best is None or level > best[0]:
-                best = (level, cpus)
-        if best is not None:
-            shared.add(best[1])
+        caches = _data_cache_folders(f"{root}/cpu{cpu}")
+        if not caches:
+            continue
+        try:
+            with open(f"{caches[-1][1]}/shared_cpu_list") as handle:
+                shared.add(handle.read().strip())
+        except OSError:
+            continue
     return max(1, len(shared))
 
 
