@@ -3,6 +3,8 @@
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -59,6 +61,17 @@ def default_sigint() -> None:
     job inherits SIGINT ignored, and an ignored signal stays ignored across exec, so the child
     would carry on. Restored in the child, it reacts as to Ctrl-C whatever the suite inherited."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run_script(script: str, *args: str) -> subprocess.CompletedProcess:
+    """`script` (with `args`) in a fresh interpreter that reacts to SIGINT whatever the suite
+    inherited; its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        preexec_fn=default_sigint,
+    )
 
 
 @contextlib.contextmanager

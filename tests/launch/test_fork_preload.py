@@ -1,10 +1,9 @@
 """Local workers fork from a server that has already imported what their first step needs."""
 
-import subprocess
 import sys
 
 from dlscale.launch import start
-from tests.conftest import default_sigint
+from tests.conftest import run_script
 
 
 def modules_at_start(queue) -> None:
@@ -45,10 +44,5 @@ def test_the_servers_imports_ignore_ctrl_c_and_leave_its_handler_as_it_was(tmp_p
     (tmp_path / "interrupts.py").write_text(
         "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", QUIET_IMPORT, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        preexec_fn=default_sigint,  # the child is sent SIGINT, whatever the suite inherited
-    )
+    done = run_script(QUIET_IMPORT, str(tmp_path))  # it is sent SIGINT, whatever we inherited
     assert (done.returncode, done.stderr, done.stdout.strip()) == (0, "", "imported")

@@ -3,14 +3,12 @@ stays ignored (a run started with `&` from a script, a sweep slot's workers), an
 unwinds the run as Ctrl-C does."""
 
 import signal
-import subprocess
-import sys
 
 import pytest
 
 from dlscale import signals
 from dlscale.signals import stop_on_sigterm, stop_once
-from tests.conftest import default_sigint
+from tests.conftest import run_script
 
 
 @pytest.fixture
@@ -45,13 +43,6 @@ def test_the_command_keeps_an_inherited_ignored_sigterm(restored_signals):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     stop_on_sigterm()
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
-
-
-def run_script(script: str) -> subprocess.CompletedProcess:
-    """`script` in a fresh interpreter that reacts to SIGINT whatever the suite inherited."""
-    return subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, preexec_fn=default_sigint
-    )
 
 
 BOTH_AT_ONCE = """
