@@ -20,7 +20,7 @@ from dlscale.profiler.collectives import (
 )
 from dlscale.profiler.request import ProfileRequest, ScalingRequest, parse_duration
 from dlscale.profiler.roofline import predict
-from dlscale.profiler.scaling import gradient_buckets, predict_scaling
+from dlscale.profiler.scaling import closed_loop_cycle_s, gradient_buckets, predict_scaling
 from dlscale.profiler.scaling_report import Costed, deadline_pick
 from dlscale.profiler.trace import trace_step
 from tests.unit.test_advice import device
@@ -108,9 +108,11 @@ def test_pipeline_bubble_and_ps_servers():
         )[0]
         for servers in (1, 8)
     )
-    assert one.detail["server_s"] == pytest.approx(8 * many.detail["server_s"])
+    # 8 servers take a push's 8 shards side by side: each one's link and update 8 times shorter.
+    assert one.detail["server_link_s"] == pytest.approx(8 * many.detail["server_link_s"])
+    assert one.detail["server_update_s"] == pytest.approx(8 * many.detail["server_update_s"])
     grads = trace.trainable_params * 4
-    assert one.detail["worker_s"] == pytest.approx(grads / 10e9)
+    assert one.detail["worker_s"] == pytest.approx(2 * grads / 10e9)  # gradients out, weights in
     slow = Link("slow", "slow", "ethernet", 1e7, 0.0, 1.0)
     (bound,) = predict_scaling(trace, gpu(), ScalingRequest((8,), strategies=("ps",)), slow)
     assert bound.bound == "server"
@@ -339,24 +341,49 @@ def test_across_nodes_hierarchical_and_flat_rings_by_hand():
     assert seconds == pytest.approx(17.652e-3)
 
 
-def test_a_ps_server_bound_holds_its_link_and_its_updates():
+def test_closed_loop_by_hand():
+    # One customer never waits: 1 s on its own + 0.5 + 0.25 at the stations.
+    assert closed_loop_cycle_s(1.0, [0.5, 0.25], 1) == pytest.approx(1.75)
+    # Two: each finds the other at a station for its share of the first one's cycle
+    # (queue 0.5 / 1.75 and 0.25 / 1.75), so waits that share of a service there.
+    two = 1.0 + 0.5 * (1 + 0.5 / 1.75) + 0.25 * (1 + 0.25 / 1.75)
+    assert closed_loop_cycle_s(1.0, [0.5, 0.25], 2) == pytest.approx(two)
+    # Many: the busiest station bounds the throughput (one customer per 0.5 s).
+    assert 100 / closed_loop_cycle_s(1.0, [0.5, 0.25], 100) == pytest.approx(2.0, rel=1e-3)
+    assert closed_loop_cycle_s(1.0, [], 5) == 1.0  # nothing shared: nobody waits
+
+
+def test_async_ps_workers_queue_at_their_servers():
+    """dlscale's async ps by hand: a step with no other worker is compute, the gradients out,
+    the server's update, the weights back and four messages; more workers queue at the server
+    (its link in, its update, its link out) as the closed loop says, and the servers' busiest
+    part bounds the throughput."""
     trace, device = mlp_trace(depth=6), gpu()
     prediction = predict(trace, device)
     grads = trace.trainable_params * 4
+    transfer = grads / 10e9
+    update = prediction.optimizer_s
+    compute = prediction.step_s - update
+    messages = 4 * 5e-6  # request, gradients, reply, weights at 5 µs each
     for servers in (1, 4):
-        request = ScalingRequest((8,), strategies=("ps",), ps_servers=servers)
-        (point,) = predict_scaling(
-            trace, device, request, LINK, framework=Framework("x", step_cv=0)
-        )
-        # Each server: its shard of 8 workers' gradients over the link, and 8 optimizer steps
-        # on its shard.
-        link_s = 8 * grads / servers / 10e9
-        update_s = 8 * prediction.optimizer_s / servers
-        assert point.detail["server_link_s"] == pytest.approx(link_s)
-        assert point.detail["server_update_s"] == pytest.approx(update_s)
-        worst = max(grads / 10e9, link_s + update_s)
-        # Four blocking messages a step (request, gradients, reply, weights), 5 µs each.
-        assert point.comm_s == pytest.approx(worst + 4 * 5e-6)
+        request = ScalingRequest((1, 2, 8), strategies=("ps",), ps_servers=servers)
+        one, two, eight = predict_scaling(trace, device, request, LINK)
+        assert one.step_s == pytest.approx(compute + 2 * transfer + update / servers + messages)
+        assert one.detail["waiting_s"] == pytest.approx(0.0, abs=1e-15)
+        stations = [transfer / servers, update / servers, transfer / servers]
+        own = 2 * (transfer - transfer / servers)
+        for point, count in ((two, 2), (eight, 8)):
+            think = compute + messages + own
+            assert point.step_s == pytest.approx(closed_loop_cycle_s(think, stations, count))
+            assert point.samples_per_s == pytest.approx(count * 64 / point.step_s)
+            assert point.detail["waiting_s"] > 0
+        assert one.step_s < two.step_s < eight.step_s  # more workers, longer queues
+    slow = Link("slow", "slow", "ethernet", 1e7, 0.0, 1.0)  # the server's link saturates
+    (bound,) = predict_scaling(trace, device, ScalingRequest((512,), strategies=("ps",)), slow)
+    assert bound.bound == "server"
+    assert bound.detail["server_busy"] == pytest.approx(1.0, rel=0.01)
+    busiest = max(grads / 1e7, update)
+    assert bound.samples_per_s == pytest.approx(64 / busiest, rel=0.01)  # 64 samples a push
 
 
 def test_a_pipeline_pays_a_fixed_cost_per_microbatch_send():

@@ -32,13 +32,15 @@ time the caller measured), and adds what moving tensors between devices costs ov
   slowest stage's microbatch time (the bubble, Huang et al., "GPipe", NeurIPS 2019), each slot
   also sending a microbatch's activations forward and their gradients back over the link, each
   send paying the link's hop latency and launch (the per-microbatch overhead).
-- ps: synchronous parameter servers; each worker pushes its gradients and pulls the weights
-  (2 × fp32 parameter bytes), and every server's link carries its shard for all N workers; a
-  server also applies every push to its shard (dlscale's servers step their optimizer once per
-  push, under a lock: N × its share of the optimizer step, at the device's rate), so a
-  server's link and update rate bound the workers' throughput; each step also pays four
-  blocking messages' latency (dlscale's wire: request, gradients, reply, weights), and waits
-  for the slowest worker (skew, as ddp).
+- ps: dlscale's parameter servers in their default mode, async: each worker computes, pushes
+  its fp32 gradients to every server and waits for the weights the server replies with once it
+  has applied them (its share of the optimizer step, under its shard's lock), then computes
+  again; no worker waits for another. One step with no other worker: compute + the gradients
+  out + the update + the weights back + four blocking messages' latency (dlscale's wire:
+  request, gradients, reply, weights). With N workers they queue at the servers (each
+  server's link in, its update, its link out serve one push at a time): a closed loop of N
+  workers, solved by exact mean-value analysis (Reiser and Lavenberg, JACM 1980), so the
+  servers' link and update rate bound the throughput as the workers grow.
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
   among its replicas after the schedule (launch, contention and skew as ddp).
 - tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
@@ -396,43 +398,68 @@ def _pipeline(trace, hardware, single, count, where, _plans):
     }
 
 
+def closed_loop_cycle_s(think_s: float, demands: list[float], customers: int) -> float:
+    """One customer's mean cycle in a closed loop of `customers`, each spending `think_s` on its
+    own and then visiting every station in turn, a station serving one customer at a time for
+    its demand in `demands` (seconds a visit): exact mean-value analysis (Reiser and Lavenberg,
+    "Mean-Value Analysis of Closed Multichain Queuing Networks", JACM 27(2), 1980; exact where
+    service times are exponential). One customer never waits: think + the demands."""
+    queues = [0.0] * len(demands)
+    cycle = think_s + sum(demands)
+    for customer in range(1, customers + 1):
+        residence = [demand * (1 + queue) for demand, queue in zip(demands, queues, strict=True)]
+        cycle = think_s + sum(residence)
+        queues = [customer / cycle * seconds for seconds in residence]
+    return cycle
+
+
 def _ps(trace, hardware, single, count, where, _plans):
     nodes, network, servers = where.nodes, where.network, where.servers
     over = network if nodes > 1 and network is not None else where.link
     grad_bytes = trace.trainable_params * FP32_BYTES
-    # Each way at once (full duplex): a worker sends its gradients and receives the weights; a
-    # server receives every worker's shard of the gradients and sends its shard of the weights,
-    # and applies each worker's push to its shard (its share of the optimizer step, N times).
-    worker_s = grad_bytes / over.effective_bytes_per_s * over.contention
-    server_link_s = count * grad_bytes / servers / over.effective_bytes_per_s * over.contention
-    server_update_s = count * single.compute(single.prediction.optimizer_s) / servers
-    server_s = server_link_s + server_update_s
-    # dlscale's ps wire (strategies/ps/server.py): a request header, the gradients, then a reply
-    # header and the weights, each a blocking message: four hops of latency a step.
+    # dlscale's ps in its default mode, async (strategies/ps/exchange.py): a worker computes its
+    # gradients, pushes them to every server and waits for the weights each replies with once it
+    # has applied them under its shard's lock; no worker waits for another. One way, all shards:
+    transfer_s = grad_bytes / over.effective_bytes_per_s * over.contention
+    update_s = single.compute(single.prediction.optimizer_s)  # on the servers, not the worker
+    compute = single.step_s - update_s
+    # The wire (strategies/ps/server.py): a request header, the gradients, then a reply header
+    # and the weights, each a blocking message: four hops of latency a step.
     messages_s = PS_MESSAGES * over.latency_s * over.contention + 2 * over.launch_s
-    comm = max(worker_s, server_s) + messages_s
-    # A worker steps no optimizer of its own: the servers' update is the one above.
-    compute = single.step_s - single.compute(single.prediction.optimizer_s)
-    skew = skew_s(single.step_s, where.framework.step_cv, count)
-    step = compute + comm + skew
-    side = "server" if server_s > worker_s else ("network" if over is network else "link")
+    # A server serves a push in three parts, each one request at a time: its shard of the
+    # gradients in over its link, its share of the update, its shard of the weights out (full
+    # duplex: in and out are separate). The S servers serve a push's S shards side by side, taken
+    # as one set of stations S times as fast; the rest of a worker's own transfer (all shards,
+    # both ways, beyond one server's share) is its own link's, which no other worker uses.
+    shard_s = transfer_s / servers
+    stations = [shard_s, update_s / servers, shard_s]
+    own_s = 2 * (transfer_s - shard_s)
+    alone_s = compute + messages_s + own_s + sum(stations)  # a step with no other worker
+    step = closed_loop_cycle_s(compute + messages_s + own_s, stations, count)
+    waiting_s = step - alone_s  # queueing at the servers behind the other workers' pushes
+    comm = step - compute
+    busy = count / step * max(stations)  # the busiest server part's share of the time
+    # Server-bound once the queueing outlasts the compute; else the link's, where it is longer.
+    side = "network" if over is network else "link"
+    bound = "server" if waiting_s > compute else (side if comm > compute else "compute")
     return {
         "step_s": step,
         "samples_per_s": count * trace.batch_size / step,
         "compute_s": compute,
         "comm_s": comm,
-        "bound": side if comm > compute else "compute",
+        "bound": bound,
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
         "detail": {
+            "mode": "async",
             "servers": servers,
-            "worker_s": worker_s,
-            "server_s": server_s,
-            "server_link_s": server_link_s,
-            "server_update_s": server_update_s,
+            "worker_s": 2 * transfer_s,  # its gradients out and the weights back, a step
+            "server_link_s": 2 * shard_s,  # one server's share of one push, in and out
+            "server_update_s": update_s / servers,  # one server's share of one push's update
+            "server_busy": busy,
+            "waiting_s": waiting_s,
             "messages_s": messages_s,
             "contention": over.contention,
-            "skew_s": skew,
         },
     }
 

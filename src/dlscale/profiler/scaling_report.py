@@ -302,8 +302,10 @@ def where_time_goes(points: list[ScalePoint]) -> list[str]:
         elif p.strategy == "ps":
             lines.append(
                 f"{head} worker link {duration(d['worker_s'])}; each of {d['servers']} "
-                f"server(s): link {duration(d['server_link_s'])} + update "
-                f"{duration(d['server_update_s'])}; messages {duration(d['messages_s'])}{skew}"
+                f"server(s), a push: link {duration(d['server_link_s'])} + update "
+                f"{duration(d['server_update_s'])} (busiest part busy {d['server_busy']:.0%}); "
+                f"waiting behind other workers {duration(d['waiting_s'])}; messages "
+                f"{duration(d['messages_s'])}"
             )
         elif p.strategy in ("pipeline", "hybrid"):
             sync = (
