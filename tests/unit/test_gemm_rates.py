@@ -270,3 +270,31 @@ def test_no_cold_grid_where_the_cache_size_is_unknown_or_on_a_gpu(monkeypatch):
     monkeypatch.setattr(machine, "cold_shape_grid", lambda *args: flushes.append(args) or [])
     assert machine.cold_grid(torch.device("cpu"), quick=True) == []
     assert flushes == [(torch.device("cpu"), 100 * 2**20, machine.COLD_CALLS[True])]
+
+
+MiB = 2**20
+
+
+def test_the_cache_a_process_holds_ends_where_its_copies_slow_to_memorys_rate():
+    # The development machine's VM at one thread (GB/s by working set): 15 from memory, so a
+    # working set holds if its copy runs at 1.25 × 15 = 18.75 or faster, and every smaller one
+    # did too.
+    rates = {MiB: 70, 2 * MiB: 42, 4 * MiB: 22, 64 * MiB: 25, 128 * MiB: 17, 256 * MiB: 15}
+    assert machine.effective_cache_bytes(rates, 15) == 64 * MiB
+    dip = {MiB: 70, 2 * MiB: 16, 4 * MiB: 30}  # a slow size ends it, whatever comes after
+    assert machine.effective_cache_bytes(dip, 15) == MiB
+    assert machine.effective_cache_bytes({MiB: 18}, 15) == 0  # not even the smallest
+    timed = machine.cache_copy_rates(torch.device("cpu"), 4 * MiB, 0.001)
+    assert list(timed) == [MiB, 2 * MiB, 4 * MiB] and all(rate > 0 for rate in timed.values())
+
+
+def test_a_step_reads_cold_past_the_cache_its_process_holds_not_the_one_reported():
+    hw = cpu({"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": COLD})
+    hw.measured["last_level_cache_bytes"] = 300 * MiB  # a host socket's, as a VM reports it
+    assert not hw.reads_cold(81 * MiB)  # GPT-2's state as benchmarked: inside 300 MiB
+    hw.measured["effective_cache_bytes"] = 64 * MiB  # what the copies said this process holds
+    assert hw.reads_cold(81 * MiB) and not hw.reads_cold(64 * MiB)
+    hw.measured["effective_cache_bytes"] = 0  # nothing held: every step's state passes it
+    assert hw.reads_cold(1)
+    hw.measured["effective_cache_bytes"] = 400 * MiB  # never past the reported cache
+    assert hw.reads_cold(301 * MiB)

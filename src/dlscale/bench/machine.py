@@ -174,6 +174,42 @@ def stream_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: fl
     }
 
 
+# The last-level cache sysfs reports can be a whole host socket's, shared with every other
+# tenant (the development machine's VM, 2026-11-29: two vCPUs of a Xeon whose 300 MiB L3 they
+# report); what a step keeps there is what this process can. The copy rate by working set says
+# where that ends: the largest working set, doubling from CACHE_PROBE_BYTES up to the reported
+# cache, up to which every copy still runs CACHE_SPEEDUP × the memory probe's rate or faster. On
+# that VM at one thread: 70 GB/s at 1 MiB, 22–26 GB/s from 4 to 64 MiB, 17 at 128 MiB, 15 at
+# 256 and 512 MiB (read + write).
+CACHE_PROBE_BYTES = MiB
+CACHE_SPEEDUP = 1.25
+
+
+def cache_copy_rates(device: torch.device, cache: int, min_run_time_s: float) -> dict[int, float]:
+    """Copy bytes/s (read + write) by working set (two tensors of half of it each), doubling
+    from CACHE_PROBE_BYTES up to `cache`, the reported last-level cache."""
+    rates = {}
+    size = CACHE_PROBE_BYTES
+    while size <= cache:
+        n = size // 8
+        a, b = (torch.full((n,), 1.0, device=device) for _ in range(2))  # touched: no faults
+        rates[size] = 2 * 4 * n / median_time_s("a.copy_(b)", {"a": a, "b": b}, min_run_time_s)
+        size *= 2
+    return rates
+
+
+def effective_cache_bytes(rates: dict[int, float], memory_rate: float) -> int:
+    """The largest working set of `rates` (bytes -> copy bytes/s) up to which every copy, the
+    smallest first, runs at least CACHE_SPEEDUP × `memory_rate` (a copy far larger than the
+    cache); 0 where even the smallest does not."""
+    held = 0
+    for size in sorted(rates):
+        if rates[size] < CACHE_SPEEDUP * memory_rate:
+            break
+        held = size
+    return held
+
+
 # glibc's malloc serves a request this large or larger with a fresh mmap whatever its dynamic
 # threshold has grown to (DEFAULT_MMAP_THRESHOLD_MAX: 4 × 1024 × 1024 × sizeof(long) on a 64-bit
 # host, glibc malloc/malloc.c) and returns it to the kernel when freed. torch's CPU allocator
@@ -294,6 +330,8 @@ def run_machine_bench(
         dev, bandwidth_bytes or bandwidth_bytes_for(dev, quick), run_time_s
     )
     best_bandwidth = max(bandwidth["copy_bytes_per_s"], bandwidth["triad_bytes_per_s"])
+    cache = last_level_cache_bytes(dev)
+    cache_rates = cache_copy_rates(dev, cache, run_time_s) if cache and not on_gpu else {}
     training_overhead_s = training_op_overhead_s(dev, run_time_s)
     optimizer = optimizer_efficiencies(dev, best_bandwidth, training_overhead_s, run_time_s)
     result = {
@@ -304,7 +342,14 @@ def run_machine_bench(
         "name": device_name(dev),
         "vendor": device_vendor(dev),
         "memory_bytes": total_memory_bytes(dev),
-        "last_level_cache_bytes": last_level_cache_bytes(dev),
+        "last_level_cache_bytes": cache,
+        # What of it this process can hold: where the copy rate falls to memory's (CPU only).
+        "cache_copy_bytes_per_s": [[size, rate] for size, rate in cache_rates.items()] or None,
+        "effective_cache_bytes": (
+            effective_cache_bytes(cache_rates, bandwidth["copy_bytes_per_s"])
+            if cache_rates
+            else None
+        ),
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
         "quick": quick,
@@ -445,6 +490,7 @@ def measured_tables(result: dict) -> dict:
         "op_efficiency": result["op_efficiency"],
         "optimizer_efficiency": result.get("optimizer_efficiency"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],
+        "effective_cache_bytes": result.get("effective_cache_bytes"),
         "link": result.get("link"),
         "spread": result.get("spread"),
         "rejected": result.get("rejected") or None,

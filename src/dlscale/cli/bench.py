@@ -166,6 +166,9 @@ def machine_table(result: dict) -> Table:
     table.add_row("Adam update / stream bandwidth, by tensor working set", shares)
     cache = result["last_level_cache_bytes"]
     cache_text = binary_bytes(cache) if cache else "unknown"
+    held = result.get("effective_cache_bytes")
+    if cache and held is not None:
+        cache_text += f" (this process holds {binary_bytes(held)})"
     table.add_row(
         "memory / last-level cache", f"{binary_bytes(result['memory_bytes'])} / {cache_text}"
     )

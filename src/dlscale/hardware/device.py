@@ -210,13 +210,17 @@ class Hardware:
     def reads_cold(self, state_bytes: int, precision: str = "fp32") -> bool:
         """Whether a training step whose parameters, gradients and optimizer state take
         `state_bytes` reads its products' operands from memory: that state passes this
-        device's last-level cache, so between two uses of a weight the step has streamed more
-        than the cache holds; only where `bench machine` timed the products that way (a CPU)
-        and at the precision it timed them in (fp32).
+        device's last-level cache (as much of it as `bench machine` found this process holds:
+        `effective_cache_bytes`, where it measured it), so between two uses of a weight the
+        step has streamed more than the cache holds; only where `bench machine` timed the
+        products that way (a CPU) and at the precision it timed them in (fp32).
         """
         cache = self.measured.get("last_level_cache_bytes")
+        held = self.measured.get("effective_cache_bytes")
+        if cache and held is not None:
+            cache = min(cache, held)
         cold = precision == "fp32" and self._points((COLD_GRID,))
-        return bool(cache and cold and state_bytes > cache)
+        return bool(cache is not None and cold and state_bytes > cache)
 
     def conv_rate(
         self,
