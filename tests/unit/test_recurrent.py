@@ -168,6 +168,32 @@ def test_a_small_batch_lstm_with_a_large_state_is_bound_by_memory_bandwidth():
     assert phase_time(layer.forward, hardware, "fp32").bound == "overhead"
 
 
+def test_where_a_cpu_timed_its_caches_the_kernel_moves_its_gates_there_after_its_products():
+    """Inside the fused kernel a step's gates wait on its products and the next step on both;
+    what they move stays in the caches: their bytes at the rate copies of the layer's weights
+    ran (interpolated in log bytes, clamped), added to the products, not hidden behind them."""
+    size, steps, batch = 256, 16, 4
+    _step, layer = traced_lstm(size, steps, batch)
+    copies = [[2**20, 70e9], [2**22, 25e9], [2**28, 15e9]]  # bytes -> copy bytes/s
+    hardware = cpu(measured={"cache_copy_bytes_per_s": copies})
+    assert hardware.cache_copy_rate(2**10) == 70e9 and hardware.cache_copy_rate(2**30) == 15e9
+    assert 25e9 < hardware.cache_copy_rate(2**21) < 70e9
+    forward, backward = layer.phases("cpu")
+    assert forward.kernel_step_bytes == backward.kernel_step_bytes == layer.weight_bytes
+    rate = hardware.cache_copy_rate(layer.weight_bytes)  # 2 MiB and the biases
+    for phase, name in ((forward, "forward"), (backward, "backward")):
+        timed = phase_time(phase, hardware, "fp32", name)
+        assert timed.memory_s == pytest.approx(sum(phase.bytes_by_op.values()) / rate)
+        assert timed.seconds == pytest.approx(timed.compute_s + timed.memory_s + timed.overhead_s)
+    # A CPU that timed no copies (an entry from before), or the trace's ops one by one: as
+    # before, the slower of compute and memory at the stream bandwidth.
+    for phase, device in ((forward, cpu()), (layer.forward, hardware)):
+        plain = phase_time(phase, device, "fp32")
+        assert plain.seconds == pytest.approx(
+            max(plain.compute_s, plain.memory_s) + plain.overhead_s
+        )
+
+
 def test_the_products_run_at_the_rate_of_their_merged_shapes():
     """The input's projection runs as one product over the 6 steps, the hidden state's as 6."""
     size, steps, batch = 16, 6, 4

@@ -491,6 +491,7 @@ def measured_tables(result: dict) -> dict:
         "optimizer_efficiency": result.get("optimizer_efficiency"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],
         "effective_cache_bytes": result.get("effective_cache_bytes"),
+        "cache_copy_bytes_per_s": result.get("cache_copy_bytes_per_s"),
         "link": result.get("link"),
         "spread": result.get("spread"),
         "rejected": result.get("rejected") or None,

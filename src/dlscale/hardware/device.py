@@ -207,6 +207,15 @@ class Hardware:
             precision, 2 * m * k * n, (grid,), lambda points: _on_grid(points, m, k, n)
         )
 
+    def cache_copy_rate(self, working_set_bytes: float) -> float | None:
+        """Bytes/s a copy of this working set runs at where it stays in the caches: on the
+        copies `bench machine` timed by working set (`cache_copy_bytes_per_s`, a CPU),
+        interpolated in log bytes and clamped to them; None where it timed none."""
+        points = self.measured.get("cache_copy_bytes_per_s")
+        if not points:
+            return None
+        return _interpolate({float(size): rate for size, rate in points}, working_set_bytes)
+
     def reads_cold(self, state_bytes: int, precision: str = "fp32") -> bool:
         """Whether a training step whose parameters, gradients and optimizer state take
         `state_bytes` reads its products' operands from memory: that state passes this

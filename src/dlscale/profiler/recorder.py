@@ -193,6 +193,10 @@ class PhaseCost:
     # The matrix products as GEMMs (M × K × N), what a systolic array is fed (profiler/gemms.py)
     gemms: list[Gemm] = field(default_factory=list)
     unmapped_products: Counter[str] = field(default_factory=Counter)  # FLOPs of ops with none
+    # Run inside one fused recurrent kernel (a CPU's fp32 LSTM, profiler/recurrent.py): the
+    # bytes a time step reads, mostly its weights, which stay in the caches from step to step;
+    # 0: dispatched op by op.
+    kernel_step_bytes: int = 0
 
     @property
     def flops(self) -> int:

@@ -188,13 +188,21 @@ def phase_time(
     ]
     rest = cost.bytes - sum(cost.bytes_by_op.values())
     moves.append((rest / (bandwidth * hardware.efficiency_memory), False))
+    in_kernel = cost.kernel_step_bytes and hardware.cache_copy_rate(cost.kernel_step_bytes)
+    if in_kernel:
+        # A fused recurrent kernel: each time step's products, then its gates on what they
+        # made, the next step waiting on both. The gates' bytes stay in the caches (a step's
+        # working set is its weights and a few of the batch's rows), moved at the rate copies
+        # of that working set ran; the products' operands are in their grid rates already.
+        moves = [(sum(cost.bytes_by_op.values()) / in_kernel, True)]
     memory_s = sum(seconds for seconds, _ in moves)
     overhead_s = cost.ops * hardware.overhead_per_op_s
     # An update's page faults are in its measured share (optimizer_efficiency timed them).
     faults = fresh_pages and not working_set_bytes
     first_touch_s = hardware.first_touch_seconds(cost.new_outputs) if faults else 0.0
+    work_s = compute_s + memory_s if in_kernel else max(compute_s, memory_s)
     return PhaseTime(
-        max(compute_s, memory_s) + overhead_s + first_touch_s,
+        work_s + overhead_s + first_touch_s,
         compute_s,
         memory_s,
         overhead_s,

@@ -82,7 +82,8 @@ class LayerTrace:
         """Forward and backward as a device of `kind` runs them: on a CPU that fuses the layer,
         the same FLOPs (done inside the kernel) in fewer dispatched ops, the products that do
         not wait on the step before merged over the steps, without the backward's separate
-        accumulation of per-step weight gradients (profiler/recurrent.py)."""
+        accumulation of per-step weight gradients, its bytes moved inside the kernel
+        (`kernel_step_bytes`: profiler/recurrent.py, roofline.phase_time)."""
         fused = self.cpu_fused
         if kind != "cpu" or fused is None:
             return self.forward, self.backward
@@ -94,11 +95,13 @@ class LayerTrace:
             bytes=self.backward.bytes - fused.accumulation_bytes,
             bytes_by_op=+by_op,
             gemms=merged_products(self.backward.gemms, fused.backward_merged),
+            kernel_step_bytes=self.weight_bytes,
         )
         forward = replace(
             self.forward,
             ops=fused.forward_ops,
             gemms=merged_products(self.forward.gemms, fused.forward_merged),
+            kernel_step_bytes=self.weight_bytes,
         )
         return forward, backward
 
