@@ -286,6 +286,13 @@ def test_the_cache_a_process_holds_ends_where_its_copies_slow_to_memorys_rate():
     assert machine.effective_cache_bytes({MiB: 18}, 15) == 0  # not even the smallest
     timed = machine.cache_copy_rates(torch.device("cpu"), 4 * MiB, 0.001)
     assert list(timed) == [MiB, 2 * MiB, 4 * MiB] and all(rate > 0 for rate in timed.values())
+    # A cache of no power of two: the doublings below it, then the cache itself.
+    assert list(machine.cache_copy_rates(torch.device("cpu"), 3 * MiB, 0.001)) == [
+        MiB,
+        2 * MiB,
+        3 * MiB,
+    ]
+    assert machine.cache_copy_rates(torch.device("cpu"), MiB // 2, 0.001) == {}
 
 
 def test_a_step_reads_cold_past_the_cache_its_process_holds_not_the_one_reported():

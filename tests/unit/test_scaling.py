@@ -364,8 +364,8 @@ def test_async_ps_workers_queue_at_their_servers():
     transfer = grads / 10e9
     update = prediction.optimizer_s
     compute = prediction.step_s - update
-    messages = 4 * 5e-6  # request, gradients, reply, weights at 5 µs each
     for servers in (1, 4):
+        messages = 4 * servers * 5e-6  # request, gradients, reply, weights: 5 µs each, a server
         request = ScalingRequest((1, 2, 8), strategies=("ps",), ps_servers=servers)
         one, two, eight = predict_scaling(trace, device, request, LINK)
         assert one.step_s == pytest.approx(compute + 2 * transfer + update / servers + messages)
@@ -378,6 +378,15 @@ def test_async_ps_workers_queue_at_their_servers():
             assert point.samples_per_s == pytest.approx(count * 64 / point.step_s)
             assert point.detail["waiting_s"] > 0
         assert one.step_s < two.step_s < eight.step_s  # more workers, longer queues
+        # Bound by the longest part of a step: this small model's compute is shorter than its
+        # gradients' and weights' 2 × 0.63 ms; one server serves them all, four a quarter each
+        # while the worker's own link carries the rest.
+        parts = {
+            "compute": compute,
+            "server": sum(stations),
+            "link": own + messages,
+        }
+        assert one.bound == max(parts, key=parts.get) == ("server" if servers == 1 else "link")
     slow = Link("slow", "slow", "ethernet", 1e7, 0.0, 1.0)  # the server's link saturates
     (bound,) = predict_scaling(trace, device, ScalingRequest((512,), strategies=("ps",)), slow)
     assert bound.bound == "server"

@@ -177,8 +177,10 @@ def stream_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: fl
 # The last-level cache sysfs reports can be a whole host socket's, shared with every other
 # tenant (the development machine's VM, 2026-11-29: two vCPUs of a Xeon whose 300 MiB L3 they
 # report); what a step keeps there is what this process can. The copy rate by working set says
-# where that ends: the largest working set, doubling from CACHE_PROBE_BYTES up to the reported
-# cache, up to which every copy still runs CACHE_SPEEDUP × the memory probe's rate or faster. On
+# where that ends: the largest working set, doubling from CACHE_PROBE_BYTES, then the reported
+# cache itself, up to which every copy still runs CACHE_SPEEDUP × the memory probe's rate or
+# faster (on a machine of its own, a working set as large as the cache seldom does: about half of
+# it held, and a step's state past that priced cold, its activations needing the rest). On
 # that VM at one thread: 70 GB/s at 1 MiB, 22–26 GB/s from 4 to 64 MiB, 17 at 128 MiB, 15 at
 # 256 and 512 MiB (read + write).
 CACHE_PROBE_BYTES = MiB
@@ -187,14 +189,15 @@ CACHE_SPEEDUP = 1.25
 
 def cache_copy_rates(device: torch.device, cache: int, min_run_time_s: float) -> dict[int, float]:
     """Copy bytes/s (read + write) by working set (two tensors of half of it each), doubling
-    from CACHE_PROBE_BYTES up to `cache`, the reported last-level cache."""
+    from CACHE_PROBE_BYTES below `cache`, the reported last-level cache, and `cache` itself."""
+    sizes = []
+    while CACHE_PROBE_BYTES * 2 ** len(sizes) < cache:
+        sizes.append(CACHE_PROBE_BYTES * 2 ** len(sizes))
     rates = {}
-    size = CACHE_PROBE_BYTES
-    while size <= cache:
+    for size in [*sizes, cache] if cache >= CACHE_PROBE_BYTES else []:
         n = size // 8
         a, b = (torch.full((n,), 1.0, device=device) for _ in range(2))  # touched: no faults
         rates[size] = 2 * 4 * n / median_time_s("a.copy_(b)", {"a": a, "b": b}, min_run_time_s)
-        size *= 2
     return rates
 
 

@@ -33,7 +33,7 @@ layer's phases are priced as the kernel runs a step, its products and then its g
 step waiting on both: products + the gates' bytes at the rate copies of the layer's weights ran
 (`PhaseCost.kernel_step_bytes`, roofline.phase_time), not the slower of the products and every
 byte at the stream bandwidth. On the development machine's VM (2026-11-29) the zoo's LSTM at
-batch 8 was priced 2.58 / 4.00 ms so against kernels of 1.06 / 2.0, and 1.09 / 1.81 now.
+batch 8 was priced 2.58 / 4.00 ms so against kernels of 1.06 / 2.0, and 1.08 / 1.77 now.
 
 Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
 projections, and bf16/fp16 (fused only on CPUs with oneDNN's bf16/fp16 support, not assumed).
@@ -67,6 +67,8 @@ class FusedCalls:
     accumulation_bytes: int  # the trace's backward `add`s summing per-step weight gradients
     forward_merged: tuple[StepProduct, ...] = ()  # products the kernel merges over the steps
     backward_merged: tuple[StepProduct, ...] = ()
+    # The weights one kernel (a layer and direction) reads every time step: its working set
+    kernel_weight_bytes: int = 0
 
     def __add__(self, other: FusedCalls) -> FusedCalls:
         return FusedCalls(
@@ -75,6 +77,7 @@ class FusedCalls:
             self.accumulation_bytes + other.accumulation_bytes,
             self.forward_merged + other.forward_merged,
             self.backward_merged + other.backward_merged,
+            max(self.kernel_weight_bytes, other.kernel_weight_bytes),
         )
 
 
@@ -152,4 +155,5 @@ def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls
         max(0, steps - 1) * 3 * weights,
         tuple(forward_merged),
         tuple(backward_merged),
+        weights // kernels,
     )

@@ -41,7 +41,8 @@ class PhaseTime:
     memory_measured: bool = False  # the larger part of memory_s ran at measured shares
     overhead_measured: bool = False  # the per-op cost was measured
     # Page faults of the phase's new tensors above the allocator's threshold (a CPU's), in
-    # `seconds` beside the larger of compute and memory: the kernel's work, not the op's.
+    # `seconds` beside the phase's work (the larger of compute and memory; in a fused recurrent
+    # kernel its products, then its gates): the kernel's work, not the op's.
     first_touch_s: float = 0.0
 
     @property
@@ -192,15 +193,17 @@ def phase_time(
     if in_kernel:
         # A fused recurrent kernel: each time step's products, then its gates on what they
         # made, the next step waiting on both. The gates' bytes stay in the caches (a step's
-        # working set is its weights and a few of the batch's rows), moved at the rate copies
-        # of that working set ran; the products' operands are in their grid rates already.
+        # working set is one layer and direction's weights and a few of the batch's rows),
+        # moved at the rate copies of that working set ran; the products' operands are in
+        # their grid rates already.
         moves = [(sum(cost.bytes_by_op.values()) / in_kernel, True)]
     memory_s = sum(seconds for seconds, _ in moves)
     overhead_s = cost.ops * hardware.overhead_per_op_s
     # An update's page faults are in its measured share (optimizer_efficiency timed them).
     faults = fresh_pages and not working_set_bytes
     first_touch_s = hardware.first_touch_seconds(cost.new_outputs) if faults else 0.0
-    work_s = compute_s + memory_s if in_kernel else max(compute_s, memory_s)
+    # In the kernel the gates' FLOPs and their bytes are one pass after the products.
+    work_s = products_s + max(vector_s, memory_s) if in_kernel else max(compute_s, memory_s)
     return PhaseTime(
         work_s + overhead_s + first_touch_s,
         compute_s,

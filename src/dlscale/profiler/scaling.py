@@ -37,10 +37,11 @@ time the caller measured), and adds what moving tensors between devices costs ov
   has applied them (its share of the optimizer step, under its shard's lock), then computes
   again; no worker waits for another. One step with no other worker: compute + the gradients
   out + the update + the weights back + four blocking messages' latency (dlscale's wire:
-  request, gradients, reply, weights). With N workers they queue at the servers (each
-  server's link in, its update, its link out serve one push at a time): a closed loop of N
-  workers, solved by exact mean-value analysis (Reiser and Lavenberg, JACM 1980), so the
-  servers' link and update rate bound the throughput as the workers grow.
+  request, gradients, reply, weights; to and from each server). With N workers they queue at
+  the servers (each server's link in, its update under its lock, its link out): a closed loop
+  of N workers, solved by exact mean-value analysis (Reiser and Lavenberg, JACM 1980), so the
+  servers' link and update rate bound the throughput as the workers grow. The update is priced
+  at the workers' device's rate (dlscale's servers step on the host's CPU).
 - hybrid: S pipeline stages × R data-parallel replicas; each stage's gradients are all-reduced
   among its replicas after the schedule (launch, contention and skew as ddp).
 - tensor: the auto plan's layers split N ways (profiler/tensor_plan.py): their forward and
@@ -423,14 +424,18 @@ def _ps(trace, hardware, single, count, where, _plans):
     transfer_s = grad_bytes / over.effective_bytes_per_s * over.contention
     update_s = single.compute(single.prediction.optimizer_s)  # on the servers, not the worker
     compute = single.step_s - update_s
-    # The wire (strategies/ps/server.py): a request header, the gradients, then a reply header
-    # and the weights, each a blocking message: four hops of latency a step.
-    messages_s = PS_MESSAGES * over.latency_s * over.contention + 2 * over.launch_s
-    # A server serves a push in three parts, each one request at a time: its shard of the
-    # gradients in over its link, its share of the update, its shard of the weights out (full
-    # duplex: in and out are separate). The S servers serve a push's S shards side by side, taken
-    # as one set of stations S times as fast; the rest of a worker's own transfer (all shards,
-    # both ways, beyond one server's share) is its own link's, which no other worker uses.
+    # The wire (strategies/ps/server.py): to each server a request header and the gradients,
+    # then from each a reply header and the weights, each a blocking message: four hops of
+    # latency a server, a step.
+    messages_s = PS_MESSAGES * servers * over.latency_s * over.contention + 2 * over.launch_s
+    # A server serves a push in three parts: its shard of the gradients in over its link, its
+    # share of the update (one push at a time, under its lock), its shard of the weights out
+    # (full duplex: in and out apart). Its thread per worker moves several pushes' bytes at once,
+    # sharing the link: each part is a queue with the same mean wait. The S servers serve a
+    # push's S shards side by side, taken as one set of stations S times as fast; the rest of a
+    # worker's own transfer (all shards, both ways, beyond one server's share) is its own
+    # link's, which no other worker uses. The update is priced at the workers' device's rate
+    # (dlscale's servers step on the host's CPU: for GPU workers an under-price, named).
     shard_s = transfer_s / servers
     stations = [shard_s, update_s / servers, shard_s]
     own_s = 2 * (transfer_s - shard_s)
@@ -439,9 +444,11 @@ def _ps(trace, hardware, single, count, where, _plans):
     waiting_s = step - alone_s  # queueing at the servers behind the other workers' pushes
     comm = step - compute
     busy = count / step * max(stations)  # the busiest server part's share of the time
-    # Server-bound once the queueing outlasts the compute; else the link's, where it is longer.
+    # Bound by the longest part of a step: the worker's compute, its time at the servers
+    # (waiting and served), or its own link's (its transfer beyond the servers', the messages).
     side = "network" if over is network else "link"
-    bound = "server" if waiting_s > compute else (side if comm > compute else "compute")
+    parts = {"compute": compute, "server": waiting_s + sum(stations), side: own_s + messages_s}
+    bound = max(parts, key=parts.get)
     return {
         "step_s": step,
         "samples_per_s": count * trace.batch_size / step,
@@ -451,7 +458,7 @@ def _ps(trace, hardware, single, count, where, _plans):
         "global_batch": count * trace.batch_size,
         "fits": training_memory(trace).total_bytes <= _usable(hardware),
         "detail": {
-            "mode": "async",
+            "priced_as": "async",  # whatever the spec's mode (averaging, downpour): named
             "servers": servers,
             "worker_s": 2 * transfer_s,  # its gradients out and the weights back, a step
             "server_link_s": 2 * shard_s,  # one server's share of one push, in and out

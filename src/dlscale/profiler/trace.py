@@ -95,13 +95,13 @@ class LayerTrace:
             bytes=self.backward.bytes - fused.accumulation_bytes,
             bytes_by_op=+by_op,
             gemms=merged_products(self.backward.gemms, fused.backward_merged),
-            kernel_step_bytes=self.weight_bytes,
+            kernel_step_bytes=fused.kernel_weight_bytes,
         )
         forward = replace(
             self.forward,
             ops=fused.forward_ops,
             gemms=merged_products(self.forward.gemms, fused.forward_merged),
-            kernel_step_bytes=self.weight_bytes,
+            kernel_step_bytes=fused.kernel_weight_bytes,
         )
         return forward, backward
 
