@@ -30,9 +30,9 @@ reads its weight once where the trace counts a read a step (an over-count, left)
 Nor do its elementwise passes leave the caches: a time step's gates are a few rows of the batch,
 its weights are read every step. Where `bench machine` timed copies by working set (a CPU), the
 layer's phases are priced as the kernel runs a step, its products and then its gates, the next
-step waiting on both: products + the gates' bytes at the rate copies of the layer's weights ran
-(`PhaseCost.kernel_step_bytes`, roofline.phase_time), not the slower of the products and every
-byte at the stream bandwidth. On the development machine's VM (2026-11-29) the zoo's LSTM at
+step waiting on both: products + the gates (their FLOPs, or their bytes at the rate copies of one
+kernel's weights ran, whichever is longer: `PhaseCost.kernel_step_bytes`, roofline.phase_time),
+not the slower of the products and every byte at the stream bandwidth. On the development machine's VM (2026-11-29) the zoo's LSTM at
 batch 8 was priced 2.58 / 4.00 ms so against kernels of 1.06 / 2.0, and 1.08 / 1.77 now.
 
 Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
