@@ -32,8 +32,9 @@ its weights are read every step. Where `bench machine` timed copies by working s
 layer's phases are priced as the kernel runs a step, its products and then its gates, the next
 step waiting on both: products + the gates (their FLOPs, or their bytes at the rate copies of one
 kernel's weights ran, whichever is longer: `PhaseCost.kernel_step_bytes`, roofline.phase_time),
-not the slower of the products and every byte at the stream bandwidth. On the development machine's VM (2026-11-29) the zoo's LSTM at
-batch 8 was priced 2.58 / 4.00 ms so against kernels of 1.06 / 2.0, and 1.08 / 1.77 now.
+not the slower of the products and every byte at the stream bandwidth. On the development
+machine's VM (2026-11-29) the zoo's LSTM at batch 8 was priced 2.58 / 4.00 ms so against
+kernels of 1.06 / 2.0, and 1.08 / 1.77 now.
 
 Left as the trace counts them: GRU and RNN (torch's CPU path decomposes them too), an LSTM with
 projections, and bf16/fp16 (fused only on CPUs with oneDNN's bf16/fp16 support, not assumed).
