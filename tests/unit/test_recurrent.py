@@ -170,8 +170,9 @@ def test_a_small_batch_lstm_with_a_large_state_is_bound_by_memory_bandwidth():
 
 def test_where_a_cpu_timed_its_caches_the_kernel_moves_its_gates_there_after_its_products():
     """Inside the fused kernel a step's gates wait on its products and the next step on both;
-    what they move stays in the caches: their bytes at the rate copies of the layer's weights
-    ran (interpolated in log bytes, clamped), added to the products, not hidden behind them."""
+    what they move stays in the caches: their bytes at the rate copies of one kernel's weights
+    ran (interpolated in log bytes, clamped); the gates' FLOPs or bytes, the longer, added to
+    the products, not hidden behind them."""
     size, steps, batch = 256, 16, 4
     _step, layer = traced_lstm(size, steps, batch)
     copies = [[2**20, 70e9], [2**22, 25e9], [2**28, 15e9]]  # bytes -> copy bytes/s
@@ -193,10 +194,10 @@ def test_where_a_cpu_timed_its_caches_the_kernel_moves_its_gates_there_after_its
     # A deep bidirectional LSTM runs a kernel per layer and direction: a step's working set is
     # one kernel's weights, not the module's.
     _step, deep = traced_lstm(size, steps, batch, num_layers=2, bidirectional=True)
-    forward, _ = deep.phases("cpu")
+    deep_forward, _ = deep.phases("cpu")
     kernel = 4 * size * (size + size) * 4 + 2 * 4 * size * 4  # layer 0: W_ih, W_hh, biases
-    assert forward.kernel_step_bytes == deep.weight_bytes // 4
-    assert kernel <= forward.kernel_step_bytes < 2 * kernel  # layer 1's W_ih takes 2 × size
+    assert deep_forward.kernel_step_bytes == deep.weight_bytes // 4
+    assert kernel <= deep_forward.kernel_step_bytes < 2 * kernel  # layer 1's W_ih: 2 × size
     # A CPU that timed no copies (an entry from before), or the trace's ops one by one: as
     # before, the slower of compute and memory at the stream bandwidth.
     for phase, device in ((forward, cpu()), (layer.forward, hardware)):
@@ -392,3 +393,17 @@ def test_the_backward_drops_the_traced_adds_that_sum_per_step_weight_gradients(o
         out, _ = real(x)
         out.backward(torch.ones_like(out))
     assert counter.bytes == 0
+
+
+def test_a_kernels_bound_is_the_longest_part_of_its_work():
+    from dlscale.profiler.roofline import PhaseTime
+
+    # Products 1 s, then the gates: FLOPs 0.5 s, bytes 1.2 s. Its work is 2.2 s and the bytes
+    # its longest part, though compute (1.5 s with the gates' FLOPs) exceeds memory.
+    assert PhaseTime(2.2, 1.5, 1.2, 0.0, kernel_products_s=1.0).bound == "memory"
+    assert PhaseTime(3.7, 1.5, 1.2, 1.5, kernel_products_s=1.0).bound == "memory"  # work > 1.5
+    assert PhaseTime(3.2, 2.5, 1.2, 0.0, kernel_products_s=2.0).bound == "compute"
+    # The per-op cost beyond the whole work, not beyond its larger part.
+    assert PhaseTime(4.5, 1.0, 1.0, 2.5, kernel_products_s=1.0).bound == "overhead"
+    assert PhaseTime(3.5, 1.0, 1.0, 1.5, kernel_products_s=1.0).bound == "compute"
+    assert PhaseTime(2.2, 1.5, 1.2, 0.0).bound == "compute"  # elsewhere: the larger of the two

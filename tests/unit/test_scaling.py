@@ -355,8 +355,8 @@ def test_closed_loop_by_hand():
 
 def test_async_ps_workers_queue_at_their_servers():
     """dlscale's async ps by hand: a step with no other worker is compute, the gradients out,
-    the server's update, the weights back and four messages; more workers queue at the server
-    (its link in, its update, its link out) as the closed loop says, and the servers' busiest
+    the server's update, the weights back and four messages a server; more workers queue at the
+    server (its link in, its update, its link out) as the closed loop says, and the servers' busiest
     part bounds the throughput."""
     trace, device = mlp_trace(depth=6), gpu()
     prediction = predict(trace, device)

@@ -181,8 +181,8 @@ def stream_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: fl
 # cache itself, up to which every copy still runs CACHE_SPEEDUP × the memory probe's rate or
 # faster (on a machine of its own, a working set as large as the cache seldom does: about half of
 # it held, and a step's state past that priced cold, its activations needing the rest). On
-# that VM at one thread: 70 GB/s at 1 MiB, 22–26 GB/s from 4 to 64 MiB, 17 at 128 MiB, 15 at
-# 256 and 512 MiB (read + write).
+# that VM at one thread: 70–72 GB/s at 1 MiB, 22–27 GB/s from 4 to 64 MiB, 17–20 at 128 MiB
+# (so 64 or 128 MiB held from run to run), 15–18 at 256 MiB, 15.2 from memory (read + write).
 CACHE_PROBE_BYTES = MiB
 CACHE_SPEEDUP = 1.25
 

@@ -68,7 +68,9 @@ class FusedCalls:
     accumulation_bytes: int  # the trace's backward `add`s summing per-step weight gradients
     forward_merged: tuple[StepProduct, ...] = ()  # products the kernel merges over the steps
     backward_merged: tuple[StepProduct, ...] = ()
-    # The weights one kernel (a layer and direction) reads every time step: its working set
+    # One kernel's (a layer and direction's) weights, trained or not, on average over the
+    # layer's kernels: the working set a time step reads, approximately (a merged input
+    # projection is not read every step)
     kernel_weight_bytes: int = 0
 
     def __add__(self, other: FusedCalls) -> FusedCalls:
@@ -156,5 +158,5 @@ def cpu_fused_ops(module: nn.Module, args, kwargs, precision: str) -> FusedCalls
         max(0, steps - 1) * 3 * weights,
         tuple(forward_merged),
         tuple(backward_merged),
-        weights // kernels,
+        sum(p.numel() * p.element_size() for p in module.parameters()) // kernels,
     )

@@ -44,6 +44,10 @@ class PhaseTime:
     # `seconds` beside the phase's work (the larger of compute and memory; in a fused recurrent
     # kernel its products, then its gates): the kernel's work, not the op's.
     first_touch_s: float = 0.0
+    # A fused recurrent kernel's products alone (None elsewhere): its work is these, then the
+    # longer of its gates' FLOPs (the rest of compute_s) and their bytes (memory_s), so
+    # compute_s + memory_s is not its time.
+    kernel_products_s: float | None = None
 
     @property
     def source(self) -> str:
@@ -64,6 +68,12 @@ class PhaseTime:
         """What limits this phase: 'compute', 'memory', 'overhead' (launch/dispatch) or 'none'."""
         if self.seconds == 0:
             return "none"  # a view (flatten, reshape): no op runs
+        if self.kernel_products_s is not None:  # products, then the gates' longer part
+            if self.overhead_s > self.seconds - self.overhead_s - self.first_touch_s:
+                return "overhead"
+            gates_flops_s = self.compute_s - self.kernel_products_s
+            longest = max(self.kernel_products_s, gates_flops_s)
+            return "memory" if self.memory_s > longest else "compute"
         if self.overhead_s > max(self.compute_s, self.memory_s):
             return "overhead"
         return "compute" if self.compute_s >= self.memory_s else "memory"
@@ -213,6 +223,7 @@ def phase_time(
         memory_measured=_mostly_measured(moves),
         overhead_measured="training_op_overhead_s" in hardware.measured,
         first_touch_s=first_touch_s,
+        kernel_products_s=products_s if in_kernel else None,
     )
 
 

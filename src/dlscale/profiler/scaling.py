@@ -91,7 +91,7 @@ MICROBATCHES_PER_STAGE = 4  # a pipeline's default microbatches: 4 × stages kee
 HYBRID_STAGES = 2
 ACCUMULATING = ("ddp", "tensor")  # the strategies whose points model gradient accumulation
 WEIGHT_SNAPSHOTS_2BW = 2  # 2bw's weight copies per stage besides the optimizer's (twobw.py)
-PS_MESSAGES = 4  # a ps step's blocking messages: request, gradients, reply, weights
+PS_MESSAGES = 4  # a ps step's blocking messages a server: request, gradients, reply, weights
 
 
 @dataclass(frozen=True)
