@@ -122,10 +122,10 @@ def without(local, *keys: str):
     return dataclasses.replace(local, measured=measured)
 
 
-def _cache_held(measured: dict) -> str:
+def _cache_held(local) -> str:
     """', cache held 128 of 300 MiB': what `bench machine` found this process keeps of the
     last-level cache (a step whose state passes it is priced cold), where it measured it."""
-    cache, held = measured.get("last_level_cache_bytes"), measured.get("effective_cache_bytes")
+    cache, held = local.measured.get("last_level_cache_bytes"), local.cache_held_bytes()
     if not cache or held is None:
         return ""
     return f", cache held {held / 2**20:.0f} of {cache / 2**20:.0f} MiB"
@@ -145,7 +145,7 @@ def measure_round(cases: list[Case], args) -> list[dict]:
         f"{local.peak_flops['fp32'] / 1e9:,.1f} GFLOP/s, "
         f"{local.memory_bandwidth_bytes_per_s / 1e9:,.1f} GB/s, "
         f"op {local.overhead_per_op_s * 1e6:.1f} µs, loop {local.overhead_per_step_s * 1e3:.3f} ms"
-        f", spread {local.measured['spread']['median']:.0%}" + _cache_held(local.measured)
+        f", spread {local.measured['spread']['median']:.0%}" + _cache_held(local)
     )
     print(f"  {'workload':<22} {'measured':>10} {'predicted':>10} {'ratio':>6}  parts")
     found = []

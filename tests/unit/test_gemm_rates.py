@@ -7,7 +7,7 @@ from torch import nn
 
 from dlscale.bench import machine
 from dlscale.bench.matmul import cold_shape_grid, shape_grid
-from dlscale.hardware.device import Hardware
+from dlscale.hardware.device import Hardware, held_cache_bytes
 from dlscale.profiler.gemms import Gemm
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.roofline import phase_time, predict
@@ -280,10 +280,10 @@ def test_the_cache_a_process_holds_ends_where_its_copies_slow_to_memorys_rate():
     # working set holds if its copy runs at 1.25 × 15 = 18.75 or faster, and every smaller one
     # did too.
     rates = {MiB: 70, 2 * MiB: 42, 4 * MiB: 22, 64 * MiB: 25, 128 * MiB: 17, 256 * MiB: 15}
-    assert machine.effective_cache_bytes(rates, 15) == 64 * MiB
+    assert held_cache_bytes(rates, 15) == 64 * MiB
     dip = {MiB: 70, 2 * MiB: 16, 4 * MiB: 30}  # a slow size ends it, whatever comes after
-    assert machine.effective_cache_bytes(dip, 15) == MiB
-    assert machine.effective_cache_bytes({MiB: 18}, 15) == 0  # not even the smallest
+    assert held_cache_bytes(dip, 15) == MiB
+    assert held_cache_bytes({MiB: 18}, 15) == 0  # not even the smallest
     timed = machine.cache_copy_rates(torch.device("cpu"), 4 * MiB, 0.001)
     assert list(timed) == [MiB, 2 * MiB, 4 * MiB] and all(rate > 0 for rate in timed.values())
     # A cache of no power of two: the doublings below it, then the cache itself.
@@ -299,9 +299,14 @@ def test_a_step_reads_cold_past_the_cache_its_process_holds_not_the_one_reported
     hw = cpu({"matmul_shape_flops_per_s": GRID, "matmul_shape_cold_flops_per_s": COLD})
     hw.measured["last_level_cache_bytes"] = 300 * MiB  # a host socket's, as a VM reports it
     assert not hw.reads_cold(81 * MiB)  # GPT-2's state as benchmarked: inside 300 MiB
-    hw.measured["effective_cache_bytes"] = 64 * MiB  # what the copies said this process holds
+    # The copies by working set (GB/s) against the memory's 15: 64 MiB held.
+    copies = [[MiB, 70e9], [64 * MiB, 25e9], [128 * MiB, 17e9], [300 * MiB, 15e9]]
+    hw.measured.update(cache_copy_bytes_per_s=copies, copy_bytes_per_s=15e9)
+    assert hw.cache_held_bytes() == 64 * MiB
     assert hw.reads_cold(81 * MiB) and not hw.reads_cold(64 * MiB)
-    hw.measured["effective_cache_bytes"] = 0  # nothing held: every step's state passes it
-    assert hw.reads_cold(1)
-    hw.measured["effective_cache_bytes"] = 400 * MiB  # never past the reported cache
-    assert hw.reads_cold(301 * MiB)
+    hw.measured["copy_bytes_per_s"] = 60e9  # nothing held: every step's state passes it
+    assert hw.cache_held_bytes() == 0 and hw.reads_cold(1)
+    hw.measured["copy_bytes_per_s"] = 1e9  # all held, but never past the reported cache
+    assert hw.cache_held_bytes() == 300 * MiB and hw.reads_cold(301 * MiB)
+    hw.measured["last_level_cache_bytes"] = 200 * MiB
+    assert hw.reads_cold(201 * MiB)

@@ -27,7 +27,7 @@ from dlscale.bench.matmul import (
 from dlscale.bench.plausible import summarize_spread
 from dlscale.errors import UserError
 from dlscale.free_memory import available_memory_bytes
-from dlscale.hardware.device import Hardware
+from dlscale.hardware.device import Hardware, held_cache_bytes
 from dlscale.hardware.trust import unreliable
 from dlscale.profiler.calibrate import (
     attention_rates,
@@ -163,28 +163,33 @@ def stream_bandwidth(device: torch.device, tensor_bytes: int, min_run_time_s: fl
     """
     n = tensor_bytes // 4
     a, b, c = (torch.full((n,), 1.0, device=device) for _ in range(3))  # touched: no page faults
-    copy_s = median_time_s("a.copy_(b)", {"a": a, "b": b}, min_run_time_s)
     triad_s = median_time_s(
         "torch.add(b, c, alpha=3.0, out=a)", {"a": a, "b": b, "c": c}, min_run_time_s
     )
     return {
         "tensor_bytes": 4 * n,
-        "copy_bytes_per_s": 2 * 4 * n / copy_s,
+        "copy_bytes_per_s": copy_bytes_per_s(a, b, min_run_time_s),
         "triad_bytes_per_s": 3 * 4 * n / triad_s,
     }
+
+
+def copy_bytes_per_s(a: torch.Tensor, b: torch.Tensor, min_run_time_s: float) -> float:
+    """STREAM copy `a = b` of two equal float32 tensors: both tensors' bytes (read + write) a
+    second, no write-allocate traffic counted."""
+    seconds = median_time_s("a.copy_(b)", {"a": a, "b": b}, min_run_time_s)
+    return 2 * a.element_size() * a.numel() / seconds
 
 
 # The last-level cache sysfs reports can be a whole host socket's, shared with every other
 # tenant (the development machine's VM, 2026-11-29: two vCPUs of a Xeon whose 300 MiB L3 they
 # report); what a step keeps there is what this process can. The copy rate by working set says
 # where that ends: the largest working set, doubling from CACHE_PROBE_BYTES, then the reported
-# cache itself, up to which every copy still runs CACHE_SPEEDUP × the memory probe's rate or
+# cache itself, up to which every copy still runs 1.25 × the memory probe's rate or
 # faster (on a machine of its own, a working set as large as the cache seldom does: about half of
 # it held, and a step's state past that priced cold, its activations needing the rest). On
 # that VM at one thread: 70–72 GB/s at 1 MiB, 22–27 GB/s from 4 to 64 MiB, 17–20 at 128 MiB
 # (so 64 or 128 MiB held from run to run), 15–18 at 256 MiB, 15.2 from memory (read + write).
-CACHE_PROBE_BYTES = MiB
-CACHE_SPEEDUP = 1.25
+CACHE_PROBE_BYTES = MiB  # CACHE_SPEEDUP and the rule: hardware.device.held_cache_bytes
 
 
 def cache_copy_rates(device: torch.device, cache: int, min_run_time_s: float) -> dict[int, float]:
@@ -195,22 +200,9 @@ def cache_copy_rates(device: torch.device, cache: int, min_run_time_s: float) ->
         sizes.append(CACHE_PROBE_BYTES * 2 ** len(sizes))
     rates = {}
     for size in [*sizes, cache] if cache >= CACHE_PROBE_BYTES else []:
-        n = size // 8
-        a, b = (torch.full((n,), 1.0, device=device) for _ in range(2))  # touched: no faults
-        rates[size] = 2 * 4 * n / median_time_s("a.copy_(b)", {"a": a, "b": b}, min_run_time_s)
+        a, b = (torch.full((size // 8,), 1.0, device=device) for _ in range(2))  # no faults
+        rates[size] = copy_bytes_per_s(a, b, min_run_time_s)
     return rates
-
-
-def effective_cache_bytes(rates: dict[int, float], memory_rate: float) -> int:
-    """The largest working set of `rates` (bytes -> copy bytes/s) up to which every copy, the
-    smallest first, runs at least CACHE_SPEEDUP × `memory_rate` (a copy far larger than the
-    cache); 0 where even the smallest does not."""
-    held = 0
-    for size in sorted(rates):
-        if rates[size] < CACHE_SPEEDUP * memory_rate:
-            break
-        held = size
-    return held
 
 
 # glibc's malloc serves a request this large or larger with a fresh mmap whatever its dynamic
@@ -349,9 +341,7 @@ def run_machine_bench(
         # What of it this process can hold: where the copy rate falls to memory's (CPU only).
         "cache_copy_bytes_per_s": [[size, rate] for size, rate in cache_rates.items()] or None,
         "effective_cache_bytes": (
-            effective_cache_bytes(cache_rates, bandwidth["copy_bytes_per_s"])
-            if cache_rates
-            else None
+            held_cache_bytes(cache_rates, bandwidth["copy_bytes_per_s"]) if cache_rates else None
         ),
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
@@ -493,7 +483,7 @@ def measured_tables(result: dict) -> dict:
         "op_efficiency": result["op_efficiency"],
         "optimizer_efficiency": result.get("optimizer_efficiency"),
         "last_level_cache_bytes": result["last_level_cache_bytes"],
-        "effective_cache_bytes": result.get("effective_cache_bytes"),
+        # Hardware.cache_held_bytes derives what the process holds from these and the copy rate.
         "cache_copy_bytes_per_s": result.get("cache_copy_bytes_per_s"),
         "link": result.get("link"),
         "spread": result.get("spread"),

@@ -16,6 +16,22 @@ PEAK_FALLBACK = {"int4": ("int8", "fp32")}
 # that evicts the caches (cold): lists of [M, K, N, FLOP/s] in `measured`.
 HOT_GRID, COLD_GRID = "matmul_shape_flops_per_s", "matmul_shape_cold_flops_per_s"
 
+# A working set is held in the caches while its copy runs this many times the memory's rate.
+CACHE_SPEEDUP = 1.25
+
+
+def held_cache_bytes(rates: dict[int, float], memory_rate: float) -> int:
+    """The largest working set of `rates` (bytes -> copy bytes/s) up to which every copy, the
+    smallest first, runs at least CACHE_SPEEDUP × `memory_rate` (a copy far larger than the
+    cache); 0 where even the smallest does not (bench/machine.py cache_copy_rates)."""
+    held = 0
+    for size in sorted(rates):
+        if rates[size] < CACHE_SPEEDUP * memory_rate:
+            break
+        held = size
+    return held
+
+
 # Fallbacks when an entry gives none. Efficiency: the fraction of a published peak that a large,
 # well-shaped kernel reaches in practice. Op overhead: fixed time per operator (kernel launch and
 # framework dispatch), which dominates small layers. Each entry may override all three.
@@ -216,16 +232,26 @@ class Hardware:
             return None
         return _interpolate({float(size): rate for size, rate in points}, working_set_bytes)
 
+    def cache_held_bytes(self) -> int | None:
+        """How much of its last-level cache this process holds (held_cache_bytes of the copies
+        `bench machine` timed by working set against its memory copy rate); None where it timed
+        none."""
+        points = self.measured.get("cache_copy_bytes_per_s")
+        memory = self.measured.get("copy_bytes_per_s")
+        if not points or not memory:
+            return None
+        return held_cache_bytes({int(size): rate for size, rate in points}, memory)
+
     def reads_cold(self, state_bytes: int, precision: str = "fp32") -> bool:
         """Whether a training step whose parameters, gradients and optimizer state take
         `state_bytes` reads its products' operands from memory: that state passes this
-        device's last-level cache (as much of it as `bench machine` found this process holds:
-        `effective_cache_bytes`, where it measured it), so between two uses of a weight the
+        device's last-level cache (as much of it as `bench machine`'s copies found this process
+        holds, where it timed them: cache_held_bytes), so between two uses of a weight the
         step has streamed more than the cache holds; only where `bench machine` timed the
         products that way (a CPU) and at the precision it timed them in (fp32).
         """
         cache = self.measured.get("last_level_cache_bytes")
-        held = self.measured.get("effective_cache_bytes")
+        held = self.cache_held_bytes()
         if cache and held is not None:
             cache = min(cache, held)
         cold = precision == "fp32" and self._points((COLD_GRID,))
