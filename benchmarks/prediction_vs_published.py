@@ -355,9 +355,12 @@ def _settings() -> dict[str, Setting]:
     links = load_links()
     return {
         # TF's replicated mode all-reduces each variable by itself (no buckets): a bucket of one
-        # byte closes at every layer. One process drives the 8 GPUs of one DGX-1.
+        # byte closes at every layer, and no torch reducer copies gradients into buckets. One
+        # process drives the 8 GPUs of one DGX-1.
         "tf-nccl1": Setting(
-            dataclasses.replace(TORCH_DDP, name="TF 1.x replicated, NCCL 1", bucket_bytes=1),
+            dataclasses.replace(
+                TORCH_DDP, name="TF 1.x replicated, NCCL 1", bucket_bytes=1, reducer=False
+            ),
             links["nvlink1"],
             None,
             "latency_s",

@@ -57,7 +57,9 @@ def predict_ps(threads: int) -> float:
 def from_measured_one(one_worker_samples_per_s: float) -> dict[str, float]:
     """ddp 2's and ps 2's samples/s as the scaling model predicts them from the MEASURED
     one-worker step (its `single_step_s`): the communication model alone, whatever the
-    one-device prediction's error."""
+    one-device prediction's error. That step is ddp's with one worker, DDP's own work in it;
+    the model adds that work to a ddp point itself (`reducer_s`), so it is taken out first:
+    the one-device step the points start from is the measured one less it."""
     from dlscale.hardware.catalogue import get_hardware
     from dlscale.hardware.links import measured_link
     from dlscale.profiler import trace_workload
@@ -68,7 +70,8 @@ def from_measured_one(one_worker_samples_per_s: float) -> dict[str, float]:
     local = get_hardware("local")
     link = measured_link(local.measured["link"])
     trace = trace_workload(resolve(str(SPEC)))
-    one_step_s = trace.batch_size / one_worker_samples_per_s
+    (alone,) = predict_scaling(trace, local, ScalingRequest((1,), strategies=("ddp",)), link)
+    one_step_s = trace.batch_size / one_worker_samples_per_s - alone.detail["reducer_s"]
     request = ScalingRequest((2,), strategies=("ddp", "ps"))
     points = predict_scaling(trace, local, request, link, single_step_s=one_step_s)
     return {f"{p.strategy} 2": p.samples_per_s for p in points}

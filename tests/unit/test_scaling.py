@@ -76,13 +76,25 @@ def test_buckets_fill_in_reverse_and_overlap_hides_all_but_the_tail():
     assert (exposed, total) == (5.0, 6.0)
 
 
-def test_ddp_one_device_is_the_single_step_and_more_devices_never_beat_linear():
+def test_ddp_one_device_is_the_single_step_and_ddps_own_work_and_more_never_beat_linear():
     trace = mlp_trace()
     device = gpu()
     points = predict_scaling(trace, device, ScalingRequest((1, 2, 4, 8), strategies=("ddp",)), LINK)
     one = points[0]
-    assert one.step_s == pytest.approx(predict(trace, device).step_s) and one.comm_s == 0
-    assert one.efficiency == pytest.approx(1.0)
+    single = predict(trace, device).step_s
+    # DDP's reducer, by hand: 5 linear layers' 10 tensors copied in and out and one bucket
+    # divided, at the device's per-op cost (no dispatch measured); three passes over the 4.2 MB
+    # of gradients, read and written, at its memory bandwidth (no copies timed); no fixed cost
+    # (none measured).
+    grads = trace.trainable_params * 4
+    bandwidth = device.memory_bandwidth_bytes_per_s * device.efficiency_memory
+    reducer = (2 * 10 + 1) * device.overhead_per_op_s + 3 * 2 * grads / bandwidth
+    assert one.detail["reducer_s"] == pytest.approx(reducer) and one.detail["buckets"] == 1
+    assert one.step_s == pytest.approx(single + reducer) and one.comm_s == 0
+    assert one.efficiency == pytest.approx(single / (single + reducer))
+    # A framework without torch's reducer (TensorFlow's, Horovod's): the single step, exactly.
+    (bare,) = predict_scaling(trace, device, DDP_ONE, LINK, framework=Framework("no reducer"))
+    assert bare.step_s == pytest.approx(single) and bare.efficiency == pytest.approx(1.0)
     efficiencies = [p.efficiency for p in points]
     assert efficiencies == sorted(efficiencies, reverse=True) and max(efficiencies) <= 1 + 1e-9
     assert all(p.step_s >= p.compute_s for p in points)
@@ -91,7 +103,7 @@ def test_ddp_one_device_is_the_single_step_and_more_devices_never_beat_linear():
     (bound,) = predict_scaling(trace, device, ScalingRequest((8,), strategies=("ddp",)), slow)
     assert bound.bound == "link" and bound.efficiency < 0.1
     measured = predict_scaling(trace, device, DDP_ONE, LINK, single_step_s=1.0)
-    assert measured[0].step_s == pytest.approx(1.0)  # a measured step replaces the roofline's
+    assert measured[0].step_s == pytest.approx(1.0 + reducer)  # it replaces the roofline's
 
 
 def test_pipeline_bubble_and_ps_servers():
@@ -409,16 +421,23 @@ def test_the_report_says_where_the_time_goes():
     points = predict_scaling(mlp_trace(depth=6), gpu(), request, COSTLY)
     lines = where_time_goes(points)
     # ps on one device still talks to its server (and the server steps the optimizer): its
-    # comm column is not zero, so its terms are listed; ddp on one has none.
+    # comm column is not zero, so its terms are listed; ddp on one sends nothing, but DDP's
+    # own work still costs its step.
     assert [line.split(":")[0] for line in lines] == [
+        "ddp × 1",
         "ps × 1",
         "ddp × 8",
         "ps × 8",
         "pipeline × 8",
         "hybrid × 8",
     ]
-    ddp = lines[1]
+    alone, ddp = lines[0], lines[2]
+    assert "no all-reduce on one device; DDP's own work" in alone
     assert "1 ms fixed each, contention ×2.00" in ddp and "skew" in ddp
+    assert "DDP's own work" in ddp
+    # A framework without torch's reducer: ddp on one device has nothing to list.
+    bare = predict_scaling(mlp_trace(depth=6), gpu(), request, COSTLY, framework=Framework("tf"))
+    assert [line.split(":")[0] for line in where_time_goes(bare)][:2] == ["ps × 1", "ddp × 8"]
 
 
 @pytest.mark.parametrize("depth", [1, 4, 7])

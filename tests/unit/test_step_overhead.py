@@ -12,6 +12,7 @@ from dlscale.bench.scale import worker_step_s
 from dlscale.hardware.device import DEFAULT_STEP_OVERHEAD_S
 from dlscale.profiler.recorder import PhaseCost
 from dlscale.profiler.roofline import phase_time, predict
+from dlscale.profiler.scaling import ddp_reducer_s
 from dlscale.profiler.trace import trace_step
 from tests.toy_hardware import toy_hardware
 
@@ -110,3 +111,38 @@ def test_a_worker_with_fewer_threads_slows_its_ops_but_not_the_loop():
     ops = prediction.step_s - 2.5e-4
     assert worker_step_s(prediction, 2, 1) == pytest.approx(ops * 2 + 2.5e-4)
     assert worker_step_s(prediction, 2, 2) == pytest.approx(prediction.step_s)
+
+
+def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
+    """What DDP adds to a step where `bench machine` measured it: the tiny probe's DDP step
+    less its bare one (0.5 ms) less the probe's reducer ops (10 tensors: 2 × 10 + 1 ops at the
+    bare dispatch, 2 µs) is the fixed part; a model's reducer adds its own ops and three passes
+    over its gradients at the copy rate timed for their working set."""
+    measured = {
+        "loop": {"ddp_step_s": 5e-4, "ddp_probe_tensors": 10},
+        "op_overhead_s": {"add_s": 2e-6},
+        # copies by working set: 20 GB/s to 1 MiB, 10 GB/s from 16 MiB
+        "cache_copy_bytes_per_s": [[2**20, 20e9], [16 * 2**20, 10e9]],
+    }
+    cpu = toy_hardware(measured=measured)
+    assert cpu.dispatch_s == 2e-6
+    assert cpu.ddp_fixed_step_s == pytest.approx(5e-4 - 21 * 2e-6)
+    # A linear layer of 4 Mi weights (16 MiB of gradients: 32 MiB with the buckets) and a bias.
+    step = trace_step(
+        lambda: nn.Linear(2048, 2048), torch.zeros(2048), 4, "fp32", torch.optim.SGD, "sgd"
+    )
+    grads = (2048 * 2048 + 2048) * 4
+    by_hand = (5e-4 - 21 * 2e-6) + (2 * 2 + 1) * 2e-6 + 3 * 2 * grads / 10e9
+    assert ddp_reducer_s(step, cpu, buckets=1) == pytest.approx(by_hand)
+    # Nothing measured (a catalogue CPU): no fixed part, the per-op default, memory's rate.
+    plain = toy_hardware()
+    bandwidth = plain.memory_bandwidth_bytes_per_s * plain.efficiency_memory
+    assert plain.ddp_fixed_step_s == 0.0 and plain.dispatch_s == plain.overhead_per_op_s
+    assert ddp_reducer_s(step, plain, buckets=1) == pytest.approx(
+        5 * plain.overhead_per_op_s + 3 * 2 * grads / bandwidth
+    )
+    # A probe that timed DDP faster than its own ops would cost: no negative fixed part.
+    fast = toy_hardware(
+        measured={**measured, "loop": {"ddp_step_s": 1e-5, "ddp_probe_tensors": 10}}
+    )
+    assert fast.ddp_fixed_step_s == 0.0

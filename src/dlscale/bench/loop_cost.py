@@ -8,19 +8,30 @@ of the step. It is measured on a model so small that its compute and bytes are n
 the loop's step less a bare training step (zero_grad, forward, loss, backward, Adam, the loss
 read back: what the per-op cost is measured on and prices) of the same model, optimizer and
 batch, timed in the same round so that a machine whose speed drifts cancels out.
+
+The same way, what torch's DistributedDataParallel adds to that bare step, as dlscale's ddp
+wraps every worker's model at any worker count (its forward's bookkeeping, the reducer's
+autograd hooks, a bucket's copies and the comm hook's one-process all-reduce), in a process of
+its own that joins a one-process gloo group (`measure_ddp_cost`).
 """
 
 from __future__ import annotations
 
+import copy
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.jobspec import parse_spec
+from dlscale.launch.base import Resources, WorkerContext
+from dlscale.launch.local import LocalLauncher
 from dlscale.profiler.calibrate import ROUNDS, settle_allocator, stable_median
+from dlscale.train.ddp_hook import AllreduceTimer
 from dlscale.train.device import synchronize
 from dlscale.train.loop import Trainer
 from dlscale.train.score import compute_loss
@@ -123,3 +134,82 @@ def measure_loop_cost(device: torch.device, min_time_s: float) -> dict:
         "probe_step_s": statistics.median(loop for _, loop in rounds),
         "probe_batch": LOOP_BATCH,
     }
+
+
+def ddp_rounds(device: torch.device, min_time_s: float) -> tuple[list[tuple[float, float]], int]:
+    """(bare step s, DDP step s) of the probe's model in each of the last ROUNDS rounds, and
+    how many parameter tensors it has; in a process that has joined a gloo group.
+
+    The bare step is `loop_rounds`' one; the DDP step is the same on a copy of the model
+    wrapped as a ddp worker wraps it (DistributedDataParallel with dlscale's comm hook), with an
+    optimizer of the same kind and settings. Rounds alternate the two, so that a machine whose
+    speed drifts cancels out."""
+    with tempfile.TemporaryDirectory() as scratch:
+        trainer = Trainer(_spec(device, LOOP_EPOCH_STEPS), Path(scratch))
+        x, y, *_ = next(iter(trainer.train_loader))
+        x, y = x.to(device), y.to(device)
+        twin = copy.deepcopy(trainer.model)
+        wrapped = DistributedDataParallel(twin)
+        wrapped.register_comm_hook(state=None, hook=AllreduceTimer(dist.get_world_size()).hook)
+        optimizer = trainer.optimizer
+        twin_optimizer = type(optimizer)(twin.parameters(), **optimizer.defaults)
+        pairs = [(trainer.model, optimizer), (wrapped, twin_optimizer)]
+
+        def step(model, optimizer) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            loss = compute_loss(model(x), y)
+            loss.backward()
+            optimizer.step()
+            loss.item()
+
+        def steps(model, optimizer) -> None:
+            for _ in range(LOOP_EPOCH_STEPS):
+                step(model, optimizer)
+            synchronize(device)
+
+        found: list[tuple[float, float]] = []
+
+        def one_round() -> float:
+            bare, ddp = (
+                _timed_round(
+                    lambda pair=pair: steps(*pair), LOOP_EPOCH_STEPS, min_time_s / (2 * ROUNDS)
+                )
+                for pair in pairs
+            )
+            found.append((bare, ddp))
+            return ddp
+
+        try:
+            settle_allocator()
+            for pair in pairs:  # warm-up: first calls, allocator, DDP's first-step bucketing
+                steps(*pair)
+            stable_median(one_round)
+        finally:
+            # Released before the group goes down (strategies/ddp.py DdpExchange.close says why).
+            wrapped.reducer = None
+        tensors = sum(1 for p in twin.parameters() if p.requires_grad)
+        return found[-ROUNDS:], tensors
+
+
+def ddp_cost_worker(context: WorkerContext, payload: dict) -> dict:
+    """The DDP probe's one process: a launcher's worker, its threads and core set as a ddp
+    worker's are, in a gloo group of one."""
+    dist.init_process_group("gloo", rank=context.rank, world_size=context.world_size)
+    try:
+        rounds, tensors = ddp_rounds(torch.device("cpu"), payload["min_time_s"])
+    finally:
+        dist.destroy_process_group()
+    return {
+        "ddp_step_s": loop_step_cost(rounds),
+        "ddp_bare_step_s": statistics.median(bare for bare, _ in rounds),
+        "ddp_probe_step_s": statistics.median(ddp for _, ddp in rounds),
+        "ddp_probe_tensors": tensors,
+    }
+
+
+def measure_ddp_cost(min_time_s: float) -> dict:
+    """What DDP adds to the probe's step on this machine's CPU, with the figures it came from:
+    one process, started by the local launcher as a ddp worker is."""
+    return LocalLauncher().run(ddp_cost_worker, {"min_time_s": min_time_s}, 1, Resources(cpus=1.0))[
+        0
+    ]

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 import torch
 
 from dlscale.bench import plausible
-from dlscale.bench.loop_cost import measure_loop_cost
+from dlscale.bench.loop_cost import measure_ddp_cost, measure_loop_cost
 from dlscale.bench.matmul import (
     DEFAULT_SIZES,
     cold_shape_grid,
@@ -358,8 +358,10 @@ def run_machine_bench(
         "host_link": host_link_bandwidth(dev, link_bytes, run_time_s) if on_gpu else None,
         "op_overhead_s": op_overhead(dev, run_time_s),
         "training_op_overhead_s": training_overhead_s,
-        # dlscale's own loop per step, beyond the model's ops (sampler, timers, loss read-back).
-        "loop": measure_loop_cost(dev, run_time_s),
+        # dlscale's own loop per step, beyond the model's ops (sampler, timers, loss read-back);
+        # on a CPU also what DDP adds to a step, as the ddp strategy trains there (gloo).
+        "loop": measure_loop_cost(dev, run_time_s)
+        | ({} if on_gpu else measure_ddp_cost(run_time_s)),
         # Efficiencies of real training ops, for the roofline: convolutions by size, and the
         # share of stream bandwidth each common memory-bound op reaches.
         "conv_flops_per_s": conv_rates(dev, training_overhead_s, run_time_s),

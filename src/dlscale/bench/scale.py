@@ -168,6 +168,7 @@ def predicted_rows(
     them, so its compute is taken as T/t times slower (on a machine of T cores, each worker's
     threads are its own cores, and they do not share them with the others)."""
     from dlscale.profiler import trace_workload
+    from dlscale.profiler.collectives import Framework
     from dlscale.profiler.request import ScalingRequest
     from dlscale.profiler.roofline import predict
     from dlscale.profiler.scaling import predict_scaling
@@ -187,7 +188,11 @@ def predicted_rows(
     points = predict_scaling(trace, local, request, link, single_step_s=step_s, tensor_plans=plans)
     if strategy == "tensor" and 1 in workers:  # one device: the whole model, as measured
         one = ScalingRequest((1,), strategies=("ddp",))
-        points = predict_scaling(trace, local, one, link, single_step_s=step_s) + points
+        # DDP's own work left out: one worker of the tensor strategy runs no DDP.
+        alone = Framework("one worker, no DDP")
+        points = (
+            predict_scaling(trace, local, one, link, single_step_s=step_s, framework=alone) + points
+        )
     return [
         {
             "workers": p.devices,

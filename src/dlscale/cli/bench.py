@@ -160,6 +160,12 @@ def machine_table(result: dict) -> Table:
             f"{seconds(loop['loop_step_s'])} (a tiny model's step: "
             f"{seconds(loop['probe_step_s'])} in the loop, {seconds(loop['bare_step_s'])} bare)",
         )
+    if loop and loop.get("ddp_step_s") is not None:
+        table.add_row(
+            "DDP per step, beyond the bare step",
+            f"{seconds(loop['ddp_step_s'])} (the tiny model under DDP in a one-process group: "
+            f"{seconds(loop['ddp_probe_step_s'])}, {seconds(loop['ddp_bare_step_s'])} bare)",
+        )
     shares = ", ".join(
         f"{binary_bytes(size)} {share:.2f}×" for size, share in result["optimizer_efficiency"]
     )

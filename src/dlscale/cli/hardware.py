@@ -180,6 +180,15 @@ def _rows(device: api.Hardware, link: str | None) -> list[tuple[str, str]]:
                 device.overhead_per_step_s * 1e3, device.measured.get("loop_step_s"), " ms"
             ),
         ),
+        (
+            "DDP per step, fixed",
+            f"{device.ddp_fixed_step_s * 1e3:.3g} ms"
+            + (
+                ""
+                if (device.measured.get("loop") or {}).get("ddp_step_s") is not None
+                else " (not measured: ddp predictions price only its copies and ops)"
+            ),
+        ),
         ("sources", "\n".join(device.sources) or "—"),
         ("notes", device.notes or "—"),
     ]

@@ -151,6 +151,28 @@ class Hardware:
         measured = self.measured.get("loop_step_s")
         return DEFAULT_STEP_OVERHEAD_S[self.kind] if measured is None else float(measured)
 
+    @property
+    def dispatch_s(self) -> float:
+        """One op issued from C++ with no autograd (DDP's reducer copying a gradient into its
+        bucket): a bare op's dispatch as `bench machine` times it (an add of one element), else
+        the per-op default."""
+        measured = self.measured.get("op_overhead_s", {}).get("add_s")
+        return self.overhead_per_op_s if measured is None else float(measured)
+
+    @property
+    def ddp_fixed_step_s(self) -> float:
+        """What torch DDP adds to a step beyond its reducer's ops and bytes (its forward's
+        bookkeeping, the comm hook's call, a one-process all-reduce handed to gloo's threads):
+        measured on a CPU by `bench machine` (a tiny model's step under DDP less its bare step,
+        less that model's reducer ops at `dispatch_s`: two a parameter tensor and one for its
+        one bucket); 0 where it was not measured."""
+        loop = self.measured.get("loop") or {}
+        measured = loop.get("ddp_step_s")
+        if measured is None:
+            return 0.0
+        probe_ops = 2 * int(loop.get("ddp_probe_tensors", 0)) + 1
+        return max(0.0, float(measured) - probe_ops * self.dispatch_s)
+
     def host_copy_bytes_per_s(self, pinned: bool) -> tuple[float | None, str]:
         """The rate a batch crosses the host link at, one direction, and how it is priced:
         'pinned', 'pageable' (measured by `bench machine` on `local`), or 'pageable, priced

@@ -134,6 +134,28 @@ def gradient_buckets(
     return buckets
 
 
+# torch DDP's reducer, at any worker count (dlscale's ddp wraps each worker's model even alone):
+# it copies each gradient into its bucket as backward produces it and back once the bucket is
+# reduced, and the comm hook divides each bucket by the world size in place: three passes over
+# the gradients, each reading and writing them.
+REDUCER_PASSES = 3
+
+
+def ddp_reducer_s(trace: StepTrace, hardware: Hardware, buckets: int) -> float:
+    """What torch DDP itself adds to a step on `hardware`, beyond the all-reduce: its fixed
+    bookkeeping (measured on a CPU, Hardware.ddp_fixed_step_s), two ops a gradient tensor and
+    one a bucket at a bare op's dispatch, and its three passes over the gradients at the copy
+    rate of their working set (the gradients and the buckets), where `bench machine` timed
+    copies by working set, else at the memory bandwidth."""
+    grads = trace.trainable_params * FP32_BYTES
+    rate = hardware.cache_copy_rate(2 * grads) or (
+        hardware.memory_bandwidth_bytes_per_s * hardware.efficiency_memory
+    )
+    ops = 2 * len(trace.optimizer_tensors) + buckets
+    moved = REDUCER_PASSES * 2 * grads
+    return hardware.ddp_fixed_step_s + ops * hardware.dispatch_s + moved / rate
+
+
 @dataclass(frozen=True)
 class _Single:
     """One device's step, scaled to a measured step time when the caller has one."""
@@ -263,7 +285,8 @@ def _ddp(trace, hardware, single, count, where, _plans):
 
         # With accumulation only the last micro-batch's backward reduces (no_sync before it).
         exposed, total = overlapped_allreduce(buckets, backward, reduce, link.overlap)
-    compute = fixed + backward
+    reducer = ddp_reducer_s(trace, hardware, len(buckets)) if framework.reducer else 0.0
+    compute = fixed + backward + reducer
     skew = skew_s(one_device, framework.step_cv, count)
     # On one process torch's SyncBatchNorm falls back to plain batch norm: nothing is sent.
     # Its collectives run in every micro-batch's forward and backward (no_sync spares only
@@ -286,6 +309,7 @@ def _ddp(trace, hardware, single, count, where, _plans):
             "framework": framework.name,
             "accumulate": k,
             "buckets": len(buckets),
+            "reducer_s": reducer,  # DDP's own work a step (ddp_reducer_s), in compute_s
             "bucket_fixed_s": per_bucket,  # launch + framework wait, each bucket
             "fixed_s": per_bucket * len(buckets) if count > 1 else 0.0,
             "contention": link.contention,

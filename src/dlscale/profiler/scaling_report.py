@@ -279,7 +279,8 @@ def render(reports: list[ScalingReport], console: Console) -> None:
 
 def where_time_goes(points: list[ScalePoint]) -> list[str]:
     """One line per point that communicates (every one on more than one device, and ps on
-    one, which still talks to its server): the communication terms its step holds."""
+    one, which still talks to its server), and ddp on one device where DDP's own work costs
+    something: the terms its step holds beyond one device's."""
     lines = []
     for p in points:
         d = p.detail
@@ -289,15 +290,23 @@ def where_time_goes(points: list[ScalePoint]) -> list[str]:
             if d.get("skew_s")
             else ""
         )
-        if p.devices < 2 and not p.comm_s:
+        own = (
+            f"; DDP's own work {duration(d['reducer_s'])} a step (gradients copied into "
+            "buckets and back, the hook's division, its bookkeeping)"
+            if p.strategy == "ddp" and d.get("reducer_s")
+            else ""
+        )
+        if p.devices < 2 and not p.comm_s and not own:
             continue
-        if p.strategy == "ddp":
+        if p.strategy == "ddp" and p.devices < 2:
+            lines.append(f"{head} no all-reduce on one device{own}")
+        elif p.strategy == "ddp":
             lines.append(
                 f"{head} all-reduce {duration(d['allreduce_s'])} in {d['buckets']} bucket(s) "
                 f"({duration(d['bucket_fixed_s'])} fixed each, contention ×{d['contention']:.2f}), "
                 f"{duration(d['hidden_s'])} hidden behind backward (at most "
                 f"{d['overlap']:.0%}), {duration(d['exposed_s'])} exposed"
-                f"{_sync_batchnorm(d.get('sync_batchnorm'))}{skew}"
+                f"{_sync_batchnorm(d.get('sync_batchnorm'))}{own}{skew}"
             )
         elif p.strategy == "ps":
             lines.append(
