@@ -188,6 +188,20 @@ def main() -> None:
         f"predicted inside training (contention ×{link.contention:.2f}); measured in the training "
         f"steps {statistics.median(comm_measured) * 1e3:.2f} ms"
     )
+    local = get_hardware("local")
+    from dlscale.profiler.request import ScalingRequest
+    from dlscale.profiler.scaling import predict_scaling
+
+    (alone,) = predict_scaling(
+        trace_workload(workload), local, ScalingRequest((1,), strategies=("ddp",)), link
+    )
+    probe = local.measured.get("loop") or {}
+    print(
+        f"DDP's own work a step: {alone.detail['reducer_s'] * 1e3:.2f} ms predicted, of which "
+        f"{local.ddp_fixed_step_s * 1e3:.2f} ms fixed (bench machine: its tiny model "
+        f"{probe.get('ddp_probe_step_s', math.nan) * 1e3:.2f} ms under DDP, "
+        f"{probe.get('ddp_bare_step_s', math.nan) * 1e3:.2f} ms bare)"
+    )
     # The contention bench machine measured (an all-reduce beside a compute burst / alone)
     # against what the training steps show: their all-reduce over the fit's time alone.
     probe = get_hardware("local").measured["link"]

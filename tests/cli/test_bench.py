@@ -322,7 +322,12 @@ def test_machine_bench_runs_at_the_threads_asked_and_gives_them_back(monkeypatch
         (["width", "--widths", "-8"], "--widths: -8 is below the minimum of 1"),
         (["width", "--batch", "0"], "--batch: must be a positive integer"),
         (["machine", "--threads", "0"], "--threads: must be a positive integer"),
+        (["machine", "--device", "tpu"], "bench machine measures cpu or cuda devices, not 'tpu'"),
+        (["machine", "--device", "gpu:0"], "bench machine measures cpu or cuda devices"),
         (["loader", "--workers", "0,x"], "--workers: 'x' is not an integer"),
+        (["loader", "--workers", "0,2,0"], "--workers: 0 is given twice"),
+        (["width", "--widths", "8,16,8"], "--widths: 8 is given twice"),
+        (["matmul", "--sizes", "64,64"], "--sizes: 64 is given twice"),
     ],
 )
 def test_cli_bad_arguments_are_one_line_and_exit_2(args, expected):
@@ -330,6 +335,7 @@ def test_cli_bad_arguments_are_one_line_and_exit_2(args, expected):
     assert result.exit_code == 2
     assert expected in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert "measuring" not in result.stdout  # refused before anything runs or says it does
 
 
 def test_batch_bench_stops_before_memory_runs_out(tmp_path, monkeypatch):

@@ -92,6 +92,7 @@ def test_profile_plot_into_a_read_only_place_is_one_line(tmp_path: Path, monkeyp
             "10 training samples per epoch are fewer than one batch (32)",
         ),
         (["scale", "SPEC", "--steps", "0", "--workers", "1"], "--steps: must be a positive"),
+        (["scale", "SPEC", "--workers", "1,2,1"], "--workers: 1 is given twice"),
     ],
 )
 def test_numeric_options_out_of_range_are_one_line(tmp_path: Path, args, expected):

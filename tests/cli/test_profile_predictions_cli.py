@@ -54,6 +54,16 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
         (["--interconnect", "pcie"], "need --devices"),
         (["--devices", "2", "--deadline", "2h"], "--deadline needs the epoch's size"),
         (["--devices", "3", "--nodes", "2", "--network", "ib-hdr"], "--nodes 2 must divide"),
+        # Found by trying the product (2026-11-29): ignored, repeated or blamed on the model.
+        (["--epochs", "5"], "need --devices"),
+        (["--pipeline-schedule", "1f1b"], "need --devices"),
+        (["--devices", "2,4,2"], "--devices: 2 is given twice"),
+        (["--devices", "2", "--strategies", "ddp,ddp"], "--strategies: ddp is given twice"),
+        (["--devices", "2", "--strategies", ","], "--strategies: no strategy named"),
+        (["--hardware", "p100-sxm2-16gb,p100-sxm2-16gb"], "--hardware: p100-sxm2-16gb is given"),
+        (["--devices", "2", "--network", "ib-hdr"], "--network is the link between nodes"),
+        (["--devices", "2", "--nodes", "0"], "--nodes must be at least 1 (got 0)"),
+        (["--batch", "99999999999999999999"], "is more samples than a tensor dimension holds"),
     ]:
         result = runner.invoke(app, [*args, *bad])
         assert result.exit_code == 2, (bad, result.output)

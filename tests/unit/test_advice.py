@@ -2,6 +2,8 @@
 of layer appears only when those layers behave that way, a zoo model's data size counts, and a
 batch that does not fit is offered as accumulated micro-batches."""
 
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -113,6 +115,36 @@ def test_a_batch_that_does_not_fit_is_offered_as_accumulated_micro_batches():
     assert accumulated_bytes(memory, 2) == int(16.25 * GIB)
     assert accumulation_offer(memory, usable) == (4, int(12.25 * GIB))
     assert accumulation_offer(memory, int(8.3 * GIB)) is None  # 1-sample pieces: 8.31 GiB
+
+
+def test_accumulation_is_offered_without_trying_every_count_of_a_huge_batch(monkeypatch):
+    """A batch of 10^12 samples: the offer tries only divisors of the batch that could fit,
+    fewest first (not every K up to the batch: minutes at that size), and none at all beyond
+    one-sample pieces when even those do not fit."""
+    from dlscale.profiler import advice
+
+    tried = []
+    real = advice.accumulated_bytes
+    monkeypatch.setattr(
+        advice, "accumulated_bytes", lambda m, k, b=1: tried.append(k) or real(m, k, b)
+    )
+    huge = TrainingMemory(
+        weights_bytes=GIB,
+        gradients_bytes=GIB,
+        optimizer_state_bytes=0,
+        activations_bytes=10**12 * MIB,  # 1 MiB a sample
+        batch_bytes=10**12,  # the whole step's inputs: 931 GiB, never fits 16 GiB
+        batch_size=10**12,
+    )
+    assert accumulation_offer(huge, 16 * GIB) is None and tried == [10**12]
+    # Inputs that fit: 1 MiB a sample of activations needs K ≥ 10^12 / (13 GiB / 1 MiB) ≈
+    # 75.1 M, and the fewest equal pieces are the smallest divisor of 10^12 from there: 78,125,000.
+    tried.clear()
+    small_inputs = dataclasses.replace(huge, batch_bytes=GIB)
+    k, peak = accumulation_offer(small_inputs, 16 * GIB)
+    assert k == 78_125_000 and 10**12 % k == 0 and peak <= 16 * GIB
+    assert real(small_inputs, 64_000_000) > 16 * GIB  # the divisor below it does not fit
+    assert len(tried) <= 3
 
 
 def test_the_verdict_offers_accumulation_with_its_peak():

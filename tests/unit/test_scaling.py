@@ -190,6 +190,14 @@ def test_the_requests_are_refused_when_made_before_any_trace():
         ({"devices": (3,), "nodes": 2, "network": "ib-hdr"}, r"--devices \[3\]"),
         ({"devices": (2,), "strategies": ("zz",)}, "--strategies: unknown 'zz'"),
         ({"devices": (2,), "nodes": 2}, "--nodes above 1 needs --network"),
+        # Options that only the scaling table reads are refused without it, not ignored.
+        ({"epochs": 7}, "--epochs, .*need --devices"),
+        ({"pipeline_schedule": "1f1b"}, "--pipeline-schedule and --sync-batchnorm need --devices"),
+        ({"devices": (2,), "network": "ib-ndr"}, "--network is the link between nodes"),
+        ({"devices": (2,), "nodes": 0}, "--nodes must be at least 1 \\(got 0\\)"),
+        ({"devices": (2, 4, 2)}, "--devices: 2 is given twice"),
+        ({"devices": (2,), "strategies": ("ddp", "ps", "ddp")}, "--strategies: ddp is given twice"),
+        ({"devices": (2,), "strategies": ()}, "--strategies: no strategy named"),
     ]:
         with pytest.raises(UserError, match=message):
             ScalingRequest(**bad)
@@ -199,6 +207,12 @@ def test_the_requests_are_refused_when_made_before_any_trace():
         ProfileRequest("mlp", precision="int8")
     with pytest.raises(UserError, match="--optimizer must be sgd, momentum, adam or adamw"):
         ProfileRequest("mlp", optimizer="lion")
+    with pytest.raises(UserError, match="--hardware: a100-40gb is given twice"):
+        ProfileRequest("mlp", hardware=("a100-40gb", "h100-sxm", "a100-40gb"))
+    with pytest.raises(UserError, match="--hardware: no device named"):
+        ProfileRequest("mlp", hardware=())
+    with pytest.raises(UserError, match="--batch 99999999999999999999 is more samples than"):
+        ProfileRequest("mlp", batch_size=99999999999999999999)
 
 
 def test_the_local_link_fit_recovers_latency_and_bandwidth():

@@ -27,6 +27,16 @@ def bench_machine(quick: bool = False, device: str = "auto", threads: int | None
         return run_machine_bench(quick=quick, device=device)
 
 
+def check_machine_options(device: str = "auto", threads: int | None = None) -> None:
+    """Before `bench_machine` runs: a device it cannot measure or a thread count under 1 is
+    one line now, before anything says it is measuring."""
+    from dlscale.bench.machine import bench_device
+    from dlscale.train.threads import check_threads
+
+    check_threads(threads)
+    bench_device(device)
+
+
 def worse_than_saved(result: dict) -> str | None:
     """Why this measurement is worse than the saved `local` entry (None: not worse, or none
     saved): a worse one never replaces a better one without --force."""

@@ -62,7 +62,10 @@ def bench_device(name: str = "auto") -> torch.device:
     """`auto` measures the CUDA GPU when one is visible, else the CPU."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # not a device string torch knows (tpu, gpu:0)
+        raise UserError(f"bench machine measures cpu or cuda devices, not '{name}'") from None
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"bench machine measures cpu or cuda devices, not '{name}'")
     if device.type == "cuda" and not torch.cuda.is_available():

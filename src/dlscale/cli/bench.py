@@ -74,6 +74,7 @@ def machine(
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_machine_options(device, threads)
     console.print(
         "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
     )
@@ -195,7 +196,7 @@ def matmul(
 ) -> None:
     """CPU vs GPU matmul time and FLOP/s across sizes: where the accelerator starts to win."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    size_list = parse_int_list(sizes, "--sizes") if sizes is not None else None
+    size_list = parse_int_list(sizes, "--sizes", once=True) if sizes is not None else None
     result = bench.bench_matmul(size_list, precision)
     console.print(matmul_table(result))
     print_written(*bench.write_outputs("matmul", result, out))
@@ -262,7 +263,7 @@ def loader(
 ) -> None:
     """Training throughput vs DataLoader workers and pin_memory, with per-sample loading."""
     bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
-    worker_counts = parse_int_list(workers, "--workers", minimum=0)
+    worker_counts = parse_int_list(workers, "--workers", minimum=0, once=True)
     result = bench.bench_loader(spec, worker_counts, steps)
     console.print(loader_table(result))
     print_written(*bench.write_outputs("loader", result, out))
@@ -345,7 +346,7 @@ def width(
     if batch < 1:
         raise UserError(f"--batch: must be a positive integer (got {batch})")
     result = bench.bench_width(
-        parse_int_list(widths, "--widths"),
+        parse_int_list(widths, "--widths", once=True),
         batch,
         dataset_size,
         threads,
@@ -433,7 +434,7 @@ def batch(
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     model_kwargs = parse_kwargs(kwargs)
     result = bench.bench_batch(
-        model, parse_int_list(batches, "--batches"), model_kwargs, steps, memory_fraction
+        model, parse_int_list(batches, "--batches", once=True), model_kwargs, steps, memory_fraction
     )
     console.print(batch_table(result))
     print_written(*bench.write_outputs("batch", result, out))

@@ -8,6 +8,9 @@ prints an option's metavar in place of its type when one is set: an empty one fo
 
 from __future__ import annotations
 
+import typing
+from pathlib import Path
+
 from typer.core import TyperGroup
 
 from dlscale.cli.errors import fail
@@ -21,13 +24,27 @@ def _unlabel_flags(params: list) -> list:
     return params
 
 
+def path_options(command) -> frozenset[str]:
+    """Every option of `command` and its subcommands whose value is a path (a Typer option
+    annotated Path, or a list of them)."""
+    found: set[str] = set()
+    for param in command.params:
+        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+        takes_path = annotation is Path or Path in typing.get_args(annotation)
+        if param.param_type_name == "option" and takes_path:
+            found.update(param.opts)
+    for sub in getattr(command, "commands", {}).values():
+        found |= path_options(sub)
+    return frozenset(found)
+
+
 class FlagHelpGroup(TyperGroup):
     """A command group whose own flags, and its commands' flags, show no type in help, and
     which refuses an empty argument before any command sees it."""
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         # The root group parses every argument first, its commands' included.
-        problem = empty_argument(args)
+        problem = empty_argument(args, path_options(self))
         if problem is not None:
             raise fail(problem)
         return super().parse_args(ctx, args)

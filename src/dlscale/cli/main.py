@@ -181,7 +181,7 @@ def scale(
 
     result = experiments.scale(
         spec,
-        parse_int_list(workers, "--workers"),
+        parse_int_list(workers, "--workers", once=True),
         folder,
         steps,
         cluster,

@@ -7,8 +7,10 @@ import json
 from dlscale.errors import UserError
 
 
-def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:
-    """'64,128,256' -> [64, 128, 256]; anything else is a one-line UserError naming the option."""
+def parse_int_list(text: str, option: str, minimum: int = 1, once: bool = False) -> list[int]:
+    """'64,128,256' -> [64, 128, 256]; anything else is a one-line UserError naming the option.
+    `once`: a list of counts to run or predict one each (not a shape), where a value given twice
+    would be run twice: refused."""
     values = []
     for part in text.split(","):
         part = part.strip()
@@ -20,24 +22,32 @@ def parse_int_list(text: str, option: str, minimum: int = 1) -> list[int]:
             ) from None
         if value < minimum:
             raise UserError(f"{option}: {value} is below the minimum of {minimum}")
+        if once and value in values:
+            raise UserError(f"{option}: {value} is given twice")
         values.append(value)
     return values
 
 
-def empty_argument(args: list[str]) -> str | None:
+def empty_argument(args: list[str], path_options: frozenset[str] = frozenset()) -> str | None:
     """What is wrong with the first empty argument (`--out ""`, `--out=`), or None.
 
     A path given as "" becomes Path(""), the current folder, so an empty name quietly meant
     "here" (a run trained into the folder it was started from); no option takes an empty value.
+    For an option in `path_options` the message says how to name the current folder.
     """
+
+    def empty(option: str) -> str:
+        hint = " (for the current folder, give .)" if option in path_options else ""
+        return f"{option}: an empty value names nothing{hint}"
+
     for index, arg in enumerate(args):
         if arg.startswith("--") and arg.endswith("="):
-            return f"{arg[:-1]}: an empty value names nothing (for the current folder, give .)"
+            return empty(arg[:-1])
         if not arg.strip():
             option = args[index - 1] if index and args[index - 1].startswith("-") else None
             if option is not None:
-                return f"{option}: an empty value names nothing (for the current folder, give .)"
-            return "an empty argument names nothing (for the current folder, give .)"
+                return empty(option)
+            return "an empty argument names nothing"
     return None
 
 

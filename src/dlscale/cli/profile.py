@@ -118,7 +118,7 @@ def profile(
         dataflow=dataflow,
     )
     scaling = profiling.ScalingRequest(
-        devices=tuple(parse_int_list(devices, "--devices")) if devices else (),
+        devices=tuple(parse_int_list(devices, "--devices", once=True)) if devices else (),
         interconnect=interconnect,
         nodes=nodes,
         network=network,

@@ -94,12 +94,40 @@ def accumulation_offer(
     when even micro-batches of one sample do not fit. `batches`: the step's inputs, in traced
     batches (the spec's own accumulate)."""
     batch = memory.batch_size
-    for accumulate in range(2, batch + 1):
-        if batch % accumulate == 0:
-            peak = accumulated_bytes(memory, accumulate, batches)
-            if peak <= usable_bytes:
-                return accumulate, peak
+    if batch < 2 or accumulated_bytes(memory, batch, batches) > usable_bytes:
+        return None  # one-sample pieces are the smallest peak there is
+    # The peak falls as K grows: no K below the one that leaves room for its activations can
+    # fit, so only the divisors of the batch from there are tried, fewest micro-batches first
+    # (from the batch's prime factors: a batch of 10^12 is not 10^12 tries).
+    room = usable_bytes - memory.static_bytes - batches * memory.batch_bytes
+    fewest = max(2, math.ceil(memory.activations_bytes / room)) if room > 0 else batch
+    for accumulate in _divisors_from(batch, fewest):
+        peak = accumulated_bytes(memory, accumulate, batches)
+        if peak <= usable_bytes:
+            return accumulate, peak
     return None
+
+
+# Trial division stops here: a cofactor left above it is taken as prime (a batch that large with
+# two such factors is offered fewer divisors, each still a divisor).
+TRIAL_DIVISION_LIMIT = 10**6
+
+
+def _divisors_from(n: int, least: int) -> list[int]:
+    """The divisors of `n` from `least` up, in increasing order, from its prime factors."""
+    factors: dict[int, int] = {}
+    rest, prime = n, 2
+    while prime * prime <= rest and prime <= TRIAL_DIVISION_LIMIT:
+        while rest % prime == 0:
+            factors[prime] = factors.get(prime, 0) + 1
+            rest //= prime
+        prime += 1 if prime == 2 else 2
+    if rest > 1:
+        factors[rest] = factors.get(rest, 0) + 1
+    divisors = [1]
+    for prime, power in factors.items():
+        divisors = [d * prime**e for d in divisors for e in range(power + 1)]
+    return sorted(d for d in divisors if d >= least)
 
 
 def loader_rate(memory: TrainingMemory, prediction: Prediction) -> str:

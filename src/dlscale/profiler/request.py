@@ -16,6 +16,9 @@ INTEGER_PRECISIONS = ("int8", "int4")  # inference only: quantized weights and a
 PROFILE_OPTIMIZERS = ("sgd", "momentum", "adam", "adamw")
 
 
+MAX_BATCH = 2**63 - 1  # torch's sizes are int64
+
+
 @dataclass(frozen=True)
 class ProfileRequest:
     """What to profile: a model and its samples, the devices to predict it on, and the views
@@ -36,6 +39,11 @@ class ProfileRequest:
     dataflow: str | None = None  # systolic dataflows: ws | is | os | all, or a list of them
 
     def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size > MAX_BATCH:
+            raise UserError(
+                f"--batch {self.batch_size} is more samples than a tensor dimension holds "
+                f"(at most {MAX_BATCH:,})"
+            )
         if self.precision is not None and self.precision not in PROFILE_PRECISIONS:
             raise UserError(
                 f"--precision must be fp32, bf16, fp16, int8 or int4 (got '{self.precision}')"
@@ -44,6 +52,10 @@ class ProfileRequest:
             raise UserError(
                 f"--optimizer must be sgd, momentum, adam or adamw (got '{self.optimizer}')"
             )
+        if self.hardware is not None:
+            if not self.hardware:
+                raise UserError("--hardware: no device named (leave it out for the defaults)")
+            _once_each("--hardware", list(self.hardware))
         if self.precision in INTEGER_PRECISIONS and not self.inference:
             raise UserError(
                 f"--precision {self.precision} is for inference (no {self.precision} training): "
@@ -72,10 +84,11 @@ class ScalingRequest:
 
     def __post_init__(self) -> None:
         asked = self.interconnect or self.network or self.deadline or self.strategies
+        asked = asked or self.epochs is not None or self.pipeline_schedule != "gpipe"
         if not self.devices and (asked or self.nodes != 1 or self.sync_batchnorm):
             raise UserError(
-                "--interconnect, --nodes, --network, --strategies, --deadline and "
-                "--sync-batchnorm need --devices, e.g. --devices 1,2,4,8"
+                "--interconnect, --nodes, --network, --strategies, --deadline, --epochs, "
+                "--pipeline-schedule and --sync-batchnorm need --devices, e.g. --devices 1,2,4,8"
             )
         if self.epochs is not None and self.epochs <= 0:
             raise UserError(f"--epochs must be a positive number (got {self.epochs})")
@@ -86,9 +99,21 @@ class ScalingRequest:
         devices = list(self.devices)  # shown as the messages always showed them: [2, 4]
         if min(devices) < 1:
             raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
-        if self.nodes < 1 or any(count % self.nodes for count in devices):
+        _once_each("--devices", devices)
+        if self.nodes < 1:
+            raise UserError(f"--nodes must be at least 1 (got {self.nodes})")
+        if any(count % self.nodes for count in devices):
             raise UserError(
                 f"--nodes {self.nodes} must divide every device count in --devices {devices}"
+            )
+        if self.strategies is not None:
+            if not self.strategies:
+                raise UserError("--strategies: no strategy named (leave it out for all of them)")
+            _once_each("--strategies", list(self.strategies))
+        if self.network is not None and self.nodes == 1:
+            raise UserError(
+                "--network is the link between nodes: it needs --nodes above 1 (within one "
+                "node the devices talk over --interconnect)"
             )
         unknown = [s for s in self.strategy_names if s not in STRATEGIES]
         if unknown:
@@ -111,6 +136,15 @@ class ScalingRequest:
     @property
     def deadline_s(self) -> float | None:
         return None if self.deadline is None else parse_duration(self.deadline)
+
+
+def _once_each(option: str, values: list) -> None:
+    """A value given twice in a list option would be predicted twice: refused, naming it."""
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise UserError(f"{option}: {value} is given twice")
+        seen.add(value)
 
 
 def parse_duration(text: str) -> float:
