@@ -8,11 +8,11 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.output import output_console
 from dlscale.errors import UserError
 from dlscale.units import binary_bytes, parse_bytes
 
@@ -24,7 +24,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(highlight=False, soft_wrap=True)
+console = output_console(soft_wrap=True)
 
 DATA_DIR_HELP = (
     "The service's state: database, secret, job folders (default $DLSCALE_HOME/service)."

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -16,6 +15,7 @@ from dlscale.cli.bench_link import link_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list, parse_kwargs
+from dlscale.cli.output import output_console
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
 from dlscale.units import binary_bytes
@@ -29,7 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(highlight=False)
+console = output_console()
 app.command(name="precision")(bench_formats.precision)
 app.command(name="sparsity")(bench_formats.sparsity)
 app.command(name="levels")(bench_formats.levels)

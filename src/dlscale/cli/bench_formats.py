@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dlscale.api import bench
 from dlscale.cli.errors import user_errors
+from dlscale.cli.output import output_console
 from dlscale.units import binary_bytes
 
-console = Console(highlight=False)
+console = output_console()
 OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
 
 

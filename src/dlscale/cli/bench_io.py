@@ -12,10 +12,11 @@ from rich.table import Table
 
 from dlscale.api import bench
 from dlscale.cli.errors import user_errors
+from dlscale.cli.output import output_console
 from dlscale.units import binary_bytes
 from dlscale.units import duration as seconds
 
-console = Console(highlight=False)
+console = output_console()
 OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-io-<timestamp>)."
 
 

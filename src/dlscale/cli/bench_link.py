@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from dlscale.api import bench
 from dlscale.cli.errors import user_errors
+from dlscale.cli.output import output_console
 from dlscale.units import duration
 
-console = Console(highlight=False)
+console = output_console()
 
 
 @user_errors

@@ -8,13 +8,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from dlscale.api import data
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
+from dlscale.cli.output import output_console
 from dlscale.units import binary_bytes
 
 app = typer.Typer(
@@ -25,7 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(highlight=False, soft_wrap=True)  # a path in a line is never broken
+console = output_console(soft_wrap=True)  # a path in a line is never broken
 
 
 @app.command()

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -15,13 +14,14 @@ from dlscale import api
 from dlscale.api import bench
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.output import output_console
 
 app = typer.Typer(
     cls=FlagHelpGroup,
     help="The hardware catalogue: peak FLOP/s, memory, links and power of known devices.",
     no_args_is_help=True,
 )
-console = Console(highlight=False)
+console = output_console()
 
 HARDWARE_FILES = typer.Option(
     None,
@@ -47,7 +47,7 @@ def list_devices(
         print(json.dumps([record(device) | {"link": link} for device, link in rows], indent=2))
         return
     # Narrow terminals get the figures; names and links need room (`show` has them all).
-    wide = console.width >= 140
+    wide = console.width >= 140 or not console.is_terminal  # a file or a pipe: nothing cut
     table = Table(title="dlscale hardware catalogue")
     table.add_column("name", style="bold", no_wrap=True)
     table.add_column("kind")
@@ -109,7 +109,7 @@ def list_links(as_json: bool = AS_JSON, hardware_files: list[Path] | None = HARD
     if as_json:
         print(json.dumps([dataclasses.asdict(link) for link in found], indent=2))
         return
-    wide = console.width >= 110  # the long names need room; `--json` has everything
+    wide = console.width >= 110 or not console.is_terminal  # names need room; a file has it
     table = Table(title="links between devices (per device, one direction)")
     columns = ("name", *(("link",) if wide else ()), "kind", "GB/s", "latency", "efficiency")
     for column in columns:

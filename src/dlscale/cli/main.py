@@ -16,6 +16,7 @@ from dlscale.cli.data import app as data_app
 from dlscale.cli.errors import stderr, user_errors
 from dlscale.cli.hardware import app as hardware_app
 from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.output import output_console
 from dlscale.cli.pipes import guard_streams, stdout_closed
 from dlscale.cli.predict import predict as predict_command
 from dlscale.cli.profile import estimate as estimate_command
@@ -40,7 +41,7 @@ app.add_typer(bench_app, name="bench")
 app.add_typer(data_app, name="data")
 app.add_typer(serve_app, name="serve")
 app.add_typer(remote_app, name="remote")
-console = Console(highlight=False)
+console = output_console()
 
 
 def _version(value: bool) -> None:

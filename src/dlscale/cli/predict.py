@@ -15,6 +15,7 @@ from rich.table import Table
 from dlscale.api import inference
 from dlscale.api.inference import PredictResult
 from dlscale.cli.errors import user_errors
+from dlscale.cli.output import output_console
 
 SHOWN_ROWS = 20  # a longer result shows its first rows; --out or --json holds them all
 PROGRESS_FROM_SAMPLES = 1024  # fewer are done before a bar would be read
@@ -47,7 +48,7 @@ def predict(
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return
-    console = Console(highlight=False)
+    console = output_console()
     console.print(rows_table(result))
     console.print(summary(result))
     if out is not None:

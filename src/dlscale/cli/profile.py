@@ -12,8 +12,9 @@ from dlscale import api
 from dlscale.api import bench, profiling
 from dlscale.cli.errors import user_errors
 from dlscale.cli.options import parse_int_list, parse_kwargs
+from dlscale.cli.output import output_console
 
-console = Console(highlight=False)
+console = output_console()
 
 
 def parse_names(text: str | None) -> tuple[str, ...] | None:

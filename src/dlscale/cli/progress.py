@@ -14,6 +14,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from dlscale.cli.output import output_console
 from dlscale.cli.tensor_view import plan_table, tensor_rows
 from dlscale.units import binary_bytes, si
 
@@ -30,7 +31,7 @@ class RichReporter:
     """Shows a training run to a person at a terminal (and stays quiet when piped)."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        self.console = console or output_console()
         self.progress: Progress | None = None
         self.task = None
         self.total_epochs = 1

@@ -16,6 +16,7 @@ from rich.markup import escape
 
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
+from dlscale.cli.output import output_console
 from dlscale.cli.pipes import stdout_closed
 from dlscale.cli.remote_client import DEFAULT_SERVER, Remote, token_from_environment
 from dlscale.errors import UserError
@@ -30,7 +31,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-console = Console(highlight=False, soft_wrap=True)
+console = output_console(soft_wrap=True)
 ENDED = ("succeeded", "failed", "cancelled")
 SUBMIT_TIMEOUT_S = 300.0  # a submit waits for its spec's check (in a sandbox, on the server)
 PAGE = 100

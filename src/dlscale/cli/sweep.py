@@ -13,6 +13,7 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
+from dlscale.cli.output import output_console
 from dlscale.errors import UserError
 
 MAX_ROWS = 24  # a longer sweep shows its running trials and the best finished ones
@@ -194,7 +195,7 @@ def sweep(
     as_json: bool = typer.Option(False, "--json", help="Print the results as one JSON object."),
 ) -> None:
     """Train many configurations of a spec: grid, random or TPE search, k-fold, ensembles."""
-    console = Console(stderr=as_json, highlight=False)
+    console = output_console(stderr=as_json)
     reporter = RichSweepReporter(console)
     try:
         result = api.sweep(spec, out, parallel, resume, reporter, cluster, address)
