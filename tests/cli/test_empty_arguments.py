@@ -24,6 +24,7 @@ runner = CliRunner()
         (["profile", "lenet", "--devices", ""], "--devices: an empty value names nothing"),
         (["profile", "lenet", "--devices="], "--devices: an empty value names nothing"),
         (["hardware", "show", ""], "an empty argument names nothing"),
+        (["train", ""], "an empty argument names nothing (for the current folder, give .)"),
     ],
 )
 def test_an_empty_argument_is_one_line_with_a_hint_only_for_paths(args, expected):

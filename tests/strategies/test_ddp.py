@@ -90,6 +90,10 @@ def test_scale_runs_each_worker_count_and_plots(tmp_path: Path, monkeypatch):
     one, two = rows
     assert one["predicted_efficiency"] == pytest.approx(1.0)
     assert 0 < two["predicted_efficiency"] < 1  # the all-reduce costs something
+    # Against the predicted one-worker row, as the measured efficiency is against the measured
+    # one (both pay DDP's own work), not against one device without DDP.
+    per_worker = two["predicted_samples_per_s"] / 2
+    assert two["predicted_efficiency"] == pytest.approx(per_worker / one["predicted_samples_per_s"])
     for row in rows:
         ratio = row["predicted_samples_per_s"] / row["samples_per_s"]
         assert row["predicted_over_measured"] == pytest.approx(ratio)

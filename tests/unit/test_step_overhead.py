@@ -132,8 +132,15 @@ def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
         lambda: nn.Linear(2048, 2048), torch.zeros(2048), 4, "fp32", torch.optim.SGD, "sgd"
     )
     grads = (2048 * 2048 + 2048) * 4
+    # (a working set of 32 MiB, past the largest timed, with no memory copy rate measured: the
+    # largest timed point's rate)
     by_hand = (5e-4 - 21 * 2e-6) + (2 * 2 + 1) * 2e-6 + 3 * 2 * grads / 10e9
     assert ddp_reducer_s(step, cpu, buckets=1) == pytest.approx(by_hand)
+    # Past the largest working set the copies were timed at, the memory copy rate (8 GB/s).
+    with_memory = toy_hardware(measured={**measured, "copy_bytes_per_s": 8e9})
+    assert ddp_reducer_s(step, with_memory, buckets=1) == pytest.approx(
+        (5e-4 - 21 * 2e-6) + 5 * 2e-6 + 3 * 2 * grads / 8e9
+    )
     # Nothing measured (a catalogue CPU): no fixed part, the per-op default, memory's rate.
     plain = toy_hardware()
     bandwidth = plain.memory_bandwidth_bytes_per_s * plain.efficiency_memory

@@ -193,11 +193,16 @@ def predicted_rows(
         points = (
             predict_scaling(trace, local, one, link, single_step_s=step_s, framework=alone) + points
         )
+    # Efficiency as the measured rows have it: throughput against the smallest count's, scaled
+    # by the counts (T(N) / (N/N₀ · T(N₀))), not against one device without the strategy (a ddp
+    # worker alone still pays DDP's own work, and so does the measured run it is set beside).
+    base = min(points, key=lambda point: point.devices)
+    per_device = base.samples_per_s / base.devices
     return [
         {
             "workers": p.devices,
             "samples_per_s": p.samples_per_s,
-            "efficiency": p.efficiency,
+            "efficiency": p.samples_per_s / p.devices / per_device,
             "step_s": p.step_s,
             "comm_s": p.comm_s,
         }

@@ -24,18 +24,35 @@ def _unlabel_flags(params: list) -> list:
     return params
 
 
+def _takes_path(param) -> bool:
+    """A parameter annotated Path (or a list of them): Typer's descriptor, else click's type."""
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if annotation is not None:
+        return annotation is Path or Path in typing.get_args(annotation)
+    return type(getattr(param, "type", None)).__name__ == "Path"
+
+
 def path_options(command) -> frozenset[str]:
-    """Every option of `command` and its subcommands whose value is a path (a Typer option
-    annotated Path, or a list of them)."""
+    """Every option of `command` and its subcommands whose value is a path."""
     found: set[str] = set()
     for param in command.params:
-        annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-        takes_path = annotation is Path or Path in typing.get_args(annotation)
-        if param.param_type_name == "option" and takes_path:
+        if param.param_type_name == "option" and _takes_path(param):
             found.update(param.opts)
     for sub in getattr(command, "commands", {}).values():
         found |= path_options(sub)
     return frozenset(found)
+
+
+def positional_takes_path(group, args: list[str]) -> bool:
+    """Whether the command `args` name (their leading subcommand names) takes a path as a
+    positional argument."""
+    command = group
+    for arg in args:
+        sub = getattr(command, "commands", {}).get(arg)
+        if sub is None:
+            break
+        command = sub
+    return any(p.param_type_name == "argument" and _takes_path(p) for p in command.params)
 
 
 class FlagHelpGroup(TyperGroup):
@@ -44,7 +61,7 @@ class FlagHelpGroup(TyperGroup):
 
     def parse_args(self, ctx, args: list[str]) -> list[str]:
         # The root group parses every argument first, its commands' included.
-        problem = empty_argument(args, path_options(self))
+        problem = empty_argument(args, path_options(self), positional_takes_path(self, args))
         if problem is not None:
             raise fail(problem)
         return super().parse_args(ctx, args)

@@ -28,17 +28,22 @@ def parse_int_list(text: str, option: str, minimum: int = 1, once: bool = False)
     return values
 
 
-def empty_argument(args: list[str], path_options: frozenset[str] = frozenset()) -> str | None:
+HERE = " (for the current folder, give .)"
+
+
+def empty_argument(
+    args: list[str], path_options: frozenset[str] = frozenset(), positional_path: bool = False
+) -> str | None:
     """What is wrong with the first empty argument (`--out ""`, `--out=`), or None.
 
     A path given as "" becomes Path(""), the current folder, so an empty name quietly meant
     "here" (a run trained into the folder it was started from); no option takes an empty value.
-    For an option in `path_options` the message says how to name the current folder.
+    For an option in `path_options`, or a positional argument where the command takes a path
+    (`positional_path`), the message says how to name the current folder.
     """
 
     def empty(option: str) -> str:
-        hint = " (for the current folder, give .)" if option in path_options else ""
-        return f"{option}: an empty value names nothing{hint}"
+        return f"{option}: an empty value names nothing{HERE if option in path_options else ''}"
 
     for index, arg in enumerate(args):
         if arg.startswith("--") and arg.endswith("="):
@@ -47,7 +52,7 @@ def empty_argument(args: list[str], path_options: frozenset[str] = frozenset()) 
             option = args[index - 1] if index and args[index - 1].startswith("-") else None
             if option is not None:
                 return empty(option)
-            return "an empty argument names nothing"
+            return "an empty argument names nothing" + (HERE if positional_path else "")
     return None
 
 

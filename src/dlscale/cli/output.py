@@ -3,12 +3,15 @@
 At a terminal, rich fits a table to the window (cutting cells to "…" when it must; the wide
 per-layer and scaling tables pick their columns instead: profiler/columns.py). Piped or
 redirected to a file there is no window: rich still folds at 80 columns and cut device names and
-figures ("h100-s…", "5.57" above "MiB"). Here, printed to anything but a terminal, a table is
-printed as wide as it needs, so every figure in a file or a pipe is whole.
+figures ("h100-s…", "5.57" above "MiB"). Here, printed to anything but a terminal, a table of
+figures is printed as wide as it needs; one with prose in it (a device's notes) as wide as its
+longest word needs, its prose wrapped, so no line runs to a thousand columns. A width the user
+set (COLUMNS) is kept.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from rich.console import Console
@@ -16,19 +19,24 @@ from rich.measure import Measurement
 from rich.table import Table
 
 UNBOUNDED_WIDTH = 1_000_000  # columns, for measuring a table's natural width
+# A table whose every cell on one line fits in this many columns prints so in a file; a wider
+# one (prose in its cells) wraps that prose, never cutting a word.
+WHOLE_LINE_COLUMNS = 200
 
 
 class OutputConsole(Console):
     def print(self, *objects: Any, **kwargs: Any) -> None:
         tables = [each for each in objects if isinstance(each, Table)]
-        if self.is_terminal or not tables:
+        if self.is_terminal or not tables or "COLUMNS" in os.environ:
             return super().print(*objects, **kwargs)
         options = self.options.update_width(UNBOUNDED_WIDTH)
-        natural = max(Measurement.get(self, options, table).maximum for table in tables)
-        if natural <= self.width:
+        sizes = [Measurement.get(self, options, table) for table in tables]
+        natural = max(size.maximum for size in sizes)
+        needed = natural if natural <= WHOLE_LINE_COLUMNS else max(size.minimum for size in sizes)
+        if needed <= self.width:
             return super().print(*objects, **kwargs)
         saved = self._width
-        self.width = natural
+        self.width = needed
         try:
             return super().print(*objects, **kwargs)
         finally:

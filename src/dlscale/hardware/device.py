@@ -254,6 +254,18 @@ class Hardware:
             return None
         return _interpolate({float(size): rate for size, rate in points}, working_set_bytes)
 
+    def copy_rate(self, working_set_bytes: float) -> float:
+        """Bytes/s (read + write) a copy of this working set runs at: the copies `bench machine`
+        timed by working set up to the largest it timed, its memory copy past it (a CPU); else
+        the memory bandwidth at the device's efficiency."""
+        points = self.measured.get("cache_copy_bytes_per_s")
+        memory = self.measured.get("copy_bytes_per_s")
+        if points and memory and working_set_bytes > max(size for size, _ in points):
+            return float(memory)
+        return self.cache_copy_rate(working_set_bytes) or (
+            self.memory_bandwidth_bytes_per_s * self.efficiency_memory
+        )
+
     def cache_held_bytes(self) -> int | None:
         """How much of its last-level cache this process holds (held_cache_bytes of the copies
         `bench machine` timed by working set against its memory copy rate); None where it timed

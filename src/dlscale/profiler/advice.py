@@ -100,7 +100,7 @@ def accumulation_offer(
     # fit, so only the divisors of the batch from there are tried, fewest micro-batches first
     # (from the batch's prime factors: a batch of 10^12 is not 10^12 tries).
     room = usable_bytes - memory.static_bytes - batches * memory.batch_bytes
-    fewest = max(2, math.ceil(memory.activations_bytes / room)) if room > 0 else batch
+    fewest = max(2, -(-memory.activations_bytes // room)) if room > 0 else batch  # exact ceiling
     for accumulate in _divisors_from(batch, fewest):
         peak = accumulated_bytes(memory, accumulate, batches)
         if peak <= usable_bytes:

@@ -21,6 +21,10 @@ time the caller measured), and adds what moving tensors between devices costs ov
     √(2 ln N) (the tail-at-scale effect, Dean & Barroso, CACM 2013); E[max] is Blom's
     approximation Φ⁻¹((N − 0.375)/(N + 0.25)) (Blom, "Statistical Estimates and Transformed
     Beta-Variables", 1958), 0 for one device.
+  - DDP's own work (torch DDP only, at every count, one device included: dlscale's ddp wraps
+    each worker's model even alone): the reducer's copies of the gradients into buckets and
+    back and the hook's division, three passes over them, an op a tensor each way and one a
+    bucket, and a fixed part `bench machine` measures on a CPU (ddp_reducer_s).
   With SyncBatchNorm (--sync-batchnorm), every batch-norm layer also runs an all-gather of its
   statistics in forward and an all-reduce of two gradient sums in backward, blocking, on the
   critical path (profiler/batchnorm_sync.py counts them from torch's implementation).
@@ -145,15 +149,16 @@ def ddp_reducer_s(trace: StepTrace, hardware: Hardware, buckets: int) -> float:
     """What torch DDP itself adds to a step on `hardware`, beyond the all-reduce: its fixed
     bookkeeping (measured on a CPU, Hardware.ddp_fixed_step_s), two ops a gradient tensor and
     one a bucket at a bare op's dispatch, and its three passes over the gradients at the copy
-    rate of their working set (the gradients and the buckets), where `bench machine` timed
-    copies by working set, else at the memory bandwidth."""
+    rate of their working set (the gradients and the buckets: Hardware.copy_rate). On a CPU the
+    thread that issues the ops runs them: their dispatch and their bytes add up. On an
+    accelerator the host launches them and the device copies, the launches running ahead of the
+    copies: the longer of the two counts (unvalidated there: no torch DDP run on a GPU checks
+    it)."""
     grads = trace.trainable_params * FP32_BYTES
-    rate = hardware.cache_copy_rate(2 * grads) or (
-        hardware.memory_bandwidth_bytes_per_s * hardware.efficiency_memory
-    )
-    ops = 2 * len(trace.optimizer_tensors) + buckets
-    moved = REDUCER_PASSES * 2 * grads
-    return hardware.ddp_fixed_step_s + ops * hardware.dispatch_s + moved / rate
+    dispatch_s = (2 * len(trace.optimizer_tensors) + buckets) * hardware.dispatch_s
+    copies_s = REDUCER_PASSES * 2 * grads / hardware.copy_rate(2 * grads)
+    work_s = dispatch_s + copies_s if hardware.kind == "cpu" else max(dispatch_s, copies_s)
+    return hardware.ddp_fixed_step_s + work_s
 
 
 @dataclass(frozen=True)
