@@ -549,3 +549,29 @@ def test_tensor_parallel_with_accumulation_sends_each_micro_batchs_collectives()
     batch_bytes = training_memory(trace).batch_bytes
     held = two.detail["memory_per_device_bytes"] + 2 * batch_bytes
     assert three.detail["memory_per_device_bytes"] == pytest.approx(held)
+
+
+def test_local_processes_beyond_the_machines_cores_share_them():
+    """`local` measured at 1 thread on 2 cores: 2 ddp workers have a core each, 4 share them
+    and each computes twice as slowly (DDP's own work too); a catalogue CPU's devices are
+    devices, never crowded; `threads_per_device` (what `dlscale scale` gives each worker) counts
+    in place of the calibration's."""
+    from dlscale.profiler.scaling import cores_shared
+    from tests.toy_hardware import toy_hardware
+
+    measured = {"threads": 1, "load": {"cores": 2}}
+    local = toy_hardware(name="local", measured=measured)
+    assert [cores_shared(local, n) for n in (1, 2, 4, 8)] == [1.0, 1.0, 2.0, 4.0]
+    assert cores_shared(local, 2, threads=2) == 2.0
+    assert cores_shared(toy_hardware(measured=measured), 8) == 1.0  # not `local`
+    assert cores_shared(toy_hardware(name="local"), 8) == 1.0  # no cores recorded
+    trace = mlp_trace(depth=2)
+    request = ScalingRequest((2, 4), strategies=("ddp", "ps"))
+    fast = Link("fast", "fast", "loopback", 1e15, 0.0, 1.0)
+    points = {(p.strategy, p.devices): p for p in predict_scaling(trace, local, request, fast)}
+    two, four = points["ddp", 2], points["ddp", 4]
+    assert four.compute_s == pytest.approx(2 * two.compute_s)
+    assert four.detail["reducer_s"] == pytest.approx(2 * two.detail["reducer_s"])
+    assert points["ps", 4].efficiency < points["ps", 2].efficiency / 1.9
+    alone = predict_scaling(trace, local, request, fast, threads_per_device=1)
+    assert [p.compute_s for p in alone] == [p.compute_s for p in points.values()]

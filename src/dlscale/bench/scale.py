@@ -185,7 +185,15 @@ def predicted_rows(
         else None
     )
     request = ScalingRequest(tuple(sorted(set(workers))), strategies=(strategy,))
-    points = predict_scaling(trace, local, request, link, single_step_s=step_s, tensor_plans=plans)
+    points = predict_scaling(
+        trace,
+        local,
+        request,
+        link,
+        single_step_s=step_s,
+        tensor_plans=plans,
+        threads_per_device=threads,
+    )
     if strategy == "tensor" and 1 in workers:  # one device: the whole model, as measured
         one = ScalingRequest((1,), strategies=("ddp",))
         # DDP's own work left out: one worker of the tensor strategy runs no DDP.

@@ -161,12 +161,28 @@ def ddp_reducer_s(trace: StepTrace, hardware: Hardware, buckets: int) -> float:
     return hardware.ddp_fixed_step_s + work_s
 
 
+def cores_shared(hardware: Hardware, processes: int, threads: int | None = None) -> float:
+    """How many times over its cores this machine is asked for by `processes` workers, at least
+    1: on the `local` CPU entry, whose devices are processes on the machine it measured, each
+    with the calibration's threads (or `threads`), against the cores it counted; 1 for any other
+    entry (its devices are devices) or where the entry does not say."""
+    if hardware.name != "local" or hardware.kind != "cpu":
+        return 1.0
+    cores = (hardware.measured.get("load") or {}).get("cores")
+    per_process = threads or hardware.measured.get("threads")
+    if not cores or not per_process:
+        return 1.0
+    return max(1.0, processes * per_process / cores)
+
+
 @dataclass(frozen=True)
 class _Single:
-    """One device's step, scaled to a measured step time when the caller has one."""
+    """One device's step, scaled to a measured step time when the caller has one, and slowed
+    where its processes share cores (`crowd`: cores_shared)."""
 
     prediction: Prediction
-    scale: float  # measured / predicted step time (1.0 without a measurement)
+    scale: float  # measured / predicted step time (1.0 without a measurement), × crowd
+    crowd: float = 1.0  # how many times over the machine's cores its processes ask for
 
     @property
     def step_s(self) -> float:
@@ -205,6 +221,7 @@ def predict_scaling(
     accumulate: int = 1,
     pinned: bool = True,
     fresh_pages: bool = False,
+    threads_per_device: int | None = None,
 ) -> list[ScalePoint]:
     """A point per strategy and device count of `request`, within a node over `link` and
     between its nodes over `network` (hybrid only where stages × replicas fit; tensor where
@@ -215,7 +232,10 @@ def predict_scaling(
     prediction with costs the roofline lacks, such as the loop's per-step cost): every part of
     the step is scaled by the same factor. `accumulate`: micro-batches of the traced batch per
     optimizer step (the strategies in ACCUMULATING; one device's baseline accumulates as
-    well). `pinned` and `fresh_pages`: as predict() takes them."""
+    well). `pinned` and `fresh_pages`: as predict() takes them. On the `local` CPU entry the
+    devices are processes on one machine: where N of them ask for more threads than it has
+    cores (each the calibration's, or `threads_per_device`), each computes N × threads / cores
+    times slower (cores_shared)."""
     prediction = predict(trace, hardware, pinned=pinned, fresh_pages=fresh_pages)
     scale = single_step_s / prediction.step_s if single_step_s else 1.0
     single = _Single(prediction, scale)
@@ -223,6 +243,8 @@ def predict_scaling(
     nodes, servers = request.nodes, request.ps_servers
     points = []
     for count in request.devices:
+        crowd = cores_shared(hardware, count, threads_per_device)
+        here = single if crowd == 1 else _Single(prediction, scale * crowd, crowd)
         for strategy in request.strategy_names:
             if accumulate > 1 and strategy not in ACCUMULATING:
                 continue
@@ -236,7 +258,7 @@ def predict_scaling(
                 accumulate,
                 request.pipeline_schedule,
             )
-            point = _POINT[strategy](trace, hardware, single, count, where, tensor_plans)
+            point = _POINT[strategy](trace, hardware, here, count, where, tensor_plans)
             if point is None:
                 continue
             efficiency = point["samples_per_s"] / (count * baseline)
@@ -290,7 +312,10 @@ def _ddp(trace, hardware, single, count, where, _plans):
 
         # With accumulation only the last micro-batch's backward reduces (no_sync before it).
         exposed, total = overlapped_allreduce(buckets, backward, reduce, link.overlap)
-    reducer = ddp_reducer_s(trace, hardware, len(buckets)) if framework.reducer else 0.0
+    # DDP's own work is host work too where the processes share cores.
+    reducer = (
+        single.crowd * ddp_reducer_s(trace, hardware, len(buckets)) if framework.reducer else 0.0
+    )
     compute = fixed + backward + reducer
     skew = skew_s(one_device, framework.step_cv, count)
     # On one process torch's SyncBatchNorm falls back to plain batch norm: nothing is sent.
