@@ -192,6 +192,7 @@ def test_the_requests_are_refused_when_made_before_any_trace():
         ({"devices": (2,), "nodes": 2}, "--nodes above 1 needs --network"),
         # Options that only the scaling table reads are refused without it, not ignored.
         ({"epochs": 7}, "--epochs, .*need --devices"),
+        ({"strategies": ()}, "need --devices"),
         ({"pipeline_schedule": "1f1b"}, "--pipeline-schedule and --sync-batchnorm need --devices"),
         ({"devices": (2,), "network": "ib-ndr"}, "--network is the link between nodes"),
         ({"devices": (2,), "nodes": 0}, "--nodes must be at least 1 \\(got 0\\)"),

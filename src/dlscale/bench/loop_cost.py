@@ -210,6 +210,6 @@ def ddp_cost_worker(context: WorkerContext, payload: dict) -> dict:
 def measure_ddp_cost(min_time_s: float) -> dict:
     """What DDP adds to the probe's step on this machine's CPU, with the figures it came from:
     one process, started by the local launcher as a ddp worker is."""
-    return LocalLauncher().run(ddp_cost_worker, {"min_time_s": min_time_s}, 1, Resources(cpus=1.0))[
-        0
-    ]
+    payload = {"min_time_s": min_time_s}
+    (found,) = LocalLauncher().run(ddp_cost_worker, payload, 1, Resources(cpus=1.0))
+    return found

@@ -83,7 +83,7 @@ class ScalingRequest:
     pipeline_schedule: str = "gpipe"  # of the pipeline and hybrid points: gpipe, 1f1b or 2bw
 
     def __post_init__(self) -> None:
-        asked = self.interconnect or self.network or self.deadline or self.strategies
+        asked = self.interconnect or self.network or self.deadline or self.strategies is not None
         asked = asked or self.epochs is not None or self.pipeline_schedule != "gpipe"
         if not self.devices and (asked or self.nodes != 1 or self.sync_batchnorm):
             raise UserError(
