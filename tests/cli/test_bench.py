@@ -353,3 +353,18 @@ def test_batch_bench_stops_before_memory_runs_out(tmp_path, monkeypatch):
     assert result["predicted_on"] is None and rows[0]["predicted_step_s"] is None
     json_path, png_path = write_outputs("batch", result, tmp_path)
     assert json_path.exists() and png_path.stat().st_size > 10_000
+
+
+def test_a_bench_never_replaces_an_earlier_result_in_its_out_folder(tmp_path, dlscale_home):
+    """A second bench into the same --out is refused before it measures (one line, exit 2):
+    the first one's JSON and plot stay as they were. Another bench's results may share it."""
+    out = tmp_path / "results"
+    first = runner.invoke(app, ["bench", "matmul", "--sizes", "8", "--out", str(out)])
+    assert first.exit_code == 0, first.output
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    again = runner.invoke(app, ["bench", "matmul", "--sizes", "16", "--out", str(out)])
+    assert again.exit_code == 2
+    assert f"--out {out} already holds matmul.json" in " ".join(again.stderr.split())
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    (out / "matmul.json").unlink()  # a plot alone is a result too
+    assert runner.invoke(app, ["bench", "matmul", "--sizes", "8", "--out", str(out)]).exit_code == 2

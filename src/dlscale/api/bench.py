@@ -195,14 +195,24 @@ def bench_io(spec_path: str | Path, readers: int | None, seconds: float) -> dict
     return run_io_bench(load_spec(spec_path), readers, seconds, available_cores())
 
 
-def check_out_dir(out: Path | None) -> None:
-    """Before a bench runs: an --out that cannot be a folder, or that another run holds, is one
+def check_out_dir(out: Path | None, bench: str | None = None) -> None:
+    """Before a bench runs: an --out that cannot be a folder, that another run holds, or that
+    already holds this bench's results (`<bench>.json` or `.png`, which it would replace) is one
     line now rather than after minutes of measuring (a folder made to check it is removed)."""
-    if out is not None:
-        from dlscale.train.ownership import claim
+    if out is None:
+        return
+    from dlscale.errors import UserError
+    from dlscale.train.ownership import claim
 
-        with claim(out):
-            pass
+    if bench is not None:
+        for name in (f"{bench}.json", f"{bench}.png"):
+            if (Path(out) / name).exists():
+                raise UserError(
+                    f"--out {out} already holds {name} from an earlier run: give another "
+                    "folder, or move that one away"
+                )
+    with claim(out):
+        pass
 
 
 def output_dir(name: str, out: Path | None) -> Path:

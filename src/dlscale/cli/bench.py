@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from dlscale.api import bench
@@ -34,7 +35,10 @@ app.command(name="precision")(bench_formats.precision)
 app.command(name="sparsity")(bench_formats.sparsity)
 app.command(name="levels")(bench_formats.levels)
 
-OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
+OUT_HELP = (
+    "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>); one that "
+    "holds this bench's results already is refused."
+)
 
 
 def giga(value: float | None, unit: str = "") -> str:
@@ -73,12 +77,20 @@ def machine(
     ),
 ) -> None:
     """Measure matmul FLOP/s, memory bandwidth, host link and per-op overhead; save as 'local'."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "machine")  # a bad --out is one line now, not after the bench
     bench.check_machine_options(device, threads)
-    console.print(
-        "measuring this machine" + (" (quick)" if quick else " (up to a minute)") + " ..."
-    )
-    result = bench.bench_machine(quick=quick, device=device, threads=threads)
+    # 1–3 minutes with --quick on the 2-core development machine (2026-11-29), several without.
+    took = "a few minutes with --quick" if quick else "several minutes; --quick takes fewer"
+    console.print(f"measuring this machine ({took}) ...")
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as shown:  # at a terminal: a spinner and the time so far (nothing in a file or a pipe)
+        shown.add_task("measuring", total=None)
+        result = bench.bench_machine(quick=quick, device=device, threads=threads)
     problems = bench.calibration_problems(result)  # before the JSON is written: it is marked
     console.print(matmul_sweep_table(result))
     console.print(machine_table(result))
@@ -195,7 +207,7 @@ def matmul(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """CPU vs GPU matmul time and FLOP/s across sizes: where the accelerator starts to win."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "matmul")  # a bad --out is one line now, not after the bench
     size_list = parse_int_list(sizes, "--sizes", once=True) if sizes is not None else None
     result = bench.bench_matmul(size_list, precision)
     console.print(matmul_table(result))
@@ -262,7 +274,7 @@ def loader(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Training throughput vs DataLoader workers and pin_memory, with per-sample loading."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "loader")  # a bad --out is one line now, not after the bench
     worker_counts = parse_int_list(workers, "--workers", minimum=0, once=True)
     result = bench.bench_loader(spec, worker_counts, steps)
     console.print(loader_table(result))
@@ -342,7 +354,7 @@ def width(
 ) -> None:
     """An MLP's training-step time as its width grows, against each cache and RAM (with
     --memory-limit, past it into swap), and what 1,000 epochs would take."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "width")  # a bad --out is one line now, not after the bench
     if batch < 1:
         raise UserError(f"--batch: must be a positive integer (got {batch})")
     result = bench.bench_width(
@@ -429,7 +441,7 @@ def batch(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Throughput vs batch size until memory runs out, with the roofline's curve beside it."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "batch")  # a bad --out is one line now, not after the bench
     if steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     model_kwargs = parse_kwargs(kwargs)

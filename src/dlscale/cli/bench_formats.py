@@ -14,7 +14,10 @@ from dlscale.cli.output import output_console
 from dlscale.units import binary_bytes
 
 console = output_console()
-OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>)."
+OUT_HELP = (
+    "Output folder for the JSON and PNG (default runs/bench-<name>-<timestamp>); one that "
+    "holds this bench's results already is refused."
+)
 
 
 def _ms(value) -> str:
@@ -44,7 +47,7 @@ def precision(
 ) -> None:
     """The model trained at fp32 and bf16 (fp16 on a GPU), and quantized to int8 after
     training: accuracy, latency, model and activation bytes."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "precision")  # a bad --out is one line now, not after the bench
     result = bench.bench_precision(spec, steps, latency_batch)
     table = Table(
         title=f"{result['model']}: number formats on {result['device']}, "
@@ -98,7 +101,7 @@ def sparsity(
 ) -> None:
     """Magnitude pruning at each level with a short fine-tune: accuracy, latency on dense
     kernels, and the bytes a sparse format would store."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "sparsity")  # a bad --out is one line now, not after the bench
     result = bench.bench_sparsity(spec, levels, pattern, finetune_steps, steps, latency_batch)
     table = Table(title=f"{result['model']}: {pattern} pruning on {result['device']}")
     inference = f"inference, batch {result['latency_batch']} (median ±spread)"
@@ -138,7 +141,7 @@ def levels(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """SIMD levels, then threads, then processes: speed-up at each level of parallelism."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "levels")  # a bad --out is one line now, not after the bench
     result = bench.bench_levels(spec, steps, max_threads)
     facts = result["machine"]
     caches = ", ".join(f"{name} {size}" for name, size in facts["caches"].items())

@@ -17,7 +17,10 @@ from dlscale.units import binary_bytes
 from dlscale.units import duration as seconds
 
 console = output_console()
-OUT_HELP = "Output folder for the JSON and PNG (default runs/bench-io-<timestamp>)."
+OUT_HELP = (
+    "Output folder for the JSON and PNG (default runs/bench-io-<timestamp>); one that holds "
+    "this bench's results already is refused."
+)
 
 
 @user_errors
@@ -31,7 +34,7 @@ def io_command(
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Storage read, decoding per loader worker and the model's rate: which bounds training."""
-    bench.check_out_dir(out)  # a bad --out is one line now, not after the bench
+    bench.check_out_dir(out, "io")  # a bad --out is one line now, not after the bench
     say = Console(stderr=True, highlight=False) if as_json else console
     say.print(f"measuring {spec}: storage, decoding, the model ({seconds_each:g} s each) ...")
     result = bench.bench_io(spec, readers, seconds_each)

@@ -34,7 +34,7 @@ def link_command(
     as_json: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Measure all-reduce and point-to-point rates between two hosts; save as a named link."""
-    bench.check_out_dir(out)
+    bench.check_out_dir(out, "link")
     pair = [part.strip() for part in hosts.split(",")] if hosts else None
     bench.check_link_cluster(cluster)
     if not as_json:
