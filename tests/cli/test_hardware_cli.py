@@ -141,3 +141,15 @@ def test_cli_list_mig_puts_each_slice_under_its_gpu():
     ]
     shown = runner.invoke(app, ["hardware", "show", "h100-sxm:1g.10gb", "--json"])
     assert json.loads(shown.stdout)["sm_count"] == 16
+
+
+def test_a_device_without_a_tdp_says_so_under_its_scaling_table(tmp_path: Path):
+    """No `tdp_w` in the entry: the energy column's note says there is none, not "TDP ? W"."""
+    extra = write(tmp_path / "lab.toml", ENTRY.format(name="lab-gpu", fp32=10))
+    args = ["profile", "lenet", "--batch", "8", "--hardware", "lab-gpu", "--devices", "1,2"]
+    result = runner.invoke(app, [*args, "--hardware-file", str(extra)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())
+    assert "no TDP in this device's entry: no energy" in text and "TDP ?" not in text
+    catalogued = runner.invoke(app, [*args[:5], "h100-sxm", *args[6:]])
+    assert "energy at TDP 700 W (an upper bound)" in " ".join(catalogued.stdout.split())

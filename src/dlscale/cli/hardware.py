@@ -41,7 +41,8 @@ def list_devices(
         False, "--mig", help="Also list each MIG slice (PARENT:PROFILE) under its GPU."
     ),
 ) -> None:
-    """List every known device: shipped ones, ~/.dlscale/hardware/*.toml, and --hardware-file."""
+    """List every known device: shipped ones, $DLSCALE_HOME/hardware/*.toml (default
+    ~/.dlscale), and --hardware-file."""
     rows = api.device_links(extra_files=hardware_files, with_mig=mig)
     if as_json:
         print(json.dumps([record(device) | {"link": link} for device, link in rows], indent=2))

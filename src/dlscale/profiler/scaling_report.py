@@ -254,7 +254,11 @@ def render(reports: list[ScalingReport], console: Console) -> None:
         notes = {
             "devices": weak,
             "cost / epoch": price,
-            "energy / epoch": f"energy at TDP {hw.tdp_w or '?'} W (an upper bound)",
+            "energy / epoch": (
+                f"energy at TDP {hw.tdp_w:g} W (an upper bound)"
+                if hw.tdp_w
+                else "no TDP in this device's entry: no energy (set tdp_w in your own entry)"
+            ),
             "whole run": f"whole run = {report.epochs} epoch(s) ({report.epochs_from})",
         }
         print_fitted(console, title, SCALING_COLUMNS, rows, notes)
