@@ -3,6 +3,7 @@ of layer appears only when those layers behave that way, a zoo model's data size
 batch that does not fit is offered as accumulated micro-batches."""
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -145,6 +146,31 @@ def test_accumulation_is_offered_without_trying_every_count_of_a_huge_batch(monk
     assert k == 78_125_000 and 10**12 % k == 0 and peak <= 16 * GIB
     assert real(small_inputs, 64_000_000) > 16 * GIB  # the divisor below it does not fit
     assert len(tried) <= 3
+
+
+def test_a_split_is_offered_over_as_many_devices_as_the_need_and_as_the_model_allows():
+    """By hand: 4 linear layers of 1,000² (weights, gradients, two Adam moments: 61.1 MiB) at
+    batch 8,192 (156.3 MiB of saved activations, 31.3 MiB of inputs: 248.7 MiB in all) on a
+    128 MiB device (115.2 MiB usable) need ⌈248.7 / 115.2⌉ = 3 devices: a pipeline of 3 stages
+    (4 layers to stage). A device too small for the state alone (8 MiB: 7.2 usable, 9 devices)
+    asks for more devices than layers: tensor parallel of that degree instead of a pipeline."""
+    from dlscale.profiler.advice import split_strategy, staged_layers
+
+    def build():
+        return nn.Sequential(*[nn.Linear(1000, 1000) for _ in range(4)])
+
+    step = traced(build, torch.zeros(1000), 8192)
+    memory = training_memory(step)
+    assert staged_layers(step.module_types) == 4
+    assert math.ceil(memory.total_bytes / (128 * MIB * 0.9)) == 3
+    gpu = device(memory_bytes=128 * MIB)
+    (note, *_) = verdict(memory, predict(step, gpu), gpu, step.module_types).advice
+    assert "split the model across ≥ 3 devices (strategy: {name: pipeline, stages: 3})" in note
+    tiny = device(memory_bytes=8 * MIB)
+    (note, *_) = verdict(memory, predict(step, tiny), tiny, step.module_types).advice
+    assert "split it across ≥ 9 devices (strategy: {name: tensor, degree: 9}" in note
+    assert split_strategy(4, 4) == "{name: pipeline, stages: 4}"
+    assert split_strategy(5, None) == "{name: pipeline, stages: 5}"  # layers unknown
 
 
 def test_the_verdict_offers_accumulation_with_its_peak():

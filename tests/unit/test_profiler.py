@@ -490,7 +490,8 @@ def test_verdicts_fit_split_and_largest_batch():
     small = device(memory_bytes=8 * 2**20)  # 8 MiB: the 16 MB of static state cannot fit
     no = verdict(memory, predict(step, small), small, {"": "Linear"})
     assert not no.fits and no.max_batch == 0 and "split it across ≥ 3 devices" in no.advice[0]
-    assert "strategy: {name: pipeline, stages: 3}" in no.advice[0]
+    # One layer cannot be cut into 3 stages: its weights are split instead.
+    assert "strategy: {name: tensor, degree: 3}" in no.advice[0]
 
 
 def test_a_data_set_that_does_not_fit_is_told_where_to_stream_it_from_and_how_fast():

@@ -61,8 +61,28 @@ def verdict(
     return result
 
 
-def split_advice(static_bytes: int, usable_bytes: int, precision: str = "fp32") -> str:
-    """When weights, gradients and optimizer state alone exceed a device: split or shrink."""
+def staged_layers(module_types: dict[str, str]) -> int:
+    """The model's leaf modules (StepTrace.module_types' names with no module inside them): as
+    many pipeline stages as it can be cut into at most."""
+    names = list(module_types)
+    inside = {name.rsplit(".", 1)[0] if "." in name else "" for name in names if name}
+    return sum(1 for name in names if name not in inside)
+
+
+def split_strategy(devices: int, layers: int | None = None) -> str:
+    """The strategy that spreads a model over `devices`: a pipeline of that many stages, or,
+    where the model has fewer `layers` to stage than that, tensor parallel of that degree (its
+    layers split instead of staged)."""
+    if layers is not None and devices > layers:
+        return f"{{name: tensor, degree: {devices}}}"
+    return f"{{name: pipeline, stages: {devices}}}"
+
+
+def split_advice(
+    static_bytes: int, usable_bytes: int, precision: str = "fp32", layers: int | None = None
+) -> str:
+    """When weights, gradients and optimizer state alone exceed a device: split or shrink.
+    `layers`: the model's leaf modules, where known (a pipeline has no more stages)."""
     devices = math.ceil(static_bytes / usable_bytes)
     # Mixed precision keeps fp32 master weights, gradients and state: bf16 shrinks this only
     # where the request is not already bf16/fp16 (then it halves the activations, not this).
@@ -72,7 +92,7 @@ def split_advice(static_bytes: int, usable_bytes: int, precision: str = "fp32") 
     return (
         "the model does not fit: weights, gradients and optimizer state alone need "
         f"{_b(static_bytes)} of {_b(usable_bytes)} usable; split it across ≥ {devices} "
-        f"devices (strategy: {{name: pipeline, stages: {max(devices, 2)}}}, with "
+        f"devices (strategy: {split_strategy(max(devices, 2), layers)}, with "
         f"max_memory_per_worker set to the device's memory) or shrink it ({shrink})"
     )
 
@@ -168,15 +188,17 @@ def _advice(
     notes = []
     dataset_bytes, data_from_disk = data
     usable = result.usable_bytes
+    layers = staged_layers(module_types)
     batch, required = memory.batch_size, result.required_bytes
     # With the spec's accumulate K, "batch" is the step's K × batch_size samples.
     step_batch = f"batch {batch * accumulate}" + (
         f" (accumulate: {accumulate} × batch_size {batch})" if accumulate > 1 else ""
     )
     if memory.static_bytes > usable:
-        notes.append(split_advice(memory.static_bytes, usable, precision))
+        notes.append(split_advice(memory.static_bytes, usable, precision, layers))
     elif not result.fits:
         bf16 = "bf16 activations, " if precision == "fp32" else ""
+        devices = max(2, math.ceil(required / usable))  # each holding its share of the need
         offer = accumulation_offer(memory, usable, accumulate)
         keep = ""
         if offer is not None:  # the same batch per optimizer step, in pieces that fit
@@ -189,7 +211,8 @@ def _advice(
             f"{step_batch} does not fit ({_b(required)} needed, "
             f"{_b(usable)} usable): {keep}use {'batch' if accumulate == 1 else 'batch_size'} "
             f"≤ {result.max_batch:,}, {bf16}or "
-            "split the model across devices (strategy: {name: pipeline, stages: 2})"
+            f"split the model across ≥ {devices} devices (strategy: "
+            f"{split_strategy(devices, layers)})"
         )
     else:
         largest = "batch" if accumulate == 1 else f"batch_size (with accumulate: {accumulate})"
