@@ -6,7 +6,7 @@ from rich.table import Table
 from typer.testing import CliRunner
 
 from dlscale.cli.main import app
-from dlscale.cli.output import output_console
+from dlscale.tables import output_console
 
 
 def wide_table() -> Table:

@@ -152,16 +152,16 @@ def test_a_split_is_offered_over_as_many_devices_as_the_need_and_as_the_model_al
     """By hand: 4 linear layers of 1,000² (weights, gradients, two Adam moments: 61.1 MiB) at
     batch 8,192 (156.3 MiB of saved activations, 31.3 MiB of inputs: 248.7 MiB in all) on a
     128 MiB device (115.2 MiB usable) need ⌈248.7 / 115.2⌉ = 3 devices: a pipeline of 3 stages
-    (4 layers to stage). A device too small for the state alone (8 MiB: 7.2 usable, 9 devices)
-    asks for more devices than layers: tensor parallel of that degree instead of a pipeline."""
-    from dlscale.profiler.advice import split_strategy, staged_layers
+    (4 traced layers to stage). A device too small for the state alone (8 MiB: 7.2 usable, 9
+    devices) asks for more devices than layers: tensor parallel of that degree instead."""
+    from dlscale.profiler.advice import split_strategy
 
     def build():
         return nn.Sequential(*[nn.Linear(1000, 1000) for _ in range(4)])
 
     step = traced(build, torch.zeros(1000), 8192)
     memory = training_memory(step)
-    assert staged_layers(step.module_types) == 4
+    assert [layer.name for layer in step.layers] == ["0", "1", "2", "3", "(loss)"]
     assert math.ceil(memory.total_bytes / (128 * MIB * 0.9)) == 3
     gpu = device(memory_bytes=128 * MIB)
     (note, *_) = verdict(memory, predict(step, gpu), gpu, step.module_types).advice

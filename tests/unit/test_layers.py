@@ -18,9 +18,11 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "dlscale"
 # its workers and their data loaders alike; free_memory: what a new allocation can take now,
 # for every layer that refuses work that would not fit (a bench's sizes, synthetic data);
 # atomic: writes that land whole or not at all, for every layer that writes files; cgroupfs: the
-# kernel's cgroup files, for the service's job cgroups and a bench's memory-limited one.
+# kernel's cgroup files, for the service's job cgroups and a bench's memory-limited one; tables:
+# a rich table's width whole, for the profiler's fitted tables and the commands' output alike.
 BASE = {"dlscale.errors", "dlscale.units", "dlscale.home", "dlscale.__version__"}
 BASE |= {"dlscale.signals", "dlscale.free_memory", "dlscale.atomic", "dlscale.cgroupfs"}
+BASE |= {"dlscale.tables"}
 TRAIN = BASE | {"dlscale.jobspec", "dlscale.models", "dlscale.data", "dlscale.train"}
 ALLOWED = {
     "errors": set(),
@@ -30,6 +32,7 @@ ALLOWED = {
     "free_memory": set(),
     "atomic": {"dlscale.errors", "dlscale.signals"},
     "cgroupfs": set(),
+    "tables": set(),
     "models": {"dlscale.errors"},
     "data": BASE | {"dlscale.jobspec"},
     "jobspec": BASE,  # errors, and units (byte sizes such as max_memory_per_worker: 512MiB)

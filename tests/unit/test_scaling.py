@@ -564,8 +564,8 @@ def test_local_processes_beyond_the_machines_cores_share_them():
     local = toy_hardware(name="local", measured=measured)
     assert [cores_shared(local, n) for n in (1, 2, 4, 8)] == [1.0, 1.0, 2.0, 4.0]
     assert cores_shared(local, 2, threads=2) == 2.0
-    assert cores_shared(toy_hardware(measured=measured), 8) == 1.0  # not `local`
-    assert cores_shared(toy_hardware(name="local"), 8) == 1.0  # no cores recorded
+    assert cores_shared(toy_hardware(name="local"), 8) == 1.0  # no cores recorded: a catalogue's
+    assert cores_shared(gpu(measured=measured), 8) == 1.0  # a GPU's devices are devices
     trace = mlp_trace(depth=2)
     request = ScalingRequest((2, 4), strategies=("ddp", "ps"))
     fast = Link("fast", "fast", "loopback", 1e15, 0.0, 1.0)

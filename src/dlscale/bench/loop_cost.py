@@ -84,6 +84,18 @@ def _timed_round(run, calls_per_run: int, min_time_s: float) -> float:
     return (time.perf_counter() - start) / (runs * calls_per_run)
 
 
+def bare_steps(model, optimizer, x, y, steps: int, device: torch.device) -> None:
+    """`steps` bare training steps (zero_grad, forward, loss, backward, update, the loss read
+    back: what the per-op cost is measured on and prices), the device synchronised after."""
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = compute_loss(model(x), y)
+        loss.backward()
+        optimizer.step()
+        loss.item()
+    synchronize(device)
+
+
 def loop_rounds(device: torch.device, min_time_s: float) -> list[tuple[float, float]]:
     """(bare step s, loop step s) of the probe's model in each of the last ROUNDS rounds; rounds
     repeat until the loop's steps agree (calibrate.stable_median, spread logged)."""
@@ -94,33 +106,24 @@ def loop_rounds(device: torch.device, min_time_s: float) -> list[tuple[float, fl
         x, y = x.to(device), y.to(device)
         model, optimizer = trainer.model, trainer.optimizer
 
-        def bare_step() -> None:
-            optimizer.zero_grad(set_to_none=True)
-            loss = compute_loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            loss.item()
-
         def epoch() -> None:
             trainer.step = 0
             trainer.run_epoch(0)
 
-        def bare_steps() -> None:
-            for _ in range(steps):
-                bare_step()
-            synchronize(device)
+        def bare() -> None:
+            bare_steps(model, optimizer, x, y, steps, device)
 
         pairs: list[tuple[float, float]] = []
 
         def one_round() -> float:
-            bare = _timed_round(bare_steps, steps, min_time_s / (2 * ROUNDS))
-            loop = _timed_round(epoch, steps, min_time_s / (2 * ROUNDS))
-            pairs.append((bare, loop))
-            return loop
+            bare_s = _timed_round(bare, steps, min_time_s / (2 * ROUNDS))
+            loop_s = _timed_round(epoch, steps, min_time_s / (2 * ROUNDS))
+            pairs.append((bare_s, loop_s))
+            return loop_s
 
         settle_allocator()
         epoch()  # warm-up: first calls, allocator, caches
-        bare_steps()
+        bare()
         stable_median(one_round)
         return pairs[-ROUNDS:]
 
@@ -155,17 +158,8 @@ def ddp_rounds(device: torch.device, min_time_s: float) -> tuple[list[tuple[floa
         twin_optimizer = type(optimizer)(twin.parameters(), **optimizer.defaults)
         pairs = [(trainer.model, optimizer), (wrapped, twin_optimizer)]
 
-        def step(model, optimizer) -> None:
-            optimizer.zero_grad(set_to_none=True)
-            loss = compute_loss(model(x), y)
-            loss.backward()
-            optimizer.step()
-            loss.item()
-
         def steps(model, optimizer) -> None:
-            for _ in range(LOOP_EPOCH_STEPS):
-                step(model, optimizer)
-            synchronize(device)
+            bare_steps(model, optimizer, x, y, LOOP_EPOCH_STEPS, device)
 
         found: list[tuple[float, float]] = []
 

@@ -127,14 +127,19 @@ def convergence(record: dict, spec: Spec, target: float | None) -> dict:
     }
 
 
+def relative_efficiency(row: dict, base: dict) -> float:
+    """T(N) / (N/N₀ · T(N₀)): `row`'s samples/s against `base`'s scaled by their workers."""
+    ideal = base["samples_per_s"] * row["workers"] / base["workers"]
+    return row["samples_per_s"] / ideal if ideal else 0.0
+
+
 def scale_result(
     spec: Spec, spec_path: str, rows: list[dict], steps, cluster: str, threads: int
 ) -> dict:
     """Efficiency of every row against the first (smallest worker count): T(N) / (N/N0 · T(N0))."""
     base = rows[0]
     for row in rows:
-        ideal = base["samples_per_s"] * row["workers"] / base["workers"]
-        row["efficiency"] = row["samples_per_s"] / ideal if ideal else 0.0
+        row["efficiency"] = relative_efficiency(row, base)
     return {
         "schema": SCHEMA,
         "spec": spec_path,
@@ -201,21 +206,20 @@ def predicted_rows(
         points = (
             predict_scaling(trace, local, one, link, single_step_s=step_s, framework=alone) + points
         )
-    # Efficiency as the measured rows have it: throughput against the smallest count's, scaled
-    # by the counts (T(N) / (N/N₀ · T(N₀))), not against one device without the strategy (a ddp
-    # worker alone still pays DDP's own work, and so does the measured run it is set beside).
-    base = min(points, key=lambda point: point.devices)
-    per_device = base.samples_per_s / base.devices
-    return [
+    rows = [
         {
             "workers": p.devices,
             "samples_per_s": p.samples_per_s,
-            "efficiency": p.samples_per_s / p.devices / per_device,
             "step_s": p.step_s,
             "comm_s": p.comm_s,
         }
         for p in points
     ]
+    # Efficiency as the measured rows have it (scale_result): against the smallest count's, not
+    # against one device without the strategy (a ddp worker alone still pays DDP's own work, and
+    # so does the measured run it is set beside).
+    base = min(rows, key=lambda row: row["workers"])
+    return [row | {"efficiency": relative_efficiency(row, base)} for row in rows]
 
 
 def add_predictions(

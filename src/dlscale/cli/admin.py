@@ -12,8 +12,8 @@ from rich.markup import escape
 
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
-from dlscale.cli.output import output_console
 from dlscale.errors import UserError
+from dlscale.tables import output_console
 from dlscale.units import binary_bytes, parse_bytes
 
 app = typer.Typer(

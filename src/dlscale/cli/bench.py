@@ -16,9 +16,9 @@ from dlscale.cli.bench_link import link_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list, parse_kwargs
-from dlscale.cli.output import output_console
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
+from dlscale.tables import output_console
 from dlscale.units import binary_bytes
 from dlscale.units import duration as seconds
 

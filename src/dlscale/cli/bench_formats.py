@@ -10,7 +10,7 @@ from rich.table import Table
 
 from dlscale.api import bench
 from dlscale.cli.errors import user_errors
-from dlscale.cli.output import output_console
+from dlscale.tables import output_console
 from dlscale.units import binary_bytes
 
 console = output_console()

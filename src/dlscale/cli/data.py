@@ -14,7 +14,7 @@ from dlscale.api import data
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
-from dlscale.cli.output import output_console
+from dlscale.tables import output_console
 from dlscale.units import binary_bytes
 
 app = typer.Typer(

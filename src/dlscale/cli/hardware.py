@@ -14,7 +14,7 @@ from dlscale import api
 from dlscale.api import bench
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
-from dlscale.cli.output import output_console
+from dlscale.tables import output_console
 
 app = typer.Typer(
     cls=FlagHelpGroup,

@@ -16,7 +16,6 @@ from dlscale.cli.data import app as data_app
 from dlscale.cli.errors import stderr, user_errors
 from dlscale.cli.hardware import app as hardware_app
 from dlscale.cli.help import FlagHelpGroup
-from dlscale.cli.output import output_console
 from dlscale.cli.pipes import guard_streams, stdout_closed
 from dlscale.cli.predict import predict as predict_command
 from dlscale.cli.profile import estimate as estimate_command
@@ -27,6 +26,7 @@ from dlscale.cli.serve import app as serve_app
 from dlscale.cli.serve_model import serve_model_command
 from dlscale.cli.sweep import sweep as sweep_command
 from dlscale.signals import stop_on_sigterm
+from dlscale.tables import output_console
 
 app = typer.Typer(
     name="dlscale",

@@ -15,7 +15,7 @@ from rich.table import Table
 from dlscale.api import inference
 from dlscale.api.inference import PredictResult
 from dlscale.cli.errors import user_errors
-from dlscale.cli.output import output_console
+from dlscale.tables import output_console
 
 SHOWN_ROWS = 20  # a longer result shows its first rows; --out or --json holds them all
 PROGRESS_FROM_SAMPLES = 1024  # fewer are done before a bar would be read

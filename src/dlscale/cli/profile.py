@@ -12,7 +12,7 @@ from dlscale import api
 from dlscale.api import bench, profiling
 from dlscale.cli.errors import user_errors
 from dlscale.cli.options import parse_int_list, parse_kwargs
-from dlscale.cli.output import output_console
+from dlscale.tables import output_console
 
 console = output_console()
 
@@ -119,7 +119,7 @@ def profile(
         dataflow=dataflow,
     )
     scaling = profiling.ScalingRequest(
-        devices=tuple(parse_int_list(devices, "--devices", once=True)) if devices else (),
+        devices=tuple(parse_int_list(devices, "--devices")) if devices else (),
         interconnect=interconnect,
         nodes=nodes,
         network=network,

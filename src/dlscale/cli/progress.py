@@ -14,8 +14,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from dlscale.cli.output import output_console
 from dlscale.cli.tensor_view import plan_table, tensor_rows
+from dlscale.tables import output_console
 from dlscale.units import binary_bytes, si
 
 

@@ -16,10 +16,10 @@ from rich.markup import escape
 
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
-from dlscale.cli.output import output_console
 from dlscale.cli.pipes import stdout_closed
 from dlscale.cli.remote_client import DEFAULT_SERVER, Remote, token_from_environment
 from dlscale.errors import UserError
+from dlscale.tables import output_console
 from dlscale.units import binary_bytes, duration
 
 app = typer.Typer(

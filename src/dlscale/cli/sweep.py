@@ -13,8 +13,8 @@ from rich.table import Table
 
 from dlscale import api
 from dlscale.cli.errors import user_errors
-from dlscale.cli.output import output_console
 from dlscale.errors import UserError
+from dlscale.tables import output_console
 
 MAX_ROWS = 24  # a longer sweep shows its running trials and the best finished ones
 STATUS_STYLE = {

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from dlscale.hardware.device import Hardware
 from dlscale.profiler.memory import TrainingMemory
+from dlscale.profiler.recorder import LOSS
 from dlscale.profiler.roofline import Prediction
 from dlscale.units import binary_bytes as _b
 
@@ -59,14 +60,6 @@ def verdict(
         memory, prediction, hardware, module_types, data, result, precision, accumulate
     )
     return result
-
-
-def staged_layers(module_types: dict[str, str]) -> int:
-    """The model's leaf modules (StepTrace.module_types' names with no module inside them): as
-    many pipeline stages as it can be cut into at most."""
-    names = list(module_types)
-    inside = {name.rsplit(".", 1)[0] if "." in name else "" for name in names if name}
-    return sum(1 for name in names if name not in inside)
 
 
 def split_strategy(devices: int, layers: int | None = None) -> str:
@@ -188,7 +181,8 @@ def _advice(
     notes = []
     dataset_bytes, data_from_disk = data
     usable = result.usable_bytes
-    layers = staged_layers(module_types)
+    # A pipeline's stages are runs of the traced layers (scaling._stages): at most that many.
+    layers = sum(1 for layer in prediction.layers if layer.name != LOSS)
     batch, required = memory.batch_size, result.required_bytes
     # With the spec's accumulate K, "batch" is the step's K × batch_size samples.
     step_batch = f"batch {batch * accumulate}" + (

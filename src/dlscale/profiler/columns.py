@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rich.console import Console
-from rich.measure import Measurement
 from rich.table import Table
 
-UNBOUNDED_WIDTH = 1_000_000  # columns, for measuring a table's natural width
+from dlscale.tables import natural_width
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,8 @@ def print_fitted(
     if console.is_terminal:
         by_priority = sorted(columns, key=lambda column: column.keep)
         while (
-            len(shown) > 1 and _width(console, _table(title, shown, columns, rows)) > console.width
+            len(shown) > 1
+            and natural_width(console, _table(title, shown, columns, rows)) > console.width
         ):
             shown.remove(by_priority.pop())
     table = _table(title, shown, columns, rows)
@@ -52,7 +52,7 @@ def print_fitted(
         table.caption_justify = "left"
     if not console.is_terminal:
         # As wide as the table needs: a file or a pipe has no edge to fold at.
-        width = max(console.width, _width(console, table))
+        width = max(console.width, natural_width(console, table))
         console = Console(file=console.file, width=width, highlight=False, color_system=None)
     console.print(table)
 
@@ -66,8 +66,3 @@ def _table(title: str, shown: list[Column], columns: list[Column], rows: list[li
     for row in rows:
         table.add_row(*(row[i] for i in indices))
     return table
-
-
-def _width(console: Console, table: Table) -> int:
-    """The table's width with every cell whole."""
-    return Measurement.get(console, console.options.update_width(UNBOUNDED_WIDTH), table).maximum

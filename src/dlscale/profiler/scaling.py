@@ -163,10 +163,10 @@ def ddp_reducer_s(trace: StepTrace, hardware: Hardware, buckets: int) -> float:
 
 def cores_shared(hardware: Hardware, processes: int, threads: int | None = None) -> float:
     """How many times over its cores this machine is asked for by `processes` workers, at least
-    1: on the `local` CPU entry, whose devices are processes on the machine it measured, each
-    with the calibration's threads (or `threads`), against the cores it counted; 1 for any other
-    entry (its devices are devices) or where the entry does not say."""
-    if hardware.name != "local" or hardware.kind != "cpu":
+    1: on a CPU entry `bench machine` measured (`local`: the cores it counted are there), whose
+    devices are processes on that machine, each with the calibration's threads (or `threads`);
+    1 for any other entry (its devices are devices)."""
+    if hardware.kind != "cpu":
         return 1.0
     cores = (hardware.measured.get("load") or {}).get("cores")
     per_process = threads or hardware.measured.get("threads")

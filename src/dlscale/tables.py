@@ -1,4 +1,6 @@
-"""The CLI's standard output: a rich Console whose tables are never cut where no one is looking.
+"""Tables printed whole where no one is looking: the width a rich table needs with no cell cut
+(`natural_width`, which profiler/columns.py fits its tables with too), and the CLI's standard
+output, a Console whose tables are never cut when it is not a terminal.
 
 At a terminal, rich fits a table to the window (cutting cells to "…" when it must; the wide
 per-layer and scaling tables pick their columns instead: profiler/columns.py). Piped or
@@ -24,13 +26,23 @@ UNBOUNDED_WIDTH = 1_000_000  # columns, for measuring a table's natural width
 WHOLE_LINE_COLUMNS = 200
 
 
+def measure(console: Console, table: Table) -> Measurement:
+    """The table's widths unbounded: `maximum` with every cell on one line, `minimum` with its
+    text wrapped at word boundaries, no word cut."""
+    return Measurement.get(console, console.options.update_width(UNBOUNDED_WIDTH), table)
+
+
+def natural_width(console: Console, table: Table) -> int:
+    """The table's width with every cell whole, on one line."""
+    return measure(console, table).maximum
+
+
 class OutputConsole(Console):
     def print(self, *objects: Any, **kwargs: Any) -> None:
         tables = [each for each in objects if isinstance(each, Table)]
         if self.is_terminal or not tables or "COLUMNS" in os.environ:
             return super().print(*objects, **kwargs)
-        options = self.options.update_width(UNBOUNDED_WIDTH)
-        sizes = [Measurement.get(self, options, table) for table in tables]
+        sizes = [measure(self, table) for table in tables]
         natural = max(size.maximum for size in sizes)
         needed = natural if natural <= WHOLE_LINE_COLUMNS else max(size.minimum for size in sizes)
         if needed <= self.width:
