@@ -115,9 +115,11 @@ def test_a_worker_with_fewer_threads_slows_its_ops_but_not_the_loop():
 
 def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
     """What DDP adds to a step where `bench machine` measured it: the tiny probe's DDP step
-    less its bare one (0.5 ms) less the probe's reducer ops (10 tensors: 2 × 10 + 1 ops at the
-    bare dispatch, 2 µs) is the fixed part; a model's reducer adds its own ops and three passes
-    over its gradients at the copy rate timed for their working set."""
+    less its bare one (0.5 ms) less the probe's reducer ops (10 tensors: 10 + 1 ops at the bare
+    dispatch, 2 µs: a copy into the bucket a tensor, the hook's division) is the fixed part; a
+    model's reducer adds its own ops and two passes over its gradients (the copy and the
+    division; they are the buckets' views: none back) at the copy rate timed for their working
+    set."""
     measured = {
         "loop": {"ddp_step_s": 5e-4, "ddp_probe_tensors": 10},
         "op_overhead_s": {"add_s": 2e-6},
@@ -126,7 +128,7 @@ def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
     }
     cpu = toy_hardware(measured=measured)
     assert cpu.dispatch_s == 2e-6
-    assert cpu.ddp_fixed_step_s == pytest.approx(5e-4 - 21 * 2e-6)
+    assert cpu.ddp_fixed_step_s == pytest.approx(5e-4 - 11 * 2e-6)
     # A linear layer of 4 Mi weights (16 MiB of gradients: 32 MiB with the buckets) and a bias.
     step = trace_step(
         lambda: nn.Linear(2048, 2048), torch.zeros(2048), 4, "fp32", torch.optim.SGD, "sgd"
@@ -134,19 +136,19 @@ def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
     grads = (2048 * 2048 + 2048) * 4
     # (a working set of 32 MiB, past the largest timed, with no memory copy rate measured: the
     # largest timed point's rate)
-    by_hand = (5e-4 - 21 * 2e-6) + (2 * 2 + 1) * 2e-6 + 3 * 2 * grads / 10e9
+    by_hand = (5e-4 - 11 * 2e-6) + (2 + 1) * 2e-6 + 2 * 2 * grads / 10e9
     assert ddp_reducer_s(step, cpu, buckets=1) == pytest.approx(by_hand)
     # Past the largest working set the copies were timed at, the memory copy rate (8 GB/s).
     with_memory = toy_hardware(measured={**measured, "copy_bytes_per_s": 8e9})
     assert ddp_reducer_s(step, with_memory, buckets=1) == pytest.approx(
-        (5e-4 - 21 * 2e-6) + 5 * 2e-6 + 3 * 2 * grads / 8e9
+        (5e-4 - 11 * 2e-6) + 3 * 2e-6 + 2 * 2 * grads / 8e9
     )
     # Nothing measured (a catalogue CPU): no fixed part, the per-op default, memory's rate.
     plain = toy_hardware()
     bandwidth = plain.memory_bandwidth_bytes_per_s * plain.efficiency_memory
     assert plain.ddp_fixed_step_s == 0.0 and plain.dispatch_s == plain.overhead_per_op_s
     assert ddp_reducer_s(step, plain, buckets=1) == pytest.approx(
-        5 * plain.overhead_per_op_s + 3 * 2 * grads / bandwidth
+        3 * plain.overhead_per_op_s + 2 * 2 * grads / bandwidth
     )
     # A probe that timed DDP faster than its own ops would cost: no negative fixed part.
     fast = toy_hardware(

@@ -25,13 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.jobspec import parse_spec
 from dlscale.launch.base import Resources, WorkerContext
 from dlscale.launch.local import LocalLauncher
 from dlscale.profiler.calibrate import ROUNDS, settle_allocator, stable_median
-from dlscale.train.ddp_hook import AllreduceTimer
+from dlscale.train.ddp_hook import AllreduceTimer, wrap
 from dlscale.train.device import synchronize
 from dlscale.train.loop import Trainer
 from dlscale.train.score import compute_loss
@@ -144,16 +143,15 @@ def ddp_rounds(device: torch.device, min_time_s: float) -> tuple[list[tuple[floa
     how many parameter tensors it has; in a process that has joined a gloo group.
 
     The bare step is `loop_rounds`' one; the DDP step is the same on a copy of the model
-    wrapped as a ddp worker wraps it (DistributedDataParallel with dlscale's comm hook), with an
-    optimizer of the same kind and settings. Rounds alternate the two, so that a machine whose
-    speed drifts cancels out."""
+    wrapped as a ddp worker wraps it (ddp_hook.wrap: DistributedDataParallel, dlscale's comm
+    hook, gradients as bucket views), with an optimizer of the same kind and settings. Rounds
+    alternate the two, so that a machine whose speed drifts cancels out."""
     with tempfile.TemporaryDirectory() as scratch:
         trainer = Trainer(_spec(device, LOOP_EPOCH_STEPS), Path(scratch))
         x, y, *_ = next(iter(trainer.train_loader))
         x, y = x.to(device), y.to(device)
         twin = copy.deepcopy(trainer.model)
-        wrapped = DistributedDataParallel(twin)
-        wrapped.register_comm_hook(state=None, hook=AllreduceTimer(dist.get_world_size()).hook)
+        wrapped = wrap(twin, AllreduceTimer(dist.get_world_size()))
         optimizer = trainer.optimizer
         twin_optimizer = type(optimizer)(twin.parameters(), **optimizer.defaults)
         pairs = [(trainer.model, optimizer), (wrapped, twin_optimizer)]

@@ -47,6 +47,10 @@ DEFAULT_OP_OVERHEAD_S = {"cpu": 5e-6, "gpu": 8e-6, "tpu": 10e-6}
 # 0.1–0.3 ms at a load average near 2, 0.3–1.0 ms at 4–7), its quieter figure rounded, taken as
 # the cost of the same Python on any host core.
 DEFAULT_STEP_OVERHEAD_S = {"cpu": 2e-4, "gpu": 2e-4, "tpu": 2e-4}
+# Ops torch DDP's reducer issues a gradient tensor, as dlscale's ddp runs it (its gradients
+# views of the buckets, train/ddp_hook.wrap): the copy into its bucket; none back (torch's
+# default, the buckets apart, copies each back too: torch.profiler counts aten::copy_).
+REDUCER_OPS_PER_TENSOR = 1
 
 # Winograd's minimal filtering F(2×2, 3×3) computes a 2×2 output tile of a 3×3 convolution with
 # 16 multiplies instead of 36: 2.25× fewer (Lavin and Gray, "Fast Algorithms for Convolutional
@@ -164,13 +168,13 @@ class Hardware:
         """What torch DDP adds to a step beyond its reducer's ops and bytes (its forward's
         bookkeeping, the comm hook's call, a one-process all-reduce handed to gloo's threads):
         measured on a CPU by `bench machine` (a tiny model's step under DDP less its bare step,
-        less that model's reducer ops at `dispatch_s`: two a parameter tensor and one for its
+        less that model's reducer ops at `dispatch_s`: one a parameter tensor and one for its
         one bucket); 0 where it was not measured."""
         loop = self.measured.get("loop") or {}
         measured = loop.get("ddp_step_s")
         if measured is None:
             return 0.0
-        probe_ops = 2 * int(loop.get("ddp_probe_tensors", 0)) + 1
+        probe_ops = REDUCER_OPS_PER_TENSOR * int(loop.get("ddp_probe_tensors", 0)) + 1
         return max(0.0, float(measured) - probe_ops * self.dispatch_s)
 
     def host_copy_bytes_per_s(self, pinned: bool) -> tuple[float | None, str]:

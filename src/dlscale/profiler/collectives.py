@@ -31,7 +31,7 @@ class Framework:
     bucket_s: float = 0.0  # what each bucket waits beyond the link's launch
     step_cv: float = STEP_CV  # std / mean of one device's step time
     hierarchical: bool = True  # across nodes: rings within, then between (else one flat ring)
-    # torch DDP's reducer: its copies of the gradients into buckets and back, the comm hook's
+    # torch DDP's reducer: its copies of the gradients into buckets (their views), the comm hook's
     # division, its per-step bookkeeping, at any worker count (scaling.ddp_reducer_s)
     reducer: bool = False
 

@@ -23,8 +23,9 @@ time the caller measured), and adds what moving tensors between devices costs ov
     Beta-Variables", 1958), 0 for one device.
   - DDP's own work (torch DDP only, at every count, one device included: dlscale's ddp wraps
     each worker's model even alone): the reducer's copies of the gradients into buckets and
-    back and the hook's division, three passes over them, an op a tensor each way and one a
-    bucket, and a fixed part `bench machine` measures on a CPU (ddp_reducer_s).
+    the hook's division (the gradients are views of the buckets: nothing is copied back), two
+    passes over them, an op a tensor and one a bucket, and a fixed part `bench machine`
+    measures on a CPU (ddp_reducer_s).
   With SyncBatchNorm (--sync-batchnorm), every batch-norm layer also runs an all-gather of its
   statistics in forward and an all-reduce of two gradient sums in backward, blocking, on the
   critical path (profiler/batchnorm_sync.py counts them from torch's implementation).
@@ -70,7 +71,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dlscale.hardware.device import Hardware
+from dlscale.hardware.device import REDUCER_OPS_PER_TENSOR, Hardware
 from dlscale.hardware.links import Link
 from dlscale.profiler.advice import USABLE_MEMORY_FRACTION
 from dlscale.profiler.batchnorm_sync import sync_batchnorm_collectives, sync_batchnorm_s
@@ -138,24 +139,27 @@ def gradient_buckets(
     return buckets
 
 
-# torch DDP's reducer, at any worker count (dlscale's ddp wraps each worker's model even alone):
-# it copies each gradient into its bucket as backward produces it and back once the bucket is
-# reduced, and the comm hook divides each bucket by the world size in place: three passes over
-# the gradients, each reading and writing them.
-REDUCER_PASSES = 3
+# torch DDP's reducer, at any worker count (dlscale's ddp wraps each worker's model even alone),
+# as dlscale runs it (train/ddp_hook.wrap: the gradients are views of the buckets): it copies
+# each gradient into its bucket as backward produces it, and the comm hook divides each bucket
+# by the world size in place: two passes over the gradients, each reading and writing them
+# (torch's default, buckets apart from the gradients, copies them back too: a third).
+REDUCER_PASSES = 2
 
 
 def ddp_reducer_s(trace: StepTrace, hardware: Hardware, buckets: int) -> float:
     """What torch DDP itself adds to a step on `hardware`, beyond the all-reduce: its fixed
-    bookkeeping (measured on a CPU, Hardware.ddp_fixed_step_s), two ops a gradient tensor and
-    one a bucket at a bare op's dispatch, and its three passes over the gradients at the copy
+    bookkeeping (measured on a CPU, Hardware.ddp_fixed_step_s), an op a gradient tensor and
+    one a bucket at a bare op's dispatch, and its two passes over the gradients at the copy
     rate of their working set (the gradients and the buckets: Hardware.copy_rate). On a CPU the
     thread that issues the ops runs them: their dispatch and their bytes add up. On an
     accelerator the host launches them and the device copies, the launches running ahead of the
     copies: the longer of the two counts (unvalidated there: no torch DDP run on a GPU checks
     it)."""
     grads = trace.trainable_params * FP32_BYTES
-    dispatch_s = (2 * len(trace.optimizer_tensors) + buckets) * hardware.dispatch_s
+    dispatch_s = (
+        REDUCER_OPS_PER_TENSOR * len(trace.optimizer_tensors) + buckets
+    ) * hardware.dispatch_s
     copies_s = REDUCER_PASSES * 2 * grads / hardware.copy_rate(2 * grads)
     work_s = dispatch_s + copies_s if hardware.kind == "cpu" else max(dispatch_s, copies_s)
     return hardware.ddp_fixed_step_s + work_s

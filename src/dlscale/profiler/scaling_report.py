@@ -296,7 +296,7 @@ def where_time_goes(points: list[ScalePoint]) -> list[str]:
         )
         own = (
             f"; DDP's own work {duration(d['reducer_s'])} a step (gradients copied into "
-            "buckets and back, the hook's division, its bookkeeping)"
+            "buckets, the hook's division, its bookkeeping)"
             if p.strategy == "ddp" and d.get("reducer_s")
             else ""
         )

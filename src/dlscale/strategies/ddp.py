@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.nn.parallel import DistributedDataParallel
 
 from dlscale.data import DataBundle
 from dlscale.errors import UserError
@@ -24,7 +23,7 @@ from dlscale.jobspec.strategy import sync_batchnorm_refusal
 from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.strategies.parent import launch
 from dlscale.strategies.worker import backend_for, join, run_trainer
-from dlscale.train.ddp_hook import AllreduceTimer
+from dlscale.train.ddp_hook import AllreduceTimer, wrap
 from dlscale.train.device import resolve_device
 from dlscale.train.exchange import Exchange
 from dlscale.train.reporter import Reporter
@@ -63,8 +62,7 @@ class DdpExchange(Exchange):
         strategy = self.spec.strategy
         join(self.context, backend_for(self.device, strategy.backend), strategy.timeout_s)
         device_ids = [self.device.index or 0] if self.device.type == "cuda" else None
-        self.model = DistributedDataParallel(module, device_ids=device_ids)  # rank 0's weights
-        self.model.register_comm_hook(state=None, hook=self.timer.hook)
+        self.model = wrap(module, self.timer, device_ids)  # rank 0's weights
 
     def accumulating(self):
         # DDP's own switch: backward leaves the gradients in `.grad` without a bucket's

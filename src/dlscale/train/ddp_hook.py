@@ -1,7 +1,7 @@
-"""The hook dlscale's ddp gives torch's DistributedDataParallel: DDP's default work (an
-all-reduce of each gradient bucket, divided by the world size), timed and sized. Here, below
-the strategies, so that `bench machine` can time a step under DDP exactly as a ddp worker runs
-it (bench/loop_cost.py)."""
+"""How dlscale's ddp wraps a worker's model in torch's DistributedDataParallel (`wrap`), with
+the hook it gives DDP: DDP's default work (an all-reduce of each gradient bucket, divided by the
+world size), timed and sized. Here, below the strategies, so that `bench machine` can time a
+step under DDP exactly as a ddp worker runs it (bench/loop_cost.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 
 class AllreduceTimer:
@@ -49,3 +51,15 @@ class AllreduceTimer:
     def totals(self) -> tuple[float, int]:
         with self._lock:
             return self.seconds, self.payload_bytes
+
+
+def wrap(
+    module: nn.Module, timer: AllreduceTimer, device_ids: list[int] | None = None
+) -> DistributedDataParallel:
+    """`module` as a ddp worker trains it: torch's DDP with `timer`'s hook, its gradients views
+    of DDP's buckets (`gradient_as_bucket_view`): backward's gradients are copied into the
+    buckets once and the reduced buckets are the gradients, with no copy back and no second
+    copy of the gradients held (torch's DDP keeps both by default)."""
+    model = DistributedDataParallel(module, device_ids=device_ids, gradient_as_bucket_view=True)
+    model.register_comm_hook(state=None, hook=timer.hook)
+    return model
