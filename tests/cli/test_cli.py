@@ -52,6 +52,8 @@ def test_validate_accepts_a_good_spec(tmp_path: Path):
         ("model: {name: lenet, kwargs: {width: 3}}\n", "does not take argument 'width'"),
         ("model: {name: 'nosuchpkg.models:build'}\n", "cannot import module 'nosuchpkg.models'"),
         ("data: {name: npz, path: missing.npz}\n", "data.path: file not found"),
+        ("data: {name: npz, path: .}\n", "is a folder, not a file"),
+        ("data: {name: npz, path: /dev/null}\n", "/dev/null is not a regular file"),
     ],
 )
 def test_validate_rejects_bad_specs_with_one_line_and_exit_2(tmp_path, change, expected):
@@ -65,6 +67,20 @@ def test_validate_rejects_bad_specs_with_one_line_and_exit_2(tmp_path, change, e
 def test_missing_spec_file_is_a_usage_error(tmp_path: Path):
     result = run("train", tmp_path / "absent.yaml")
     assert result.exit_code == 2 and "spec file not found" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [("folder", "is a folder, not a spec file"), ("/dev/null", "is not a regular file")],
+)
+def test_a_spec_path_that_is_no_file_says_what_it_is(tmp_path: Path, path: str, expected: str):
+    """A folder or a device given as the spec is named for what it is, not 'not found'."""
+    (tmp_path / "folder").mkdir()
+    target = tmp_path / path if path == "folder" else Path(path)
+    for command in ("train", "validate"):
+        result = run(command, target)
+        assert result.exit_code == 2 and expected in result.stderr, result.output
+        assert "not found" not in result.stderr
 
 
 def test_impossible_shape_is_one_line_before_training(tmp_path: Path):

@@ -86,11 +86,23 @@ def spec_relative(value: Any, info: ValidationInfo) -> Path:
     return path
 
 
+def not_a_file(path: Path, what: str = "file") -> str | None:
+    """Why `path` cannot be read as a `what` (a folder, a device, nothing there), or None."""
+    if path.is_dir():
+        return f"{path} is a folder, not a {what}"
+    if path.exists() and not path.is_file():
+        return f"{path} is not a regular file: give a {what}"
+    if not path.is_file():
+        return f"{what} not found: {path}"
+    return None
+
+
 def resolve_path(value: Any, info: ValidationInfo) -> Path | None:
     """Paths in a spec are relative to the spec file's folder; the file must exist."""
     if value is None:
         return None
     path = spec_relative(value, info)
-    if not path.is_file():
-        raise ValueError(f"file not found: {path}")
+    problem = not_a_file(path)
+    if problem:
+        raise ValueError(problem)
     return path.resolve()

@@ -9,7 +9,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from dlscale.errors import UserError
-from dlscale.jobspec.base import BooleanGiven
+from dlscale.jobspec.base import BooleanGiven, not_a_file
 from dlscale.jobspec.job import Spec
 from dlscale.jobspec.strict_yaml import load_yaml
 
@@ -23,8 +23,9 @@ def load_spec(path: str | Path) -> Spec:
 def load_raw(path: str | Path) -> Any:
     """The spec file's YAML as parsed, before validation (a sweep derives its trials from it)."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"spec file not found: {path}")
+    problem = not_a_file(path, "spec file")
+    if problem:
+        raise UserError(problem)
     try:
         raw = load_yaml(path.read_text())
     except yaml.YAMLError as exc:
