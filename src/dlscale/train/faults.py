@@ -157,16 +157,18 @@ class Faults:
 
 def record_end(run_dir: Path, status: str, reason: str) -> None:
     """run.json says the run ended (`failed`, `interrupted`) and why, where it still says
-    `running`. For the parent of a job's processes, once they are stopped: the trainer that met
+    `running`, and names the checkpoints on disk (written and pruned since the trainer's last
+    record). For the parent of a job's processes, once they are stopped: the trainer that met
     the fault may not be the one that writes the record, or was stopped writing it. A run that
-    ended before its first record has none."""
+    ended before its first record (written as training starts) has none."""
     path = Path(run_dir) / "run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if record.get("status") == "running":
-        record.update(status=status, error=reason)
+        checkpoints = [str(found) for _, found in ckpt.list_checkpoints(run_dir)]
+        record.update(status=status, error=reason, checkpoints=checkpoints)
         with ckpt.naming_intact(run_dir):
             write_json_atomic(path, record)
 

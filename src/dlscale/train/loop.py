@@ -131,6 +131,9 @@ class Trainer:
         saved = state["history"] if self.is_main or self.exchange.lockstep else None
         self.history = History.from_state(saved, self.plan.total_steps, step)
         self.step = self.resumed_from = step
+        self.started_at = state.get("started_at", self.started_at)  # when the run first began
+        if step % self.plan.steps_per_epoch and step == int(state["step"]):
+            self._epoch_losses = [float(loss) for loss in state.get("epoch_losses", [])]
         if step == 0:  # a ps job stopped before its servers saved an update: say so, not silence
             self.warnings.append(
                 f"--resume: {self.run_dir} holds no trained step (every saved state is the "
@@ -173,6 +176,11 @@ class Trainer:
             "trainers": trainers,
             "data_position": self.data_position(),
             "model_source": self.model_source(),
+            "started_at": self.started_at,
+            # mid-epoch: the epoch's losses so far (its train_loss is their mean at its end)
+            "epoch_losses": list(self._epoch_losses)
+            if self.step % self.plan.steps_per_epoch
+            else [],
         }
         return ckpt.save_checkpoint(self.run_dir, self.step, state, self.spec.checkpoint.keep_last)
 
@@ -218,6 +226,8 @@ class Trainer:
         for message in self.warnings:
             self.reporter.warn(message)
         self.exchange.start()
+        if self.is_main:  # a run stopped before its first checkpoint still has its record
+            self._write_record("running")
         total = self.plan.total_steps
         last_saved = last_eval = self.step if self.resumed_from is not None else -1
         while self.step < total:
@@ -250,7 +260,10 @@ class Trainer:
         non_blocking = getattr(self.train_loader, "pin_memory", False)
         overlaps = self.exchange.comm_overlaps
         timing, steps_log = self.history.timing, self.history.steps
-        epoch_losses: list[float] = []
+        # Resumed mid-epoch: the losses of the epoch's steps before the checkpoint come with it,
+        # so the epoch's train_loss is the mean over all its steps.
+        epoch_losses = self._epoch_losses if start_batch else []
+        self._epoch_losses = epoch_losses
         last_report = 0.0
         t_prev = time.perf_counter()  # a step's data wait starts where the last one's ended
         for batch in self.train_loader:
@@ -288,10 +301,11 @@ class Trainer:
             if every and self.step % every == 0 and self.step % self.plan.steps_per_epoch:
                 t_save = time.perf_counter()
                 self.save_checkpoint()
+                if self.is_main:  # the record names the step a --resume would continue from
+                    self._write_record("running")
                 t_prev += time.perf_counter() - t_save  # checkpoint time is not training time
             if self.step >= self.plan.total_steps:
                 break
-        self._epoch_losses = epoch_losses
         self._check_starving()
         return self.step % self.plan.steps_per_epoch == 0
 
