@@ -289,3 +289,34 @@ def test_a_ps_job_killed_before_any_shard_save_resumes_from_its_epoch_checkpoint
     warnings = " ".join(record["warnings"])
     assert "holds no trained step" not in warnings
     assert f"from the checkpoint at step {epoch_step}" in warnings
+
+
+@pytest.mark.slow
+def test_a_ps_job_stopped_before_its_servers_saved_a_shard_resumes_at_step_0(tmp_path: Path):
+    """The defect: stopped between its starting checkpoint and the servers' first shard (while
+    its processes start), --resume said 'nothing to resume: ps-shard-0.pt is missing' and a new
+    run refused the folder's checkpoints: no way on. Now it starts over at step 0 and says so."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        SERVER_FAULT.replace("num_samples: 8000", "num_samples: 800")
+        .replace("steps: 600", "steps: 40")
+        .replace("checkpoint_every_s: 0.5", "checkpoint_every_s: 0.5, data_plane: gloo")
+    )
+    run_dir = tmp_path / "run"
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not list_checkpoints(run_dir):
+        assert job.poll() is None, "training ended before it could be stopped"
+        assert time.monotonic() < deadline, "no starting checkpoint within 120 s"
+        time.sleep(0.005)
+    job.send_signal(signal.SIGKILL)  # its processes are still starting: no shard yet
+    job.wait(timeout=30)
+    assert not (run_dir / "checkpoints" / "ps-shard-0.pt").exists()
+
+    record = resumed_at(spec, run_dir, 0)
+    assert any("holds no trained step" in w for w in record["warnings"])
+    assert record["status"] == "completed" and list_checkpoints(run_dir)[-1][0] == 40

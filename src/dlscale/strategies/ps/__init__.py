@@ -38,7 +38,7 @@ from dlscale.launch.base import Launcher, Resources, WorkerContext
 from dlscale.strategies.parent import initial_model, launch, role_names
 from dlscale.strategies.ps.exchange import PsExchange
 from dlscale.strategies.ps.layout import flatten, shard_parameters
-from dlscale.strategies.ps.server import ParameterServer, load_shard
+from dlscale.strategies.ps.server import ParameterServer, load_shard, shard_path
 from dlscale.strategies.ps.wire import GATHERED, SHM_DIR, agree_on_data_plane
 from dlscale.strategies.worker import join, ready, run_trainer
 from dlscale.train import checkpoint as ckpt
@@ -61,7 +61,9 @@ def serve(context: WorkerContext, payload: dict) -> dict:
         list(model.parameters()),
         indices,
         Path(payload["run_dir"]),
-        payload["resume_from"] is not None,
+        # from its shard, unless none was saved (then from the checkpoint, just below)
+        payload["resume_from"] is not None
+        and (payload["weights_from"] is None or payload["weights_from"]["shard_step"] is not None),
     )
     if payload["weights_from"] is not None:
         continue_from_checkpoint(server, model, indices, payload, context)
@@ -95,6 +97,14 @@ def continue_from_checkpoint(
     newer = payload["weights_from"]
     model.load_state_dict(ckpt.load_checkpoint(Path(newer["path"]))["model"])
     server.continue_from(flatten(list(model.parameters()), indices), payload["start_steps"])
+    if newer["shard_step"] is None:  # no shard saved: the checkpoint is all there is
+        if context.rank == 0 and newer["step"] > 0:
+            context.send(
+                "warn",
+                f"--resume: the servers saved no shard: training continues from the checkpoint "
+                f"at step {newer['step']}",
+            )
+        return
     if context.rank == 0:
         context.send(
             "warn",
@@ -125,6 +135,12 @@ def resume_points(
     `checkpoint_every_s`); worker 0 saves a checkpoint at each epoch's end. A job killed between
     the two resumes from the newer: from an epoch checkpoint, every worker starts at its step."""
     strategy: PsStrategy = spec.strategy
+    saved_step = int(ckpt.load_checkpoint(resume_from)["step"])
+    if not all(shard_path(run_dir, s).exists() for s in range(strategy.servers)):
+        # Stopped while its processes started, before a server saved its shard: the
+        # checkpoint (the starting one, at step 0) is where every worker and server begins.
+        newer = {"path": str(resume_from), "step": saved_step, "shard_step": None}
+        return dict.fromkeys(map(str, range(strategy.workers)), saved_step), newer
     states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
     steps = {
         str(worker): min(
@@ -132,7 +148,6 @@ def resume_points(
         )
         for worker in range(strategy.workers)
     }
-    saved_step = int(ckpt.load_checkpoint(resume_from)["step"])
     if saved_step <= steps["0"]:
         return steps, None
     newer = {"path": str(resume_from), "step": saved_step, "shard_step": steps["0"]}
