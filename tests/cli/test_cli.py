@@ -53,6 +53,22 @@ def test_validate_accepts_a_good_spec(tmp_path: Path):
         ("model: {name: 'nosuchpkg.models:build'}\n", "cannot import module 'nosuchpkg.models'"),
         ("data: {name: npz, path: missing.npz}\n", "data.path: file not found"),
         ("data: {name: npz, path: .}\n", "is a folder, not a file"),
+        (
+            "strategy: {name: tensor, plan: {conv1: diagonal}}\n",
+            "strategy.plan: 'diagonal' (conv1) is not a split style (choose from: colwise, ",
+        ),
+        (
+            "device: cpu\nstrategy: {name: ddp, workers: 2, backend: nccl}\n",
+            "strategy.backend nccl connects CUDA GPUs only (device is cpu)",
+        ),
+        (
+            "device: cpu\nstrategy: {name: tensor, backend: nccl}\n",
+            "strategy.backend nccl connects CUDA GPUs only (device is cpu)",
+        ),
+        (
+            "strategy: {name: tensor, plan: megatron}\n",
+            "strategy.plan: 'auto', or a mapping of module name: split style (got 'megatron')",
+        ),
         ("data: {name: npz, path: /dev/null}\n", "/dev/null is not a regular file"),
     ],
 )
@@ -175,3 +191,18 @@ def test_sweep_will_not_write_over_another_sweep(tmp_path: Path):
     assert result.exit_code == 2 and "already holds a sweep: pass --resume" in result.output
     result = run("sweep", spec, "--out", tmp_path / "out", "--resume")
     assert result.exit_code == 2 and "holds a sweep of a different spec" in result.output
+
+
+@pytest.mark.parametrize("kept", ["run.json", "errors.log"])
+def test_an_out_folder_holding_a_runs_record_is_refused_and_kept(tmp_path: Path, kept: str):
+    """The defect: only checkpoints were guarded; a failed run's record and errors.log, or a
+    user's own run.json, were replaced by the next run into the folder without a word."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / kept).write_text('{"mine": 1}')
+    spec = write_spec(tmp_path, GOOD + "steps: 1\ndevice: cpu\n")
+    result = run("train", spec, "--out", out)
+    assert result.exit_code == 2, result.output
+    assert f"{out} already holds a run's {kept}" in " ".join(result.stderr.split())
+    assert (out / kept).read_text() == '{"mine": 1}'
+    assert sorted(p.name for p in out.iterdir()) == [kept]

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from dlscale.api import train
 from dlscale.api.capacity import check_trials
+from dlscale.api.rundir import refuse_a_previous_run
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec
-from dlscale.train import checkpoint as ckpt
 from dlscale.train.ownership import claim
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -146,7 +146,7 @@ def compare(
         return compare_row(name, record, str(run_dir), time.perf_counter() - started)
 
     runs = {name: partial(run, name) for name in names}
-    rows = train_in_turn(out, runs, on_run, refuse_kept_checkpoints=True)
+    rows = train_in_turn(out, runs, on_run)
     return CompareResult.from_json(
         compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
     )
@@ -156,20 +156,14 @@ def train_in_turn(
     out: Path,
     runs: dict[str, Callable[[Path], dict]],
     on_run: Callable[[dict], None] | None,
-    refuse_kept_checkpoints: bool = False,
 ) -> list[dict]:
     """Hold `out` (one scale or compare into a folder at a time), then each run in turn: the row
-    `runs[name](out / name)` trains and measures, each given to `on_run` as soon as it is made.
-    `refuse_kept_checkpoints`: first, one line if any of those folders holds checkpoints."""
+    `runs[name](out / name)` trains and measures, each given to `on_run` as soon as it is made;
+    first, one line if any of those folders holds what an earlier run left."""
     rows = []
     with claim(out):
-        if refuse_kept_checkpoints:
-            for name in runs:
-                if ckpt.list_checkpoints(Path(out) / name):
-                    raise UserError(
-                        f"{Path(out) / name} already holds checkpoints of a run: "
-                        "choose another --out"
-                    )
+        for name in runs:  # before the first run trains, not when the second would start
+            refuse_a_previous_run(Path(out) / name, resumable=False)
         for name, run in runs.items():
             rows.append(run(Path(out) / name))
             if on_run is not None:

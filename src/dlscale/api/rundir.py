@@ -9,7 +9,7 @@ from pathlib import Path
 from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
-from dlscale.train.faults import ending_recorded
+from dlscale.train.faults import ERROR_LOG, ending_recorded
 from dlscale.train.ownership import claim, claim_new
 from dlscale.train.reporter import Reporter
 from dlscale.train.resume_point import resume_point
@@ -41,11 +41,8 @@ def train_in_folder(
         resume_from = None
         if resume:
             resume_from, skipped = resume_point(run_dir)
-        elif ckpt.list_checkpoints(run_dir):
-            raise UserError(
-                f"{run_dir} already holds checkpoints of a run: pass --resume to continue it, "
-                "or choose another --out"
-            )
+        else:
+            refuse_a_previous_run(run_dir, resumable=True)
         for message in skipped:
             if reporter is not None:
                 reporter.warn(message)
@@ -59,3 +56,19 @@ def train_in_folder(
                 f"{exc}; its checkpoints are kept: continue with --resume --out {run_dir}"
             ) from None
         return record
+
+
+def refuse_a_previous_run(run_dir: Path, resumable: bool) -> None:
+    """One line if a new run in `run_dir` would replace what an earlier one left there: its
+    checkpoints (`resumable`: --resume continues them), its record or its errors.log."""
+    if ckpt.list_checkpoints(run_dir):
+        how = "pass --resume to continue it, or choose another --out" if resumable else None
+        raise UserError(
+            f"{run_dir} already holds checkpoints of a run: {how or 'choose another --out'}"
+        )
+    kept = [name for name in ("run.json", ERROR_LOG) if (Path(run_dir) / name).exists()]
+    if kept:
+        raise UserError(
+            f"{run_dir} already holds a run's {' and '.join(kept)}: a new run would replace "
+            "it; choose another --out"
+        )

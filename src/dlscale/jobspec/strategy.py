@@ -6,7 +6,14 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Annotated, Literal, get_args
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import (
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from dlscale.errors import UserError
 from dlscale.jobspec.base import Bytes, Strict
@@ -100,6 +107,15 @@ def sync_batchnorm_refusal(device: str) -> str:
     )
 
 
+def check_backend_device(backend: str, device: str) -> None:
+    """NCCL connects GPUs only: asked for on another device, one line at validate time."""
+    if backend == "nccl" and not device.startswith(("auto", "cuda")):
+        raise ValueError(
+            f"strategy.backend nccl connects CUDA GPUs only (device is {device}): use gloo, or "
+            "auto (gloo on CPUs, NCCL on GPUs)"
+        )
+
+
 def _settings(current: StrategySection) -> dict:
     """The settings the user gave a section (not its defaults)."""
     return current.model_dump(mode="json", exclude_unset=True)
@@ -167,6 +183,7 @@ class DdpStrategy(StrategySection):
         # module too. `auto` and `cuda` are left for the run to resolve.
         if self.sync_batchnorm and not device.startswith(("auto", "cuda")):
             raise ValueError(sync_batchnorm_refusal(device))
+        check_backend_device(self.backend, device)
 
 
 class StragglerSpec(Strict):
@@ -389,6 +406,25 @@ class TensorStrategy(StrategySection):
     port: Annotated[int, Field(ge=1024, le=65535)] | None = None
     timeout_s: PositiveFloat = 120.0
     heartbeat_warn_s: HeartbeatWarnS = 5.0
+
+    @field_validator("plan", mode="before")
+    @classmethod
+    def _plan_named(cls, value):
+        """One line naming the wrong style or value (pydantic's union error named neither)."""
+        styles = get_args(TensorStyle)
+        if isinstance(value, dict):
+            for module, style in value.items():
+                if style not in styles:
+                    raise ValueError(
+                        f"{style!r} ({module}) is not a split style (choose from: "
+                        f"{', '.join(styles)})"
+                    )
+        elif value != "auto":
+            raise ValueError(f"'auto', or a mapping of module name: split style (got {value!r})")
+        return value
+
+    def check_device(self, device: str) -> None:
+        check_backend_device(self.backend, device)
 
     @property
     def processes(self) -> int:
