@@ -17,6 +17,12 @@ class UserError(Exception):
         self.exit_code = exit_code
 
 
+class CannotTrace(UserError):
+    """A strategy that must trace the model on the meta device to plan its work (a pipeline's
+    stages) cannot: its forward reads tensor values, or uses an op with no meta kernel. Unlike
+    other meta-device failures, `train` would stop on it too, so `validate` reports it."""
+
+
 class RunFailed(UserError):
     """A run that failed through no defect of dlscale's: its loss turned NaN, or the user's
     model raised at some step. One line, exit 1; the whole job stops, even where a strategy

@@ -362,3 +362,51 @@ def test_a_stage_call_makes_no_multiprocessing_lock():
     multiprocessing one, whose semaphore was reported as leaked when Ctrl-C ended the workers."""
     done = subprocess.run([sys.executable, "-c", FX_STAGE_CALL], capture_output=True, text=True)
     assert (done.returncode, done.stdout.strip()) == (0, "None"), done.stderr
+
+
+DATA_DEPENDENT = """
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 32), nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.a(x.flatten(1))
+        if h.sum() > 0:  # reads a value: no trace on the meta device
+            h = h * 2
+        return self.b(h.relu())
+
+
+def branchy():
+    return Branchy()
+"""
+
+
+def test_a_model_whose_forward_reads_values_is_refused_for_a_pipeline_at_validate(
+    tmp_path: Path, monkeypatch
+):
+    """The defect: `validate` said valid, then `train` said the model 'cannot take samples of
+    shape (1, 8, 8)', which it can (it trains under single). A pipeline places its stages from
+    a step traced on the meta device: validate and train both say that is what fails."""
+    (tmp_path / "branchy_models.py").write_text(DATA_DEPENDENT)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: branchy\nmodel: {name: 'branchy_models:branchy'}\ndata: {name: digits}\n"
+        "batch_size: 16\nsteps: 2\ndevice: cpu\n"
+        "strategy: {name: pipeline, stages: 2, microbatches: 2}\n"
+    )
+    expected = "cannot be traced on the meta device to place its pipeline stages"
+    with pytest.raises(UserError, match=expected):
+        api.validate(spec)
+    with pytest.raises(UserError, match=expected) as caught:
+        api.train(spec, out_dir=tmp_path / "run")
+    assert "cannot take samples" not in str(caught.value)
+    single = tmp_path / "single.yaml"
+    single.write_text(
+        spec.read_text().replace("strategy: {name: pipeline", "strategy: {name: single}\n#")
+    )
+    api.validate(single)  # the same model passes where nothing is traced

@@ -8,7 +8,7 @@ import warnings
 import torch
 from torch import nn
 
-from dlscale.errors import UserError, one_line
+from dlscale.errors import CannotTrace, UserError, one_line
 from dlscale.hardware.catalogue import load_catalogue
 from dlscale.hardware.device import Hardware
 from dlscale.hardware.trust import unreliable
@@ -17,6 +17,7 @@ from dlscale.models import build_model
 from dlscale.models.registry import user_code_failure
 from dlscale.profiler.pipeline_split import SplitPlan, plan_split
 from dlscale.profiler.trace import trace_step
+from dlscale.train.preflight import needs_real_tensors
 from dlscale.train.step import build_optimizer
 
 
@@ -56,7 +57,14 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         )
     except UserError:  # the factory's own failure, already one line
         raise
-    except (RuntimeError, ValueError, IndexError, TypeError) as exc:
+    except (RuntimeError, ValueError, IndexError, TypeError, NotImplementedError) as exc:
+        if needs_real_tensors(exc):
+            raise CannotTrace(
+                f"model '{spec.model.name}' cannot be traced on the meta device to place its "
+                f"pipeline stages ({one_line(exc)}): its forward reads a tensor's values (e.g. "
+                "`if x.sum() > 0`) or uses an op with no meta kernel; a pipeline needs a forward "
+                "whose steps do not depend on the data (single, ddp and ps train it as it is)"
+            ) from None
         raise UserError(
             f"model '{spec.model.name}' cannot take samples of shape {tuple(sample.shape)}: "
             f"{one_line(exc)}"
