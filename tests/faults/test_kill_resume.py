@@ -104,8 +104,20 @@ def test_resume_refuses_a_changed_spec(tmp_path: Path):
     spec.write_text(SPEC.replace("steps: 200", "steps: 40"))
     again = cli_train("--resume")
     assert again.exit_code == 2
-    assert "was written by a different spec" in again.stderr
+    said = " ".join(again.stderr.split())
+    assert "was written by a different spec" in said
+    assert "steps changed (20 → 40)" in said  # which field: the user need not diff by hand
     assert len(again.stderr.strip().splitlines()) == 1
+    # Where its checkpoints are kept and how often they are written change no step: a resume
+    # with only those changed continues (the defect: refused like a changed model).
+    spec.write_text(
+        SPEC.replace("steps: 200", "steps: 20").replace(
+            "{every_steps: 20, keep_last: 2}", "{every_steps: 10, keep_last: 5}"
+        )
+    )
+    kept = cli_train("--resume")
+    assert kept.exit_code == 0, kept.output
+    assert "resuming at step 20" in " ".join(kept.stdout.split())
 
 
 PIPELINE = """

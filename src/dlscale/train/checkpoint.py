@@ -108,15 +108,6 @@ def is_unchecked(state: dict[str, Any]) -> bool:
     return state["format"] == UNCHECKED_FORMAT
 
 
-def check_spec(state: dict[str, Any], path: Path, spec_hash: str) -> None:
-    """A checkpoint continues only the spec that wrote it."""
-    if state.get("spec_hash") != spec_hash:
-        raise UserError(
-            f"{path} was written by a different spec (hash {state.get('spec_hash')}, "
-            f"this spec {spec_hash}); start a new run instead of --resume"
-        )
-
-
 def latest_checkpoint(run_dir: Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1][1] if found else None

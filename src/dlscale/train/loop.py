@@ -28,6 +28,7 @@ from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 from dlscale.train.record import RunRecord
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
+from dlscale.train.spec_change import check_resumable
 from dlscale.train.step import TrainStep, build_optimizer
 from dlscale.train.summary import final_figures, worker_summary
 
@@ -121,7 +122,7 @@ class Trainer:
     def resume(self, path: Path) -> None:
         """Continue from a checkpoint of the same spec: weights, optimizer, RNG, history."""
         state = ckpt.load_checkpoint(path, map_location=self.device)
-        ckpt.check_spec(state, path, self.spec.spec_hash())
+        check_resumable(state, path, self.spec, self.run_dir)
         rank = self.exchange.rank
         self.exchange.load_model(self.module, state["model"])
         self.exchange.load_optimizer(self.optimizer, state["optimizer"])

@@ -37,6 +37,7 @@ from dlscale.strategies.ps.wire import (
 )
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.device import peak_memory
+from dlscale.train.spec_change import check_resumable
 from dlscale.train.step import build_optimizer
 
 HEARTBEAT_S = 1.0
@@ -51,7 +52,7 @@ def load_shard(run_dir: Path, shard: int, spec: Spec) -> dict:
     if not path.exists():
         raise UserError(f"nothing to resume: {path} is missing")
     state = ckpt.load_checkpoint(path, map_location="cpu")
-    ckpt.check_spec(state, path, spec.spec_hash())
+    check_resumable(state, path, spec, run_dir)
     return state
 
 
