@@ -144,6 +144,9 @@ def test_other_examples_train(tmp_path: Path, example: str, minimum_accuracy: fl
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["final"]["val_accuracy"] >= minimum_accuracy
+    # The wall time is the trainer's: it says so (the command's start-up is not in it).
+    said = " ".join(result.stdout.split())
+    assert f"{record['final']['wall_s']:.1f} s in the trainer, from its setup" in said
 
 
 def test_every_example_spec_validates():

@@ -136,7 +136,11 @@ def summary_table(record: dict) -> Table:
     if parts:
         batch += " = " + " × ".join([*parts, str(plan["batch_size"])])
     table.add_row("steps", f"{final['step']:,} ({batch})")
-    table.add_row("wall time", f"{final['wall_s']:.1f} s (setup {final['setup_s']:.1f} s)")
+    table.add_row(
+        "wall time",
+        f"{final['wall_s']:.1f} s in the trainer, from its setup ({final['setup_s']:.1f} s; the "
+        "command's start-up and imports before it not counted)",
+    )
     median = final["median_step_s"]
     typical = f"; median step {median * 1e3:.2f} ms" if median else ""
     table.add_row(
