@@ -154,6 +154,7 @@ def test_a_failing_trial_is_recorded_and_an_interrupted_sweep_resumes(tmp_path: 
     ]
     assert "batch_size 5000 is larger than the training set" in result["trials"][1]["error"]
     assert finished.stat().st_mtime_ns == stamp  # the finished trial was not run again
+    assert result["started_at"] == interrupted["started_at"]  # when the sweep first began
     assert result["counts"] == {
         "completed": 3,
         "failed": 1,

@@ -30,9 +30,12 @@ RESULT_KEYS = (
 )
 
 
-def open_folder(out_dir: Path, spec: Spec, spec_path: str, started_at: str, resume: bool) -> bool:
-    """A new sweep's sweep.json written (False); or, to resume, the folder's checked to hold a
-    sweep of this spec (True: its trials are to be read back)."""
+def open_folder(
+    out_dir: Path, spec: Spec, spec_path: str, started_at: str, resume: bool
+) -> tuple[bool, str]:
+    """A new sweep's sweep.json written (False, `started_at`); or, to resume, the folder's
+    checked to hold a sweep of this spec (True: its trials are to be read back; and when the
+    sweep first began)."""
     state_path = out_dir / STATE
     spec_hash = spec.spec_hash()
     if state_path.is_file() and not resume:
@@ -43,7 +46,7 @@ def open_folder(out_dir: Path, spec: Spec, spec_path: str, started_at: str, resu
     if not resume:
         state = {"spec_hash": spec_hash, "spec": spec_path, "started_at": started_at}
         write_json_atomic(state_path, state)
-        return False
+        return False, started_at
     if not state_path.is_file():
         raise UserError(f"nothing to resume: {out_dir} holds no sweep ({STATE})")
     state = json.loads(state_path.read_text())
@@ -52,7 +55,7 @@ def open_folder(out_dir: Path, spec: Spec, spec_path: str, started_at: str, resu
             f"{out_dir} holds a sweep of a different spec (hash {state.get('spec_hash')}, this "
             f"spec {spec_hash}); start a new sweep with another --out"
         )
-    return True
+    return True, state.get("started_at", started_at)
 
 
 def saved_trials(out_dir: Path) -> list[tuple[Path, dict]]:

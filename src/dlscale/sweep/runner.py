@@ -264,7 +264,10 @@ class SweepRunner:
 
     def _open_folder(self) -> None:
         """A new sweep writes sweep.json; --resume reads back every trial and run it holds."""
-        if open_folder(self.out_dir, self.spec, self.spec_path, self.started_at, self.resume):
+        resumed, self.started_at = open_folder(
+            self.out_dir, self.spec, self.spec_path, self.started_at, self.resume
+        )
+        if resumed:
             self._restore()
 
     def _restore(self) -> None:
