@@ -95,7 +95,7 @@ def test_machine_bench_saves_a_local_entry_the_catalogue_loads(dlscale_home, qui
     # linear layers: 10 tensors); the entry keeps the part beyond its reducer's ops (a copy a
     # tensor, a division a bucket).
     assert loop["ddp_probe_step_s"] > 0 and loop["ddp_bare_step_s"] > 0
-    assert loop["ddp_step_s"] >= 0 and loop["ddp_probe_tensors"] == 10
+    assert loop["ddp_step_s"] >= 0 and loop["ddp_probe_tensors"] == 10 and loop["ddp_bucket_view"]
     assert local.dispatch_s == pytest.approx(result["op_overhead_s"]["add_s"])
     assert local.ddp_fixed_step_s == pytest.approx(
         max(0.0, loop["ddp_step_s"] - 11 * local.dispatch_s)

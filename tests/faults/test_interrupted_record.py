@@ -3,11 +3,13 @@ exists from the start, names the step its last checkpoint saved and the checkpoi
 the resumed epoch's train_loss is the mean over all its steps, as the uninterrupted run's."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from dlscale import api
+from dlscale.errors import UserError
 from dlscale.train import faults
 from dlscale.train.checkpoint import list_checkpoints
 
@@ -54,6 +56,7 @@ def test_a_run_stopped_mid_epoch_records_its_last_checkpoint_and_resumes_its_epo
     assert record["checkpoints"] == on_disk and [s for s, _ in list_checkpoints(stopped)] == [5, 10]
     assert record["final"]["step"] == 10  # the step its newest checkpoint holds
 
+    time.sleep(1.1)  # started_at counts seconds: the resume starts in a later one
     resumed = api.train(spec, out_dir=stopped, resume=True).to_json()
     straight = api.train(spec, out_dir=tmp_path / "straight").to_json()
     assert [e["train_loss"] for e in resumed["epochs"]] == [
@@ -72,3 +75,35 @@ def test_a_run_stopped_before_its_first_checkpoint_has_a_record(tmp_path: Path, 
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == "interrupted" and record["checkpoints"] == []
     assert record["final"]["step"] == 0
+    # Neither a resume nor a new run may take the folder: each says why and what to do.
+    with pytest.raises(UserError, match="stopped before its first checkpoint: remove its run"):
+        api.train(spec, out_dir=tmp_path / "run", resume=True)
+    with pytest.raises(UserError, match=r"\(status: interrupted\) and no checkpoint to resume"):
+        api.train(spec, out_dir=tmp_path / "run")
+
+
+def test_a_run_resumed_with_new_checkpoint_settings_resumes_again_and_predicts(
+    tmp_path: Path, monkeypatch
+):
+    """Checkpoint cadence may change on --resume. Stopped again before the new spec saved a
+    checkpoint, the run's record holds the new spec and its newest checkpoint the old hash:
+    the next --resume continues (the spec that wrote the checkpoint is the one it carries), and
+    the run's model loads for `predict`."""
+    from dlscale.infer.trained import load_trained
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    run_dir = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        stop_at(patch, 12)
+        with pytest.raises(KeyboardInterrupt):
+            api.train(spec, out_dir=run_dir)
+    spec.write_text(SPEC.replace("every_steps: 5", "every_steps: 7"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 13)  # resumed at 10; its first checkpoint would be at 14
+        with pytest.raises(KeyboardInterrupt):
+            api.train(spec, out_dir=run_dir, resume=True)
+    assert [step for step, _ in list_checkpoints(run_dir)] == [5, 10]
+    assert load_trained(run_dir).step == 10
+    record = api.train(spec, out_dir=run_dir, resume=True).to_json()
+    assert record["resumed_from_step"] == 10 and record["status"] == "completed"

@@ -121,7 +121,7 @@ def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
     division; they are the buckets' views: none back) at the copy rate timed for their working
     set."""
     measured = {
-        "loop": {"ddp_step_s": 5e-4, "ddp_probe_tensors": 10},
+        "loop": {"ddp_step_s": 5e-4, "ddp_probe_tensors": 10, "ddp_bucket_view": True},
         "op_overhead_s": {"add_s": 2e-6},
         # copies by working set: 20 GB/s to 1 MiB, 10 GB/s from 16 MiB
         "cache_copy_bytes_per_s": [[2**20, 20e9], [16 * 2**20, 10e9]],
@@ -129,6 +129,11 @@ def test_ddps_own_work_a_step_measured_on_a_cpu_by_hand():
     cpu = toy_hardware(measured=measured)
     assert cpu.dispatch_s == 2e-6
     assert cpu.ddp_fixed_step_s == pytest.approx(5e-4 - 11 * 2e-6)
+    # An entry measured before the gradients were bucket views: the probe copied each way.
+    older = toy_hardware(
+        measured={**measured, "loop": {"ddp_step_s": 5e-4, "ddp_probe_tensors": 10}}
+    )
+    assert older.ddp_fixed_step_s == pytest.approx(5e-4 - 21 * 2e-6)
     # A linear layer of 4 Mi weights (16 MiB of gradients: 32 MiB with the buckets) and a bias.
     step = trace_step(
         lambda: nn.Linear(2048, 2048), torch.zeros(2048), 4, "fp32", torch.optim.SGD, "sgd"

@@ -3,6 +3,7 @@ continues from there."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -69,6 +70,16 @@ def refuse_a_previous_run(run_dir: Path, resumable: bool) -> None:
     kept = [name for name in ("run.json", ERROR_LOG) if (Path(run_dir) / name).exists()]
     if kept:
         raise UserError(
-            f"{run_dir} already holds a run's {' and '.join(kept)}: a new run would replace "
-            "it; choose another --out"
+            f"{run_dir} already holds a run's {' and '.join(kept)}{_status(run_dir)} and no "
+            f"checkpoint to resume: a new run would replace {'them' if len(kept) > 1 else 'it'}; "
+            f"remove {' and '.join(kept)} to train there anew, or choose another --out"
         )
+
+
+def _status(run_dir: Path) -> str:
+    """' (status: failed)' from the run's record, or nothing."""
+    try:
+        status = json.loads((Path(run_dir) / "run.json").read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f" (status: {status})" if isinstance(status, str) else ""

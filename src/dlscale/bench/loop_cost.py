@@ -196,6 +196,7 @@ def ddp_cost_worker(context: WorkerContext, payload: dict) -> dict:
         "ddp_bare_step_s": statistics.median(bare for bare, _ in rounds),
         "ddp_probe_step_s": statistics.median(ddp for _, ddp in rounds),
         "ddp_probe_tensors": tensors,
+        "ddp_bucket_view": True,  # measured as workers run now (an op a tensor, none back)
     }
 
 

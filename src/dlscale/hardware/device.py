@@ -174,7 +174,9 @@ class Hardware:
         measured = loop.get("ddp_step_s")
         if measured is None:
             return 0.0
-        probe_ops = REDUCER_OPS_PER_TENSOR * int(loop.get("ddp_probe_tensors", 0)) + 1
+        # An entry measured before the gradients were bucket views: a copy each way a tensor.
+        per_tensor = REDUCER_OPS_PER_TENSOR if loop.get("ddp_bucket_view") else 2
+        probe_ops = per_tensor * int(loop.get("ddp_probe_tensors", 0)) + 1
         return max(0.0, float(measured) - probe_ops * self.dispatch_s)
 
     def host_copy_bytes_per_s(self, pinned: bool) -> tuple[float | None, str]:

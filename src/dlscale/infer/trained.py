@@ -10,7 +10,9 @@ from typing import Any
 
 from dlscale.data.pixels import ImageLayout
 from dlscale.errors import UserError, one_line
+from dlscale.jobspec import parse_spec
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.spec_change import bookkeeping_only, written_by
 
 RUN_RECORD = "run.json"
 
@@ -108,12 +110,23 @@ def model_source(run_dir: Path | None, checkpoint: Path, state: dict) -> dict[st
             )
         return {**carried, "final": {}}
     record = read_record(run_dir)
-    if state.get("spec_hash") != record["spec_hash"]:
+    if state.get("spec_hash") != record["spec_hash"] and not same_model(state, record, run_dir):
         raise UserError(
             f"{checkpoint} was written by another spec (hash {state.get('spec_hash')}) than "
             f"the run at {run_dir} (hash {record['spec_hash']}): its weights do not fit that model"
         )
     return record
+
+
+def same_model(state: dict, record: dict, run_dir: Path) -> bool:
+    """A checkpoint of an earlier spec of this run that differs from the record's only in
+    checkpoint bookkeeping (a --resume may change that): the same model."""
+    earlier = written_by(state, run_dir)
+    try:
+        current = parse_spec(record["spec"])
+    except (UserError, KeyError, TypeError, ValueError):
+        return False
+    return earlier is not None and bookkeeping_only(earlier, current) is None
 
 
 def load_trained(path: str | Path) -> TrainedModel:

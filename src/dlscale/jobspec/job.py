@@ -119,6 +119,11 @@ class Spec(Strict):
 
     def spec_hash(self) -> str:
         """Stable short hash of the resolved spec: the identity of a run for checkpoints."""
+        canonical = json.dumps(self.hashed_fields(), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def hashed_fields(self) -> dict:
+        """The resolved spec as its hash sees it: the fields that name the job, not its speed."""
         # Threads set the speed, not the job (at most the last bits of float sums): a run may
         # resume on a machine with other cores. The heartbeat warning only says when a worker is
         # silent. Left out, they keep every earlier hash too.
@@ -141,5 +146,4 @@ class Spec(Strict):
         # Pinning is unset by default now (pinned on CUDA): hashed as the old default, false.
         if resolved["loader"]["pin_memory"] is None:
             resolved["loader"]["pin_memory"] = False
-        canonical = json.dumps(resolved, sort_keys=True)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return resolved

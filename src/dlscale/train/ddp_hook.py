@@ -59,7 +59,9 @@ def wrap(
     """`module` as a ddp worker trains it: torch's DDP with `timer`'s hook, its gradients views
     of DDP's buckets (`gradient_as_bucket_view`): backward's gradients are copied into the
     buckets once and the reduced buckets are the gradients, with no copy back and no second
-    copy of the gradients held (torch's DDP keeps both by default)."""
+    copy of the gradients held (torch's DDP keeps both by default). With accumulation the
+    micro-batches inside `no_sync` sum into gradients of their own (zero_grad leaves none), so
+    both are held until the last micro-batch's backward copies them in."""
     model = DistributedDataParallel(module, device_ids=device_ids, gradient_as_bucket_view=True)
     model.register_comm_hook(state=None, hook=timer.hook)
     return model

@@ -158,17 +158,21 @@ class Faults:
 def record_end(run_dir: Path, status: str, reason: str) -> None:
     """run.json says the run ended (`failed`, `interrupted`) and why, where it still says
     `running`, and names the checkpoints on disk (written and pruned since the trainer's last
-    record). For the parent of a job's processes, once they are stopped: the trainer that met
-    the fault may not be the one that writes the record, or was stopped writing it. A run that
-    ended before its first record (written as training starts) has none."""
+    record) and, where it is later, the newest one's step as its final step. For the parent of
+    a job's processes, once they are stopped: the trainer that met the fault may not be the one
+    that writes the record, or was stopped writing it. A run that ended before its first record
+    (written as training starts) has none."""
     path = Path(run_dir) / "run.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return
     if record.get("status") == "running":
-        checkpoints = [str(found) for _, found in ckpt.list_checkpoints(run_dir)]
-        record.update(status=status, error=reason, checkpoints=checkpoints)
+        found = ckpt.list_checkpoints(run_dir)
+        record.update(status=status, error=reason, checkpoints=[str(path) for _, path in found])
+        final = record.get("final")
+        if found and isinstance(final, dict) and found[-1][0] > final.get("step", 0):
+            final["step"] = found[-1][0]  # where a --resume continues
         with ckpt.naming_intact(run_dir):
             write_json_atomic(path, record)
 

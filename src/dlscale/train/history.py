@@ -13,17 +13,19 @@ from dlscale.train.metrics import StepSampler, TimingTotals, starving_advice
 def epoch_record(
     epoch: int,
     step: int,
-    losses: list[float],
+    losses: tuple[float, int],
     validation: tuple[float, float],
     timing: TimingTotals,
     t_start: float,
 ) -> dict:
-    """One entry of run.json's `epochs`: where training stands after `epoch` (0-based)."""
+    """One entry of run.json's `epochs`: where training stands after `epoch` (0-based);
+    `losses`: the sum and count of its steps' training losses."""
     val_loss, val_acc = validation
+    total, count = losses
     return {
         "epoch": epoch + 1,
         "step": step,
-        "train_loss": sum(losses) / len(losses) if losses else None,
+        "train_loss": total / count if count else None,
         "val_loss": val_loss,
         "val_accuracy": val_acc,
         "samples_per_s": timing.samples_per_s,

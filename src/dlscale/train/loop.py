@@ -35,6 +35,12 @@ from dlscale.train.summary import final_figures, worker_summary
 PROGRESS_EVERY_S = 0.1  # how often the reporter hears about steps; per-step calls cost time
 
 
+# Between mid-epoch checkpoints the record is rewritten at most this often: a checkpoint every
+# step would otherwise rewrite it every step. A run stopped short has it brought up to its
+# newest checkpoint by the parent (faults.record_end).
+RECORD_EVERY_S = 10.0
+
+
 class Trainer:
     """Runs one spec on one device: the single strategy, and each trainer of parallel ones."""
 
@@ -111,7 +117,9 @@ class Trainer:
             self.warnings.append(f"loader.pin_memory is ignored on {self.device.type}")
         self.worker_info: dict = {}  # set by a launcher: where this trainer runs
         self.first_step_at: float | None = None
-        self._epoch_losses: list[float] = []
+        # The epoch's training losses so far, summed in step order, and how many.
+        self._epoch_loss: tuple[float, int] = (0.0, 0)
+        self._record_at = 0.0  # when the record was last written (perf_counter)
         self.finished = False
         self.summaries: list[dict | None] | None = None  # every trainer's, once training ends
         self.environment = environment(self.device)
@@ -134,7 +142,8 @@ class Trainer:
         self.step = self.resumed_from = step
         self.started_at = state.get("started_at", self.started_at)  # when the run first began
         if step % self.plan.steps_per_epoch and step == int(state["step"]):
-            self._epoch_losses = [float(loss) for loss in state.get("epoch_losses", [])]
+            saved = state.get("epoch_loss") or (0.0, 0)
+            self._epoch_loss = (float(saved[0]), int(saved[1]))
         if step == 0:  # a ps job stopped before its servers saved an update: say so, not silence
             self.warnings.append(
                 f"--resume: {self.run_dir} holds no trained step (every saved state is the "
@@ -179,9 +188,9 @@ class Trainer:
             "model_source": self.model_source(),
             "started_at": self.started_at,
             # mid-epoch: the epoch's losses so far (its train_loss is their mean at its end)
-            "epoch_losses": list(self._epoch_losses)
+            "epoch_loss": list(self._epoch_loss)
             if self.step % self.plan.steps_per_epoch
-            else [],
+            else [0.0, 0],
         }
         return ckpt.save_checkpoint(self.run_dir, self.step, state, self.spec.checkpoint.keep_last)
 
@@ -263,8 +272,7 @@ class Trainer:
         timing, steps_log = self.history.timing, self.history.steps
         # Resumed mid-epoch: the losses of the epoch's steps before the checkpoint come with it,
         # so the epoch's train_loss is the mean over all its steps.
-        epoch_losses = self._epoch_losses if start_batch else []
-        self._epoch_losses = epoch_losses
+        loss_sum, loss_count = self._epoch_loss if start_batch else (0.0, 0)
         last_report = 0.0
         t_prev = time.perf_counter()  # a step's data wait starts where the last one's ended
         for batch in self.train_loader:
@@ -290,7 +298,8 @@ class Trainer:
             timing.add(split, y.shape[0])
             timing.add_comm(comm_after - comm_s, bytes_after - comm_bytes)
             if loss is not None:
-                epoch_losses.append(loss)
+                loss_sum, loss_count = loss_sum + loss, loss_count + 1
+                self._epoch_loss = (loss_sum, loss_count)
             if steps_log.wants(self.step):
                 steps_log.records.append(self._step_record(epoch, loss, split))
             if t_end - last_report >= PROGRESS_EVERY_S and loss is not None:
@@ -302,8 +311,8 @@ class Trainer:
             if every and self.step % every == 0 and self.step % self.plan.steps_per_epoch:
                 t_save = time.perf_counter()
                 self.save_checkpoint()
-                if self.is_main:  # the record names the step a --resume would continue from
-                    self._write_record("running")
+                if self.is_main and t_save - self._record_at >= RECORD_EVERY_S:
+                    self._write_record("running")  # a stop short refreshes it (record_end)
                 t_prev += time.perf_counter() - t_save  # checkpoint time is not training time
             if self.step >= self.plan.total_steps:
                 break
@@ -356,7 +365,7 @@ class Trainer:
         if not self.is_main:
             return
         record = epoch_record(
-            epoch, self.step, self._epoch_losses, validation, self.history.timing, self.t_start
+            epoch, self.step, self._epoch_loss, validation, self.history.timing, self.t_start
         )
         self.history.epochs.append(record)
         self.reporter.epoch_end(record)
@@ -439,4 +448,5 @@ class Trainer:
         ).to_json()
         with ckpt.naming_intact(self.run_dir):
             write_json_atomic(self.run_dir / "run.json", record)
+        self._record_at = time.perf_counter()
         return record

@@ -23,7 +23,14 @@ def resume_point(run_dir: Path) -> tuple[Path, list[str]]:
     one line when there is none, or none loads."""
     found = ckpt.list_checkpoints(run_dir)
     if not found:
-        raise UserError(f"nothing to resume: no checkpoint in {ckpt.checkpoint_dir(run_dir)}")
+        recorded = (Path(run_dir) / "run.json").exists()
+        why = (
+            " (the run recorded there stopped before its first checkpoint: remove its run.json "
+            "to train there anew, or choose another --out)"
+            if recorded
+            else ""
+        )
+        raise UserError(f"nothing to resume: no checkpoint in {ckpt.checkpoint_dir(run_dir)}{why}")
     skipped: list[tuple[Path, str]] = []
     for _, path in reversed(found):
         try:

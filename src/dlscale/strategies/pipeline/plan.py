@@ -61,9 +61,10 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         if needs_real_tensors(exc):
             raise CannotTrace(
                 f"model '{spec.model.name}' cannot be traced on the meta device to place its "
-                f"pipeline stages ({one_line(exc)}): its forward reads a tensor's values (e.g. "
-                "`if x.sum() > 0`) or uses an op with no meta kernel; a pipeline needs a forward "
-                "whose steps do not depend on the data (single, ddp and ps train it as it is)"
+                f"pipeline stages ({one_line(exc)}): its factory or forward reads a tensor's "
+                "values (e.g. `if x.sum() > 0`) or uses an op with no meta kernel; a pipeline "
+                "needs a model whose steps do not depend on the data (single, ddp and ps train "
+                "it as it is)"
             ) from None
         raise UserError(
             f"model '{spec.model.name}' cannot take samples of shape {tuple(sample.shape)}: "

@@ -97,12 +97,16 @@ def continue_from_checkpoint(
     newer = payload["weights_from"]
     model.load_state_dict(ckpt.load_checkpoint(Path(newer["path"]))["model"])
     server.continue_from(flatten(list(model.parameters()), indices), payload["start_steps"])
-    if newer["shard_step"] is None:  # no shard saved: the checkpoint is all there is
-        if context.rank == 0 and newer["step"] > 0:
+    if newer["shard_step"] is None:  # a shard never saved: the checkpoint is where all begin
+        missing = newer["missing"]
+        saved = len(missing) < server.strategy.servers
+        if context.rank == 0 and (newer["step"] > 0 or saved):
             context.send(
                 "warn",
-                f"--resume: the servers saved no shard: training continues from the checkpoint "
-                f"at step {newer['step']}",
+                f"--resume: server shard(s) {', '.join(map(str, missing))} were never saved: "
+                f"every server starts from the checkpoint at step {newer['step']}, its "
+                "optimizer state anew"
+                + (" (the saved shards' progress set aside)" if saved else ""),
             )
         return
     if context.rank == 0:
@@ -136,10 +140,16 @@ def resume_points(
     the two resumes from the newer: from an epoch checkpoint, every worker starts at its step."""
     strategy: PsStrategy = spec.strategy
     saved_step = int(ckpt.load_checkpoint(resume_from)["step"])
-    if not all(shard_path(run_dir, s).exists() for s in range(strategy.servers)):
-        # Stopped while its processes started, before a server saved its shard: the
+    missing = [s for s in range(strategy.servers) if not shard_path(run_dir, s).exists()]
+    if missing:
+        # Stopped while its processes started, before every server saved its shard: the
         # checkpoint (the starting one, at step 0) is where every worker and server begins.
-        newer = {"path": str(resume_from), "step": saved_step, "shard_step": None}
+        newer = {
+            "path": str(resume_from),
+            "step": saved_step,
+            "shard_step": None,
+            "missing": missing,
+        }
         return dict.fromkeys(map(str, range(strategy.workers)), saved_step), newer
     states = [load_shard(run_dir, s, spec) for s in range(strategy.servers)]
     steps = {

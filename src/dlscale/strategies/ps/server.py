@@ -106,6 +106,7 @@ class ParameterServer:
         with self.cond:
             state = {
                 "spec_hash": self.spec.spec_hash(),
+                "spec": self.spec.model_dump(mode="json"),  # what a --resume compares with
                 "shard": self.shard,
                 "flat": self.flat.detach().clone(),
                 # A copy: state_dict() shares the momentum buffers, which the workers' threads
