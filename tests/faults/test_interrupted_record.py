@@ -40,16 +40,21 @@ def stop_at(monkeypatch, step: int) -> None:
     monkeypatch.setattr(faults.Faults, "check_loss", interrupted)
 
 
+def train_until(monkeypatch, spec: Path, run_dir: Path, step: int, resume: bool = False) -> None:
+    """`api.train` into `run_dir`, stopped by Ctrl-C as it finishes `step`."""
+    with monkeypatch.context() as patch:
+        stop_at(patch, step)
+        with pytest.raises(KeyboardInterrupt):
+            api.train(spec, out_dir=run_dir, resume=resume)
+
+
 def test_a_run_stopped_mid_epoch_records_its_last_checkpoint_and_resumes_its_epoch_loss(
     tmp_path: Path, monkeypatch
 ):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     stopped = tmp_path / "stopped"
-    with monkeypatch.context() as patch:
-        stop_at(patch, 12)
-        with pytest.raises(KeyboardInterrupt):
-            api.train(spec, out_dir=stopped)
+    train_until(monkeypatch, spec, stopped, 12)
     record = json.loads((stopped / "run.json").read_text())
     assert (record["status"], record["error"]) == ("interrupted", "stopped by Ctrl-C")
     on_disk = [str(path) for _, path in list_checkpoints(stopped)]
@@ -68,10 +73,7 @@ def test_a_run_stopped_mid_epoch_records_its_last_checkpoint_and_resumes_its_epo
 def test_a_run_stopped_before_its_first_checkpoint_has_a_record(tmp_path: Path, monkeypatch):
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
-    with monkeypatch.context() as patch:
-        stop_at(patch, 2)
-        with pytest.raises(KeyboardInterrupt):
-            api.train(spec, out_dir=tmp_path / "run")
+    train_until(monkeypatch, spec, tmp_path / "run", 2)
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == "interrupted" and record["checkpoints"] == []
     assert record["final"]["step"] == 0
@@ -94,15 +96,10 @@ def test_a_run_resumed_with_new_checkpoint_settings_resumes_again_and_predicts(
     spec = tmp_path / "spec.yaml"
     spec.write_text(SPEC)
     run_dir = tmp_path / "run"
-    with monkeypatch.context() as patch:
-        stop_at(patch, 12)
-        with pytest.raises(KeyboardInterrupt):
-            api.train(spec, out_dir=run_dir)
+    train_until(monkeypatch, spec, run_dir, 12)
     spec.write_text(SPEC.replace("every_steps: 5", "every_steps: 7"))
-    with monkeypatch.context() as patch:
-        stop_at(patch, 13)  # resumed at 10; its first checkpoint would be at 14
-        with pytest.raises(KeyboardInterrupt):
-            api.train(spec, out_dir=run_dir, resume=True)
+    # resumed at 10; its first checkpoint would be at 14
+    train_until(monkeypatch, spec, run_dir, 13, resume=True)
     assert [step for step, _ in list_checkpoints(run_dir)] == [5, 10]
     assert load_trained(run_dir).step == 10
     record = api.train(spec, out_dir=run_dir, resume=True).to_json()

@@ -241,6 +241,23 @@ def test_a_killed_async_job_resumes_from_its_last_shard_save_and_says_which_step
     assert said_nothing_saved == (worker_0_step == 0)
 
 
+def kill_once(spec: Path, run_dir: Path, ready) -> None:
+    """`dlscale train` into `run_dir`, SIGKILLed (its processes die with it) as soon as
+    `ready()` holds."""
+    job = subprocess.Popen(
+        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 120
+    while not ready():
+        assert job.poll() is None, "training ended before it could be killed"
+        assert time.monotonic() < deadline, "not ready to be killed within 120 s"
+        time.sleep(0.005)
+    job.send_signal(signal.SIGKILL)
+    job.wait(timeout=30)
+
+
 def resumed_at(spec: Path, run_dir: Path, step: int) -> dict:
     """`train --resume` into `run_dir`: it must succeed, say and record `step`; its record."""
     resumed = resume(spec, run_dir)
@@ -268,18 +285,7 @@ def test_a_ps_job_killed_before_any_shard_save_resumes_from_its_epoch_checkpoint
         .replace("checkpoint_every_s: 0.5", "checkpoint_every_s: 3600, data_plane: gloo")
     )  # 20 steps an epoch; no periodic shard save within the run
     run_dir = tmp_path / "run"
-    job = subprocess.Popen(
-        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while not [step for step, _ in list_checkpoints(run_dir) if step > 0]:
-        assert job.poll() is None, "training ended before it could be killed"
-        assert time.monotonic() < deadline, "no epoch checkpoint within 120 s"
-        time.sleep(0.01)
-    job.send_signal(signal.SIGKILL)
-    job.wait(timeout=30)
+    kill_once(spec, run_dir, lambda: any(step > 0 for step, _ in list_checkpoints(run_dir)))
     epoch_step = list_checkpoints(run_dir)[-1][0]
     assert epoch_step > 0 and epoch_step % 20 == 0
     assert _version(run_dir / "checkpoints" / "ps-shard-0.pt") == 0  # the servers saved nothing
@@ -303,18 +309,8 @@ def test_a_ps_job_stopped_before_its_servers_saved_a_shard_resumes_at_step_0(tmp
         .replace("checkpoint_every_s: 0.5", "checkpoint_every_s: 0.5, data_plane: gloo")
     )
     run_dir = tmp_path / "run"
-    job = subprocess.Popen(
-        [DLSCALE, "train", str(spec), "--out", str(run_dir)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while not list_checkpoints(run_dir):
-        assert job.poll() is None, "training ended before it could be stopped"
-        assert time.monotonic() < deadline, "no starting checkpoint within 120 s"
-        time.sleep(0.005)
-    job.send_signal(signal.SIGKILL)  # its processes are still starting: no shard yet
-    job.wait(timeout=30)
+    # SIGKILLed once its starting checkpoint exists: its processes are still starting
+    kill_once(spec, run_dir, lambda: bool(list_checkpoints(run_dir)))
     assert not (run_dir / "checkpoints" / "ps-shard-0.pt").exists()
 
     record = resumed_at(spec, run_dir, 0)
