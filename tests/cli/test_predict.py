@@ -205,6 +205,15 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path):
     assert "not a run folder" in bad(str(tmp_path), str(run["val"]))
     assert "no such input file" in bad(folder, str(tmp_path / "missing.npz"))
     assert "choose a .json or .csv" in bad(folder, str(run["val"]), "--out", "p.txt")
+    # An --out that exists is never replaced: a run's own record, a user's file.
+    record = Path(folder) / "run.json"
+    kept = tmp_path / "keep.csv"
+    kept.write_text("precious\n")
+    for existing in (record, kept):
+        before = existing.read_bytes()
+        said = bad(folder, str(run["val"]), "--out", str(existing))
+        assert f"--out {existing} already exists" in said
+        assert existing.read_bytes() == before
     assert "--precision fp8" in bad(folder, str(run["val"]), "--precision", "fp8")
     assert "--batch-size must be at least 1" in bad(folder, str(run["val"]), "--batch-size", "0")
     assert "runs on the CPU only" in bad(

@@ -20,6 +20,11 @@ def check_out(path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise UserError(f"--out {path}: choose a .json or .csv file")
+    if path.exists() or path.is_symlink():
+        raise UserError(
+            f"--out {path} already exists: predictions would replace it; name a new file, or "
+            "remove it first"
+        )
     return path
 
 
