@@ -196,6 +196,40 @@ def test_sweep_will_not_write_over_another_sweep(tmp_path: Path):
     assert result.exit_code == 2 and "holds a sweep of a different spec" in result.output
 
 
+def test_sweep_will_not_write_into_a_folder_of_other_files(tmp_path: Path):
+    """The defect: a folder holding a user's results.csv and best.yaml had both replaced."""
+    out = tmp_path / "userstuff"
+    out.mkdir()
+    (out / "results.csv").write_text("important\n")
+    result = run("sweep", write_spec(tmp_path, SWEEP), "--out", out)
+    assert result.exit_code == 2, result.output
+    assert f"{out} holds files and no sweep" in " ".join(result.stderr.split())
+    assert sorted(p.name for p in out.iterdir()) == ["results.csv"]
+    assert (out / "results.csv").read_text() == "important\n"
+
+
+@pytest.mark.parametrize(
+    ("broken", "content"),
+    [("sweep.json", '{"broken'), ("sweep.json", ""), ("trials/t000/trial.json", "garbage")],
+)
+def test_a_sweep_resumed_from_a_corrupt_file_says_which_in_one_line(
+    tmp_path: Path, broken: str, content: str
+):
+    """The defect: a torn sweep.json or trial.json made --resume a JSONDecodeError traceback."""
+    spec = write_spec(tmp_path, SWEEP)
+    out = tmp_path / "out"
+    (out / "trials" / "t000").mkdir(parents=True)
+    from dlscale.jobspec import load_spec
+
+    state = {"spec_hash": load_spec(spec).spec_hash(), "spec": str(spec), "started_at": "x"}
+    (out / "sweep.json").write_text(json.dumps(state))
+    (out / broken).write_text(content)
+    result = run("sweep", spec, "--out", out, "--resume")
+    assert result.exit_code == 2, result.output
+    assert f"{out / broken}: not readable as JSON" in " ".join(result.stderr.split())
+    assert "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("kept", ["run.json", "errors.log"])
 def test_an_out_folder_holding_a_runs_record_is_refused_and_kept(tmp_path: Path, kept: str):
     """The defect: only checkpoints were guarded; a failed run's record and errors.log, or a
