@@ -225,6 +225,19 @@ def test_bad_input_is_one_line_and_exit_2(run, tmp_path):
         )
 
 
+def test_a_model_whose_output_is_not_a_number_gives_no_prediction(run, tmp_path):
+    """The defect: weights that diverged (or inputs that overflow the model) printed 'confidence
+    nan%' as a result, counted in the accuracy, and --json wrote NaN, which is not JSON."""
+    copy = tmp_path / "diverged"
+    shutil.copytree(run["folder"] / "run", copy)
+    step, path = ckpt.list_checkpoints(copy)[-1]
+    state = ckpt.load_checkpoint(path)
+    state["model"] = {name: torch.full_like(t, float("nan")) for name, t in state["model"].items()}
+    ckpt.save_checkpoint(copy, step, {k: v for k, v in state.items() if k != "step"}, keep_last=5)
+    said = bad(str(copy), str(run["val"]), "--json")
+    assert "[0]: the model's output is not finite (NaN or ±inf)" in said
+
+
 def test_a_checkpoint_of_another_model_or_spec_is_one_line(run, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(run["folder"] / "run", copy)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import torch
+
 from dlscale.errors import UserError
 from dlscale.infer.inputs import Source
 from dlscale.infer.predictor import Predictor
@@ -31,6 +33,13 @@ def run_sources(
         for x, y, names in source.batches(batch_size):
             predictor.check(x, source.path)
             prediction = predictor.predict(x)
+            finite = torch.isfinite(prediction.logits.reshape(len(names), -1)).all(dim=1)
+            if not bool(finite.all()):
+                first = names[int((~finite).nonzero()[0])]
+                raise UserError(
+                    f"{first}: the model's output is not finite (NaN or ±inf): this input "
+                    "overflows it, or its weights are not numbers; no prediction is given"
+                )
             shown = None if y is None else (y[:, -1] if y.ndim == 2 else y).tolist()
             for index, name in enumerate(names):
                 rows.append(
