@@ -179,6 +179,23 @@ def test_a_language_model_predicts_each_windows_next_token_from_a_text_file(tmp_
     assert [row["label"] for row in result["rows"]] == spans[:, -1].tolist()
     on_npz = predict_json(str(tmp_path / "run"), str(tmp_path / "t.npz"))
     assert on_npz["accuracy"] == record.final.val_accuracy
+    # Token ids past the vocabulary and labels of another shape or range: one line each (were
+    # an IndexError and a RuntimeError traceback, and labels past it were counted as wrong).
+    vocab = record.data.vocab_size
+    cases = {
+        "big.npz": ({"x": np.full((4, 8), vocab + 5)}, f"token id {vocab + 5} is not in"),
+        "short_y.npz": (
+            {"x": windows[:4, :-1], "y": np.arange(4)},
+            "labels of shape (4,); this model's are (N, 8)",
+        ),
+        "far_y.npz": (
+            {"x": windows[:4, :-1], "y": np.full((4, 8), vocab + 1)},
+            f"label {vocab + 1} is not in",
+        ),
+    }
+    for name, (arrays, expected) in cases.items():
+        np.savez(tmp_path / name, **arrays)
+        assert expected in bad(str(tmp_path / "run"), str(tmp_path / name))
 
 
 def bad(*args: str) -> str:

@@ -32,6 +32,8 @@ def run_sources(
     for source in sources:
         for x, y, names in source.batches(batch_size):
             predictor.check(x, source.path)
+            if y is not None:
+                predictor.check_labels(y, x, source.path)
             prediction = predictor.predict(x)
             finite = torch.isfinite(prediction.logits.reshape(len(names), -1)).all(dim=1)
             if not bool(finite.all()):

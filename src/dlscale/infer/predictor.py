@@ -78,6 +78,21 @@ class Predictor:
             raise UserError(f"{where}: {x.dtype}; this model takes int64 token ids")
         if self.input_kind != "tokens" and not x.is_floating_point():
             raise UserError(f"{where}: {x.dtype}; this model takes float32 {self.input_kind}")
+        if self.input_kind == "tokens" and x.numel():
+            _within(x, self.vocab_size, f"{where}: token id", "this model's vocabulary")
+
+    def check_labels(self, y: torch.Tensor, x: torch.Tensor, where: str) -> None:
+        """Labels this model's outputs can be counted against: a class a sample (a token a
+        position for a language model), within its classes; else one line."""
+        expected = tuple(x.shape) if self.input_kind == "tokens" else (x.shape[0],)
+        if tuple(y.shape) != expected:
+            shown = (
+                "(N, " + ", ".join(map(str, expected[1:])) + ")" if len(expected) > 1 else "(N,)"
+            )
+            raise UserError(f"{where}: labels of shape {tuple(y.shape)}; this model's are {shown}")
+        classes = self.vocab_size if self.input_kind == "tokens" else self.num_classes
+        if y.numel():
+            _within(y, classes, f"{where}: label", "this model's classes")
 
     def images(self, sources: Sequence[bytes | str | Path]) -> torch.Tensor:
         """Image files (or their bytes) as one batch (N, C, H, W), decoded as the run's reader
@@ -147,3 +162,13 @@ def load_weights(model: nn.Module, trained: TrainedModel) -> None:
             f"run builds it ({'; '.join(problems)}): a checkpoint of another model or spec"
         )
     model.load_state_dict(saved)
+
+
+def _within(values: torch.Tensor, count: int | None, what: str, among: str) -> None:
+    """One line if any of `values` is outside 0..count-1 (`count` None: not known, not checked)."""
+    if count is None:
+        return
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= count:
+        bad = low if low < 0 else high
+        raise UserError(f"{what} {bad} is not in {among} (0 to {count - 1})")
