@@ -176,6 +176,12 @@ SWEEP = GOOD + "sweep:\n  grid:\n    optimizer.lr: [0.01, 0.1]\n"
         ),
         (GOOD + "sweep:\n  kfold: 3\n  ensemble: 2\n", (), "kfold or ensemble, not both"),
         (SWEEP, ("--parallel", "0"), "--parallel must be at least 1"),
+        (
+            GOOD + "sweep:\n  random:\n    trials: 2\n    space:\n"
+            "      optimizer.lr: {normal: [0, 0.1]}\n",
+            (),
+            "(allowed here: log_uniform, uniform, int, choice)",  # the keys a spec writes
+        ),
         (SWEEP, ("--resume", "--out", "{tmp}/none"), "nothing to resume"),
     ],
 )

@@ -55,7 +55,11 @@ def describe_validation_error(exc: ValidationError) -> str:
     field, owner = _field_path(first["loc"])
     kind = first["type"]
     if kind == "extra_forbidden":
-        allowed = ", ".join(owner.model_fields) if owner is not None else ""
+        allowed = (  # as a spec writes them: a field's alias where it has one
+            ", ".join(f.alias or name for name, f in owner.model_fields.items())
+            if owner is not None
+            else ""
+        )
         text = f"unknown field '{field}'" + (f" (allowed here: {allowed})" if allowed else "")
     elif kind == "missing":
         text = f"{field}: required field is missing"
