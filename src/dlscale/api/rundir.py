@@ -3,7 +3,6 @@ continues from there."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from dlscale.launch.base import WorkerFailed
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.faults import ERROR_LOG, ending_recorded
 from dlscale.train.ownership import claim, claim_new
+from dlscale.train.record import RUN_RECORD, recorded
 from dlscale.train.reporter import Reporter
 from dlscale.train.resume_point import resume_point
 from dlscale.train.run_folder import latest_run_dir
@@ -67,7 +67,7 @@ def refuse_a_previous_run(run_dir: Path, resumable: bool) -> None:
         raise UserError(
             f"{run_dir} already holds checkpoints of a run: {how or 'choose another --out'}"
         )
-    kept = [name for name in ("run.json", ERROR_LOG) if (Path(run_dir) / name).exists()]
+    kept = [name for name in (RUN_RECORD, ERROR_LOG) if (Path(run_dir) / name).exists()]
     if kept:
         raise UserError(
             f"{run_dir} already holds a run's {' and '.join(kept)}{_status(run_dir)} and no "
@@ -78,8 +78,5 @@ def refuse_a_previous_run(run_dir: Path, resumable: bool) -> None:
 
 def _status(run_dir: Path) -> str:
     """' (status: failed)' from the run's record, or nothing."""
-    try:
-        status = json.loads((Path(run_dir) / "run.json").read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return ""
+    status = (recorded(run_dir) or {}).get("status")
     return f" (status: {status})" if isinstance(status, str) else ""

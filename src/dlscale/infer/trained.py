@@ -12,9 +12,8 @@ from dlscale.data.pixels import ImageLayout
 from dlscale.errors import UserError, one_line
 from dlscale.jobspec import parse_spec
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.record import RUN_RECORD
 from dlscale.train.spec_change import bookkeeping_only, written_by
-
-RUN_RECORD = "run.json"
 
 
 @dataclass(frozen=True)

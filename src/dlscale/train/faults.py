@@ -7,7 +7,6 @@ keeps its traceback."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import traceback
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from dlscale.errors import RunFailed, lost_peer, one_line, os_reason
 from dlscale.models.registry import user_code_failure, user_frame
 from dlscale.signals import Terminated
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.record import RUN_RECORD, recorded
 
 ERROR_LOG = "errors.log"
 
@@ -162,19 +162,15 @@ def record_end(run_dir: Path, status: str, reason: str) -> None:
     a job's processes, once they are stopped: the trainer that met the fault may not be the one
     that writes the record, or was stopped writing it. A run that ended before its first record
     (written as training starts) has none."""
-    path = Path(run_dir) / "run.json"
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    if record.get("status") == "running":
+    record = recorded(run_dir)
+    if record is not None and record.get("status") == "running":
         found = ckpt.list_checkpoints(run_dir)
         record.update(status=status, error=reason, checkpoints=[str(path) for _, path in found])
         final = record.get("final")
         if found and isinstance(final, dict) and found[-1][0] > final.get("step", 0):
             final["step"] = found[-1][0]  # where a --resume continues
         with ckpt.naming_intact(run_dir):
-            write_json_atomic(path, record)
+            write_json_atomic(Path(run_dir) / RUN_RECORD, record)
 
 
 @contextlib.contextmanager

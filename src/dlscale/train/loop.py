@@ -25,7 +25,7 @@ from dlscale.train.faults import Faults
 from dlscale.train.history import History, epoch_record
 from dlscale.train.metrics import StepTiming
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
-from dlscale.train.record import RunRecord
+from dlscale.train.record import RUN_RECORD, RunRecord
 from dlscale.train.reporter import NullReporter, Reporter
 from dlscale.train.sampler import GlobalBatchSampler
 from dlscale.train.spec_change import check_resumable
@@ -272,7 +272,8 @@ class Trainer:
         timing, steps_log = self.history.timing, self.history.steps
         # Resumed mid-epoch: the losses of the epoch's steps before the checkpoint come with it,
         # so the epoch's train_loss is the mean over all its steps.
-        loss_sum, loss_count = self._epoch_loss if start_batch else (0.0, 0)
+        if not start_batch:
+            self._epoch_loss = (0.0, 0)
         last_report = 0.0
         t_prev = time.perf_counter()  # a step's data wait starts where the last one's ended
         for batch in self.train_loader:
@@ -298,8 +299,8 @@ class Trainer:
             timing.add(split, y.shape[0])
             timing.add_comm(comm_after - comm_s, bytes_after - comm_bytes)
             if loss is not None:
-                loss_sum, loss_count = loss_sum + loss, loss_count + 1
-                self._epoch_loss = (loss_sum, loss_count)
+                total, count = self._epoch_loss
+                self._epoch_loss = (total + loss, count + 1)
             if steps_log.wants(self.step):
                 steps_log.records.append(self._step_record(epoch, loss, split))
             if t_end - last_report >= PROGRESS_EVERY_S and loss is not None:
@@ -447,6 +448,6 @@ class Trainer:
             **self.exchange.sections(summaries),
         ).to_json()
         with ckpt.naming_intact(self.run_dir):
-            write_json_atomic(self.run_dir / "run.json", record)
+            write_json_atomic(self.run_dir / RUN_RECORD, record)
         self._record_at = time.perf_counter()
         return record

@@ -8,11 +8,24 @@ run.json against it.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 RUN_SCHEMA = "dlscale.run/2"
+RUN_RECORD = "run.json"  # the record's file in a run folder
+
+
+def recorded(run_dir: str | Path) -> dict | None:
+    """The run's record as its run.json holds it, or None where there is none, or it cannot be
+    read or is not a mapping (a stopped run's, a torn file, a user's own)."""
+    try:
+        record = json.loads((Path(run_dir) / RUN_RECORD).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 class _Strict(BaseModel):

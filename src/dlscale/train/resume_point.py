@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dlscale.errors import UserError
 from dlscale.train import checkpoint as ckpt
+from dlscale.train.record import RUN_RECORD
 
 SET_ASIDE_SUFFIX = ".unreadable"
 
@@ -23,11 +24,11 @@ def resume_point(run_dir: Path) -> tuple[Path, list[str]]:
     one line when there is none, or none loads."""
     found = ckpt.list_checkpoints(run_dir)
     if not found:
-        recorded = (Path(run_dir) / "run.json").exists()
+        has_record = (Path(run_dir) / RUN_RECORD).exists()
         why = (
             " (the run recorded there stopped before its first checkpoint: remove its run.json "
             "to train there anew, or choose another --out)"
-            if recorded
+            if has_record
             else ""
         )
         raise UserError(f"nothing to resume: no checkpoint in {ckpt.checkpoint_dir(run_dir)}{why}")

@@ -6,12 +6,12 @@ that record is of the checkpoint's spec."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UserError
 from dlscale.jobspec import Spec, parse_spec
+from dlscale.train.record import recorded
 
 # Hashed fields a resume may change: they decide when checkpoints are written and how many are
 # kept, not what a step computes (threads and the like are outside the hash already).
@@ -44,11 +44,8 @@ def written_by(state: dict, run_dir: Path) -> Spec | None:
     carried = state.get("spec") or (source.get("spec") if isinstance(source, dict) else None)
     if carried is not None:
         return _parsed(carried, saved_hash)
-    try:  # a checkpoint from before checkpoints carried their spec: the run's record
-        record = json.loads((Path(run_dir) / "run.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return _parsed(record.get("spec"), saved_hash) if isinstance(record, dict) else None
+    record = recorded(run_dir)  # a checkpoint from before checkpoints carried their spec
+    return None if record is None else _parsed(record.get("spec"), saved_hash)
 
 
 def bookkeeping_only(earlier: Spec, spec: Spec) -> list[tuple[str, Any, Any]] | None:
