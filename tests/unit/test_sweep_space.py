@@ -242,3 +242,28 @@ def test_optuna_search_draws_within_the_space_and_resumes_unfinished_configurati
     assert resumed.restore(1, drawn[1], None, None)  # it runs again, with the same values
     assert resumed.trials[1].params == drawn[1]
     assert not resumed.restore(2, {"seed": 1}, None, None)  # not this sweep's
+
+
+@pytest.mark.parametrize("kind", ["random", "tpe"])
+def test_a_resumed_drawn_sweep_draws_what_an_uninterrupted_one_would(kind):
+    """An interrupted random sweep resumed with the same seed continues the seed's sequence:
+    the trials still to come are those the sweep would have drawn, none drawn twice and none
+    lost; TPE's random start the same (its first ten of 30 trials are drawn at random)."""
+    spec = sweep_spec(
+        random={
+            "trials": 30,
+            "space": {
+                "optimizer.lr": {"log_uniform": [1e-4, 1e-1]},
+                "batch_size": {"int": [8, 64]},
+                "model.kwargs.hidden": {"choice": [8, 16, 32, 64]},
+            },
+        }
+    )
+    whole = OptunaSearch(kind, spec.sweep.search, True, seed=3)
+    drawn = [whole.next_params(n) for n in range(6)]  # none told yet: TPE is still starting
+    resumed = OptunaSearch(kind, spec.sweep.search, True, seed=3)
+    assert resumed.restore(0, drawn[0], "completed", 0.5)
+    assert resumed.restore(1, drawn[1], "failed", None)
+    assert resumed.restore(2, drawn[2], None, None)  # interrupted: runs again as drawn
+    assert resumed.trials[2].params == drawn[2]
+    assert [resumed.next_params(n) for n in range(3, 6)] == drawn[3:]

@@ -92,6 +92,8 @@ class OptunaSearch:
             sampler = optuna.samplers.RandomSampler(seed=seed)
         direction = "maximize" if maximize else "minimize"
         self.study = optuna.create_study(direction=direction, sampler=sampler)
+        # Where a resumed sweep replays the interrupted one's draws (see `restore`).
+        self.replay = optuna.create_study(direction=direction, sampler=sampler)
         self.trials: dict[int, Any] = {}
 
     def next_params(self, number: int) -> dict[str, Any] | None:
@@ -103,9 +105,15 @@ class OptunaSearch:
 
     def restore(self, number: int, params: dict, status: str | None, value: float | None) -> bool:
         """Tell Optuna about a configuration from an interrupted sweep: a finished one as a past
-        trial, an unfinished one as the next trial it hands out (so it runs with those params)."""
+        trial, an unfinished one as the next trial it hands out (so it runs with those params).
+
+        The seeded sampler draws once more for each, on a study of its own, as the interrupted
+        sweep drew it: the trials drawn after the resume are those an uninterrupted sweep would
+        have drawn next, not the seed's first ones again (a random sweep's exactly; TPE's past
+        its random start models the restored trials)."""
         if set(params) != set(self.distributions):
             return False
+        self.replay.ask(self.distributions)
         if status is None:
             self.study.enqueue_trial(params)
             self.trials[number] = self.study.ask(self.distributions)
