@@ -292,3 +292,27 @@ def test_a_checkpoint_on_its_own_carries_its_model_and_an_old_one_is_one_line(ru
     del state["model_source"]  # as checkpoints were before they carried it
     torch.save(ckpt.sealed({k: v for k, v in state.items() if k != "format"}), alone)
     assert "written before checkpoints carried their model's spec" in bad(str(alone), "x.npz")
+
+
+def test_the_summary_says_when_the_runs_accuracy_was_measured_otherwise(run, tmp_path):
+    """The run's accuracy is beside predict's only as what it is: a bf16 run validated under
+    bf16 autocast (predict's default fp32 may flip a close sample), and an earlier checkpoint
+    is not the step the run's accuracy was measured at."""
+    spec = yaml.safe_load(run["spec"].read_text())
+    spec.update(precision="bf16", steps=10, checkpoint={"every_steps": 5, "keep_last": 3})
+    spec_path = tmp_path / "bf16.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    api.train(spec_path, out_dir=tmp_path / "run")
+    folder = str(tmp_path / "run")
+    as_fp32 = predict_json(folder, str(run["val"]))
+    assert (as_fp32["precision"], as_fp32["run_precision"]) == ("fp32", "bf16")
+    assert as_fp32["run_val_step"] == as_fp32["step"] == 10
+    text = runner.invoke(app, ["predict", folder, str(run["val"])]).output
+    assert "validated in bf16 (--precision bf16 predicts as it did)" in " ".join(text.split())
+    as_run = runner.invoke(app, ["predict", folder, str(run["val"]), "--precision", "bf16"])
+    assert as_run.exit_code == 0 and "validated in" not in as_run.output
+    older = str(tmp_path / "run" / "checkpoints" / "step-00000005.pt")
+    earlier = predict_json(older, str(run["val"]), "--precision", "bf16")
+    assert (earlier["step"], earlier["run_val_step"]) == (5, 10)
+    text = " ".join(runner.invoke(app, ["predict", older, str(run["val"])]).output.split())
+    assert "the run's validation accuracy at step 10" in text

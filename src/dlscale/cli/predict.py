@@ -88,8 +88,16 @@ def summary(result: PredictResult) -> str:
         f"; accuracy {100 * result.accuracy:.2f}% ({result.correct:,} of {result.counted:,}{per})"
     )
     recorded = result.run_val_accuracy
-    if recorded is not None:
-        line += f"; the run's validation accuracy: {100 * recorded:.2f}%"
+    if recorded is None:
+        return line
+    at = result.run_val_step
+    at = f" at step {at}" if at is not None and at != result.step else ""
+    line += f"; the run's validation accuracy{at}: {100 * recorded:.2f}%"
+    if result.run_precision != result.precision:
+        ran = result.run_precision
+        line += f", validated in {ran}" + (
+            f" (--precision {ran} predicts as it did)" if ran == "bf16" else ""
+        )
     return line
 
 

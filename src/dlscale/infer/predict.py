@@ -76,5 +76,7 @@ def run_sources(
         counted=counted or None,
         accuracy=correct / counted if counted else None,
         run_val_accuracy=trained.val_accuracy,
+        run_val_step=trained.val_step,
+        run_precision=trained.precision,
         rows=rows,
     )

@@ -57,6 +57,10 @@ class PredictResult(_Strict):
     counted: int | None
     accuracy: float | None
     run_val_accuracy: float | None  # the run's own final validation accuracy, as recorded
+    run_val_step: int | None = None  # the step it was measured at (`step` may be earlier)
+    # What the run trained and validated at: under bf16 autocast a close sample may fall
+    # otherwise than at predict's fp32.
+    run_precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     rows: list[PredictedRow]
     out: str | None = None  # the file it was also written to (absent from that file itself)
 

@@ -32,6 +32,7 @@ class TrainedModel:
     vocab_size: int | None  # token inputs only
     precision: str  # what it trained (and validated) at
     val_accuracy: float | None  # the run's final validation accuracy, as recorded
+    val_step: int | None  # the step it was measured at
     weights: dict[str, Any]  # the model's state dict
 
     @property
@@ -154,5 +155,6 @@ def load_trained(path: str | Path) -> TrainedModel:
         vocab_size=vocab_size,
         precision=spec.get("precision", "fp32"),
         val_accuracy=final.get("val_accuracy"),
+        val_step=final.get("step") if final.get("val_accuracy") is not None else None,
         weights=state["model"],
     )
