@@ -208,9 +208,18 @@ def bad(*args: str) -> str:
 
 def test_bad_input_is_one_line_and_exit_2(run, tmp_path):
     folder = str(run["folder"] / "run")
-    np.savez(tmp_path / "wide.npz", x=np.zeros((2, 1, 9, 9), np.uint8))
-    assert "shape (2, 1, 9, 9); this model takes (N, 1, 8, 8)" in bad(
-        folder, str(tmp_path / "wide.npz")
+    np.savez(tmp_path / "wide.npz", x=np.zeros((100, 1, 9, 9), np.uint8))
+    assert "wide.npz: samples of shape (1, 9, 9); this model takes (1, 8, 8)" in bad(
+        folder,
+        str(tmp_path / "wide.npz"),  # the file's samples, not predict's batch of 64
+    )
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "notes.pt").write_text("hello\n")
+    assert "empty.pt: not a readable dlscale checkpoint (an empty file)" in bad(
+        str(tmp_path / "empty.pt"), str(tmp_path / "wide.npz")
+    )
+    assert "notes.pt: not a readable dlscale checkpoint (not a torch.save archive)" in bad(
+        str(tmp_path / "notes.pt"), str(tmp_path / "wide.npz")
     )
     (tmp_path / "broken.png").write_bytes(b"\x89PNG not really")
     assert "broken.png: Pillow cannot decode it" in bad(folder, str(tmp_path / "broken.png"))

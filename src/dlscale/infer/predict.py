@@ -31,7 +31,7 @@ def run_sources(
     correct = counted = 0
     for source in sources:
         for x, y, names in source.batches(batch_size):
-            predictor.check(x, source.path)
+            predictor.check(x, source.path, per_sample=True)
             if y is not None:
                 predictor.check_labels(y, x, source.path)
             prediction = predictor.predict(x)

@@ -65,14 +65,18 @@ class Predictor:
     def vocab_size(self) -> int | None:
         return self.trained.vocab_size
 
-    def check(self, x: torch.Tensor, where: str = "inputs") -> None:
+    def check(self, x: torch.Tensor, where: str = "inputs", per_sample: bool = False) -> None:
         """A batch this model takes, or one line saying what it got (from `where`) and what it
-        needs."""
+        needs: the batch's shape, or with `per_sample` (a batch read from a file of any
+        number of samples) one sample's."""
         expected = ("N", *self.input_shape)
         if x.ndim != len(expected) or tuple(x.shape[1:]) != self.input_shape:
+            got, takes = tuple(x.shape), expected
+            if per_sample and x.ndim:
+                got, takes = tuple(x.shape[1:]), self.input_shape
             raise UserError(
-                f"{where}: shape {tuple(x.shape)}; this model takes "
-                f"({', '.join(map(str, expected))}) ({self.input_kind}, as its run trained on)"
+                f"{where}: {'samples of ' if per_sample else ''}shape {got}; this model takes "
+                f"({', '.join(map(str, takes))}) ({self.input_kind}, as its run trained on)"
             )
         if self.input_kind == "tokens" and x.is_floating_point():
             raise UserError(f"{where}: {x.dtype}; this model takes int64 token ids")

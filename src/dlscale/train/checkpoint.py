@@ -4,6 +4,7 @@ with `weights_only=True` and checked against their digest."""
 from __future__ import annotations
 
 import re
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 
 from dlscale.atomic import WriteFailed, write_atomic
-from dlscale.errors import UserError, one_line
+from dlscale.errors import UserError, one_line, os_reason
 from dlscale.signals import interrupt_behind
 from dlscale.train.digest import content_digest
 
@@ -80,6 +81,23 @@ def naming_intact(run_dir: Path) -> Iterator[None]:
         ) from None
 
 
+def unreadable(path: Path, exc: Exception) -> str:
+    """Why torch.load could not read `path`, in words: an empty file, one that is no torch.save
+    archive (text, or another format) and one cut short say so; otherwise torch's own line."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(4)
+        if not head:
+            return "an empty file"
+        if head != b"PK\x03\x04":  # torch.save writes a zip archive
+            return "not a torch.save archive"
+        if not zipfile.is_zipfile(path):
+            return "a torch.save archive cut short: it has no end"
+    except OSError as err:
+        return os_reason(err)
+    return one_line(exc) or type(exc).__name__
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Load with `weights_only=True`: a checkpoint can hold tensors and plain data, never code."""
     try:
@@ -90,7 +108,9 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         stop = interrupt_behind(exc)
         if stop is not None:  # Ctrl-C while loading: the file is not to blame
             raise stop from None
-        raise UserError(f"{path}: not a readable dlscale checkpoint ({one_line(exc)})") from None
+        raise UserError(
+            f"{path}: not a readable dlscale checkpoint ({unreadable(path, exc)})"
+        ) from None
     if not isinstance(state, dict) or state.get("format") not in (FORMAT_VERSION, UNCHECKED_FORMAT):
         raise UserError(f"{path}: not a dlscale checkpoint (format {FORMAT_VERSION} expected)")
     # Checked whenever a digest is there: a flipped byte in `format` must not skip the check.
