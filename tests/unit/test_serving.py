@@ -231,3 +231,24 @@ def test_a_body_without_a_length_is_read_only_up_to_the_limit():
     assert replies[0]["status"] == 413
     assert "at most" in json.loads(replies[1]["body"])["error"]
     assert sum(sent) <= MAX_BODY_BYTES + len(chunk)  # one chunk past the limit, no more
+
+
+class DivergedModel(Model):
+    """A model whose second sample's output is not a number (softmax of NaN logits)."""
+
+    def predict(self, x):
+        from dlscale.infer.predictor import Prediction
+
+        return Prediction([3, 0], [0.9, float("nan")], torch.zeros(2, 10))
+
+
+def test_a_sample_whose_output_is_not_a_number_gets_no_class():
+    """As `predict` gives no prediction for a non-finite output, the endpoint answers that
+    sample with no class (argmax of NaN is a meaningless 0), saying why, and the others as usual."""
+    client = TestClient(build_app(PlainEngine(DivergedModel((2,), "features"), {})))
+    answer = client.post("/predict", json={"inputs": [[0.0, 1.0], [1.0, 0.0]]})
+    assert answer.status_code == 200, answer.text
+    first, second = answer.json()["predictions"]
+    assert first == {"class": 3, "confidence": 0.9}
+    assert second["class"] is None and second["confidence"] is None
+    assert "not finite" in second["error"]

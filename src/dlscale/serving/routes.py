@@ -109,10 +109,16 @@ async def _json_body(request: Request) -> object:
         raise BadInput("the body nests too deeply to be a batch of samples", 400) from None
 
 
+NOT_FINITE = "the model's output is not finite (NaN or ±inf): no prediction is given"
+
+
 def predictions(answer: Answer) -> list[dict]:
-    """One {"class", "confidence"} per sample; a NaN confidence (a diverged model) as null,
-    since JSON has no NaN."""
+    """One {"class", "confidence"} per sample; a sample whose output is not a number (a
+    diverged model, or an input that overflows it) gets none: class and confidence null (JSON
+    has no NaN, and the class of NaN logits means nothing) and an error saying so."""
     return [
-        {"class": cls, "confidence": conf if math.isfinite(conf) else None}
+        {"class": cls, "confidence": conf}
+        if math.isfinite(conf)
+        else {"class": None, "confidence": None, "error": NOT_FINITE}
         for cls, conf in zip(answer.classes, answer.confidence, strict=True)
     ]
