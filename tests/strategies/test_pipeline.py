@@ -410,3 +410,44 @@ def test_a_model_whose_forward_reads_values_is_refused_for_a_pipeline_at_validat
         spec.read_text().replace("strategy: {name: pipeline", "strategy: {name: single}\n#")
     )
     api.validate(single)  # the same model passes where nothing is traced
+
+
+FACTORY_READS_VALUES = """
+import torch
+from torch import nn
+
+
+def seeded():
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10))
+    if model[1].weight.abs().sum() == 0:  # reads a value while it is built
+        raise ValueError("all-zero weights")
+    return model
+"""
+
+
+def test_a_model_whose_factory_reads_values_is_refused_for_a_pipeline_at_validate(
+    tmp_path: Path, monkeypatch
+):
+    """The defect: `validate` passed a pipeline of a model whose factory (not its forward)
+    reads a value, since a factory that cannot run on the meta device is left for train, which
+    then refused it. A pipeline traces the factory there too: validate says so; ddp, which
+    builds real models, still passes."""
+    (tmp_path / "seeded_models.py").write_text(FACTORY_READS_VALUES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: seeded\nmodel: {name: 'seeded_models:seeded'}\ndata: {name: digits}\n"
+        "batch_size: 16\nsteps: 2\ndevice: cpu\n"
+        "strategy: {name: pipeline, stages: 2, microbatches: 2}\n"
+    )
+    expected = "cannot be traced on the meta device to place its pipeline stages"
+    with pytest.raises(UserError, match=expected):
+        api.validate(spec)
+    with pytest.raises(UserError, match=expected):
+        api.train(spec, out_dir=tmp_path / "run")
+    for strategy in ("{name: ddp, workers: 2}", "{name: tensor, degree: 2}"):
+        other = tmp_path / "other.yaml"
+        other.write_text(
+            spec.read_text().replace("{name: pipeline, stages: 2, microbatches: 2}", strategy)
+        )
+        api.validate(other)  # the factory runs on a real device there

@@ -15,7 +15,9 @@ from dlscale.models import build_model
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 
 # A strategy's plan for a model on the meta device and the data (strategies.CHECKS): one
-# UserError where `train` would refuse it.
+# UserError where `train` would refuse it. The model is None where its factory needs real
+# tensors: a strategy that builds it on the meta device at train time too says so (CannotTrace);
+# one that builds it on a real device has nothing to check.
 StrategyCheck = Callable[[Spec, torch.nn.Module, DataBundle], None]
 
 
@@ -40,7 +42,7 @@ def preflight(spec: Spec, plan_strategy: StrategyCheck | None = None) -> DataBun
     except UserError as exc:
         if not needs_real_tensors(exc.__cause__ or exc.__context__):
             raise
-        if model is None:
+        if model is None and plan_strategy is None:
             return data
     if plan_strategy is not None:  # the strategy's own check, given by the caller above
         try:

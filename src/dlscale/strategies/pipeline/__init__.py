@@ -39,7 +39,9 @@ def stage_process(context: WorkerContext, payload: dict) -> dict | None:
 
 def check(spec: Spec, meta_model, data) -> None:
     """What `run` refuses before any process starts, for `validate`: microbatches that do not
-    divide the batch, no split that fits max_memory_per_worker (planned on the meta device)."""
+    divide the batch, no split that fits max_memory_per_worker (planned on the meta device).
+    No model (its factory needs real tensors): tracing it to place the stages fails as `run`'s
+    would (CannotTrace)."""
     plan_stages(spec, meta_model, data, spec.strategy.split)
 
 

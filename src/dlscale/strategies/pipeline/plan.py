@@ -55,17 +55,14 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
             lambda params: build_optimizer(params, spec.optimizer),
             spec.optimizer.name,
         )
-    except UserError:  # the factory's own failure, already one line
-        raise
+    except UserError as exc:  # the factory's own failure, already one line
+        failure = exc.__cause__ or exc.__context__
+        if not needs_real_tensors(failure):
+            raise
+        raise cannot_trace(spec, failure) from None
     except (RuntimeError, ValueError, IndexError, TypeError, NotImplementedError) as exc:
         if needs_real_tensors(exc):
-            raise CannotTrace(
-                f"model '{spec.model.name}' cannot be traced on the meta device to place its "
-                f"pipeline stages ({one_line(exc)}): its factory or forward reads a tensor's "
-                "values (e.g. `if x.sum() > 0`) or uses an op with no meta kernel; a pipeline "
-                "needs a model whose steps do not depend on the data (single, ddp and ps train "
-                "it as it is)"
-            ) from None
+            raise cannot_trace(spec, exc) from None
         raise UserError(
             f"model '{spec.model.name}' cannot take samples of shape {tuple(sample.shape)}: "
             f"{one_line(exc)}"
@@ -83,6 +80,17 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         split,
         local_calibration(),
         strategy.max_memory_per_worker,
+    )
+
+
+def cannot_trace(spec: Spec, exc: BaseException) -> CannotTrace:
+    """The one line for a model whose factory or forward cannot run on the meta device."""
+    return CannotTrace(
+        f"model '{spec.model.name}' cannot be traced on the meta device to place its "
+        f"pipeline stages ({one_line(exc)}): its factory or forward reads a tensor's "
+        "values (e.g. `if x.sum() > 0`) or uses an op with no meta kernel; a pipeline "
+        "needs a model whose steps do not depend on the data (single, ddp and ps train "
+        "it as it is)"
     )
 
 
