@@ -5,21 +5,23 @@ A round: measure the machine (`bench machine --quick` unless --full-machine: mat
 products by shape, bandwidth, per-op cost, dlscale's loop per step, convolution and attention
 rates, elementwise shares), then for every workload train real steps through dlscale's own loop
 (`Trainer.run_epoch` on seeded synthetic data of the model's input shape; each step's time as the
-loop records it, the median after warm-up) and take predicted / measured. Rounds repeat the whole
-(calibration and measurement side by side each time), since this shared machine's speed drifts by
-tens of percent within minutes; each workload's figure is its median ratio over the rounds, printed
-beside every round's, and the spread of its measured step across rounds (max / min). The load
-average is printed with every round. Goal: every median ratio within 0.8–1.2. Beside it, the ratio
-the same calibration gives with every matrix product priced at the square curve's rate for its
-FLOPs instead of its own shape's (the model before the (M, K, N) grid), and the ratio with every
-product at its rate timed hot (where the step's state passes the last-level cache its products are
-priced at the grid timed cold, marked "(cold)"): paired before/afters.
+loop records it, the median after warm-up; at least --min-seconds of timed steps, so a small
+model's median is not four steps that one burst of the host's other work decides) and take
+predicted / measured. Rounds repeat the whole (calibration and measurement side by side each
+time), since this shared machine's speed drifts by tens of percent within minutes; each
+workload's figure is its median ratio over the rounds, printed beside every round's, and the
+spread of its measured step across rounds (max / min). The load average is printed with every
+round. Goal: every median ratio within 0.8–1.2. Beside it, the ratio the same calibration gives
+with every matrix product priced at the square curve's rate for its FLOPs instead of its own
+shape's (the model before the (M, K, N) grid), and the ratio with every product at its rate
+timed hot (where the step's state passes the last-level cache its products are priced at the
+grid timed cold, marked "(cold)"): paired before/afters.
 
 Image models run at reduced inputs (64×64; VGG at 32×32) and GPT-2/BERT at
 reduced sizes (benchmarks/hf_lm.py), so that a round takes minutes on two cores.
 
     .venv/bin/python benchmarks/predict_accuracy.py [--rounds 2] [--quick] [--models mlp,gpt2]
-        [--full-machine] [--threads 1] [--json out.json]
+        [--full-machine] [--threads 1] [--min-seconds 0.5] [--json out.json]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -44,6 +47,7 @@ from dlscale.profiler.target import resolve
 from dlscale.train.loop import Trainer
 
 GOAL = (0.8, 1.2)
+MAX_STEPS = 400  # timed steps of one workload, however small its step
 IMAGE, LM, SEQUENCE = "image", "language_modeling", "classification"
 
 
@@ -99,6 +103,17 @@ def spec_for(case: Case, batch: int, steps: int):
     )
 
 
+def step_counts(args, predicted_s: float) -> tuple[int, int]:
+    """(warm-up, timed) steps for a workload predicted at `predicted_s` a step: at least
+    --warmup and --steps, and enough for --min-seconds of timed steps (a fifth of it warming
+    up), at most MAX_STEPS: four steps of a 2 ms model are 8 ms, which one burst of the host's
+    other work decides."""
+    wanted = math.ceil(args.min_seconds / max(predicted_s, 1e-6))
+    steps = max(args.steps, min(MAX_STEPS, wanted))
+    warmup = max(args.warmup, min(MAX_STEPS // 5, math.ceil(wanted / 5)))
+    return warmup, steps
+
+
 def measured_step_s(case: Case, batch: int, warmup: int, steps: int) -> float:
     """The median step of dlscale's loop, as it records each step, after `warmup` steps."""
     with tempfile.TemporaryDirectory() as scratch:
@@ -151,8 +166,9 @@ def measure_round(cases: list[Case], args) -> list[dict]:
     found = []
     for case in cases:
         for batch in case.batches:
-            measured = measured_step_s(case, batch, args.warmup, args.steps)
             prediction = predicted(case, batch, local)
+            warmup, steps = step_counts(args, prediction.step_s)
+            measured = measured_step_s(case, batch, warmup, steps)
             square = predicted(case, batch, without(local, HOT_GRID, COLD_GRID))
             hot = predicted(case, batch, without(local, COLD_GRID))
             sources = prediction.phase_sources()
@@ -167,6 +183,7 @@ def measure_round(cases: list[Case], args) -> list[dict]:
                 "optimizer_s": prediction.optimizer_s,
                 "roofline_phases": sources["roofline"],
                 "phases": sources["roofline"] + sources["measured"],
+                "timed_steps": steps,
             }
             print(
                 f"  {row['label']:<22} {measured * 1e3:>8.2f}ms {prediction.step_s * 1e3:>8.2f}ms "
@@ -175,7 +192,7 @@ def measure_round(cases: list[Case], args) -> list[dict]:
                 f"{', cold' if prediction.products_cold else ''}) "
                 f"loop {prediction.loop_s * 1e3:.2f} ms, "
                 f"optimizer {prediction.optimizer_s * 1e3:.2f} ms, roofline phases "
-                f"{row['roofline_phases']}/{row['phases']}"
+                f"{row['roofline_phases']}/{row['phases']}, {steps} steps timed"
             )
             found.append(row)
     return found
@@ -239,7 +256,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="machine bench + workloads, repeated")
     parser.add_argument("--steps", type=int, default=8, help="timed steps per workload")
     parser.add_argument("--warmup", type=int, default=3, help="steps before the timed ones")
-    parser.add_argument("--quick", action="store_true", help="4 timed steps after 2 warm-up")
+    parser.add_argument(
+        "--quick", action="store_true", help="at least 4 timed steps after 2 warm-up"
+    )
+    parser.add_argument(
+        "--min-seconds",
+        type=float,
+        default=0.5,
+        help="time at least this much of a workload's steps (more steps for a small model; "
+        "0: exactly --steps)",
+    )
     parser.add_argument("--models", default="", help="comma-separated labels (default: all)")
     parser.add_argument("--full-machine", action="store_true", help="full machine bench")
     parser.add_argument("--json", type=Path, help="write every round's rows here")
