@@ -155,3 +155,31 @@ def test_estimate_shows_the_roofline_when_this_machine_was_measured(tmp_path: Pa
     assert data["ratio"] == data["predicted_step_s"] / data["step_s_median"]
     table = run(*args)
     assert table.exit_code == 0 and "roofline / measured step time" in table.stdout
+
+
+def test_devices_over_every_catalogue_entry_scale_those_with_a_link_and_name_the_rest():
+    """The defect: `--hardware all --devices 1,2` stopped at the first CPU entry (no
+    interconnect or host link). Those are left out of the scaling, named with why; a device
+    asked for alone with no link is still one line."""
+    result = run("profile", "mlp", "--hardware", "a100-40gb,i7-7700k", "--devices", "1,2", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [report["hardware"] for report in data["scaling"]] == ["a100-40gb"]
+    assert list(data["scaling_skipped"]) == ["i7-7700k"]
+    assert "no interconnect or host link" in data["scaling_skipped"]["i7-7700k"]
+    table = run("profile", "mlp", "--hardware", "a100-40gb,i7-7700k", "--devices", "1,2")
+    assert table.exit_code == 0, table.output
+    assert "not scaled: i7-7700k" in " ".join(table.output.split())
+    alone = run("profile", "mlp", "--hardware", "i7-7700k", "--devices", "1,2")
+    assert alone.exit_code == 2 and "no interconnect or host link" in alone.output
+
+
+def test_a_spec_refuses_the_model_options_it_decides_itself():
+    """The defect: with a spec, --kwargs and --tokens were silently ignored (the spec's model
+    profiled), while --input-shape was refused."""
+    spec = EXAMPLES / "lenet-digits.yaml"
+    kwargs = run("profile", spec, "--kwargs", '{"num_classes": 5}', "--hardware", "a100-40gb")
+    assert kwargs.exit_code == 2, kwargs.output
+    assert "--kwargs" in kwargs.output and "model.kwargs" in kwargs.output
+    tokens = run("profile", spec, "--tokens", "--hardware", "a100-40gb")
+    assert tokens.exit_code == 2 and "--tokens" in tokens.output

@@ -31,7 +31,7 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
     hardware; with `scaling.devices` (counts), also on that many of each device, strategy by
     strategy."""
     from dlscale import profiler
-    from dlscale.profiler.scaling_report import scaling_reports
+    from dlscale.profiler.scaling_report import scaling_links, scaling_reports
     from dlscale.profiler.target import resolve
 
     input_shape = list(request.input_shape) if request.input_shape is not None else None
@@ -49,6 +49,8 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
         request.inputs,
     )
     hardware = profile_hardware(request.hardware, request.hardware_files)
+    if scaling.devices:  # a device count with no link for any device: said before the trace
+        scaling_links(hardware, scaling, request.hardware_files)
     result = profiler.profile(workload, hardware)
     if request.inference:
         from dlscale.profiler.inference import check_quantized, predict_inference

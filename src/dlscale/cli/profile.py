@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import typer
@@ -19,6 +20,12 @@ console = output_console()
 
 def parse_names(text: str | None) -> tuple[str, ...] | None:
     return tuple(name.strip() for name in text.split(",") if name.strip()) if text else None
+
+
+def shape_list(text: str) -> str:
+    """`3x64x64` (or `3×64×64`) as `3,64,64`: an x between two numbers separates sizes; any
+    other x is left for the parser to name ('x' is not an integer)."""
+    return re.sub(r"(?<=\d)\s*[x×]\s*(?=\d)", ",", text)
 
 
 @user_errors
@@ -103,9 +110,7 @@ def profile(
         target,
         batch_size=batch,
         input_shape=(
-            tuple(parse_int_list(input_shape.replace("x", ","), "--input-shape"))
-            if input_shape
-            else None
+            tuple(parse_int_list(shape_list(input_shape), "--input-shape")) if input_shape else None
         ),
         precision=precision,
         optimizer=optimizer,

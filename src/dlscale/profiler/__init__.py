@@ -32,6 +32,8 @@ class ProfileResult:
     reports: list[HardwareReport]
     profile_s: float
     scaling: list = field(default_factory=list)  # ScalingReport per device, with --devices
+    # Devices --devices left out, each with why (an entry with no interconnect or host link)
+    scaling_skipped: dict[str, str] = field(default_factory=dict)
     systolic: list = field(default_factory=list)  # SystolicReport per chip, with --dataflow
     inference: list = field(default_factory=list)  # InferenceRow per device, with --inference
 

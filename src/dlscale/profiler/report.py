@@ -211,6 +211,7 @@ def to_json(result: ProfileResult) -> dict:
         "uncounted_ops": trace.uncounted_ops,
         "hardware": [_hardware_json(report) for report in result.reports],
         "scaling": [scaling_json(report) for report in result.scaling],
+        "scaling_skipped": result.scaling_skipped,
         "systolic": [systolic_json(report) for report in result.systolic],
         "inference": [asdict(row) for row in result.inference],
         "profile_s": result.profile_s,
@@ -245,6 +246,8 @@ def render(result: ProfileResult, console: Console) -> None:
                 console.print(Text(calibration_line(hw["calibration"]), style=style))
     if result.scaling:
         render_scaling(result.scaling, console)
+    for name, why in result.scaling_skipped.items():
+        console.print(Text(f"not scaled: {name} ({why})", style="yellow"))
     if result.systolic:
         render_systolic(result.systolic, console)
     if result.inference:

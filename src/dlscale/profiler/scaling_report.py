@@ -91,6 +91,25 @@ def deadline_pick(rows: list[Costed], deadline_s: float) -> Costed | None:
     return min(meeting, key=cost)
 
 
+def scaling_links(
+    hardware: list[Hardware], request: ScalingRequest, link_files: tuple[Path, ...] = ()
+) -> tuple[dict[str, Link], dict[str, str]]:
+    """Each device's link for the scaling (`request.interconnect`, else its own), and the
+    devices left out, each with why: an entry with no such link (a CPU's has none) is left out
+    where others are scaled, and is the error where none would be."""
+    links = load_links(list(link_files))
+    found: dict[str, Link] = {}
+    skipped: dict[str, UserError] = {}
+    for device in hardware:
+        try:
+            found[device.name] = device_link(device, request.interconnect, links)
+        except UserError as exc:
+            skipped[device.name] = exc
+    if not found:
+        raise next(iter(skipped.values()))
+    return found, {name: str(exc) for name, exc in skipped.items()}
+
+
 def scaling_reports(
     profile: ProfileResult, request: ScalingRequest, link_files: tuple[Path, ...] = ()
 ) -> list[ScalingReport]:
@@ -112,6 +131,9 @@ def scaling_reports(
     deadline_s = request.deadline_s
     if deadline_s is not None and not dataset_size:
         raise UserError("--deadline needs the epoch's size: give --dataset-size (or a spec)")
+    device_links, skipped = scaling_links(hardware, request, link_files)
+    profile.scaling_skipped = skipped
+    hardware = [device for device in hardware if device.name in device_links]
     links = load_links(list(link_files))
     network = device_link(hardware[0], request.network, links) if request.nodes > 1 else None
     if workload.sync_batchnorm:  # the spec trains with it: its ddp points pay for it
@@ -119,7 +141,7 @@ def scaling_reports(
     ddp_only = replace(request, strategies=("ddp",))
     reports = []
     for device in hardware:
-        link = device_link(device, request.interconnect, links)
+        link = device_links[device.name]
         points = predict_scaling(
             trace,
             device,

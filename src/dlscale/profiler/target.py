@@ -65,6 +65,17 @@ def resolve(
         raise UserError(f"--input-shape must be positive sizes, e.g. 1,28,28 (got {input_shape})")
     path = Path(target)
     if path.suffix in (".yaml", ".yml") or path.is_file():
+        # The spec decides its model's arguments and whether its samples are tokens.
+        if model_kwargs is not None:
+            raise UserError(
+                "--kwargs applies to a model named on the command line; a spec's model takes "
+                "its model.kwargs: edit them in the spec"
+            )
+        if tokens:
+            raise UserError(
+                "--tokens applies to a model named on the command line; a spec's data says "
+                "whether its samples are tokens"
+            )
         workload = _from_spec(path, batch_size, input_shape, precision, optimizer, dataset_size)
         return _checked(_with_inputs(workload, inputs))
     if inputs is not None and input_shape is None and target not in ZOO:
