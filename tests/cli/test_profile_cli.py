@@ -183,3 +183,11 @@ def test_a_spec_refuses_the_model_options_it_decides_itself():
     assert "--kwargs" in kwargs.output and "model.kwargs" in kwargs.output
     tokens = run("profile", spec, "--tokens", "--hardware", "a100-40gb")
     assert tokens.exit_code == 2 and "--tokens" in tokens.output
+
+
+def test_input_shape_takes_x_between_sizes_and_names_a_bad_part():
+    """The defect: every x became a comma, so `3,x` said `'' is not an integer`."""
+    bad = run("profile", "resnet18", "--input-shape", "3,x", "--hardware", "a100-40gb")
+    assert bad.exit_code == 2 and "'x' is not an integer" in bad.output, bad.output
+    good = run("profile", "mlp", "--input-shape", "1x8x8", "--hardware", "a100-40gb", "--json")
+    assert good.exit_code == 0 and json.loads(good.stdout)["input_shape"] == [1, 8, 8]
