@@ -191,3 +191,34 @@ def test_input_shape_takes_x_between_sizes_and_names_a_bad_part():
     assert bad.exit_code == 2 and "'x' is not an integer" in bad.output, bad.output
     good = run("profile", "mlp", "--input-shape", "1x8x8", "--hardware", "a100-40gb", "--json")
     assert good.exit_code == 0 and json.loads(good.stdout)["input_shape"] == [1, 8, 8]
+
+
+def test_a_global_batch_past_the_epoch_has_no_epoch_time_or_cost():
+    """The defect: a point whose global batch passed the data set was priced as a one-step
+    epoch (one device's rows, and `--dataset-size` under one batch, are refused or floored)."""
+    args = ["profile", "lenet", "--batch", "32", "--hardware", "a100-40gb", "--devices", "1,8"]
+    args += ["--dataset-size", "100", "--strategies", "ddp"]
+    result = run(*args, "--json", "--deadline", "1h")
+    assert result.exit_code == 0, result.output
+    (report,) = json.loads(result.stdout)["scaling"]
+    one, eight = report["points"]
+    assert one["steps_per_epoch"] == 3 and one["epoch_s"] == 3 * one["step_s"]
+    assert eight["global_batch"] == 256 and eight["steps_per_epoch"] == 0
+    assert eight["epoch_s"] is None and eight["cost_epoch"] is None and eight["run_s"] is None
+    assert report["pick"]["devices"] == 1
+    text = " ".join(run(*args).output.split())
+    assert "no full step in an epoch of 100 samples: 8 × ddp (global batch 256)" in text
+
+
+def test_devices_over_nodes_name_the_network_between_them():
+    """The defect: with --nodes and --network the header and JSON named only the link within a
+    node, though the row was bound by the network."""
+    args = ["profile", "resnet50", "--hardware", "h100-sxm", "--devices", "32", "--nodes", "4"]
+    args += ["--network", "eth-10g", "--strategies", "ddp"]
+    result = run(*args, "--json")
+    assert result.exit_code == 0, result.output
+    (report,) = json.loads(result.stdout)["scaling"]
+    assert report["nodes"] == 4 and report["network"]["name"] == "eth-10g"
+    assert report["link"]["name"] == "nvlink4"
+    text = " ".join(run(*args).output.split())
+    assert "between 4 nodes over" in text and "10" in text

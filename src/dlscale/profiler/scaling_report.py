@@ -33,6 +33,9 @@ class Costed:
     cost_run: float | None
     energy_epoch_kwh: float | None  # at TDP: an upper bound
     energy_run_kwh: float | None
+    # Whole global batches in an epoch (None: no data set size); 0 where the global batch passes
+    # the data set: no step, so no epoch time, cost or energy, and never the deadline's pick.
+    steps_per_epoch: int | None = None
 
 
 @dataclass
@@ -45,6 +48,9 @@ class ScalingReport:
     deadline_s: float | None = None
     pick: Costed | None = None
     other_links: dict[str, list[ScalePoint]] = field(default_factory=dict)  # for the plot
+    network: Link | None = None  # between nodes, where the devices span `nodes` of them
+    nodes: int = 1
+    dataset_size: int | None = None  # samples an epoch
     fits_one_device: bool = True  # the whole training step in one device's usable memory
 
 
@@ -64,7 +70,9 @@ def cost_and_energy(hardware: Hardware, seconds: float | None, devices: int = 1)
 def costed(point: ScalePoint, hardware: Hardware, dataset_size: int | None, epochs: int):
     if not dataset_size:
         return Costed(point, None, None, None, None, None, None)
-    steps = max(1, dataset_size // point.global_batch)
+    steps = dataset_size // point.global_batch
+    if steps == 0:
+        return Costed(point, None, None, None, None, None, None, steps_per_epoch=0)
     epoch_s = steps * point.step_s
     cost, energy = cost_and_energy(hardware, epoch_s, point.devices)
     return Costed(
@@ -75,6 +83,7 @@ def costed(point: ScalePoint, hardware: Hardware, dataset_size: int | None, epoc
         cost * epochs if cost is not None else None,
         energy,
         energy * epochs if energy is not None else None,
+        steps,
     )
 
 
@@ -155,6 +164,8 @@ def scaling_reports(
         )
         rows = [costed(p, device, dataset_size, epochs) for p in points]
         report = ScalingReport(device, link, rows, epochs, epochs_from, deadline_s)
+        report.network, report.nodes = network, request.nodes
+        report.dataset_size = dataset_size
         usable = device.memory_bytes * USABLE_MEMORY_FRACTION
         report.fits_one_device = training_memory(trace).total_bytes <= usable
         if deadline_s is not None:
@@ -179,22 +190,28 @@ def scaling_reports(
     return reports
 
 
+def _link_json(link: Link) -> dict:
+    return {
+        "name": link.name,
+        "display_name": link.display_name,
+        "bytes_per_s": link.bytes_per_s,
+        "latency_s": link.latency_s,
+        "efficiency": link.efficiency,
+        "launch_s": link.launch_s,
+        "overlap": link.overlap,
+        "contention": link.contention,
+    }
+
+
 def to_json(report: ScalingReport) -> dict:
     def row(r: Costed) -> dict:
         return {**asdict(r.point), **{k: v for k, v in asdict(r).items() if k != "point"}}
 
     return {
         "hardware": report.hardware.name,
-        "link": {
-            "name": report.link.name,
-            "display_name": report.link.display_name,
-            "bytes_per_s": report.link.bytes_per_s,
-            "latency_s": report.link.latency_s,
-            "efficiency": report.link.efficiency,
-            "launch_s": report.link.launch_s,
-            "overlap": report.link.overlap,
-            "contention": report.link.contention,
-        },
+        "link": _link_json(report.link),
+        "nodes": report.nodes,
+        "network": _link_json(report.network) if report.network else None,
         "price_per_hour": report.hardware.price_per_hour,
         "price_source": report.hardware.price_source,
         "price_date": report.hardware.price_date,
@@ -235,10 +252,11 @@ SCALING_COLUMNS = [
 def render(reports: list[ScalingReport], console: Console) -> None:
     for report in reports:
         hw, link = report.hardware, report.link
-        title = (
-            f"{hw.name} × N over {link.display_name} ({link.bytes_per_s / 1e9:,.1f} GB/s each "
-            f"way × {link.efficiency:.2f}, {link.latency_s * 1e6:.0f} µs)"
-        )
+        title = f"{hw.name} × N over {_link_words(link)}"
+        if report.network is not None:
+            title += (
+                f" within a node, between {report.nodes} nodes over {_link_words(report.network)}"
+            )
         rows = []
         for r in report.rows:
             p = r.point
@@ -284,6 +302,15 @@ def render(reports: list[ScalingReport], console: Console) -> None:
             "whole run": f"whole run = {report.epochs} epoch(s) ({report.epochs_from})",
         }
         print_fitted(console, title, SCALING_COLUMNS, rows, notes)
+        short = [r.point for r in report.rows if r.steps_per_epoch == 0]
+        if short:
+            named = ", ".join(
+                f"{p.devices} × {p.strategy} (global batch {p.global_batch})" for p in short
+            )
+            console.print(
+                f"{hw.name}: no full step in an epoch of {report.dataset_size:,} samples: "
+                f"{named}; no epoch time or cost"
+            )
         for line in where_time_goes([r.point for r in report.rows]):
             console.print(line)
         for line in split_choice(report):
@@ -301,6 +328,13 @@ def render(reports: list[ScalingReport], console: Console) -> None:
                     f"{p.strategy}, whole run {duration(report.pick.run_s)}, "
                     f"{_money(report.pick.cost_run)}"
                 )
+
+
+def _link_words(link: Link) -> str:
+    return (
+        f"{link.display_name} ({link.bytes_per_s / 1e9:,.1f} GB/s each way × "
+        f"{link.efficiency:.2f}, {link.latency_s * 1e6:.0f} µs)"
+    )
 
 
 def where_time_goes(points: list[ScalePoint]) -> list[str]:
