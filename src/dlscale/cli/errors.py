@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from inspect import signature
 from typing import Any
 
 import typer
@@ -23,8 +24,9 @@ def fail(message: str, exit_code: int = 2) -> typer.Exit:
 
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn UserError into 'error: ...' + exit 2, and Ctrl-C into a hint + exit 130 (SIGTERM,
-    raised as Terminated: the same hint, exit 143)."""
+    """Turn UserError into 'error: ...' + exit 2, and Ctrl-C into exit 130 (SIGTERM, raised
+    as Terminated: exit 143), with the hint to continue with --resume where the command has it."""
+    hint = ": continue later with --resume" if "resume" in signature(command).parameters else ""
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -33,10 +35,10 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except UserError as exc:
             raise fail(str(exc), exc.exit_code) from None
         except Terminated:
-            stderr.print("[yellow]terminated (SIGTERM)[/]: continue later with --resume")
+            stderr.print(f"[yellow]terminated (SIGTERM)[/]{hint}", markup=True)
             raise typer.Exit(Terminated.exit_code) from None
         except KeyboardInterrupt:
-            stderr.print("[yellow]interrupted[/]: continue later with --resume", markup=True)
+            stderr.print(f"[yellow]interrupted[/]{hint}", markup=True)
             raise typer.Exit(130) from None
 
     return wrapper
