@@ -222,3 +222,17 @@ def test_devices_over_nodes_name_the_network_between_them():
     assert report["link"]["name"] == "nvlink4"
     text = " ".join(run(*args).output.split())
     assert "between 4 nodes over" in text and "10" in text
+
+
+def test_estimate_says_how_many_steps_warmed_up_and_when_it_timed_past_the_run(tmp_path):
+    """The defect: `--warmup 0` printed `after a warm-up`, and timing more steps than the whole
+    run has went unsaid."""
+    spec = tmp_path / "short.yaml"
+    spec.write_text((EXAMPLES / "mlp-digits.yaml").read_text().replace("epochs: 20", "steps: 6"))
+    cold = " ".join(run("estimate", spec, "--steps", "8", "--warmup", "0").output.split())
+    assert "measured 8 steps with no warm-up" in cold, cold
+    assert "more than the whole run's 6" in cold
+    warm = run("estimate", spec, "--steps", "3", "--warmup", "2", "--json")
+    assert warm.exit_code == 0 and json.loads(warm.stdout)["warmup_steps"] == 2
+    text = " ".join(run("estimate", spec, "--steps", "3", "--warmup", "2").output.split())
+    assert "measured 3 steps after 2 warm-up steps" in text and "whole run's" not in text

@@ -184,8 +184,15 @@ def estimate(
         duration(result.predicted_total_s) if predicted else "-",
     )
     console.print(table)
+    warmed = result.warmup_steps
+    warmed = f"after {warmed} warm-up step{'s' * (warmed != 1)}" if warmed else "with no warm-up"
+    past, total = "", result.total_steps
+    if result.steps_measured > total:
+        past = f" (more than the whole run's {total:,})"
+    elif result.steps_measured + result.warmup_steps > total:
+        past = f" (with the warm-up, more than the whole run's {total:,})"
     console.print(
-        f"measured {result.steps_measured} steps after a warm-up; the whole run adds setup "
+        f"measured {result.steps_measured} steps {warmed}{past}; the whole run adds setup "
         f"({duration(result.setup_s)}) and one validation pass per epoch "
         f"({duration(result.eval_s)} each)."
     )

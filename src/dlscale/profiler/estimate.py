@@ -36,6 +36,7 @@ class Estimate:
     predicted_total_s: float | None
     # Which measurement of this machine the prediction rests on, and whether to trust it.
     calibration: dict | None = None
+    warmup_steps: int = 0  # run before the timed ones
 
     @property
     def ratio(self) -> float | None:
@@ -103,4 +104,5 @@ def estimate(
         predicted_step_s=predicted_step,
         predicted_total_s=predicted_total,
         calibration=calibration(local) if local is not None else None,
+        warmup_steps=warmup,
     )
