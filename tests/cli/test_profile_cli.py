@@ -236,3 +236,15 @@ def test_estimate_says_how_many_steps_warmed_up_and_when_it_timed_past_the_run(t
     assert warm.exit_code == 0 and json.loads(warm.stdout)["warmup_steps"] == 2
     text = " ".join(run("estimate", spec, "--steps", "3", "--warmup", "2").output.split())
     assert "measured 3 steps after 2 warm-up steps" in text and "whole run's" not in text
+
+
+def test_a_device_without_the_asked_precision_says_it_ran_at_another():
+    """The defect: `--precision bf16` on a V100 (no bf16 units) was timed at fp32's rate with
+    only the JSON saying so, and its does-not-fit advice offered bf16 activations."""
+    args = ["profile", "resnet50", "--hardware", "v100-sxm2-16gb,a100-40gb"]
+    text = " ".join(run(*args, "--batch", "64", "--precision", "bf16").output.split())
+    assert "v100-sxm2-16gb: no bf16 peak in its entry: its matrix products are timed at" in text
+    assert "a100-40gb: no bf16 peak" not in text
+    advice = " ".join(run(*args, "--batch", "256").output.split())
+    v100 = next(line for line in advice.split("v100-sxm2-16gb: ") if "does not fit" in line)
+    assert "fp16 activations" in v100 and "bf16" not in v100.split("does not fit")[1][:200]

@@ -191,7 +191,12 @@ def _advice(
     if memory.static_bytes > usable:
         notes.append(split_advice(memory.static_bytes, usable, precision, layers))
     elif not result.fits:
-        bf16 = "bf16 activations, " if precision == "fp32" else ""
+        half = (
+            "fp16"
+            if "fp16" in hardware.peak_flops and "bf16" not in hardware.peak_flops
+            else "bf16"
+        )
+        bf16 = f"{half} activations, " if precision == "fp32" else ""
         devices = max(2, math.ceil(required / usable))  # each holding its share of the need
         offer = accumulation_offer(memory, usable, accumulate)
         keep = ""

@@ -239,6 +239,15 @@ def render(result: ProfileResult, console: Console) -> None:
     if result.reports:
         _print_hardware_table(data["hardware"], console)
         for hw in data["hardware"]:
+            if hw["precision_used"] != data["precision"]:
+                console.print(
+                    Text(
+                        f"{hw['name']}: no {data['precision']} peak in its entry: its matrix "
+                        f"products are timed at {hw['precision_used']}'s rate (memory as "
+                        f"{data['precision']} stores it)",
+                        style="yellow",
+                    )
+                )
             console.print(Text(step_parts_line(hw)))
             console.print(Group(*(Text(f"{hw['name']}: {note}") for note in hw["advice"])))
             if hw["calibration"]:
