@@ -78,3 +78,14 @@ def test_the_macs_column_counts_the_lectures_way():
     assert layers["fc1"]["forward_macs"] == 256 * 120
     text = CliRunner().invoke(app, ["profile", "lenet", "--batch", "1"]).stdout
     assert " MACs ┃" in text and " 86.4 k │  173 k │" in text
+
+
+def test_at_a_narrow_terminal_the_scaling_table_keeps_fits_longest():
+    """The defect: at 70 columns the scaling table left out `fits` (does it fit: the first
+    question) and kept `bound`."""
+    from dlscale.profiler.scaling_report import SCALING_COLUMNS
+
+    keep = {column.header: column.keep for column in SCALING_COLUMNS}
+    assert keep["fits"] < min(
+        k for header, k in keep.items() if header not in ("devices", "strategy", "fits")
+    )

@@ -235,12 +235,12 @@ def _energy(value: float | None) -> str:
 SCALING_COLUMNS = [
     Column("devices", 0),
     Column("strategy", 0, "left"),
-    Column("step", 3),
-    Column("samples/s", 1),
-    Column("efficiency", 2),
-    Column("comm exposed", 5),
-    Column("bound", 4, "left"),
-    Column("fits", 6),
+    Column("step", 2),
+    Column("samples/s", 3),
+    Column("efficiency", 4),
+    Column("comm exposed", 6),
+    Column("bound", 5, "left"),
+    Column("fits", 1),  # does it fit: the first question, the last column left out
     Column("epoch", 8),
     Column("cost / epoch", 9),
     Column("energy / epoch", 11),
