@@ -248,3 +248,37 @@ def test_a_device_without_the_asked_precision_says_it_ran_at_another():
     advice = " ".join(run(*args, "--batch", "256").output.split())
     v100 = next(line for line in advice.split("v100-sxm2-16gb: ") if "does not fit" in line)
     assert "fp16 activations" in v100 and "bf16" not in v100.split("does not fit")[1][:200]
+
+
+TWO_INPUTS = """
+import torch
+
+
+class Two(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(16, 8), torch.nn.Linear(4, 8)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x, y):
+        return self.out(torch.relu(self.a(x) + self.b(y)))
+
+
+def two():
+    return Two()
+
+
+def two_inputs(batch):
+    return (torch.zeros(batch, 16), torch.zeros(batch, 4))
+"""
+
+
+def test_a_model_of_two_inputs_shows_both(tmp_path, monkeypatch):
+    """The defect: the header said `input (16,)` for a forward taking (16,) and (4,)."""
+    (tmp_path / "twonets.py").write_text(TWO_INPUTS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["profile", "twonets:two", "--inputs", "twonets:two_inputs", "--batch", "5"]
+    args += ["--hardware", "a100-40gb"]
+    data = json.loads(run(*args, "--json").stdout)
+    assert data["input_shapes"] == [[16], [4]] and data["input_shape"] == [16]
+    assert "inputs (16,), (4,)" in " ".join(run(*args).output.split())

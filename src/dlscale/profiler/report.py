@@ -201,6 +201,7 @@ def to_json(result: ProfileResult) -> dict:
         "model": workload.model_name,
         "batch_size": trace.batch_size,
         "input_shape": trace.input_shape,
+        "input_shapes": trace.input_shapes,
         "precision": trace.precision,
         "optimizer": trace.optimizer_name,
         "dataset_size": workload.dataset_size,
@@ -228,7 +229,7 @@ def render(result: ProfileResult, console: Console) -> None:
     console.print(
         f"[bold]{data['model']}[/]: {total['params']:,} parameters "
         f"({total['non_trainable_params']:,} not trainable), {batch}, "
-        f"input {tuple(data['input_shape'])}, {data['precision']}, optimizer {data['optimizer']}; "
+        f"{_inputs(data)}, {data['precision']}, optimizer {data['optimizer']}; "
         f"traced on the meta device in {data['profile_s']:.2f} s"
     )
     _print_layer_table(result, console)
@@ -264,6 +265,14 @@ def render(result: ProfileResult, console: Console) -> None:
     console.print(
         f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
     )
+
+
+def _inputs(data: dict) -> str:
+    """'input (3, 32, 32)', or every input of a forward that takes several."""
+    shapes = data["input_shapes"] or [data["input_shape"]]
+    if len(shapes) == 1:
+        return f"input {tuple(shapes[0])}"
+    return "inputs " + ", ".join(str(tuple(shape)) for shape in shapes)
 
 
 def step_parts_line(hw: dict) -> str:

@@ -133,6 +133,9 @@ class StepTrace:
     optimizer_state_bytes: int
     precision: str
     optimizer_name: str
+    # Every input the forward takes, one sample each (a model given --inputs may take several;
+    # input_shape is the first's).
+    input_shapes: list[list[int]] = field(default_factory=list)
 
     @property
     def optimizer_flops(self) -> int:
@@ -324,6 +327,9 @@ def trace_step(
         optimizer_state_bytes=state_bytes,
         precision=precision,
         optimizer_name=optimizer_name,
+        input_shapes=(
+            [list(t.shape[1:]) for t in given] if inputs is not None else [list(sample.shape)]
+        ),
     )
 
 
