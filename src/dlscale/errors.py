@@ -32,6 +32,11 @@ class RunFailed(UserError):
         super().__init__(message, exit_code=1)
 
 
+def a_or_an(word: str) -> str:
+    """'an int', 'a str': the article a type's name takes (by its first letter)."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def one_line(text: str, limit: int = 300) -> str:
     """First non-empty line of an exception message, trimmed, for one-line error reports."""
     for line in str(text).splitlines():

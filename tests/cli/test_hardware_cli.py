@@ -48,7 +48,7 @@ def test_cli_show_prints_every_field_with_sources():
 
 @pytest.mark.parametrize(
     ("name", "expected"),
-    [("nope", "unknown hardware 'nope'; known: "), ("local", "dlscale bench machine")],
+    [("nope", "unknown hardware 'nope' (known: "), ("local", "dlscale bench machine")],
 )
 def test_cli_show_unknown_is_one_line_exit_2(name: str, expected: str):
     result = runner.invoke(app, ["hardware", "show", name])

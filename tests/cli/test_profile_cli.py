@@ -282,3 +282,23 @@ def test_a_model_of_two_inputs_shows_both(tmp_path, monkeypatch):
     data = json.loads(run(*args, "--json").stdout)
     assert data["input_shapes"] == [[16], [4]] and data["input_shape"] == [16]
     assert "inputs (16,), (4,)" in " ".join(run(*args).output.split())
+
+
+def test_small_messages_say_the_right_thing(tmp_path, monkeypatch):
+    """The trial's small ones: 'returned a int', a zero deadline called no duration, a near
+    miss of a device name without a suggestion, a hardware file that is a device said to be
+    missing, and one that is not UTF-8 read as a traceback through the links."""
+    (tmp_path / "badinputs.py").write_text("def five(batch):\n    return 5\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = ["profile", "mlp", "--hardware", "a100-40gb"]
+    said = run(*args, "--inputs", "badinputs:five").output
+    assert "returned an int" in said, said
+    deadline = run(*args, "--devices", "2", "--dataset-size", "1000", "--deadline", "0s")
+    assert deadline.exit_code == 2 and "must be a positive duration" in deadline.output
+    near = run("hardware", "show", "h100")
+    assert near.exit_code == 2 and "did you mean" in near.output and "h100-sxm" in near.output
+    device = run(*args, "--hardware-file", "/dev/null")
+    assert device.exit_code == 2 and "not a regular file" in device.output, device.output
+    (tmp_path / "latin1.toml").write_bytes(b"# caf\xe9\n")
+    binary = run(*args, "--devices", "2", "--hardware-file", tmp_path / "latin1.toml")
+    assert binary.exit_code == 2 and "Traceback" not in binary.output, binary.output

@@ -157,7 +157,8 @@ def test_unknown_hardware_names_the_known_ones():
     with pytest.raises(UserError) as info:
         get_hardware("a100")
     message = str(info.value)
-    assert message.startswith("unknown hardware 'a100'; known: i7-7700k, ")
+    assert message.startswith("unknown hardware 'a100'; did you mean a100-40gb, a100-80gb")
+    assert "(known: i7-7700k, " in message
     assert "a100-40gb" in message and "tpu-v4" in message and "\n" not in message
 
 

@@ -236,7 +236,7 @@ def test_user_factory_with_var_kwargs_gets_only_named_defaults(user_package: str
         ("usermodels.nets:missing", {}, "module 'usermodels.nets' has no attribute 'missing'"),
         ("usermodels.nets:NOT_CALLABLE", {}, "'usermodels.nets:NOT_CALLABLE' is a int, not"),
         ("usermodels.nets:fussy", {}, "model 'usermodels.nets:fussy' could not be built: bad"),
-        ("usermodels.nets:not_a_module", {}, "returned a int, not a torch.nn.Module"),
+        ("usermodels.nets:not_a_module", {}, "returned an int, not a torch.nn.Module"),
         ("usermodels.broken:f", {}, "importing module 'usermodels.broken' failed: RuntimeError"),
         ("usermodels.absent:f", {}, "cannot import module 'usermodels.absent': No module named"),
         (

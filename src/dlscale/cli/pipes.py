@@ -16,7 +16,7 @@ from typing import Any, TextIO
 
 CLOSED_NOTE = (
     "warning: standard output was closed (the command reading it ended): dlscale goes on "
-    "without printing there, and writes its files and record as usual\n"
+    "without printing there, and finishes its work (what it writes to files, it writes)\n"
 )
 
 

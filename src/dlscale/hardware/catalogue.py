@@ -8,6 +8,7 @@ then the `extra_files` a caller passes (the CLI's `--hardware-file`), in the ord
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 import tomllib
@@ -102,7 +103,7 @@ def load_catalogue(extra_files: list[Path] | None = None) -> dict[str, Hardware]
     shipped = resources.files("dlscale.hardware") / "catalogue.toml"
     sources = [(SHIPPED_LABEL, shipped.read_text(encoding="utf-8"))]
     for path in [*user_files(), *(Path(p) for p in extra_files or [])]:
-        sources.append((str(path), _read_text(path)))
+        sources.append((str(path), read_hardware_file(path)))
     catalogue: dict[str, Hardware] = {}
     for label, text in sources:
         for hardware in parse_catalogue(text, label):
@@ -124,7 +125,10 @@ def lookup(catalogue: dict[str, Hardware], name: str) -> Hardware:
             f"no 'local' hardware entry in {local_entry_path()}: "
             "run 'dlscale bench machine' first to measure this machine"
         )
-    raise UserError(f"unknown hardware '{name}'; known: {', '.join(catalogue)}")
+    near = [known for known in catalogue if known.startswith(key)]
+    near = near or difflib.get_close_matches(key, list(catalogue), n=3)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    raise UserError(f"unknown hardware '{name}'{hint} (known: {', '.join(catalogue)})")
 
 
 def get_hardware(name: str, extra_files: list[Path] | None = None) -> Hardware:
@@ -141,9 +145,13 @@ def parse_hardware_list(text: str, extra_files: list[Path] | None = None) -> lis
     return [lookup(catalogue, name) for name in names]
 
 
-def _read_text(path: Path) -> str:
-    if not path.is_file():
+def read_hardware_file(path: Path) -> str:
+    """A user's hardware file's text; one line where it is missing, no regular file, or
+    unreadable."""
+    if not path.exists():
         raise UserError(f"{path}: hardware file not found")
+    if not path.is_file():
+        raise UserError(f"{path}: not a regular file: give a hardware file (TOML)")
     try:
         return path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

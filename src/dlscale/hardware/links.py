@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dlscale.errors import UserError
-from dlscale.hardware.catalogue import user_files
+from dlscale.hardware.catalogue import read_hardware_file, user_files
 from dlscale.hardware.device import Hardware
 
 KINDS = ("pcie", "nvlink", "infinity-fabric", "ici", "infiniband", "ethernet", "loopback")
@@ -92,9 +92,7 @@ def load_links(extra_files: list[Path] | None = None) -> dict[str, Link]:
     shipped = resources.files("dlscale.hardware") / "links.toml"
     texts = [(SHIPPED_LABEL, shipped.read_text(encoding="utf-8"))]
     for path in [*user_files(), *(Path(p) for p in extra_files or [])]:
-        if not path.is_file():
-            raise UserError(f"{path}: hardware file not found")
-        texts.append((str(path), path.read_text(encoding="utf-8")))
+        texts.append((str(path), read_hardware_file(path)))
     links: dict[str, Link] = {}
     for label, text in texts:
         for link in parse_links(text, label):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dlscale.errors import UserError, one_line
+from dlscale.errors import UserError, a_or_an, one_line
 from dlscale.models.alexnet import alexnet, alexnet_2gpu
 from dlscale.models.gpt import gpt
 from dlscale.models.lenet import lenet
@@ -150,7 +150,7 @@ def build_model(name: str, kwargs: dict | None = None, defaults: dict | None = N
         ) from error
     if not isinstance(model, nn.Module):
         kind = type(model).__name__
-        raise UserError(f"model '{name}' returned a {kind}, not a torch.nn.Module")
+        raise UserError(f"model '{name}' returned {a_or_an(kind)}, not a torch.nn.Module")
     return model
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
-from dlscale.errors import UserError
+from dlscale.errors import UserError, a_or_an
 from dlscale.models.registry import user_code_failure
 
 Inputs = tuple[tuple, dict]
@@ -58,7 +58,7 @@ def _split(made: Any, label: str) -> Inputs:
             return tuple(made[0]), dict(made[1])
         return tuple(made), {}
     raise UserError(
-        f"--inputs {label} returned a {type(made).__name__}; return a tensor, a tuple of "
+        f"--inputs {label} returned {a_or_an(type(made).__name__)}; return a tensor, a tuple of "
         "arguments, a dict of keyword arguments, or (args, kwargs)"
     )
 

@@ -153,5 +153,5 @@ def parse_duration(text: str) -> float:
         return units.parse_duration(text)
     except ValueError:
         raise UserError(
-            f"--deadline must be a duration such as 90s, 30m, 2h or 1.5d (got '{text}')"
+            f"--deadline must be a positive duration such as 90s, 30m, 2h or 1.5d (got '{text}')"
         ) from None
