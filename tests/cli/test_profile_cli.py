@@ -302,3 +302,21 @@ def test_small_messages_say_the_right_thing(tmp_path, monkeypatch):
     (tmp_path / "latin1.toml").write_bytes(b"# caf\xe9\n")
     binary = run(*args, "--devices", "2", "--hardware-file", tmp_path / "latin1.toml")
     assert binary.exit_code == 2 and "Traceback" not in binary.output, binary.output
+
+
+def test_plots_replace_only_plots_profile_wrote(tmp_path: Path):
+    """The defect: `--plot DIR` replaced a file of the user's named like a plot
+    (roofline.png) without a word. Plots a profile wrote there may be replaced by the next."""
+    folder = tmp_path / "plots"
+    folder.mkdir()
+    (folder / "roofline.png").write_text("keep")
+    args = ["profile", "lenet", "--hardware", "a100-40gb", "--plot", folder]
+    refused = run(*args)
+    assert refused.exit_code == 2 and "roofline.png" in refused.output, refused.output
+    assert (folder / "roofline.png").read_text() == "keep"
+    assert sorted(p.name for p in folder.iterdir()) == ["roofline.png"]  # nothing written
+    (folder / "roofline.png").unlink()
+    assert run(*args).exit_code == 0
+    again = run(*args)  # its own plots, replaced
+    assert again.exit_code == 0, again.output
+    assert (folder / "roofline.png").read_bytes()[:4] == b"\x89PNG"

@@ -50,7 +50,7 @@ def test_profile_devices_cli_json_plots_and_one_line_errors(tmp_path):
     for bad, message in [
         (["--devices", "0,2"], "--devices: 0 is below the minimum of 1"),
         (["--devices", "2", "--interconnect", "warp"], "unknown link 'warp'"),
-        (["--devices", "2", "--deadline", "soon"], "--deadline must be a duration"),
+        (["--devices", "2", "--deadline", "soon"], "--deadline must be a positive duration"),
         (["--interconnect", "pcie"], "need --devices"),
         (["--devices", "2", "--deadline", "2h"], "--deadline needs the epoch's size"),
         (["--devices", "3", "--nodes", "2", "--network", "ib-hdr"], "--nodes 2 must divide"),

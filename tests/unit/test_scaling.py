@@ -177,7 +177,7 @@ def test_deadline_picks_the_cheapest_run_that_meets_it():
     assert deadline_pick(rows, 3_000).point.devices == 4  # 8 would be cheaper but do not fit
     assert deadline_pick(rows, 500) is None
     assert parse_duration("1.5h") == 5400 and parse_duration("90s") == 90
-    with pytest.raises(UserError, match="--deadline must be a duration"):
+    with pytest.raises(UserError, match="--deadline must be a positive duration"):
         parse_duration("soon")
 
 
@@ -186,7 +186,7 @@ def test_the_requests_are_refused_when_made_before_any_trace():
     for bad, message in [
         ({"strategies": ("ddp",)}, "need --devices"),
         ({"devices": (2,), "epochs": 0}, "--epochs must be a positive number"),
-        ({"devices": (2,), "deadline": "soon"}, "--deadline must be a duration"),
+        ({"devices": (2,), "deadline": "soon"}, "--deadline must be a positive duration"),
         ({"devices": (0, 2)}, r"--devices must be positive counts, e.g. 1,2,4,8 \(got \[0, 2\]\)"),
         ({"devices": (3,), "nodes": 2, "network": "ib-hdr"}, r"--devices \[3\]"),
         ({"devices": (2,), "strategies": ("zz",)}, "--strategies: unknown 'zz'"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
@@ -10,12 +11,22 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from dlscale.atomic import write_atomic
+from dlscale.atomic import write_atomic, write_json_atomic
 from dlscale.errors import UserError, os_reason
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.report import layer_kind
 
 MIB = 2**20
+PLOT_NAMES = (
+    "working_set.png",
+    "memory.png",
+    "compute.png",
+    "roofline.png",
+    "step_time.png",
+    "scaling.png",
+)
+# The plots a profile wrote into a folder: the next may replace those, and only those.
+WRITTEN = ".dlscale-plots.json"
 
 
 def check_plot_folder(folder: Path) -> None:
@@ -32,22 +43,36 @@ def check_plot_folder(folder: Path) -> None:
         tempfile.TemporaryFile(dir=folder).close()  # a file can be made there
     except OSError as exc:
         raise UserError(f"--plot: cannot write into {folder}: {os_reason(exc)}") from None
+    ours = _written(folder)
+    theirs = [name for name in PLOT_NAMES if (folder / name).exists() and name not in ours]
+    if theirs:
+        raise UserError(
+            f"--plot: {folder} holds {', '.join(theirs)}, not written by a profile: the plots "
+            "would replace them; choose another folder or move them"
+        )
+
+
+def _written(folder: Path) -> set[str]:
+    """The plot names a profile recorded writing into `folder` (none where unreadable)."""
+    try:
+        names = json.loads((folder / WRITTEN).read_text())
+    except (OSError, ValueError):
+        return set()
+    return {name for name in names if name in PLOT_NAMES} if isinstance(names, list) else set()
 
 
 def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
     folder = Path(folder)
     check_plot_folder(folder)
-    written = [
-        _working_set(result, folder / "working_set.png"),
-        _memory_pie(result, folder / "memory.png"),
-        _compute(result, folder / "compute.png"),
-    ]
+    plots = [_working_set, _memory_pie, _compute]
     if result.reports:
-        written.append(_roofline(result, folder / "roofline.png"))
-        written.append(_step_time(result, folder / "step_time.png"))
+        plots += [_roofline, _step_time]
     if result.scaling:
-        written.append(_scaling(result, folder / "scaling.png"))
-    return written
+        plots.append(_scaling)
+    names = [PLOT_NAMES[ALL_PLOTS.index(plot)] for plot in plots]
+    # Recorded before any is written: a profile stopped half-way may still replace its own.
+    write_json_atomic(folder / WRITTEN, sorted(_written(folder) | set(names)))
+    return [plot(result, folder / name) for plot, name in zip(plots, names, strict=True)]
 
 
 def _compute(result: ProfileResult, path: Path) -> Path:
@@ -210,3 +235,7 @@ def _step_time(result: ProfileResult, path: Path) -> Path:
     for axes in (left, right):
         axes.tick_params(axis="x", rotation=45)
     return _save(figure, path)
+
+
+# Each plot's writer, in PLOT_NAMES' order.
+ALL_PLOTS = (_working_set, _memory_pie, _compute, _roofline, _step_time, _scaling)
