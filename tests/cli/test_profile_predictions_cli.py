@@ -128,6 +128,10 @@ def test_profile_inference_cli_json_and_one_line_refusals():
     assert done.exit_code == 0, done.output
     (row,) = json.loads(done.output)["inference"]
     assert row["precision"] == row["precision_used"] == "int8" and row["samples_per_s"] > 0
+    # The header says the traced training step is fp32 and the inference int8 (it said fp32).
+    shown = runner.invoke(app, ["profile", "lenet", "--precision", "int8", "--inference"])
+    said = " ".join(shown.output.split())
+    assert "fp32 (the training step; int8 for the inference below)" in said, said
     training = runner.invoke(app, ["profile", "lenet", "--precision", "int8"])
     assert training.exit_code == 2 and "add --inference" in training.output
     gpt = runner.invoke(app, ["profile", "gpt", "--precision", "int8", "--inference"])

@@ -229,7 +229,7 @@ def render(result: ProfileResult, console: Console) -> None:
     console.print(
         f"[bold]{data['model']}[/]: {total['params']:,} parameters "
         f"({total['non_trainable_params']:,} not trainable), {batch}, "
-        f"{_inputs(data)}, {data['precision']}, optimizer {data['optimizer']}; "
+        f"{_inputs(data)}, {_precision(result, data)}, optimizer {data['optimizer']}; "
         f"traced on the meta device in {data['profile_s']:.2f} s"
     )
     _print_layer_table(result, console)
@@ -264,6 +264,17 @@ def render(result: ProfileResult, console: Console) -> None:
         render_inference(result.inference, console)
     console.print(
         f"[dim]{CONVENTIONS['flops']}; {CONVENTIONS['macs']}; {CONVENTIONS['other_flops']}.[/]"
+    )
+
+
+def _precision(result: ProfileResult, data: dict) -> str:
+    """The step's precision; with an inference at another (int8: the training step is traced
+    in fp32), both."""
+    inference = {row.precision for row in result.inference} - {data["precision"]}
+    if not inference:
+        return data["precision"]
+    return (
+        f"{data['precision']} (the training step; {', '.join(inference)} for the inference below)"
     )
 
 
