@@ -315,8 +315,15 @@ def test_plots_replace_only_plots_profile_wrote(tmp_path: Path):
     assert refused.exit_code == 2 and "roofline.png" in refused.output, refused.output
     assert (folder / "roofline.png").read_text() == "keep"
     assert sorted(p.name for p in folder.iterdir()) == ["roofline.png"]  # nothing written
+    from PIL import Image
+
+    Image.new("L", (2, 2)).save(folder / "roofline.png")  # a PNG of the user's own
+    assert run(*args).exit_code == 2 and len(list(folder.iterdir())) == 1
     (folder / "roofline.png").unlink()
+    (folder / "scaling.png").write_text("mine")  # no --devices: no scaling plot is written
     assert run(*args).exit_code == 0
     again = run(*args)  # its own plots, replaced
     assert again.exit_code == 0, again.output
     assert (folder / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    assert (folder / "scaling.png").read_text() == "mine"
+    assert run(*args, "--devices", "2").exit_code == 2  # now it would be

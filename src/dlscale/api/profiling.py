@@ -87,11 +87,13 @@ def profile_json(result) -> dict:
     return to_json(result)
 
 
-def profile_plot_folder(folder: Path) -> None:
-    """One line now, before the profile, if `folder` cannot take the plots (it is a file)."""
-    from dlscale.profiler.plots import check_plot_folder
+def profile_plot_folder(folder: Path, scaling: bool = False) -> None:
+    """One line now, before the profile, if `folder` cannot take the plots (it is a file, or
+    holds a file of a plot's name no profile wrote); `scaling`: --devices was given."""
+    from dlscale.profiler.plots import PLOT_NAMES, SCALING_PLOT, check_plot_folder
 
-    check_plot_folder(Path(folder))
+    names = PLOT_NAMES if scaling else tuple(n for n in PLOT_NAMES if n != SCALING_PLOT)
+    check_plot_folder(Path(folder), names)
 
 
 def profile_plots(result, folder: Path) -> list[Path]:

@@ -135,7 +135,7 @@ def profile(
         sync_batchnorm=sync_batchnorm,
     )
     if plot is not None:
-        profiling.profile_plot_folder(plot)
+        profiling.profile_plot_folder(plot, scaling=bool(scaling.devices))
     result = profiling.profile(request, scaling)
     if as_json:
         print(json.dumps(profiling.profile_json(result), indent=2))

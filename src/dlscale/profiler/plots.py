@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from dlscale.atomic import write_atomic, write_json_atomic
+from dlscale.atomic import write_atomic
 from dlscale.errors import UserError, os_reason
 from dlscale.profiler import ProfileResult
 from dlscale.profiler.report import layer_kind
@@ -25,13 +24,16 @@ PLOT_NAMES = (
     "step_time.png",
     "scaling.png",
 )
-# The plots a profile wrote into a folder: the next may replace those, and only those.
-WRITTEN = ".dlscale-plots.json"
+# Written into every plot's PNG (its Software text): a plot a profile wrote may be replaced by
+# the next; any other file of a plot's name is the user's, and refused.
+SOFTWARE = "dlscale profile"
+SCALING_PLOT = "scaling.png"
 
 
-def check_plot_folder(folder: Path) -> None:
-    """One line, before anything is profiled, when `folder` cannot take the plots: it (or a
-    folder above it) is a file, or it cannot be made or written (read-only, forbidden)."""
+def check_plot_folder(folder: Path, names: tuple[str, ...] = PLOT_NAMES) -> None:
+    """One line, before anything is profiled, when `folder` cannot take the plots `names`: it
+    (or a folder above it) is a file, it cannot be made or written (read-only, forbidden), or it
+    holds a file of a plot's name that no profile wrote."""
     blocker = next((p for p in (folder, *folder.parents) if p.exists() and not p.is_dir()), None)
     if blocker is not None:
         raise UserError(f"--plot: {blocker} is a file, not a folder: give a folder for the plots")
@@ -43,35 +45,36 @@ def check_plot_folder(folder: Path) -> None:
         tempfile.TemporaryFile(dir=folder).close()  # a file can be made there
     except OSError as exc:
         raise UserError(f"--plot: cannot write into {folder}: {os_reason(exc)}") from None
-    ours = _written(folder)
-    theirs = [name for name in PLOT_NAMES if (folder / name).exists() and name not in ours]
+    theirs = [name for name in names if (folder / name).exists() and not _ours(folder / name)]
     if theirs:
         raise UserError(
-            f"--plot: {folder} holds {', '.join(theirs)}, not written by a profile: the plots "
-            "would replace them; choose another folder or move them"
+            f"--plot: {folder} holds {', '.join(theirs)}, not a plot a profile wrote: the plots "
+            "would replace it; choose another folder or move it"
         )
 
 
-def _written(folder: Path) -> set[str]:
-    """The plot names a profile recorded writing into `folder` (none where unreadable)."""
+def _ours(path: Path) -> bool:
+    """A PNG a profile wrote (its Software text; one written before the text was set carries
+    matplotlib's own)."""
+    from PIL import Image
+
     try:
-        names = json.loads((folder / WRITTEN).read_text())
-    except (OSError, ValueError):
-        return set()
-    return {name for name in names if name in PLOT_NAMES} if isinstance(names, list) else set()
+        with Image.open(path) as image:
+            software = str(image.info.get("Software", ""))
+            return image.format == "PNG" and software.startswith((SOFTWARE, "Matplotlib"))
+    except (OSError, ValueError, Image.DecompressionBombError):
+        return False
 
 
 def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
     folder = Path(folder)
-    check_plot_folder(folder)
     plots = [_working_set, _memory_pie, _compute]
     if result.reports:
         plots += [_roofline, _step_time]
     if result.scaling:
         plots.append(_scaling)
-    names = [PLOT_NAMES[ALL_PLOTS.index(plot)] for plot in plots]
-    # Recorded before any is written: a profile stopped half-way may still replace its own.
-    write_json_atomic(folder / WRITTEN, sorted(_written(folder) | set(names)))
+    names = tuple(PLOT_NAMES[ALL_PLOTS.index(plot)] for plot in plots)
+    check_plot_folder(folder, names)
     return [plot(result, folder / name) for plot, name in zip(plots, names, strict=True)]
 
 
@@ -130,7 +133,12 @@ def _save(figure, path: Path) -> Path:
     """Written atomically: a full disk is one line naming the file, and no half a PNG."""
     try:
         figure.tight_layout()
-        write_atomic(path, lambda handle: figure.savefig(handle, format="png", dpi=110))
+        write_atomic(
+            path,
+            lambda handle: figure.savefig(
+                handle, format="png", dpi=110, metadata={"Software": SOFTWARE}
+            ),
+        )
     finally:
         plt.close(figure)
     return path
