@@ -252,3 +252,31 @@ def test_a_sample_whose_output_is_not_a_number_gets_no_class():
     assert first == {"class": 3, "confidence": 0.9}
     assert second["class"] is None and second["confidence"] is None
     assert "not finite" in second["error"]
+
+
+def test_remote_predict_prints_a_sample_with_no_class(tmp_path, monkeypatch):
+    """`dlscale remote predict` printed the class with a number format: a sample answered with
+    no class (its output not a number) was a TypeError traceback."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from typer.testing import CliRunner
+
+    from dlscale.cli import remote
+    from dlscale.cli.main import app
+    from dlscale.serving.routes import predictions
+
+    answer = {
+        "predictions": predictions(SimpleNamespace(classes=[3, 0], confidence=[0.9, float("nan")]))
+    }
+    server = SimpleNamespace(model=lambda *args, **kwargs: answer)
+    monkeypatch.setattr(remote, "connect", lambda url: contextlib.nullcontext(server))
+    body = tmp_path / "in.json"
+    body.write_text('{"inputs": [[0.0, 1.0], [1.0, 0.0]]}')
+    shown = CliRunner().invoke(
+        app, ["remote", "predict", "job1", str(body), "--server", "http://x"]
+    )
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert lines[1].split() == ["0", "3", "0.9000"]
+    assert lines[2].split()[:3] == ["1", "-", "-"] and "not finite" in lines[2]

@@ -331,8 +331,10 @@ def predict(
         return
     print(f"{'sample':>6}  {'class':>5}  confidence")
     for index, row in enumerate(answer["predictions"]):
-        confidence = "-" if row["confidence"] is None else f"{row['confidence']:.4f}"
-        print(f"{index:>6}  {row['class']:>5}  {confidence}")
+        confidence = "-" if row.get("confidence") is None else f"{row['confidence']:.4f}"
+        cls = "-" if row.get("class") is None else row["class"]
+        why = f"  {row['error']}" if row.get("error") else ""  # no prediction: the model's output
+        print(f"{index:>6}  {cls:>5}  {confidence:>10}{why}")
 
 
 @app.command()
