@@ -317,7 +317,9 @@ def test_the_summary_says_when_the_runs_accuracy_was_measured_otherwise(run, tmp
     assert (as_fp32["precision"], as_fp32["run_precision"]) == ("fp32", "bf16")
     assert as_fp32["run_val_step"] == as_fp32["step"] == 10
     text = runner.invoke(app, ["predict", folder, str(run["val"])]).output
-    assert "validated in bf16 (--precision bf16 predicts as it did)" in " ".join(text.split())
+    assert "validated in bf16 (--precision bf16 predicts closer to how it did)" in " ".join(
+        text.split()
+    )
     as_run = runner.invoke(app, ["predict", folder, str(run["val"]), "--precision", "bf16"])
     assert as_run.exit_code == 0 and "validated in" not in as_run.output
     older = str(tmp_path / "run" / "checkpoints" / "step-00000005.pt")
@@ -325,3 +327,16 @@ def test_the_summary_says_when_the_runs_accuracy_was_measured_otherwise(run, tmp
     assert (earlier["step"], earlier["run_val_step"]) == (5, 10)
     text = " ".join(runner.invoke(app, ["predict", older, str(run["val"])]).output.split())
     assert "the run's validation accuracy at step 10" in text
+
+
+def test_the_runs_accuracy_is_placed_at_the_step_its_epoch_ended(run, tmp_path):
+    """An interrupted run's record raises `final.step` to its newest checkpoint, past the
+    epoch whose end measured the accuracy: the step shown is the epoch's."""
+    folder = tmp_path / "copy"
+    shutil.copytree(run["folder"] / "run", folder)
+    record = json.loads((folder / "run.json").read_text())
+    measured_at = record["epochs"][-1]["step"]
+    record["final"]["step"] = measured_at + 7  # as record_end leaves it after a later checkpoint
+    (folder / "run.json").write_text(json.dumps(record))
+    result = predict_json(str(folder), str(run["val"]))
+    assert result["run_val_step"] == measured_at == result["step"]

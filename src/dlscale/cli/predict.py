@@ -96,7 +96,7 @@ def summary(result: PredictResult) -> str:
     if result.run_precision != result.precision:
         ran = result.run_precision
         line += f", validated in {ran}" + (
-            f" (--precision {ran} predicts as it did)" if ran == "bf16" else ""
+            f" (--precision {ran} predicts closer to how it did)" if ran == "bf16" else ""
         )
     return line
 

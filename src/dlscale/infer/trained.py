@@ -129,6 +129,21 @@ def same_model(state: dict, record: dict, run_dir: Path) -> bool:
     return earlier is not None and bookkeeping_only(earlier, current) is None
 
 
+def validated_at(source: dict, final: dict) -> int | None:
+    """The step the run's recorded accuracy was measured at: the end of its last validated
+    epoch (an interrupted run's `final.step` is its newest checkpoint's, past it)."""
+    if final.get("val_accuracy") is None:
+        return None
+    epochs = source.get("epochs")
+    validated = [
+        entry.get("step")
+        for entry in (epochs if isinstance(epochs, list) else [])
+        if isinstance(entry, dict) and entry.get("val_accuracy") is not None
+    ]
+    step = validated[-1] if validated else final.get("step")
+    return step if isinstance(step, int) else None
+
+
 def load_trained(path: str | Path) -> TrainedModel:
     """The run (or checkpoint) at `path`; weights loaded with `weights_only=True` and checked
     against their digest and against the run's spec."""
@@ -155,6 +170,6 @@ def load_trained(path: str | Path) -> TrainedModel:
         vocab_size=vocab_size,
         precision=spec.get("precision", "fp32"),
         val_accuracy=final.get("val_accuracy"),
-        val_step=final.get("step") if final.get("val_accuracy") is not None else None,
+        val_step=validated_at(source, final),
         weights=state["model"],
     )
