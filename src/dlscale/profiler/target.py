@@ -117,9 +117,16 @@ def _with_inputs(workload: Workload, inputs: str | None) -> Workload:
 
 
 def _checked(workload: Workload) -> Workload:
-    """An epoch of fewer samples than one batch has no step: its time would read 0 s."""
-    size, batch = workload.dataset_size, workload.batch_size
-    if size is not None and size < batch:
+    """An epoch of fewer samples than one optimizer step takes (a batch, or the spec's
+    accumulate × batch) has no step: its time would read 0 s."""
+    size, batch, accumulate = workload.dataset_size, workload.batch_size, workload.accumulate
+    if size is not None and size < batch * accumulate:
+        if accumulate > 1:
+            raise UserError(
+                f"{size} training samples per epoch are fewer than one step takes (accumulate "
+                f"{accumulate} × batch {batch} = {batch * accumulate}): an epoch has no step to "
+                "time; give a larger --dataset-size or a smaller --batch"
+            )
         raise UserError(
             f"{size} training samples per epoch are fewer than one batch ({batch}): an epoch "
             "has no step to time; give a larger --dataset-size or a smaller --batch"
