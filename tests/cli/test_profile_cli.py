@@ -338,3 +338,14 @@ def test_an_epoch_of_fewer_samples_than_an_accumulated_step_is_refused(tmp_path)
     short = run(*args, "--dataset-size", "100")
     assert short.exit_code == 2 and "fewer than one step" in short.output, short.output
     assert run(*args, "--dataset-size", "128").exit_code == 0
+
+
+def test_a_v100_too_small_for_the_model_is_offered_fp16():
+    """The same defect as the does-not-fit advice, in its sibling for a model whose state
+    alone passes the device: it offered bf16 on a V100."""
+    kwargs = '{"n_layer": 24, "d_model": 2048, "n_head": 16, "vocab_size": 50304, '
+    kwargs += '"context_length": 256}'
+    args = ["profile", "gpt", "--kwargs", kwargs, "--input-shape", "256", "--tokens"]
+    text = " ".join(run(*args, "--hardware", "v100-sxm2-16gb", "--batch", "1").output.split())
+    assert "optimizer state alone need" in text
+    assert "an optimizer with less state, fp16)" in text and "bf16" not in text

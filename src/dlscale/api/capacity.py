@@ -194,6 +194,13 @@ def host_error(spec: Spec, host: HostNeed, available: int) -> UserError:
     )
 
 
+def gpu_half(device: torch.device) -> str:
+    """The half precision to offer on a GPU: bf16 where it runs it (Ampere and later), else
+    fp16."""
+    with torch.cuda.device(device):
+        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+
+
 def check_gpu(spec: Spec, state: ModelState, device: torch.device) -> None:
     """Each GPU holds a whole model state, or for a pipeline at least its stage's share."""
     stages = spec.strategy.stages
@@ -204,7 +211,7 @@ def check_gpu(spec: Spec, state: ModelState, device: torch.device) -> None:
     if state.total_bytes / stages > usable:
         raise UserError(
             f"model '{spec.model.name}' on {properties.name}: "
-            f"{split_advice(state.total_bytes, usable, spec.precision)}"
+            f"{split_advice(state.total_bytes, usable, spec.precision, half=gpu_half(device))}"
         )
 
 

@@ -71,16 +71,28 @@ def split_strategy(devices: int, layers: int | None = None) -> str:
     return f"{{name: pipeline, stages: {devices}}}"
 
 
+def half_precision(hardware) -> str:
+    """The half precision to offer on `hardware`: fp16 where it has fp16 units and no bf16 (a
+    V100), else bf16."""
+    peaks = hardware.peak_flops
+    return "fp16" if "fp16" in peaks and "bf16" not in peaks else "bf16"
+
+
 def split_advice(
-    static_bytes: int, usable_bytes: int, precision: str = "fp32", layers: int | None = None
+    static_bytes: int,
+    usable_bytes: int,
+    precision: str = "fp32",
+    layers: int | None = None,
+    half: str = "bf16",
 ) -> str:
     """When weights, gradients and optimizer state alone exceed a device: split or shrink.
-    `layers`: the model's leaf modules, where known (a pipeline has no more stages)."""
+    `layers`: the model's leaf modules, where known (a pipeline has no more stages); `half`:
+    the half precision the device runs (`half_precision`)."""
     devices = math.ceil(static_bytes / usable_bytes)
     # Mixed precision keeps fp32 master weights, gradients and state: bf16 shrinks this only
     # where the request is not already bf16/fp16 (then it halves the activations, not this).
     shrink = "fewer parameters, an optimizer with less state" + (
-        ", bf16" if precision == "fp32" else ""
+        f", {half}" if precision == "fp32" else ""
     )
     return (
         "the model does not fit: weights, gradients and optimizer state alone need "
@@ -189,14 +201,11 @@ def _advice(
         f" (accumulate: {accumulate} × batch_size {batch})" if accumulate > 1 else ""
     )
     if memory.static_bytes > usable:
-        notes.append(split_advice(memory.static_bytes, usable, precision, layers))
-    elif not result.fits:
-        half = (
-            "fp16"
-            if "fp16" in hardware.peak_flops and "bf16" not in hardware.peak_flops
-            else "bf16"
+        notes.append(
+            split_advice(memory.static_bytes, usable, precision, layers, half_precision(hardware))
         )
-        bf16 = f"{half} activations, " if precision == "fp32" else ""
+    elif not result.fits:
+        bf16 = f"{half_precision(hardware)} activations, " if precision == "fp32" else ""
         devices = max(2, math.ceil(required / usable))  # each holding its share of the need
         offer = accumulation_offer(memory, usable, accumulate)
         keep = ""
