@@ -120,6 +120,11 @@ def test_a_gpu_holds_a_whole_model_state_and_a_pipeline_stage_its_share(monkeypa
     with pytest.raises(UserError, match="model 'mlp' on Test GPU: the model does not fit"):
         capacity.check_gpu(spec(), state, cuda)
     capacity.check_gpu(spec(strategy={"name": "pipeline", "stages": 2}), state, cuda)  # 8 GiB
+    # The half precision it offers is one the GPU runs: fp16 on a V100 (7.0), bf16 from 8.0.
+    for major, half in ((7, "fp16"), (8, "bf16")):
+        gpu.major = major
+        with pytest.raises(UserError, match=rf"less state, {half}\)"):
+            capacity.check_gpu(spec(), state, cuda)
     host = capacity.host_need(spec(strategy={"name": "ddp", "workers": 2}), state, 0, True, cuda)
     assert (host.model_states, host.state_bytes) == (2, 4 * 2**30)  # only weights on the host
 

@@ -194,11 +194,11 @@ def host_error(spec: Spec, host: HostNeed, available: int) -> UserError:
     )
 
 
-def gpu_half(device: torch.device) -> str:
-    """The half precision to offer on a GPU: bf16 where it runs it (Ampere and later), else
-    fp16."""
-    with torch.cuda.device(device):
-        return "bf16" if torch.cuda.is_bf16_supported(including_emulation=False) else "fp16"
+def gpu_half(properties) -> str:
+    """The half precision to offer on a GPU: bf16 where it has bf16 units (compute capability
+    8.0 and later: Ampere, Hopper, ...), else fp16 (a V100's 7.0)."""
+    major = getattr(properties, "major", None)
+    return "fp16" if isinstance(major, int) and major < 8 else "bf16"
 
 
 def check_gpu(spec: Spec, state: ModelState, device: torch.device) -> None:
@@ -211,7 +211,7 @@ def check_gpu(spec: Spec, state: ModelState, device: torch.device) -> None:
     if state.total_bytes / stages > usable:
         raise UserError(
             f"model '{spec.model.name}' on {properties.name}: "
-            f"{split_advice(state.total_bytes, usable, spec.precision, half=gpu_half(device))}"
+            f"{split_advice(state.total_bytes, usable, spec.precision, half=gpu_half(properties))}"
         )
 
 
