@@ -349,3 +349,11 @@ def test_a_v100_too_small_for_the_model_is_offered_fp16():
     text = " ".join(run(*args, "--hardware", "v100-sxm2-16gb", "--batch", "1").output.split())
     assert "optimizer state alone need" in text
     assert "an optimizer with less state, fp16)" in text and "bf16" not in text
+
+
+def test_bench_batch_refuses_a_spec_in_its_own_words():
+    """`bench batch --model SPEC` said `spec: name: String should match pattern` (the spec's
+    path put in a name), then, after --kwargs was refused with a spec, named --kwargs, which
+    was not given."""
+    said = run("bench", "batch", "--model", EXAMPLES / "lenet-digits.yaml", "--batches", "8")
+    assert said.exit_code == 2 and "not a spec" in said.output and "--kwargs" not in said.output

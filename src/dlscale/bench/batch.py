@@ -65,6 +65,11 @@ def run_batch_bench(
 ) -> dict:
     if not 0 < memory_fraction <= 0.9:
         raise UserError(f"--memory-fraction must be in (0, 0.9] (got {memory_fraction})")
+    if Path(model).suffix in (".yaml", ".yml") or Path(model).is_file():
+        raise UserError(
+            f"--model {model}: a zoo model or package.module:factory, not a spec (its batch "
+            "size is the spec's: `dlscale profile SPEC` says what fits)"
+        )
     dev = bench_device(device)
     kwargs = dict(kwargs or {})
     probe = resolve(model, 1, model_kwargs=kwargs)

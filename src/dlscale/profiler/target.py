@@ -66,7 +66,7 @@ def resolve(
     path = Path(target)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         # The spec decides its model's arguments and whether its samples are tokens.
-        if model_kwargs is not None:
+        if model_kwargs:  # {} is what a caller without --kwargs may pass
             raise UserError(
                 "--kwargs applies to a model named on the command line; a spec's model takes "
                 "its model.kwargs: edit them in the spec"
