@@ -57,7 +57,9 @@ def plan_stages(spec: Spec, model: nn.Module, data, split: str | list[str]) -> S
         )
     except UserError as exc:  # the factory's own failure, already one line
         failure = exc.__cause__ or exc.__context__
-        if not needs_real_tensors(failure):
+        # Only torch's own words for the meta device: a factory's NotImplementedError, or one
+        # about a missing file, is its own failure, said as it is.
+        if failure is None or "meta" not in str(failure).lower():
             raise
         raise cannot_trace(spec, failure) from None
     except (RuntimeError, ValueError, IndexError, TypeError, NotImplementedError) as exc:
