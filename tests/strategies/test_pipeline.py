@@ -385,24 +385,32 @@ def branchy():
 """
 
 
+def pipeline_spec(tmp_path: Path, monkeypatch, module: str, source: str, factory: str) -> Path:
+    """A pipeline spec of `module:factory`, written from `source` into an importable file."""
+    (tmp_path / f"{module}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        f"name: {factory}\nmodel: {{name: '{module}:{factory}'}}\ndata: {{name: digits}}\n"
+        "batch_size: 16\nsteps: 2\ndevice: cpu\n"
+        "strategy: {name: pipeline, stages: 2, microbatches: 2}\n"
+    )
+    return spec
+
+
+UNTRACEABLE = "cannot be traced on the meta device to place its pipeline stages"
+
+
 def test_a_model_whose_forward_reads_values_is_refused_for_a_pipeline_at_validate(
     tmp_path: Path, monkeypatch
 ):
     """The defect: `validate` said valid, then `train` said the model 'cannot take samples of
     shape (1, 8, 8)', which it can (it trains under single). A pipeline places its stages from
     a step traced on the meta device: validate and train both say that is what fails."""
-    (tmp_path / "branchy_models.py").write_text(DATA_DEPENDENT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "name: branchy\nmodel: {name: 'branchy_models:branchy'}\ndata: {name: digits}\n"
-        "batch_size: 16\nsteps: 2\ndevice: cpu\n"
-        "strategy: {name: pipeline, stages: 2, microbatches: 2}\n"
-    )
-    expected = "cannot be traced on the meta device to place its pipeline stages"
-    with pytest.raises(UserError, match=expected):
+    spec = pipeline_spec(tmp_path, monkeypatch, "branchy_models", DATA_DEPENDENT, "branchy")
+    with pytest.raises(UserError, match=UNTRACEABLE):
         api.validate(spec)
-    with pytest.raises(UserError, match=expected) as caught:
+    with pytest.raises(UserError, match=UNTRACEABLE) as caught:
         api.train(spec, out_dir=tmp_path / "run")
     assert "cannot take samples" not in str(caught.value)
     single = tmp_path / "single.yaml"
@@ -432,18 +440,10 @@ def test_a_model_whose_factory_reads_values_is_refused_for_a_pipeline_at_validat
     reads a value, since a factory that cannot run on the meta device is left for train, which
     then refused it. A pipeline traces the factory there too: validate says so; ddp, which
     builds real models, still passes."""
-    (tmp_path / "seeded_models.py").write_text(FACTORY_READS_VALUES)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "name: seeded\nmodel: {name: 'seeded_models:seeded'}\ndata: {name: digits}\n"
-        "batch_size: 16\nsteps: 2\ndevice: cpu\n"
-        "strategy: {name: pipeline, stages: 2, microbatches: 2}\n"
-    )
-    expected = "cannot be traced on the meta device to place its pipeline stages"
-    with pytest.raises(UserError, match=expected):
+    spec = pipeline_spec(tmp_path, monkeypatch, "seeded_models", FACTORY_READS_VALUES, "seeded")
+    with pytest.raises(UserError, match=UNTRACEABLE):
         api.validate(spec)
-    with pytest.raises(UserError, match=expected):
+    with pytest.raises(UserError, match=UNTRACEABLE):
         api.train(spec, out_dir=tmp_path / "run")
     for strategy in ("{name: ddp, workers: 2}", "{name: tensor, degree: 2}"):
         other = tmp_path / "other.yaml"
