@@ -144,11 +144,3 @@ def test_settings_that_only_say_when_a_worker_is_silent_leave_the_spec_hash_alon
     assert spec_with(strategy={**ddp, "workers": 3}).spec_hash() != base
     # The hash of the example spec, as the code before the setting computed it.
     assert load_spec(EXAMPLES / "ddp-digits.yaml").spec_hash() == "bd96f00322a71463"
-
-
-@pytest.mark.parametrize("name", ["pipeline", "hybrid"])
-def test_a_pipeline_of_one_stage_is_refused_at_validation(name):
-    """The defect: `stages: 1` passed validate, then a worker died with a StopIteration
-    traceback (`compare --strategies pipeline --workers 1` made one too)."""
-    strategy = {"name": name, "stages": 1, "microbatches": 2}
-    assert "at least 2 stages" in error_of(strategy=strategy)

@@ -302,11 +302,6 @@ class PipelineStrategy(StrategySection):
 
     @model_validator(mode="after")
     def _split_names_every_boundary(self) -> PipelineStrategy:
-        if self.stages < 2:
-            raise ValueError(
-                f"{self.name} needs at least 2 stages (got {self.stages}): one stage is the "
-                "whole model, strategy single (or ddp for replicas)"
-            )
         if isinstance(self.split, list) and len(self.split) != self.stages - 1:
             raise ValueError(
                 f"split lists the modules that begin stages 2..{self.stages}, so "
