@@ -451,3 +451,13 @@ def test_a_model_whose_factory_reads_values_is_refused_for_a_pipeline_at_validat
             spec.read_text().replace("{name: pipeline, stages: 2, microbatches: 2}", strategy)
         )
         api.validate(other)  # the factory runs on a real device there
+
+
+def test_a_pipeline_of_one_stage_trains(tmp_path: Path):
+    """The defect: one stage (`compare --strategies pipeline --workers 1`, or `stages: 1`) died
+    with a StopIteration traceback: the record written as training starts asked for the slots
+    of zero steps."""
+    spec = {**LENET, "batch_size": 16, "steps": 2}
+    one = parse_spec({**spec, "strategy": {"name": "pipeline", "stages": 1, "microbatches": 2}})
+    record = api.train(one, out_dir=tmp_path / "one")
+    assert record.status == "completed" and record.pipeline["stages"] == 1

@@ -25,6 +25,8 @@ def pipeline_sections(strategy: PipelineStrategy, split: dict, summaries: list) 
         for planned, measured in zip(split["stages"], replica0, strict=True)
     ]
     main = next(s for s in replica0 if s["stage"] == strategy.stages - 1)
+    if not main["steps_run"]:  # the record written as training starts: no step to report yet
+        return {}
     steps = min(main["steps_run"], SLOT_MODEL_STEPS)
     slots = count_slots(strategy.schedule, strategy.stages, strategy.microbatches_run, steps)
     staleness = Counter({int(k): v for k, v in main["staleness"].items()})
