@@ -159,3 +159,20 @@ def test_a_tensor_degree_has_no_global_batch_to_scale_the_rate_for(tmp_path: Pat
     ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 2 and "does not change the global batch" in result.output
+
+
+def test_scale_says_when_the_spec_s_strategy_runs_as_ddp_workers():
+    """The defect: `scale` of a ps, pipeline or hybrid spec ran ddp workers, its table and
+    JSON (`strategy: ddp`, `note: null`) saying nothing of the swap."""
+    import yaml
+
+    from dlscale.bench.scale import scale_result
+
+    raw = yaml.safe_load(SPEC)
+    rows = [{"workers": 1, "samples_per_s": 100.0}, {"workers": 2, "samples_per_s": 190.0}]
+    same = scale_result(parse_spec(raw), "spec.yaml", [dict(r) for r in rows], None, "local", 1)
+    assert same["note"] is None
+    ps = parse_spec({**raw, "strategy": {"name": "ps", "mode": "async", "workers": 2}})
+    swapped = scale_result(ps, "spec.yaml", [dict(r) for r in rows], None, "local", 1)
+    assert swapped["strategy"] == "ddp"
+    assert "strategy ps runs here as ddp workers" in swapped["note"]

@@ -83,6 +83,18 @@ def scale_note(rows: list[dict]) -> str | None:
     )
 
 
+def run_as_note(spec: Spec) -> str | None:
+    """A word where the spec's strategy is not the one `scale` runs (ps, pipeline, hybrid:
+    ddp's workers, for data parallelism's scaling)."""
+    ran, own = scaled_strategy(spec), spec.strategy.name
+    if ran == own or own == "single":
+        return None
+    return (
+        f"the spec's strategy {own} runs here as {ran} workers: scale measures data-parallel "
+        f"scaling (`dlscale compare` sets {own} beside ddp)"
+    )
+
+
 def scale_row(workers: int, record: dict, run_dir: str) -> dict:
     """One run's figures for the scaling table."""
     final = record["final"]
@@ -150,7 +162,7 @@ def scale_result(
         "cluster": cluster,
         "baseline_workers": base["workers"],
         "threads_per_worker": threads,
-        "note": scale_note(rows),
+        "note": "; ".join(n for n in (run_as_note(spec), scale_note(rows)) if n) or None,
         "rows": rows,
     }
 
