@@ -176,3 +176,22 @@ def test_scale_says_when_the_spec_s_strategy_runs_as_ddp_workers():
     swapped = scale_result(ps, "spec.yaml", [dict(r) for r in rows], None, "local", 1)
     assert swapped["strategy"] == "ddp"
     assert "strategy ps runs here as ddp workers" in swapped["note"]
+
+
+def test_a_count_whose_global_batch_passes_the_data_is_refused_before_any_run(tmp_path):
+    """The defect: `scale --workers 1,2,4` of batch 500 on digits (1,437 training samples) ran
+    the 1- and 2-worker runs, then refused the 4-worker one, keeping no scale.json, and the
+    folder it left refused a rerun."""
+    import yaml
+
+    from dlscale.api import experiments
+    from dlscale.errors import UserError
+
+    raw = yaml.safe_load(SPEC)
+    raw.update(batch_size=500, data={"name": "digits"})
+    spec = tmp_path / "big.yaml"
+    spec.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="larger than the training set"):
+        experiments.scale(spec, [1, 2, 4], out, steps=2)
+    assert not out.exists() or not any(out.iterdir())

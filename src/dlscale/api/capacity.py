@@ -108,6 +108,20 @@ def check_trials(trials: list[Spec], cluster: str, what: str = "a trial") -> Non
         check_process_count(processes, what, available_cores())
 
 
+def check_global_batches(runs: list[Spec]) -> None:
+    """Each run's global batch against its training set, before the first of a scale or
+    compare starts: a count whose batch passes the data was refused only when its turn came,
+    after the others had run."""
+    from dlscale.train.plan import Plan
+
+    sizes: dict[str, int] = {}
+    for run in runs:
+        key = run.data.model_dump_json() + f"/{run.seed}"
+        if key not in sizes:
+            sizes[key] = build_data(run.data, run.seed).num_train
+        Plan.of(run, sizes[key], run.strategy.replicas)
+
+
 def check_one_process(spec: Spec) -> None:
     """The memory check for a spec trained in this one process (`estimate` times a few steps)."""
     check_memory(spec.model_copy(update={"strategy": SingleStrategy()}), is_local=True)

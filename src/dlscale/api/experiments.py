@@ -9,7 +9,7 @@ from functools import partial
 from pathlib import Path
 
 from dlscale.api import train
-from dlscale.api.capacity import check_trials
+from dlscale.api.capacity import check_global_batches, check_trials
 from dlscale.api.rundir import refuse_a_previous_run
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.errors import UserError
@@ -71,6 +71,7 @@ def scale(
         n: scaled_spec(spec, n, steps, lr_factor(lr_scaling or "none", n, base)) for n in counts
     }
     check_trials(list(specs.values()), cluster, "a run")
+    check_global_batches(list(specs.values()))
     # Like for like: each worker gets the same threads in every run (Ray gives each one core).
     threads = threads_for(workers, available_cores()) if cluster == "local" else 1
 
@@ -133,6 +134,7 @@ def compare(
     # Every problem is found before the first run starts, not after an hour of training.
     specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
     check_trials(list(specs.values()), cluster, "a run")
+    check_global_batches(list(specs.values()))
     in_process = [name for name, run in specs.items() if run.strategy.in_process]
     if cluster != "local" and in_process:
         raise UserError(
