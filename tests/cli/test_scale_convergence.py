@@ -195,3 +195,19 @@ def test_a_count_whose_global_batch_passes_the_data_is_refused_before_any_run(tm
     with pytest.raises(UserError, match="larger than the training set"):
         experiments.scale(spec, [1, 2, 4], out, steps=2)
     assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.parametrize("command", ["scale", "compare"])
+def test_an_out_holding_earlier_results_is_refused_before_any_run(tmp_path, command):
+    """The defect: a user's scale.json / compare.png in --out were replaced without a word
+    (a bench's --out holding its results is refused)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / f"{command}.png").write_text("mine")
+    args = ["--workers", "1", "--steps", "2"] if command == "scale" else ["--strategies", "single"]
+    said = CliRunner().invoke(app, [command, str(spec), *args, "--out", str(out)])
+    assert said.exit_code == 2 and f"already holds {command}.png" in said.output, said.output
+    assert sorted(p.name for p in out.iterdir()) == [f"{command}.png"]
+    assert (out / f"{command}.png").read_text() == "mine"

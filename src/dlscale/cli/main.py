@@ -170,6 +170,7 @@ def scale(
     from dlscale.cli.scale_view import convergence_table, scale_table
 
     experiments.check_scale_options(lr_scaling, target_accuracy)
+    bench.check_out_dir(out, "scale")  # its scale.json and .png would be replaced at the end
     folder = bench.output_dir("scale", out)
 
     def show(row: dict) -> None:
@@ -223,6 +224,7 @@ def compare(
     from dlscale.cli.progress import percent
 
     names = experiments.parse_strategies(strategies)
+    bench.check_out_dir(out, "compare")  # its compare.json and .png would be replaced at the end
     # Created by the first run, so a bad spec or option leaves no empty folder behind.
     folder = out if out is not None else bench.new_output_dir("compare")
     say = Console(stderr=True, highlight=False) if as_json else console
