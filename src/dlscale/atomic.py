@@ -69,9 +69,11 @@ def temp_beside(path: Path) -> Iterator[tuple[IO[bytes], str]]:
         raise
 
 
-def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+def write_atomic(path: Path, write: Callable[[IO[bytes]], None], shared: bool = False) -> None:
     """Write through `write(file)` into a temp file beside `path`, fsync it, then rename over;
-    an OSError on the way (a full disk) is a WriteFailed naming `path` and the real cause."""
+    an OSError on the way (a full disk) is a WriteFailed naming `path` and the real cause.
+    The file is private (0600, as its temp file is made) unless `shared`: then it takes the mode
+    a plain new file would (0666 less the umask), as data meant for others to read must."""
     path = Path(path)
     recorder = None
     try:
@@ -80,6 +82,8 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             recorder = _Recorder(handle)
             write(recorder)  # type: ignore[arg-type]
             handle.flush()
+            if shared:
+                os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             os.fsync(handle.fileno())
             os.replace(tmp_name, path)
     except BaseException as exc:
@@ -93,9 +97,21 @@ def write_atomic(path: Path, write: Callable[[IO[bytes]], None]) -> None:
     _fsync_dir(path.parent)
 
 
-def write_json_atomic(path: Path, record: Any) -> None:
+def write_json_atomic(path: Path, record: Any, shared: bool = False) -> None:
     text = json.dumps(record, indent=2, sort_keys=False, default=str) + "\n"
-    write_atomic(path, lambda handle: handle.write(text.encode()))
+    write_atomic(path, lambda handle: handle.write(text.encode()), shared)
+
+
+def current_umask() -> int:
+    """This process's umask, read from /proc (setting it to read it back would race with
+    other threads creating files); 0o022 where /proc does not say."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -482,3 +482,13 @@ def test_staging_train_and_val_from_separate_trees_is_allowed(shards: Path, tmp_
     assert record["copied_files"] == 3
     with pytest.raises(UserError, match="inside the data set it copies"):
         stage_spec(spec.model_copy(update={"stage": train / "copy"}))
+
+
+def test_a_data_sets_listing_and_ledger_are_as_readable_as_its_shards(shards: Path, tmp_path):
+    """The defect: dataset.json (and a stage's ledger) were written 0600 through the atomic
+    writer's private temp file, while the shards got the umask's 0644: a data set converted to
+    shared storage could not be read by the others it was staged for."""
+    shard_mode = next(shards.glob("*.tar")).stat().st_mode & 0o777
+    assert (shards / "dataset.json").stat().st_mode & 0o777 == shard_mode
+    stage_data(shards, tmp_path / "local")
+    assert (tmp_path / "local" / LEDGER).stat().st_mode & 0o777 == shard_mode

@@ -68,7 +68,8 @@ def convert(
         else:
             shards = write_shards(data, out, max_bytes, image_format == "png", progress)
             # written whole, and only once the shards are: its presence says they are complete
-            write_json_atomic(out / "dataset.json", dataset_record(data, shards))
+            # Readable as the shards are: a data set is written to be shared.
+            write_json_atomic(out / "dataset.json", dataset_record(data, shards), shared=True)
     except OSError as exc:
         raise UserError(f"cannot write the data set into {out}: {os_reason(exc)}") from None
     return {

@@ -239,7 +239,7 @@ def _source_stat(path: Path) -> os.stat_result:
 
 def _write_ledger(dst_dir: Path, files: dict[str, dict]) -> None:
     """Write beside, then rename: a reader sees the old ledger or the new one, never half."""
-    write_json_atomic(dst_dir / LEDGER, {"files": files})
+    write_json_atomic(dst_dir / LEDGER, {"files": files}, shared=True)
 
 
 @contextmanager
