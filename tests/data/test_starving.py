@@ -76,3 +76,10 @@ def test_a_run_that_decodes_large_images_for_a_tiny_model_is_told_decoding_bound
     warnings = [w for w in record["warnings"] if w.startswith("data loading takes")]
     assert warnings and "decoding bounds it" in warnings[0], record["warnings"]
     assert record["timing"]["decode_s_per_sample"] > record["timing"]["read_s_per_sample"]
+
+
+def test_data_already_staged_is_not_told_to_stage():
+    """The defect: a run reading its staged copy was told to stage the files (data.stage)."""
+    totals = starved(read_s=0.0012, decode_s=0.0001)
+    advice = starving_advice(totals, 1, False, "cpu", staged=True)
+    assert "reading bounds it" in advice and "data.stage" not in advice

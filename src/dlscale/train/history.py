@@ -66,12 +66,14 @@ class History:
             state["starving_warned"],
         )
 
-    def starving_advice(self, loader: LoaderSpec, device_type: str) -> str | None:
+    def starving_advice(
+        self, loader: LoaderSpec, device_type: str, staged: bool = False
+    ) -> str | None:
         """The starving-accelerator warning, once per run."""
         if self.starving_warned:
             return None
         advice = starving_advice(
-            self.timing, loader.workers, loader.pinned_on(device_type), device_type
+            self.timing, loader.workers, loader.pinned_on(device_type), device_type, staged
         )
         self.starving_warned = advice is not None
         return advice

@@ -346,7 +346,8 @@ class Trainer:
     def _check_starving(self) -> None:
         if not self.is_main:
             return
-        advice = self.history.starving_advice(self.spec.loader, self.device.type)
+        staged = getattr(self.spec.data, "stage", None) is not None
+        advice = self.history.starving_advice(self.spec.loader, self.device.type, staged)
         if advice:
             self.warnings.append(advice)
             self.reporter.warn(advice)

@@ -180,10 +180,15 @@ class TimingTotals:
 
 
 def starving_advice(
-    totals: TimingTotals, loader_workers: int, pin_memory: bool, device_type: str
+    totals: TimingTotals,
+    loader_workers: int,
+    pin_memory: bool,
+    device_type: str,
+    staged: bool = False,
 ) -> str | None:
     """The field's 'starving accelerator': a warning naming the cause it measured and the
-    likely fix, or None if the device is fed."""
+    likely fix, or None if the device is fed. `staged`: the files are read from a staged copy
+    already (data.stage), so staging is no fix to offer."""
     if totals.steady_steps < 5 or totals.data_wait_fraction <= STARVING_FRACTION:
         return None
     share = round(100 * totals.data_wait_fraction)
@@ -194,7 +199,7 @@ def starving_advice(
         head += f": {cause}"
     if device_type == "cuda" and not pin_memory:
         fixes.append("set loader.pin_memory: true")
-    if busiest == "reading":
+    if busiest == "reading" and not staged:
         fixes.append("stage the files on local disk (data.stage: DIR)")
     return head + "; " + " and ".join(fixes)
 
