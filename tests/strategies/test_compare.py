@@ -16,7 +16,7 @@ from dlscale.bench.compare import (
     parse_strategies,
     time_to_accuracy,
 )
-from dlscale.bench.experiment_records import CompareResult
+from dlscale.bench.experiment_records import CompareResult, CompareRow
 from dlscale.bench.output import write_outputs
 from dlscale.cli.main import app
 from dlscale.errors import UserError
@@ -304,3 +304,18 @@ def test_compare_ddp_and_async_end_to_end(tmp_path: Path):
     assert data["target_accuracy"] == pytest.approx(0.95 * best)
     assert (out / "compare.png").stat().st_size > 10_000
     assert (out / "ddp" / "run.json").exists() and (out / "async" / "run.json").exists()
+
+
+def test_rows_carry_their_global_batch_and_a_note_says_when_they_differ():
+    """The defect: ddp trained a global batch of 64 beside pipeline, hybrid and tensor at 32,
+    the table showing neither batch nor steps, so the accuracies read as the strategies'."""
+    from dlscale.bench.compare import batch_note
+
+    ddp = {**record([0.7, 0.8], 5.0), "plan": {"global_batch_size": 64}}
+    pipeline = {**record([0.8, 0.9], 5.0), "plan": {"global_batch_size": 32}}
+    rows = [compare_row("ddp", ddp, "ddp"), compare_row("pipeline", pipeline, "pipeline")]
+    assert [row["global_batch"] for row in rows] == [64, 32]
+    note = batch_note(rows)
+    assert "global batches differ" in note and "ddp 64" in note and "pipeline 32" in note
+    assert batch_note([rows[0], compare_row("async", ddp, "async")]) is None
+    assert CompareRow.from_json({**rows[0], "time_to_target_s": None, "epochs_to_target": None})

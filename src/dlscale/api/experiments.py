@@ -91,6 +91,13 @@ def scale(
     return ScaleResult.from_json(predicted)
 
 
+def batch_note(result: CompareResult) -> str | None:
+    """A word where the compared strategies trained different global batches, else None."""
+    from dlscale.bench.compare import batch_note as note
+
+    return note([row.to_json() for row in result.rows])
+
+
 def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -> None:
     """One line for a rule or target `scale` cannot take (before any folder is made)."""
     if lr_scaling is not None and lr_scaling not in LR_SCALINGS:

@@ -107,6 +107,7 @@ def compare_row(name: str, record: dict, run_dir: str, total_s: float | None = N
         "total_s": total_s if total_s is not None else final["wall_s"],
         "samples_per_s": final["train_samples_per_s"],
         "steps": final["step"],
+        "global_batch": (record.get("plan") or {}).get("global_batch_size"),
         "run_dir": run_dir,
         "ps": None,
         "curve": curve,
@@ -115,6 +116,22 @@ def compare_row(name: str, record: dict, run_dir: str, total_s: float | None = N
         ps = record["ps"]
         row["ps"] = {key: ps[key] for key in ("mode", "updates_per_s", "mean_staleness")}
     return row
+
+
+def batch_note(rows: list[dict]) -> str | None:
+    """A word where the strategies trained different global batches (ddp's workers each a
+    batch, a pipeline's stages or a tensor group one between them): their accuracies after the
+    same epochs came from different numbers of steps."""
+    batches = {row["global_batch"] for row in rows if row.get("global_batch") is not None}
+    if len(batches) < 2:
+        return None
+    named = ", ".join(
+        f"{row['strategy']} {row['global_batch']}" for row in rows if row.get("global_batch")
+    )
+    return (
+        f"global batches differ ({named}): the same epochs are a different number of steps, "
+        "so accuracy differs by that as well as by strategy"
+    )
 
 
 def compare_result(

@@ -110,13 +110,15 @@ class CompareRow:
     ps: dict | None  # the parameter servers' mode, updates_per_s and mean_staleness
     time_to_target_s: float | None
     epochs_to_target: int | None
+    global_batch: int | None = None  # samples a step, over every worker (compare.json of old: none)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, document: dict) -> CompareRow:
-        return cls(**{f.name: document[f.name] for f in fields(cls)})
+        given = {f.name: document[f.name] for f in fields(cls) if f.name in document}
+        return cls(**given)
 
 
 @dataclass(frozen=True)

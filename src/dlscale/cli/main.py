@@ -243,8 +243,9 @@ def compare(
         return
     table = Table(title=f"{result.model}: strategies compared, {workers} workers ({cluster})")
     table.add_column("strategy", style="bold")
-    for column in ("workers", "accuracy", "wall", "samples/s", "time to target"):
+    for column in ("workers", "global batch", "steps", "accuracy", "wall", "samples/s"):
         table.add_column(column, justify="right")
+    table.add_column("time to target", justify="right")
     for row in result.rows:
         reached = row.time_to_target_s
         to_target = "not reached"
@@ -253,6 +254,8 @@ def compare(
         table.add_row(
             row.strategy,
             str(row.workers),
+            "-" if row.global_batch is None else str(row.global_batch),
+            f"{row.steps:,}",
             percent(row.val_accuracy),
             f"{row.total_s:.1f} s",
             f"{row.samples_per_s:,.0f}",
@@ -265,6 +268,9 @@ def compare(
         "to its first epoch end at or above it; wall: the whole run, process start-up included"
         + (f"; fastest: {result.fastest_to_target}" if result.fastest_to_target else "")
     )
+    note = experiments.batch_note(result)
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
     console.print(f"wrote {json_path} and {png_path}")
 
 
