@@ -31,6 +31,7 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
     hardware; with `scaling.devices` (counts), also on that many of each device, strategy by
     strategy."""
     from dlscale import profiler
+    from dlscale.hardware.links import load_links
     from dlscale.profiler.scaling_report import scaling_links, scaling_reports
     from dlscale.profiler.target import resolve
 
@@ -50,7 +51,7 @@ def profile(request: ProfileRequest, scaling: ScalingRequest = ScalingRequest())
     )
     hardware = profile_hardware(request.hardware, request.hardware_files)
     if scaling.devices:  # a device count with no link for any device: said before the trace
-        scaling_links(hardware, scaling, request.hardware_files)
+        scaling_links(hardware, scaling, load_links(list(request.hardware_files)))
     result = profiler.profile(workload, hardware)
     if request.inference:
         from dlscale.profiler.inference import check_quantized, predict_inference
@@ -90,10 +91,9 @@ def profile_json(result) -> dict:
 def profile_plot_folder(folder: Path, scaling: bool = False) -> None:
     """One line now, before the profile, if `folder` cannot take the plots (it is a file, or
     holds a file of a plot's name no profile wrote); `scaling`: --devices was given."""
-    from dlscale.profiler.plots import PLOT_NAMES, SCALING_PLOT, check_plot_folder
+    from dlscale.profiler.plots import check_plot_folder, plot_names
 
-    names = PLOT_NAMES if scaling else tuple(n for n in PLOT_NAMES if n != SCALING_PLOT)
-    check_plot_folder(Path(folder), names)
+    check_plot_folder(Path(folder), plot_names(devices=True, scaling=scaling))
 
 
 def profile_plots(result, folder: Path) -> list[Path]:

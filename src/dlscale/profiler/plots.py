@@ -27,7 +27,6 @@ PLOT_NAMES = (
 # Written into every plot's PNG (its Software text): a plot a profile wrote may be replaced by
 # the next; any other file of a plot's name is the user's, and refused.
 SOFTWARE = "dlscale profile"
-SCALING_PLOT = "scaling.png"
 
 
 def check_plot_folder(folder: Path, names: tuple[str, ...] = PLOT_NAMES) -> None:
@@ -66,16 +65,18 @@ def _ours(path: Path) -> bool:
         return False
 
 
+def plot_names(devices: bool, scaling: bool) -> tuple[str, ...]:
+    """The plots a profile writes: the per-layer three, the roofline and step time where it was
+    predicted on devices, the scaling plot with --devices."""
+    names = PLOT_NAMES[:3] + (PLOT_NAMES[3:5] if devices else ())
+    return names + (PLOT_NAMES[5:] if scaling else ())
+
+
 def write_plots(result: ProfileResult, folder: Path) -> list[Path]:
     folder = Path(folder)
-    plots = [_working_set, _memory_pie, _compute]
-    if result.reports:
-        plots += [_roofline, _step_time]
-    if result.scaling:
-        plots.append(_scaling)
-    names = tuple(PLOT_NAMES[ALL_PLOTS.index(plot)] for plot in plots)
+    names = plot_names(bool(result.reports), bool(result.scaling))
     check_plot_folder(folder, names)
-    return [plot(result, folder / name) for plot, name in zip(plots, names, strict=True)]
+    return [WRITERS[name](result, folder / name) for name in names]
 
 
 def _compute(result: ProfileResult, path: Path) -> Path:
@@ -245,5 +246,11 @@ def _step_time(result: ProfileResult, path: Path) -> Path:
     return _save(figure, path)
 
 
-# Each plot's writer, in PLOT_NAMES' order.
-ALL_PLOTS = (_working_set, _memory_pie, _compute, _roofline, _step_time, _scaling)
+# Each plot's writer, by its file's name.
+WRITERS = dict(
+    zip(
+        PLOT_NAMES,
+        (_working_set, _memory_pie, _compute, _roofline, _step_time, _scaling),
+        strict=True,
+    )
+)

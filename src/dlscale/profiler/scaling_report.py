@@ -101,12 +101,11 @@ def deadline_pick(rows: list[Costed], deadline_s: float) -> Costed | None:
 
 
 def scaling_links(
-    hardware: list[Hardware], request: ScalingRequest, link_files: tuple[Path, ...] = ()
+    hardware: list[Hardware], request: ScalingRequest, links: dict[str, Link]
 ) -> tuple[dict[str, Link], dict[str, str]]:
-    """Each device's link for the scaling (`request.interconnect`, else its own), and the
-    devices left out, each with why: an entry with no such link (a CPU's has none) is left out
-    where others are scaled, and is the error where none would be."""
-    links = load_links(list(link_files))
+    """Each device's link for the scaling (`request.interconnect`, else its own, from `links`),
+    and the devices left out, each with why: an entry with no such link (a CPU's has none) is
+    left out where others are scaled, and is the error where none would be."""
     found: dict[str, Link] = {}
     skipped: dict[str, UserError] = {}
     for device in hardware:
@@ -140,10 +139,10 @@ def scaling_reports(
     deadline_s = request.deadline_s
     if deadline_s is not None and not dataset_size:
         raise UserError("--deadline needs the epoch's size: give --dataset-size (or a spec)")
-    device_links, skipped = scaling_links(hardware, request, link_files)
+    links = load_links(list(link_files))
+    device_links, skipped = scaling_links(hardware, request, links)
     profile.scaling_skipped = skipped
     hardware = [device for device in hardware if device.name in device_links]
-    links = load_links(list(link_files))
     network = device_link(hardware[0], request.network, links) if request.nodes > 1 else None
     if workload.sync_batchnorm:  # the spec trains with it: its ddp points pay for it
         request = replace(request, sync_batchnorm=True)
