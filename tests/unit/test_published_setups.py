@@ -3,6 +3,8 @@ terms, worked out by hand: weights on the host (TensorFlow's parameter_server wi
 local_parameter_device=cpu) as the ps strategy on one GPU over PCIe 3.0 x16, and the batch's
 host-to-device copy that a run making its images on the GPU does not pay."""
 
+import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,3 +45,29 @@ def test_weights_on_the_host_cost_one_push_and_pull_over_pcie_each_step():
     # The batch (images and labels) crosses the host link once per step: the part a run that
     # makes its images on the GPU does not pay.
     assert report.prediction.h2d_s == pytest.approx(result.trace.batch_bytes / PCIE3_BYTES_PER_S)
+
+
+def _benchmark_module():
+    path = Path(__file__).parents[2] / "benchmarks" / "prediction_vs_published.py"
+    spec = importlib.util.spec_from_file_location("prediction_vs_published", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_scaling_rows_divide_by_the_single_device_tables_figure():
+    # TensorFlow's benchmarks page was revised with other figures for the same DGX-1 runs
+    # (VGG16 on one P100 at batch 64: 132 images/s, then 154): a scaling row's one-device
+    # throughput is the single-device table's for the same model, batch and GPU, one revision.
+    bench = _benchmark_module()
+    single = {
+        (run.model, run.batch): run.images_per_s
+        for run in bench.SINGLE_DEVICE_RUNS
+        if run.hardware == bench.SCALING_DEVICE and run.source == bench.TF_BENCHMARKS
+    }
+    dgx1 = [run for run in bench.SCALING_RUNS if run.framework == "tf-nccl1"]
+    assert len(dgx1) == 8
+    for run in dgx1:
+        assert run.source == bench.TF_BENCHMARKS
+        assert run.measured_one == single[run.model, run.batch], run.label
