@@ -24,6 +24,12 @@ class Terminated(KeyboardInterrupt):
     exit_code = 128 + signal.SIGTERM
 
 
+def say_on_stop(stop: KeyboardInterrupt, hint: str) -> None:
+    """What the command says after `interrupted` (or `terminated`) in place of its own hint: a
+    run stopped before its first checkpoint has nothing for --resume to continue."""
+    stop.hint = hint
+
+
 def stop_on_sigterm() -> None:
     """From now on SIGTERM raises Terminated in this process's main thread, once: a second one
     while the first unwinds is ignored, so it cannot cut the cleanup short (SIGKILL still ends

@@ -239,3 +239,51 @@ def test_a_stopped_run_leaves_a_record_that_says_so(tmp_path: Path, stop, status
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["status"] == status and said in record["error"]
     assert record["name"] == "x"
+
+
+@pytest.mark.parametrize("out_given", [True, False])
+def test_a_run_stopped_before_its_first_checkpoint_does_not_say_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys, out_given: bool
+):
+    """The defect: Ctrl-C before a run's first checkpoint said `continue later with --resume`,
+    and --resume then found nothing. The stop names what is there instead: nothing to resume,
+    and (with --out) the record a new run into that folder must not replace."""
+    import typer
+
+    from dlscale.api.rundir import train_in_folder
+    from dlscale.atomic import write_json_atomic
+    from dlscale.cli.errors import user_errors
+    from dlscale.train.checkpoint import checkpoint_path
+
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+
+    def stops_early(run_dir: Path, resume_from, said) -> dict:
+        write_json_atomic(run_dir / "run.json", {"status": "running", "name": "x"})
+        raise KeyboardInterrupt
+
+    def stops_after_saving(run_dir: Path, resume_from, said) -> dict:
+        checkpoint_path(run_dir, 20).parent.mkdir(parents=True, exist_ok=True)
+        checkpoint_path(run_dir, 20).write_bytes(b"")  # listed by its name; never loaded here
+        raise KeyboardInterrupt
+
+    @user_errors
+    def train(start, out: Path | None, resume: bool = False) -> None:
+        train_in_folder("x", out, resume, None, start)
+
+    with pytest.raises(typer.Exit) as early:
+        train(stops_early, tmp_path / "run" if out_given else None)
+    said = " ".join(capsys.readouterr().err.split())
+    assert early.value.exit_code == 130
+    assert "--resume" not in said, said
+    assert said.startswith("interrupted: stopped before its first checkpoint, nothing to resume")
+    (record,) = tmp_path.rglob("run.json")
+    if out_given:  # a new run into --out is refused while that record is there: say so
+        assert f"remove {record}" in said, said
+    else:  # a rerun makes a new folder
+        assert "run.json" not in said, said
+
+    with pytest.raises(typer.Exit) as saved:
+        train(stops_after_saving, tmp_path / "saved" if out_given else None)
+    assert saved.value.exit_code == 130
+    assert " ".join(capsys.readouterr().err.split()) == "interrupted: continue later with --resume"

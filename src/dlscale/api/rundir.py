@@ -8,6 +8,7 @@ from pathlib import Path
 
 from dlscale.errors import UserError
 from dlscale.launch.base import WorkerFailed
+from dlscale.signals import say_on_stop
 from dlscale.train import checkpoint as ckpt
 from dlscale.train.faults import ERROR_LOG, ending_recorded
 from dlscale.train.ownership import claim, claim_new
@@ -56,7 +57,21 @@ def train_in_folder(
             raise WorkerFailed(
                 f"{exc}; its checkpoints are kept: continue with --resume --out {run_dir}"
             ) from None
+        except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: --resume only if it was saved
+            if not ckpt.list_checkpoints(run_dir):
+                say_on_stop(stop, _nothing_saved(run_dir, out_dir is not None))
+            raise
         return record
+
+
+def _nothing_saved(run_dir: Path, out_given: bool) -> str:
+    """What a run stopped before its first checkpoint tells its user: a rerun starts over; into
+    the same --out only once the record it left there is removed (refuse_a_previous_run)."""
+    said = "stopped before its first checkpoint, nothing to resume: train again to start over"
+    record = Path(run_dir) / RUN_RECORD
+    if out_given and record.exists():
+        return f"{said} (remove {record} first, or choose another --out)"
+    return said
 
 
 def refuse_a_previous_run(run_dir: Path, resumable: bool) -> None:

@@ -26,7 +26,7 @@ def fail(message: str, exit_code: int = 2) -> typer.Exit:
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn UserError into 'error: ...' + exit 2, and Ctrl-C into exit 130 (SIGTERM, raised
     as Terminated: exit 143), with the hint to continue with --resume where the command has it."""
-    hint = ": continue later with --resume" if "resume" in signature(command).parameters else ""
+    resumes = "resume" in signature(command).parameters
 
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -34,11 +34,18 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
             return command(*args, **kwargs)
         except UserError as exc:
             raise fail(str(exc), exc.exit_code) from None
-        except Terminated:
-            stderr.print(f"[yellow]terminated (SIGTERM)[/]{hint}", markup=True)
+        except Terminated as stop:
+            stderr.print(f"[yellow]terminated (SIGTERM)[/]{_hint(stop, resumes)}", markup=True)
             raise typer.Exit(Terminated.exit_code) from None
-        except KeyboardInterrupt:
-            stderr.print(f"[yellow]interrupted[/]{hint}", markup=True)
+        except KeyboardInterrupt as stop:
+            stderr.print(f"[yellow]interrupted[/]{_hint(stop, resumes)}", markup=True)
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def _hint(stop: KeyboardInterrupt, resumes: bool) -> str:
+    """': ' and what to do next: the stop's own word (signals.say_on_stop), else --resume where
+    the command has it; escaped (it may name a path)."""
+    hint = getattr(stop, "hint", None) or ("continue later with --resume" if resumes else "")
+    return f": {escape(hint)}" if hint else ""
