@@ -114,7 +114,10 @@ def test_unknown_strategy_and_bad_counts_are_one_line_errors():
     assert compare_spec(parse_spec({**BASE, "precision": "bf16"}), "async", 2, None).precision == (
         "bf16"
     )
-    assert parse_strategies(" ddp, async,ddp ") == ["ddp", "async"]
+    assert parse_strategies(" ddp, async ") == ["ddp", "async"]
+    # A strategy named twice was run once without a word (as --workers 2,2 is refused, so is it)
+    with pytest.raises(UserError, match="--strategies: ddp is given twice"):
+        parse_strategies("ddp,async,ddp")
     with pytest.raises(UserError, match="--strategies: unknown strategy 'ps'") as caught:
         parse_strategies("ddp,ps")
     assert "\n" not in str(caught.value)

@@ -111,7 +111,7 @@ def check_scale_options(lr_scaling: str | None, target_accuracy: float | None) -
 
 
 def parse_strategies(text: str) -> list[str]:
-    """`--strategies ddp,async`: checked names, in order, each once."""
+    """`--strategies ddp,async`: checked names, in order (one given twice is refused)."""
     from dlscale.bench.compare import parse_strategies as parse
 
     return parse(text)
@@ -138,6 +138,9 @@ def compare(
         raise UserError("--strategies takes strategy names, e.g. ddp,async")
     spec = load_spec(spec_path)
     names = list(dict.fromkeys(strategies))
+    if len(names) < len(strategies):  # it would run once: say so, as --strategies does
+        twice = next(name for i, name in enumerate(strategies) if name in strategies[:i])
+        raise UserError(f"--strategies: {twice} is given twice")
     # Every problem is found before the first run starts, not after an hour of training.
     specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
     check_trials(list(specs.values()), cluster, "a run")

@@ -38,7 +38,8 @@ def check_strategy(name: str) -> str:
 
 
 def parse_strategies(text: str) -> list[str]:
-    """'ddp, async,ddp' -> ['ddp', 'async']: checked, in order, each once."""
+    """'ddp, async' -> ['ddp', 'async']: checked, in order; a name given twice is refused (it
+    would run once: `--workers 2,2` is refused as well)."""
     names = [part.strip() for part in text.split(",") if part.strip()]
     if not names:
         raise UserError(
@@ -46,9 +47,13 @@ def parse_strategies(text: str) -> list[str]:
             f"{', '.join(STRATEGY_CHOICES)})"
         )
     try:
-        return list(dict.fromkeys(check_strategy(name) for name in names))
+        checked = [check_strategy(name) for name in names]
     except UserError as exc:
         raise UserError(f"--strategies: {exc}") from None
+    twice = next((name for i, name in enumerate(checked) if name in checked[:i]), None)
+    if twice is not None:
+        raise UserError(f"--strategies: {twice} is given twice")
+    return checked
 
 
 def compare_spec(spec: Spec, strategy_name: str, workers: int, epochs: int | None) -> Spec:
