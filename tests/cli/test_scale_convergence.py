@@ -211,3 +211,20 @@ def test_an_out_holding_earlier_results_is_refused_before_any_run(tmp_path, comm
     assert said.exit_code == 2 and f"already holds {command}.png" in said.output, said.output
     assert sorted(p.name for p in out.iterdir()) == [f"{command}.png"]
     assert (out / f"{command}.png").read_text() == "mine"
+
+
+def test_scale_prints_its_document_as_json(tmp_path: Path):
+    """The defect: `scale` had no --json (compare, profile and the benches have it): a script had
+    to read scale.json from the folder. With it, stdout is scale.json's document, one object;
+    the per-count lines and where the files went are on stderr."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(SPEC)
+    out = tmp_path / "out"
+    args = ["scale", str(spec), "--workers", "1", "--steps", "2", "--json", "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed == json.loads((out / "scale.json").read_text())
+    assert [row["workers"] for row in printed["rows"]] == [1]
+    said = " ".join(result.stderr.split())
+    assert "1 worker(s):" in said and f"wrote {out / 'scale.json'}" in said, said

@@ -163,6 +163,7 @@ def scale(
     cluster: str = typer.Option("local", "--cluster", help="local processes, or ray."),
     address: str | None = typer.Option(None, "--address", help="Ray cluster address."),
     out: Path | None = typer.Option(None, "--out", help="Output folder."),
+    as_json: bool = typer.Option(False, "--json", help="Print scale.json's document."),
 ) -> None:
     """Train a spec with 1, 2, 4, ... data-parallel workers: throughput and scaling efficiency,
     and with --lr-scaling / --target-accuracy how the growing global batch converges."""
@@ -172,11 +173,12 @@ def scale(
     experiments.check_scale_options(lr_scaling, target_accuracy)
     bench.check_out_dir(out, "scale")  # its scale.json and .png would be replaced at the end
     folder = bench.output_dir("scale", out)
+    say = Console(stderr=True, highlight=False) if as_json else console
 
     def show(row: dict) -> None:
         accuracy = row.get("final_val_accuracy")
         reached = f", {100 * accuracy:.1f}% validation accuracy" if accuracy is not None else ""
-        console.print(
+        say.print(
             f"{row['workers']} worker(s): {row['samples_per_s']:,.0f} samples/s "
             f"(global batch {row['global_batch_size']}){reached}"
         )
@@ -192,10 +194,14 @@ def scale(
         lr_scaling,
         target_accuracy,
     )
+    json_path, png_path = bench.write_outputs("scale", result, folder)
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+        say.print(f"wrote {json_path} and {png_path}")
+        return
     console.print(scale_table(result, cluster))
     if result.convergence:
         console.print(convergence_table(result))
-    json_path, png_path = bench.write_outputs("scale", result, folder)
     console.print(f"wrote {json_path} and {png_path}")
 
 
