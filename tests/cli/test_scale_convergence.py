@@ -228,3 +228,50 @@ def test_scale_prints_its_document_as_json(tmp_path: Path):
     assert [row["workers"] for row in printed["rows"]] == [1]
     said = " ".join(result.stderr.split())
     assert "1 worker(s):" in said and f"wrote {out / 'scale.json'}" in said, said
+
+
+def test_an_interrupted_scale_says_what_it_kept_and_how_to_run_again(tmp_path: Path, capsys):
+    """The defect: Ctrl-C in `scale`'s second count said only `interrupted`; the first count's
+    run stayed in --out with no word, and a rerun into that folder was refused (its run.json).
+    The stop now names what finished, where it is, and what a rerun needs."""
+    import typer
+
+    from dlscale.api.experiments import train_in_turn
+    from dlscale.cli.errors import user_errors
+
+    def done(run_dir: Path) -> dict:
+        run_dir.mkdir()
+        (run_dir / "run.json").write_text("{}")
+        return {"workers": 1}
+
+    def stopped(run_dir: Path) -> dict:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "out"
+
+    @user_errors
+    def scale() -> None:
+        train_in_turn(out, {"workers-1": done, "workers-2": stopped, "workers-4": done}, None)
+
+    with pytest.raises(typer.Exit) as stop:
+        scale()
+    said = " ".join(capsys.readouterr().err.split())
+    assert stop.value.exit_code == 130
+    assert said == (
+        f"interrupted: after 1 of 3 runs (workers-1); their runs are kept in {out}: to run them "
+        f"all again, remove {out} or choose another --out"
+    )
+    # Stopped in its first run, whose folder (its run.json, written as it starts) stays.
+    started = tmp_path / "started"
+
+    def started_then_stopped(run_dir: Path) -> dict:
+        run_dir.mkdir()
+        (run_dir / "run.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt) as first:
+        train_in_turn(started, {"workers-1": started_then_stopped, "workers-2": done}, None)
+    assert first.value.hint == (
+        f"before its first run ended, whose folder stays in {started}: to run again, remove "
+        f"{started} or choose another --out"
+    )

@@ -14,6 +14,7 @@ from dlscale.api.rundir import refuse_a_previous_run
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.errors import UserError
 from dlscale.jobspec import load_spec
+from dlscale.signals import say_on_stop
 from dlscale.train.ownership import claim
 
 LR_SCALINGS = ("none", "linear", "sqrt")
@@ -177,10 +178,27 @@ def train_in_turn(
         for name in runs:  # before the first run trains, not when the second would start
             refuse_a_previous_run(Path(out) / name, resumable=False)
         for name, run in runs.items():
-            rows.append(run(Path(out) / name))
+            try:
+                rows.append(run(Path(out) / name))
+            except KeyboardInterrupt as stop:  # what stays in `out` refuses a rerun there
+                if (Path(out) / name).exists() or rows:
+                    say_on_stop(stop, _interrupted_runs(out, list(runs)[: len(rows)], len(runs)))
+                raise
             if on_run is not None:
                 on_run(rows[-1])
     return rows
+
+
+def _interrupted_runs(out: Path, finished: list[str], total: int) -> str:
+    """What a scale or compare stopped part way tells its user: the runs that finished, where
+    they stay, and that a rerun into that folder is refused (refuse_a_previous_run)."""
+    again = f"remove {out} or choose another --out"
+    if not finished:
+        return f"before its first run ended, whose folder stays in {out}: to run again, {again}"
+    return (
+        f"after {len(finished)} of {total} runs ({', '.join(finished)}); their runs are kept "
+        f"in {out}: to run them all again, {again}"
+    )
 
 
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:
