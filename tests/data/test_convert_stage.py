@@ -89,6 +89,46 @@ def test_convert_lists_every_shard_with_its_samples_bytes_and_sha256(shards: Pat
         assert len(read_shard(path)) == entry["samples"]
 
 
+def test_a_shard_size_below_one_sample_s_shard_is_said(shards: Path, tmp_path: Path):
+    """The defect: `--shard-size 1KB` wrote 20 KiB shards of six samples without a word (the
+    cut read the file's position, which lags tar's 10 KiB buffer). Now a shard is cut once its
+    closed size reaches the size asked; one that a single sample passes holds one sample, and
+    the result and the command say so; a size the shards keep to says nothing."""
+    small = convert_data(
+        "synthetic", tmp_path / "small", shard_size="1KB", samples=12, shape=[3, 8, 8], seed=1
+    )
+    (warning,) = small["warnings"]
+    listing = json.loads((tmp_path / "small" / "dataset.json").read_text())
+    assert all(entry["samples"] == 1 for entry in listing["shards"])
+    assert {entry["bytes"] for entry in listing["shards"]} == {10240}  # one 10 KiB tar record
+    assert warning.startswith("--shard-size 1,000 bytes is less than a shard of one sample")
+    assert "12 shards of one sample each" in warning
+    assert json.loads((shards / "dataset.json").read_text())  # the 20 KB fixture: no word
+    kept = convert_data(
+        "synthetic", tmp_path / "kept", shard_size="20KB", samples=12, shape=[3, 8, 8], seed=1
+    )
+    assert kept["warnings"] == []
+    kept_listing = json.loads((tmp_path / "kept" / "dataset.json").read_text())["shards"]
+    # cut once the closed file would reach 20 KB: two 10 KiB records, several samples each
+    train = [entry for entry in kept_listing if entry["split"] == "train"]
+    assert len(train) == 2 and train[0]["bytes"] == 20480  # the last of a split holds the rest
+    assert all(entry["samples"] > 1 for entry in kept_listing)
+    result = cli(
+        "data",
+        "convert",
+        "synthetic",
+        tmp_path / "cli",
+        "--samples",
+        3,
+        "--shape",
+        "3,8,8",
+        "--shard-size",
+        "1KB",
+    )
+    assert result.exit_code == 0, result.output
+    assert "warning: --shard-size 1,000 bytes" in " ".join(result.stderr.split())
+
+
 def test_synthetic_shards_hold_the_seeded_samples_and_are_learnable(shards: Path):
     (_, x, y), *_ = synthetic_image_chunks(600, [3, 8, 8], 4, seed=7)  # one chunk: all 600
     samples = [s for f in sorted(shards.glob("train-*.tar")) for s in read_shard(f)]

@@ -8,10 +8,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from dlscale.api import data
-from dlscale.cli.errors import user_errors
+from dlscale.cli.errors import stderr, user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list
 from dlscale.tables import output_console
@@ -67,6 +68,8 @@ def convert(
             val_fraction,
             on_progress,
         )
+    for warning in result["warnings"]:
+        stderr.print(f"[bold yellow]warning:[/] {escape(warning)}", markup=True)
     if as_json:
         print(json.dumps(result, indent=2))
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import tarfile
 import time
 from pathlib import Path
 
@@ -82,7 +83,22 @@ def convert(
         "num_classes": data.num_classes,
         "input_shape": data.input_shape,
         "seconds": time.perf_counter() - started,
+        "warnings": shard_size_warnings(shards, max_bytes) if format == "webdataset" else [],
     }
+
+
+def shard_size_warnings(shards: list[dict], max_bytes: int) -> list[str]:
+    """A line where shards came out larger than `--shard-size` because one sample alone passes
+    it: a shard holds at least one sample, and tar pads a file to 10 KiB (its record size)."""
+    single = [s for s in shards if s["samples"] == 1 and s["bytes"] > max_bytes]
+    if not single:
+        return []
+    smallest = min(s["bytes"] for s in single)
+    return [
+        f"--shard-size {max_bytes:,} bytes is less than a shard of one sample "
+        f"({smallest:,} bytes or more: the sample, tar's headers and its padding to 10 KiB): "
+        f"wrote {len(single)} shards of one sample each"
+    ]
 
 
 def check_empty(out: Path) -> None:
@@ -146,6 +162,15 @@ class _HashingFile:
         self.file.close()
 
 
+def closed_tar_bytes(offset: int) -> int:
+    """The size of a tar file once closed, from the archive's position (`TarFile.offset`): two
+    zero blocks end it, and it is padded to a whole record (10 KiB). The file's own position
+    lags: tarfile's stream buffers up to a record, so a file read 0 bytes until 10 KiB were
+    written and `--shard-size 1KB` made shards of six samples."""
+    ended = offset + 2 * tarfile.BLOCKSIZE
+    return -(-ended // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
 class RollingShards:
     """Tar shards of one split: the next file starts once the current one reaches `max_bytes`.
 
@@ -168,7 +193,7 @@ class RollingShards:
         self.tar.write({"__key__": f"{self.keys:09d}", **fields})
         self.keys += 1
         self.samples += 1
-        if self.file.tell() >= self.max_bytes:
+        if closed_tar_bytes(self.tar.tarstream.offset) >= self.max_bytes:
             self._finish()
 
     def close(self) -> list[dict]:
