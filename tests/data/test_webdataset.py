@@ -361,3 +361,42 @@ def test_resuming_mid_epoch_gives_the_uninterrupted_weights(shards, tmp_path, wo
     assert again["step"] == final["step"] == 32
     for name, tensor in final["model"].items():
         assert torch.equal(again["model"][name], tensor), name
+
+
+def test_a_run_that_skipped_bad_samples_says_so_in_its_summary(tmp_path):
+    """The defect: with `skip_bad: true` a run skipped a sample that did not decode, counted it
+    in run.json, and its summary on the terminal said nothing. The summary names the count,
+    each epoch's read of the bad sample counted (two epochs: two)."""
+    from rich.console import Console
+
+    from dlscale import api
+    from dlscale.cli.progress import summary_table
+    from dlscale.jobspec import parse_spec
+
+    def with_one_bad(n):
+        image = png(np.full((8, 8), n % 256, np.uint8)) if n != 77 else b"not a png"
+        return {"__key__": f"s{n:05d}", "png": image, "cls": n % 4}
+
+    urls = write_shards(tmp_path / "shards", with_one_bad)
+    spec = parse_spec(
+        {
+            "name": "bad",
+            "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
+            "data": {
+                "name": "webdataset",
+                "urls": urls,
+                "num_classes": 4,
+                "val_urls": urls,  # the same shards: the bad one is read by validation too
+                "shuffle_buffer": 0,
+                "skip_bad": True,
+            },
+            "batch_size": 50,
+            "epochs": 2,
+            "device": "cpu",
+        }
+    )
+    record = api.train(spec, out_dir=tmp_path / "run").to_json()
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(summary_table(record))
+    text = " ".join(console.export_text().replace("│", " ").split())
+    assert "skipped samples 2 reads of a sample that did not decode" in text, text

@@ -155,6 +155,13 @@ def summary_table(record: dict) -> Table:
     if timing["comm_wait_share"]:
         split += f" · waiting on other workers {percent(timing['comm_wait_share'])}"
     table.add_row("step time split", split)
+    skipped = skipped_samples(record)
+    if skipped:
+        table.add_row(
+            "skipped samples",
+            f"[yellow]{skipped:,} reads of a sample that did not decode[/] (data.skip_bad; in "
+            "training, counted each epoch it is read)",
+        )
     live = [w for w in record["workers"] if w["status"] == "completed"]
     if len(record["workers"]) > 1 and live:
         table.add_row(
@@ -184,6 +191,14 @@ def summary_table(record: dict) -> Table:
     if record["checkpoints"]:
         table.add_row("last checkpoint", record["checkpoints"][-1])
     return table
+
+
+def skipped_samples(record: dict) -> int:
+    """Reads skipped by data.skip_bad in training, over every trainer: each sample of an epoch is
+    read by exactly one of them (their summaries' counts add up; the record's `timing` is one
+    trainer's)."""
+    counts = [w.get("bad_samples") or 0 for w in record["workers"] if isinstance(w, dict)]
+    return sum(counts) or record["timing"].get("bad_samples") or 0
 
 
 def ps_rows(table: Table, record: dict) -> None:
