@@ -234,7 +234,7 @@ def test_a_truncated_shard_is_named(tmp_path, cut):
     data = shard.read_bytes()
     keep = {"in a member's data": 3600, "in a header": 4096 + 100}.get(cut, 4096 * 10)
     shard.write_bytes(data[:keep])
-    if cut == "at a block boundary":  # a tar cut after a whole sample: only dataset.json can tell
+    if cut == "at a block boundary":  # inside a member, at a block: dataset.json tells it first
         listing = [
             {
                 "file": f"train-{s:06d}.tar",
@@ -248,6 +248,21 @@ def test_a_truncated_shard_is_named(tmp_path, cut):
     with pytest.raises(DataError) as error:
         open_data(urls)
     one_line_naming(error, str(shard), "truncated")
+
+
+def test_a_shard_cut_at_a_sample_s_end_is_named_without_dataset_json(tmp_path):
+    """The defect: a shard cut exactly where a sample ends, with no dataset.json beside it, was
+    read as a whole shard of fewer samples (tarfile stops quietly at the file's end), and a run
+    trained on what remained. A tar ends with tar's end-of-archive blocks; this one has none."""
+    from dlscale.data.tar_index import sample_starts
+
+    urls = write_shards(tmp_path, shards=2)
+    shard = tmp_path / "train-000001.tar"
+    starts, _ = sample_starts(str(shard))
+    shard.write_bytes(shard.read_bytes()[: starts[5]])  # five whole samples, then nothing
+    with pytest.raises(DataError) as error:
+        open_data(urls)
+    one_line_naming(error, str(shard), "truncated", "no end-of-archive block")
 
 
 def test_a_file_that_is_not_a_tar_is_named(tmp_path):

@@ -107,6 +107,11 @@ def _read_headers(path: str, size: int) -> np.ndarray:
             f"{path}: truncated or corrupt tar: no valid header at byte {end} "
             f"of {size} (copy the shard again)"
         )
+    if not rest:  # tarfile stops quietly at the file's end: only the end blocks tell a cut
+        raise DataError(
+            f"{path}: truncated tar: it ends with its last member, at byte {size}, and no "
+            "end-of-archive block follows (cut short where a member ends? copy the shard again)"
+        )
     return np.array([*starts, end], dtype=np.int64)
 
 
