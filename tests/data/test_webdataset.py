@@ -234,7 +234,7 @@ def test_a_truncated_shard_is_named(tmp_path, cut):
     data = shard.read_bytes()
     keep = {"in a member's data": 3600, "in a header": 4096 + 100}.get(cut, 4096 * 10)
     shard.write_bytes(data[:keep])
-    if cut == "at a block boundary":  # inside a member, at a block: dataset.json tells it first
+    if cut == "at a block boundary":  # where a member ends: dataset.json says it first
         listing = [
             {
                 "file": f"train-{s:06d}.tar",
