@@ -322,3 +322,29 @@ def test_rows_carry_their_global_batch_and_a_note_says_when_they_differ():
     assert "global batches differ" in note and "ddp 64" in note and "pipeline 32" in note
     assert batch_note([rows[0], compare_row("async", ddp, "async")]) is None
     assert CompareRow.from_json({**rows[0], "time_to_target_s": None, "epochs_to_target": None})
+
+
+@pytest.mark.parametrize(
+    ("strategies", "warmed"), [(["averaging", "ddp"], True), (["single"], False)]
+)
+def test_the_workers_start_up_is_paid_before_the_first_timed_run(
+    tmp_path: Path, monkeypatch, strategies, warmed
+):
+    """The defect: compare's wall column charged the first strategy the fork server's imports
+    (ddp 4.1 s first, 0.2 s second, in either order): the server is made ready before the first
+    run is timed, where any strategy forks workers; a run in this process forks none."""
+    from dlscale.launch import start
+
+    seen: list[str] = []
+    monkeypatch.setattr(start, "warmed_up", lambda: seen.append("warmed up"))
+
+    def first_run(out, runs, on_run):
+        seen.append("runs")
+        raise KeyboardInterrupt  # enough: the order is known
+
+    monkeypatch.setattr(experiments, "train_in_turn", first_run)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(KeyboardInterrupt):
+        experiments.compare(spec, strategies, 2, tmp_path / "out")
+    assert seen == (["warmed up", "runs"] if warmed else ["runs"])
