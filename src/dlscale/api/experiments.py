@@ -84,6 +84,10 @@ def scale(
             row.update(convergence(record, specs[count], target_accuracy))
         return row
 
+    if cluster == "local" and not all(run.strategy.in_process for run in specs.values()):
+        from dlscale.launch.start import warmed_up
+
+        warmed_up()  # the fork server's imports: not in the first count's times (as compare)
     runs = {f"workers-{count}": partial(run, count) for count in counts}
     rows = train_in_turn(out, runs, on_run)
     result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
