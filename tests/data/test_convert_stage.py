@@ -396,6 +396,26 @@ def test_data_stage_spec_reads_the_staged_copy(shards: Path, tmp_path: Path):
     assert build_data(spec, 0, stage=True).staging["copied_files"] == 0
 
 
+def test_every_process_of_a_run_records_the_run_s_copies(shards: Path, tmp_path: Path):
+    """The defect: under ddp (or a ps parent that stages before its workers) run.json's staging
+    said what the process writing it had copied itself: all of it or none, run to run, by who
+    won the stage lock. Copies are tagged with the run (its folder): each of its processes
+    counts the run's copies, whichever made them; another run copies nothing and says so."""
+    spec = WebDatasetData(
+        name="webdataset",
+        urls=str(shards / "train-{000000..000002}.tar"),
+        val_urls=str(shards / "val-000000.tar"),
+        stage=tmp_path / "local",
+    )
+    run = str(tmp_path / "run")
+    first = build_data(spec, 0, stage=True, run=run).staging  # the one that won the lock
+    second = build_data(spec, 0, stage=True, run=run).staging  # found them staged
+    assert first["copied_files"] == second["copied_files"] == 5  # 4 shards and dataset.json
+    assert first["copied_bytes"] == second["copied_bytes"] == first["bytes"]
+    later = build_data(spec, 0, stage=True, run=str(tmp_path / "another")).staging
+    assert later["copied_files"] == 0 and later["copied_bytes"] == 0
+
+
 def test_data_stage_cli_reports_and_fails_in_one_line(shards: Path, tmp_path: Path):
     result = cli("data", "stage", str(shards / "train-{000000..000001}.tar"), tmp_path / "l")
     assert result.exit_code == 0, result.output

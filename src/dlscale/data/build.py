@@ -43,11 +43,15 @@ READERS: dict[type, Callable[[Any, int], DataBundle]] = {
 }
 
 
-def build_data(spec: DataSpec, seed: int, stage: bool = False) -> DataBundle:
+def build_data(
+    spec: DataSpec, seed: int, stage: bool = False, run: str | None = None
+) -> DataBundle:
     """Read or generate the data set a spec describes; bad files raise a one-line UserError.
 
     `seed` is the spec's; the data section's own `seed`, when given, takes its place. With a
-    `fold`, training and validation become the fold's split of the training part.
+    `fold`, training and validation become the fold's split of the training part. `stage`:
+    copy the files to the spec's `stage` folder first, for the run whose folder is `run`
+    (its staging record counts the copies any of the run's processes made).
     """
     reader = READERS.get(type(spec))
     # The spec's discriminated union only admits the classes above, so a miss is our bug.
@@ -57,7 +61,7 @@ def build_data(spec: DataSpec, seed: int, stage: bool = False) -> DataBundle:
     # Only the processes that train copy the data to local disk (`stage`): checks, validate and
     # profile read it where it is.
     if stage and isinstance(spec, StoredData) and spec.stage is not None:
-        spec, staging = stage_spec(spec)  # copied to local disk first; read from there
+        spec, staging = stage_spec(spec, run)  # copied to local disk first; read from there
     if staging is not None:
         bundle = reader(spec, seed)
         bundle.staging = staging

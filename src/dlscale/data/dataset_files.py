@@ -17,9 +17,9 @@ from dlscale.errors import UserError
 from dlscale.jobspec import HfData, ImagesData, StoredData, WebDatasetData
 
 
-def stage_spec(spec: StoredData) -> tuple[StoredData, dict]:
+def stage_spec(spec: StoredData, run: str | None = None) -> tuple[StoredData, dict]:
     """Stage the files `spec` reads into `spec.stage`; the spec reading the copies instead,
-    and the staging record for the run."""
+    and the staging record for the run (its folder `run`: see stage.stage)."""
     assert spec.stage is not None
     dst = spec.stage
     if isinstance(spec, WebDatasetData):
@@ -38,7 +38,7 @@ def stage_spec(spec: StoredData) -> tuple[StoredData, dict]:
             update["val_path"] = Path(_moved(str(spec.val_path), root, dst))
     else:  # the spec's union admits only the kinds above as StoredData
         raise AssertionError(f"no staging layout for {type(spec).__name__}")
-    record = stage(sorted(set(files)), root, dst, sources=folders)
+    record = stage(sorted(set(files)), root, dst, sources=folders, run=run)
     return spec.model_copy(update=update), record
 
 

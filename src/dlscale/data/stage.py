@@ -43,6 +43,7 @@ def stage(
     dst_dir: Path,
     rehash: bool = False,
     sources: list[Path] | None = None,
+    run: str | None = None,
 ) -> dict:
     """Copy `files` (all under `src_root`) into `dst_dir`, keeping their layout below the root;
     the copies already there are checked by their ledger entry (`rehash`: by their bytes).
@@ -52,7 +53,10 @@ def stage(
     Each copy is verified by sha256: against the `dataset.json` beside the file when it lists
     the file, else against the source's own bytes hashed while copying. Returns the run record:
     {"dir", "files", "bytes", "copied_files", "copied_bytes", "seconds" (this call), "staged_s"
-    (the copies' own recorded seconds, whichever process made them), "verified"}.
+    (the copies' own recorded seconds, whichever process made them), "verified"}. With `run`
+    (a training run's folder: every process of the run stages, one at a time), each copy is
+    tagged with it, and the copied counts are the run's, whichever of its processes copied;
+    without, this call's.
     """
     started = time.perf_counter()
     src_root, dst_dir = Path(src_root), Path(dst_dir)
@@ -71,13 +75,17 @@ def stage(
                         _write_ledger(dst_dir, ledger)  # hashed now: not again until it changes
                     continue
                 entry, written = copy_verified(path, dst_dir / rel, expected.get(path))
-                ledger[rel] = entry
+                ledger[rel] = {**entry, "written": written, **({"run": run} if run else {})}
                 _write_ledger(dst_dir, ledger)  # after each file: an interrupted stage resumes
                 copied_files += 1
                 copied_bytes += written
     except OSError as exc:
         where = f" ({exc.filename})" if exc.filename else ""
         raise UserError(f"cannot stage into {dst_dir}{where}: {os_reason(exc)}") from None
+    if run is not None:  # the run's copies, this process's or another's of the same run
+        ours = [ledger[rel] for rel in sources if ledger[rel].get("run") == run]
+        copied_files = len(ours)
+        copied_bytes = sum(entry.get("written", entry["size"]) for entry in ours)
     return {
         "dir": str(dst_dir),
         "files": len(sources),

@@ -110,11 +110,12 @@ def check_gpus(spec: Spec, needed: int) -> None:
         )
 
 
-def initial_model(spec: Spec, data_world: int | None = None):
-    """The model every process starts from (same seed: same initial weights), and the data;
-    with `data_world`, a batch too large for the data is one line here, before any process."""
+def initial_model(spec: Spec, data_world: int | None = None, run_dir: Path | None = None):
+    """The model every process starts from (same seed: same initial weights), and the data,
+    staged for the run in `run_dir` where the spec stages it; with `data_world`, a batch too
+    large for the data is one line here, before any process."""
     torch.manual_seed(spec.seed)
-    data = build_data(spec.data, spec.seed, stage=True)
+    data = build_data(spec.data, spec.seed, stage=True, run=str(run_dir) if run_dir else None)
     if data_world is not None:
         Plan.of(spec, data.num_train, data_world)
     return build_model(spec.model.name, spec.model.kwargs, data.model_defaults()), data

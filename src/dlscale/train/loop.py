@@ -67,7 +67,7 @@ class Trainer:
         if self.device.type == "cpu" and spec.keep_freed_memory:
             keep_freed_memory()  # no page faults a step for large tensors (train/allocator.py)
         torch.manual_seed(spec.seed)
-        self.data = build_data(spec.data, spec.seed, stage=True)
+        self.data = build_data(spec.data, spec.seed, stage=True, run=str(self.run_dir))
         whole = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
         check_model_fits_data(whole, self.data, spec.model.name)
         check_trainable(whole, spec.model.name)

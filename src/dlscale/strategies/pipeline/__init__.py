@@ -55,7 +55,7 @@ def run(
 ) -> dict:
     """Plan the split, start S × D stage processes; the last stage of replica 0's record."""
     strategy: PipelineStrategy = spec.strategy
-    model, data = initial_model(spec, strategy.replicas)
+    model, data = initial_model(spec, strategy.replicas, run_dir)
     split = strategy.split
     if resume_from is not None:  # the split the run began with (a new calibration may differ)
         split = ckpt.load_checkpoint(resume_from).get("exchange", {}).get("boundaries", split)

@@ -53,7 +53,7 @@ def serve(context: WorkerContext, payload: dict) -> dict:
     spec = parse_spec(payload["spec"])
     strategy: PsStrategy = spec.strategy
     torch.set_num_threads(spec.threads or 1)
-    model, _ = initial_model(spec)
+    model, _ = initial_model(spec, run_dir=Path(payload["run_dir"]))
     indices = payload["shards"][context.rank]
     server = ParameterServer(
         spec,
@@ -190,7 +190,7 @@ def run(
 ) -> dict:
     """Start the servers and workers; worker 0's record, with the servers' section."""
     strategy: PsStrategy = spec.strategy
-    model, _ = initial_model(spec, strategy.workers)
+    model, _ = initial_model(spec, strategy.workers, run_dir)
     params = list(model.parameters())
     shards = shard_parameters([p.numel() for p in params], strategy.servers)
     start_steps: dict[str, int] = {}

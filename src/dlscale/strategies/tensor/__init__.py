@@ -74,7 +74,7 @@ def run(
 ) -> dict:
     """Plan the split, start degree × data_parallel processes; rank 0's record."""
     strategy: TensorStrategy = spec.strategy
-    model, data = initial_model(spec, strategy.data_parallel)
+    model, data = initial_model(spec, strategy.data_parallel, run_dir)
     saved = None
     if resume_from is not None:  # the plan the run began with
         saved = ckpt.load_checkpoint(resume_from).get("exchange", {}).get("tensor_plan")
