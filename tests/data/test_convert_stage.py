@@ -434,10 +434,16 @@ def test_data_stage_cli_reports_and_fails_in_one_line(shards: Path, tmp_path: Pa
         assert len(result.output.strip().splitlines()) == 1
 
 
-def test_training_with_data_stage_records_the_staging_in_run_json(shards: Path, tmp_path: Path):
+@pytest.mark.parametrize("strategy", ["{name: single}", "{name: ps, mode: async, workers: 2}"])
+def test_training_with_data_stage_records_the_staging_in_run_json(
+    shards: Path, tmp_path: Path, strategy: str
+):
+    """ps: its parent stages before any worker starts, and worker 0 writes the record: the
+    run's copies are counted all the same (they were counted as none)."""
     spec = tmp_path / "job.yaml"
     spec.write_text(
-        "name: staged\nmodel: {name: mlp}\nbatch_size: 16\nsteps: 3\n"
+        "name: staged\nmodel: {name: mlp}\nbatch_size: 8\nsteps: 3\ndevice: cpu\n"
+        f"strategy: {strategy}\n"
         f"data: {{name: webdataset, urls: '{shards}/train-{{000000..000003}}.tar', "
         f"val_urls: '{shards}/val-000000.tar', stage: {tmp_path / 'local'}}}\n"
     )
@@ -446,6 +452,7 @@ def test_training_with_data_stage_records_the_staging_in_run_json(shards: Path, 
     record = api.train(spec, out_dir=tmp_path / "run")
     staging = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["staging"]
     assert staging == record.data.staging and staging["files"] == 6
+    assert staging["copied_files"] == 6 and staging["copied_bytes"] == staging["bytes"]
     assert staging["dir"] == str(tmp_path / "local") and staging["verified"] == "sha256"
     assert staging["staged_s"] > 0 and (tmp_path / "local" / "train-000003.tar").is_file()
 
