@@ -250,19 +250,35 @@ def test_a_truncated_shard_is_named(tmp_path, cut):
     one_line_naming(error, str(shard), "truncated")
 
 
-def test_a_shard_cut_at_a_sample_s_end_is_named_without_dataset_json(tmp_path):
+def test_a_shard_cut_at_a_sample_s_end_is_named_without_dataset_json(tmp_path, monkeypatch):
     """The defect: a shard cut exactly where a sample ends, with no dataset.json beside it, was
     read as a whole shard of fewer samples (tarfile stops quietly at the file's end), and a run
-    trained on what remained. A tar ends with tar's end-of-archive blocks; this one has none."""
+    trained on what remained. A tar ends with tar's end-of-archive blocks; this one has none:
+    named, from the headers and from an index cached before the check existed. Some writers
+    leave the blocks out: listed in a dataset.json that agrees, the shard is read as it is."""
+    from dlscale.data import shard_cache
     from dlscale.data.tar_index import sample_starts
 
-    urls = write_shards(tmp_path, shards=2)
-    shard = tmp_path / "train-000001.tar"
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))
+    urls = write_shards(tmp_path / "wds", shards=2)
+    shard = tmp_path / "wds" / "train-000001.tar"
     starts, _ = sample_starts(str(shard))
     shard.write_bytes(shard.read_bytes()[: starts[5]])  # five whole samples, then nothing
     with pytest.raises(DataError) as error:
         open_data(urls)
     one_line_naming(error, str(shard), "truncated", "no end-of-archive block")
+    # An index cached for the cut shard (as an earlier dlscale, which accepted it, saved one)
+    shard_cache.save(str(shard), shard.stat(), np.array([*starts[:5], starts[5]]))
+    with pytest.raises(DataError) as cached:
+        open_data(urls)
+    one_line_naming(cached, str(shard), "no end-of-archive block")
+    listing = [
+        {"file": p.name, "split": "train", "samples": n, "bytes": p.stat().st_size}
+        for p, n in ((tmp_path / "wds" / "train-000000.tar", PER_SHARD), (shard, 5))
+    ]
+    (tmp_path / "wds" / "dataset.json").write_text(json.dumps({"shards": listing}))
+    data = open_data(urls)
+    assert len(data.train) + len(data.val) == PER_SHARD + 5
 
 
 def test_a_file_that_is_not_a_tar_is_named(tmp_path):

@@ -78,6 +78,13 @@ def scan_shard(path: str, listed: dict | None = None) -> ShardIndex:
     index = ShardIndex(path, starts)
     if listed is not None:
         _check_listed(index, stat.st_size, listed)
+    elif int(starts[-1]) >= stat.st_size:  # cached or not: nothing follows the last member
+        raise DataError(
+            f"{path}: truncated tar? It ends with its last member, at byte {stat.st_size}, with "
+            "no end-of-archive block after it: cut short where a member ends (copy the shard "
+            "again), or written by a tool that leaves the end blocks out (append 1024 zero "
+            "bytes to it, or list it in a dataset.json, to read it as it is)"
+        )
     return index
 
 
@@ -106,11 +113,6 @@ def _read_headers(path: str, size: int) -> np.ndarray:
         raise DataError(
             f"{path}: truncated or corrupt tar: no valid header at byte {end} "
             f"of {size} (copy the shard again)"
-        )
-    if not rest:  # tarfile stops quietly at the file's end: only the end blocks tell a cut
-        raise DataError(
-            f"{path}: truncated tar: it ends with its last member, at byte {size}, and no "
-            "end-of-archive block follows (cut short where a member ends? copy the shard again)"
         )
     return np.array([*starts, end], dtype=np.int64)
 
