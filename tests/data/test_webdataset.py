@@ -431,3 +431,18 @@ def test_a_run_that_skipped_bad_samples_says_so_in_its_summary(tmp_path):
     console.print(summary_table(record))
     text = " ".join(console.export_text().replace("│", " ").split())
     assert "skipped samples 2 reads of a sample that did not decode" in text, text
+
+
+def test_skipped_samples_count_each_data_parallel_slice_once():
+    """A tensor group's ranks (one data_rank) read the same samples: one bad read, not two;
+    ddp's workers read disjoint samples: theirs add up."""
+    from dlscale.cli.progress import skipped_samples
+
+    def record(*workers):
+        return {"timing": {"bad_samples": 1}, "workers": list(workers)}
+
+    tensor = record({"data_rank": 0, "bad_samples": 1}, {"data_rank": 0, "bad_samples": 1})
+    ddp = record({"data_rank": 0, "bad_samples": 1}, {"data_rank": 1, "bad_samples": 2})
+    assert skipped_samples(tensor) == 1
+    assert skipped_samples(ddp) == 3
+    assert skipped_samples(record({"data_rank": 0})) == 1  # no worker counts: the timing's

@@ -194,11 +194,16 @@ def summary_table(record: dict) -> Table:
 
 
 def skipped_samples(record: dict) -> int:
-    """Reads skipped by data.skip_bad in training, over every trainer: each sample of an epoch is
-    read by exactly one of them (their summaries' counts add up; the record's `timing` is one
-    trainer's)."""
-    counts = [w.get("bad_samples") or 0 for w in record["workers"] if isinstance(w, dict)]
-    return sum(counts) or record["timing"].get("bad_samples") or 0
+    """Reads skipped by data.skip_bad in training, over the run's data-parallel slices: the
+    trainers of one slice (a tensor group's shards, a pipeline's stages) read the same samples,
+    so each slice counts once; the slices' samples are disjoint, so they add up (the record's
+    `timing` is one trainer's)."""
+    slices: dict[int, int] = {}
+    for worker in record["workers"]:
+        if isinstance(worker, dict) and worker.get("bad_samples"):
+            rank = worker.get("data_rank", worker.get("rank", 0))
+            slices[rank] = max(slices.get(rank, 0), worker["bad_samples"])
+    return sum(slices.values()) or record["timing"].get("bad_samples") or 0
 
 
 def ps_rows(table: Table, record: dict) -> None:

@@ -31,7 +31,8 @@ def worker_summary(
         "peak_memory_bytes": peak_memory(device)[0],
         **{k: v for k, v in split.items() if k.endswith(("_s", "_share")) and v is not None},
         # Data read from disk by this trainer (its loader workers included): each sample of an
-        # epoch is read by exactly one trainer, so these add up to the epoch across trainers.
+        # epoch is read by one data-parallel slice (`data_rank`), so these add up across slices;
+        # a slice's trainers (a tensor group, a pipeline's stages) read the same samples.
         **(
             {
                 "samples_read": timing.io_samples,
