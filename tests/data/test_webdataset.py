@@ -446,3 +446,44 @@ def test_skipped_samples_count_each_data_parallel_slice_once():
     assert skipped_samples(tensor) == 1
     assert skipped_samples(ddp) == 3
     assert skipped_samples(record({"data_rank": 0})) == 1  # no worker counts: the timing's
+
+
+def test_a_pipeline_trains_past_a_skipped_sample(tmp_path):
+    """The defect: a pipeline run with `skip_bad: true` died at its first short batch (`Expected
+    input batch_size (25) to match target batch_size (24)`): its stages exchange microbatches
+    of fixed shapes. The short batch is filled to the whole with copies whose labels the loss
+    ignores; the run ends, its loss finite, the skip counted once. Its validation read
+    `data.val.tensors`, which streamed (and on-disk) data has not: it reads the loader now."""
+    import math
+
+    from dlscale import api
+    from dlscale.cli.progress import skipped_samples
+    from dlscale.jobspec import parse_spec
+
+    def with_one_bad(n):
+        image = png(np.full((8, 8), n % 256, np.uint8)) if n != 77 else b"not a png"
+        return {"__key__": f"s{n:05d}", "png": image, "cls": n % 4}
+
+    urls = write_shards(tmp_path / "shards", with_one_bad)
+    spec = parse_spec(
+        {
+            "name": "bad",
+            "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
+            "data": {
+                "name": "webdataset",
+                "urls": urls,
+                "num_classes": 4,
+                "val_urls": urls,
+                "shuffle_buffer": 0,
+                "skip_bad": True,
+            },
+            "batch_size": 50,
+            "epochs": 1,
+            "device": "cpu",
+            "strategy": {"name": "pipeline", "stages": 2, "microbatches": 2},
+        }
+    )
+    record = api.train(spec, out_dir=tmp_path / "run").to_json()
+    assert record["status"] == "completed" and record["final"]["step"] == 4
+    assert all(math.isfinite(s["loss"]) for s in record["steps"] if s.get("loss") is not None)
+    assert skipped_samples(record) == 1

@@ -8,9 +8,14 @@ from torch import nn
 
 from dlscale.train.device import autocast, eval_mode
 
+# A target the loss leaves out (F.cross_entropy's default ignore_index): the rows a pipeline
+# adds to a batch that skipped samples (strategies/pipeline/exchange.py `filled`).
+IGNORED_TARGET = -100
+
 
 def compute_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy; sequence outputs (B, T, V) are scored at every position."""
+    """Mean cross-entropy; sequence outputs (B, T, V) are scored at every position; targets of
+    IGNORED_TARGET are left out."""
     # Loss in fp32 even under autocast: softmax over a large vocabulary loses bits in bf16.
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 

@@ -27,7 +27,7 @@ from dlscale.strategies.pipeline.twobw import TwoBWStage
 from dlscale.strategies.worker import average_gradients, backend_for, join
 from dlscale.train.device import autocast
 from dlscale.train.exchange import Exchange
-from dlscale.train.score import compute_loss, count_correct
+from dlscale.train.score import IGNORED_TARGET, compute_loss, count_correct
 
 
 def thread_progress_lock() -> None:
@@ -42,6 +42,19 @@ def thread_progress_lock() -> None:
     except ImportError:
         return
     tqdm.set_lock(threading.RLock())
+
+
+def filled(x: torch.Tensor, y: torch.Tensor, batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A training batch shortened by skipped samples (data.skip_bad), made whole again: the
+    stages exchange microbatches of the shapes the first batch set (torch's PipelineStage), and
+    a short one stopped the run. The rows added copy the batch's first ones; their targets are
+    IGNORED_TARGET, which the loss leaves out."""
+    short = batch - y.shape[0]
+    if short <= 0 or y.shape[0] == 0:
+        return x, y
+    fill = torch.arange(short, device=y.device) % y.shape[0]
+    ignored = torch.full_like(y[fill], IGNORED_TARGET)
+    return torch.cat([x, x[fill]]), torch.cat([y, ignored])
 
 
 class Autocast(nn.Module):
@@ -74,6 +87,7 @@ class PipelineExchange(Exchange):
         self.sent_bytes = 0
         self.scaler = None
         self.steps_run = 0  # training steps this process ran (the slot count's length)
+        self.filled = False  # this step's batch was made whole (`filled`)
         self.twobw: TwoBWStage | None = None
         self.took = False  # 2bw: this step hands the optimizer a gradient
 
@@ -164,7 +178,10 @@ class PipelineExchange(Exchange):
         return Autocast(module, self.device, self.spec.precision)
 
     def _loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = compute_loss(logits, targets)
+        if self.filled and bool((targets == IGNORED_TARGET).all()):
+            loss = logits.float().sum() * 0.0  # a microbatch of filling only: nothing to learn
+        else:
+            loss = compute_loss(logits, targets)
         return self.scaler.scale(loss) if self.scaler is not None else loss  # fp16
 
     def _time_calls(self, stage) -> None:
@@ -210,6 +227,8 @@ class PipelineExchange(Exchange):
     def forward_backward(self, step, x: torch.Tensor, y: torch.Tensor):
         self.scaler, self.step = step.scaler, step
         self.steps_run += 1
+        self.filled = y.shape[0] < self.spec.batch_size  # samples skipped (data.skip_bad)
+        x, y = filled(x, y, self.spec.batch_size)
         t0 = time.perf_counter()
         losses: list[torch.Tensor] = []
         if self.twobw is not None:
@@ -272,33 +291,33 @@ class PipelineExchange(Exchange):
     # ---- evaluation and state
 
     def evaluate(self, module: nn.Module, loader, device, precision: str):
-        """Replica 0 evaluates through its pipeline's eval-mode stages (forward only, whole
-        batches padded to the training batch: the stages' buffers have that shape); its last
-        stage scores it."""
+        """Replica 0 evaluates through its pipeline's eval-mode stages (forward only, the
+        loader's batches cut into training batches and the last one padded: the stages'
+        buffers have that shape); its last stage scores it. Every stage reads the same loader
+        (in memory, from disk or streamed), so all run the same number of batches."""
         if self.replica != 0:
             return None
         self.eval_module.load_state_dict(module.state_dict())
-        val_x, val_y = self.data.val.tensors
         batch = self.spec.batch_size
-        total_loss, correct, seen = 0.0, 0, 0
+        total_loss, correct, seen, scored = 0.0, 0, 0, 0
         with torch.no_grad():
-            for start in range(0, len(val_y), batch):
-                x, y = val_x[start : start + batch], val_y[start : start + batch]
-                real = len(y)
-                # Pad to the whole batch with copies of the first rows (again and again when
-                # the set is smaller than a batch); they are not scored.
-                fill = torch.arange(batch - real) % len(val_y)
-                x = torch.cat([x, val_x[fill]])
-                padded = torch.cat([y, val_y[fill]])
-                output = self._run_schedule(x.to(device), padded.to(device), [], train=False)
-                if self.last:
-                    logits, y = output[:real].float(), y.to(device)
-                    total_loss += float(compute_loss(logits, y)) * real
-                    right, count = count_correct(logits, y)
-                    correct, seen = correct + right, seen + count
+            for whole_x, whole_y, *_ in loader:
+                for start in range(0, len(whole_y), batch):
+                    x, y = whole_x[start : start + batch], whole_y[start : start + batch]
+                    real = len(y)
+                    # Pad to the whole batch with copies of its first rows (again and again
+                    # when fewer than a batch are left); they are not scored.
+                    fill = torch.arange(batch - real) % real
+                    x, padded = torch.cat([x, x[fill]]), torch.cat([y, y[fill]])
+                    output = self._run_schedule(x.to(device), padded.to(device), [], train=False)
+                    if self.last:
+                        logits, y = output[:real].float(), y.to(device)
+                        total_loss += float(compute_loss(logits, y)) * real
+                        right, count = count_correct(logits, y)
+                        correct, seen, scored = correct + right, seen + count, scored + real
         if not self.last:
             return None
-        return (total_loss / len(val_y), correct / seen) if seen else (None, None)
+        return (total_loss / scored, correct / seen) if seen else (None, None)
 
     def full_state(self, state: dict) -> dict | None:
         """The stages' states merged (replica 0's: every replica holds the same weights)."""
