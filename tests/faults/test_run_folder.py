@@ -69,7 +69,10 @@ def test_two_runs_into_one_folder_at_once_one_is_refused(tmp_path: Path):
         assert processes[loser].returncode == 2, err
         assert f"{out} is in use by another dlscale run (pid {processes[winner].pid})" in err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-        while not (out / "run.json").exists():  # the winner goes on: its record appears
+        # The winner goes on: its record (written as it starts) and then a checkpoint appear.
+        # Stopped before its first checkpoint it would have none to check (a race while the
+        # test waited for run.json alone, which is written first).
+        while not (out / "run.json").exists() or latest_checkpoint(out) is None:
             assert processes[winner].poll() is None, processes[winner].communicate()[1]
             time.sleep(0.05)
         processes[winner].send_signal(signal.SIGINT)
@@ -286,4 +289,30 @@ def test_a_run_stopped_before_its_first_checkpoint_does_not_say_resume(
     with pytest.raises(typer.Exit) as saved:
         train(stops_after_saving, tmp_path / "saved" if out_given else None)
     assert saved.value.exit_code == 130
-    assert " ".join(capsys.readouterr().err.split()) == "interrupted: continue later with --resume"
+    said = " ".join(capsys.readouterr().err.split())
+    # --resume alone takes the newest run of the name: the folder is named
+    assert said.startswith("interrupted: continue later with --resume --out "), said
+    (kept,) = list(tmp_path.rglob("step-*.pt"))
+    assert Path(said.rsplit(" ", 1)[1]).resolve() == kept.parents[1], said  # relative if default
+
+
+def test_a_run_stopped_before_its_folder_says_nothing_of_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Ctrl-C during train's checks (before any folder) said `continue later with --resume`:
+    there is nothing anywhere to continue."""
+    import dlscale.api as api_module
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("DLSCALE_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(api_module, "check_run", stopped)
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "name: x\nmodel: {name: mlp}\ndata: {name: digits}\nbatch_size: 8\nsteps: 2\ndevice: cpu\n"
+    )
+    result = CliRunner().invoke(app, ["train", str(spec), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 130
+    assert result.stderr.strip() == "interrupted", result.stderr
+    assert not (tmp_path / "out").exists()

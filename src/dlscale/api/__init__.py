@@ -18,6 +18,7 @@ from dlscale.hardware import Hardware, load_catalogue, lookup
 from dlscale.hardware.mig import slices as mig_slices
 from dlscale.jobspec import Spec, load_spec
 from dlscale.models import ZOO, check_model, parameter_count_meta
+from dlscale.signals import say_on_stop
 from dlscale.strategies import CHECKS, STRATEGIES
 from dlscale.train import provenance
 from dlscale.train.ownership import claim, claim_new
@@ -65,8 +66,20 @@ def train(
     what run.json holds.
 
     `cluster` picks where workers run: `local` processes (the default) or a `ray` cluster at
-    `address` (`auto`, or HOST:PORT of its head).
+    `address` (`auto`, or HOST:PORT of its head). Stopped (Ctrl-C, SIGTERM: KeyboardInterrupt),
+    the exception's `hint` says what to do next: `--resume` where checkpoints were saved, what
+    to remove where none were, "" where the run had not begun.
     """
+    try:
+        return _train(spec, out_dir, resume, reporter, cluster, address)
+    except KeyboardInterrupt as stop:  # before the run began: train_in_folder says the rest
+        if getattr(stop, "hint", None) is None:
+            again = f"continue later with --resume{f' --out {out_dir}' if out_dir else ''}"
+            say_on_stop(stop, again if resume else "")  # a new run had saved nothing yet
+        raise
+
+
+def _train(spec, out_dir, resume: bool, reporter, cluster: str, address) -> RunRecord:
     from dlscale.launch import check_cluster
 
     check_cluster(cluster, address)

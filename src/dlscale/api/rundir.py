@@ -60,6 +60,8 @@ def train_in_folder(
         except KeyboardInterrupt as stop:  # Ctrl-C, SIGTERM: --resume only if it was saved
             if not ckpt.list_checkpoints(run_dir):
                 say_on_stop(stop, _nothing_saved(run_dir, out_dir is not None))
+            else:  # --resume alone takes the newest run of the name: this folder, named
+                say_on_stop(stop, f"continue later with --resume --out {run_dir}")
             raise
         return record
 

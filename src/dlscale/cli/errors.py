@@ -45,7 +45,9 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _hint(stop: KeyboardInterrupt, resumes: bool) -> str:
-    """': ' and what to do next: the stop's own word (signals.say_on_stop), else --resume where
-    the command has it; escaped (it may name a path)."""
-    hint = getattr(stop, "hint", None) or ("continue later with --resume" if resumes else "")
+    """': ' and what to do next: the stop's own word (signals.say_on_stop; "" for nothing to
+    say), else --resume where the command has it; escaped (it may name a path)."""
+    hint = getattr(stop, "hint", None)
+    if hint is None:  # the stop said nothing of itself (an empty hint says there is nothing)
+        hint = "continue later with --resume" if resumes else ""
     return f": {escape(hint)}" if hint else ""
