@@ -399,8 +399,9 @@ def test_data_stage_spec_reads_the_staged_copy(shards: Path, tmp_path: Path):
 def test_every_process_of_a_run_records_the_run_s_copies(shards: Path, tmp_path: Path):
     """The defect: under ddp (or a ps parent that stages before its workers) run.json's staging
     said what the process writing it had copied itself: all of it or none, run to run, by who
-    won the stage lock. Copies are tagged with the run (its folder): each of its processes
-    counts the run's copies, whichever made them; another run copies nothing and says so."""
+    won the stage lock. Copies are tagged with the run (its claim of its folder,
+    ownership.claim_token): each of its processes counts the run's copies, whichever made them;
+    another run copies nothing and says so."""
     spec = WebDatasetData(
         name="webdataset",
         urls=str(shards / "train-{000000..000002}.tar"),
@@ -453,6 +454,9 @@ def test_training_with_data_stage_records_the_staging_in_run_json(
     staging = json.loads((tmp_path / "run" / "run.json").read_text())["data"]["staging"]
     assert staging == record.data.staging and staging["files"] == 6
     assert staging["copied_files"] == 6 and staging["copied_bytes"] == staging["bytes"]
+    if strategy == "{name: single}":  # another run (its own claim of its folder) copies none
+        again = api.train(spec, out_dir=tmp_path / "again").data.staging
+        assert again["copied_files"] == 0 and again["copied_bytes"] == 0
     assert staging["dir"] == str(tmp_path / "local") and staging["verified"] == "sha256"
     assert staging["staged_s"] > 0 and (tmp_path / "local" / "train-000003.tar").is_file()
 

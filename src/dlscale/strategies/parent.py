@@ -19,6 +19,7 @@ from dlscale.models import build_model
 from dlscale.strategies.events import default_launcher, forward_to
 from dlscale.train.checkpoint import naming_intact
 from dlscale.train.faults import record_end
+from dlscale.train.ownership import claim_token
 from dlscale.train.plan import Plan
 from dlscale.train.reporter import NullReporter, Reporter
 
@@ -115,7 +116,8 @@ def initial_model(spec: Spec, data_world: int | None = None, run_dir: Path | Non
     staged for the run in `run_dir` where the spec stages it; with `data_world`, a batch too
     large for the data is one line here, before any process."""
     torch.manual_seed(spec.seed)
-    data = build_data(spec.data, spec.seed, stage=True, run=str(run_dir) if run_dir else None)
+    run = claim_token(run_dir) if run_dir is not None else None
+    data = build_data(spec.data, spec.seed, stage=True, run=run)
     if data_world is not None:
         Plan.of(spec, data.num_train, data_world)
     return build_model(spec.model.name, spec.model.kwargs, data.model_defaults()), data

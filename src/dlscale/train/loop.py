@@ -24,6 +24,7 @@ from dlscale.train.exchange import Exchange
 from dlscale.train.faults import Faults
 from dlscale.train.history import History, epoch_record
 from dlscale.train.metrics import StepTiming
+from dlscale.train.ownership import claim_token
 from dlscale.train.plan import Plan, check_model_fits_data, check_trainable
 from dlscale.train.record import RUN_RECORD, RunRecord
 from dlscale.train.reporter import NullReporter, Reporter
@@ -67,7 +68,7 @@ class Trainer:
         if self.device.type == "cpu" and spec.keep_freed_memory:
             keep_freed_memory()  # no page faults a step for large tensors (train/allocator.py)
         torch.manual_seed(spec.seed)
-        self.data = build_data(spec.data, spec.seed, stage=True, run=str(self.run_dir))
+        self.data = build_data(spec.data, spec.seed, stage=True, run=claim_token(self.run_dir))
         whole = build_model(spec.model.name, spec.model.kwargs, self.data.model_defaults())
         check_model_fits_data(whole, self.data, spec.model.name)
         check_trainable(whole, spec.model.name)

@@ -35,6 +35,18 @@ _held_here: set[Path] = set()  # folders this process holds: its own runs nest i
 LOCK_RETRY_S = 0.02
 
 
+def claim_token(folder: Path) -> str | None:
+    """What names this claim of `folder` and no other: its path and its lock file's identity
+    (made afresh by every claim). The processes of one run agree on it while the run holds the
+    folder; a rerun or a resume gets another. None where the folder is not held (its lock is on
+    another host's disk, or gone)."""
+    try:
+        lock = os.stat(Path(folder) / LOCK_NAME)
+    except OSError:
+        return None
+    return f"{os.path.realpath(folder)}#{lock.st_ino}:{lock.st_ctime_ns}"
+
+
 def claim(folder: Path, within: Path | None = None) -> contextlib.AbstractContextManager[Path]:
     """Hold `folder` for as long as the block runs: made if missing, refused in one line if it
     cannot be a folder, or another process holds it or a folder it is inside. `within`: a folder
