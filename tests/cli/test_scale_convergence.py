@@ -194,6 +194,8 @@ def test_a_count_whose_global_batch_passes_the_data_is_refused_before_any_run(tm
     out = tmp_path / "out"
     with pytest.raises(UserError, match="larger than the training set"):
         experiments.scale(spec, [1, 2, 4], out, steps=2)
+    with pytest.raises(UserError, match="--workers: 2 is given twice"):  # run once, silently
+        experiments.scale(spec, [1, 2, 2], out, steps=2)
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -258,8 +260,8 @@ def test_an_interrupted_scale_says_what_it_kept_and_how_to_run_again(tmp_path: P
     said = " ".join(capsys.readouterr().err.split())
     assert stop.value.exit_code == 130
     assert said == (
-        f"interrupted: after 1 of 3 runs (workers-1); their runs are kept in {out}: to run them "
-        f"all again, remove {out} or choose another --out"
+        f"interrupted: after 1 of 3 runs (workers-1), kept in {out} (a rerun into that folder is "
+        "refused until it is removed)"
     )
     # Stopped in its first run, whose folder (its run.json, written as it starts) stays.
     started = tmp_path / "started"
@@ -272,6 +274,6 @@ def test_an_interrupted_scale_says_what_it_kept_and_how_to_run_again(tmp_path: P
     with pytest.raises(KeyboardInterrupt) as first:
         train_in_turn(started, {"workers-1": started_then_stopped, "workers-2": done}, None)
     assert first.value.hint == (
-        f"before its first run ended, whose folder stays in {started}: to run again, remove "
-        f"{started} or choose another --out"
+        f"before its first run ended, whose folder stays in {started} (a rerun into that folder "
+        "is refused until it is removed)"
     )

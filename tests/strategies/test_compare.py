@@ -331,20 +331,40 @@ def test_the_workers_start_up_is_paid_before_the_first_timed_run(
     tmp_path: Path, monkeypatch, strategies, warmed
 ):
     """The defect: compare's wall column charged the first strategy the fork server's imports
-    (ddp 4.1 s first, 0.2 s second, in either order): the server is made ready before the first
-    run is timed, where any strategy forks workers; a run in this process forks none."""
+    (ddp 4.1 s first, 0.2 s second, in either order): the server is made ready once the folder
+    is held and checked, before the first run is timed, where any strategy forks workers; a
+    run in this process forks none."""
     from dlscale.launch import start
 
     seen: list[str] = []
     monkeypatch.setattr(start, "warmed_up", lambda: seen.append("warmed up"))
+    real_turns = experiments.train_in_turn
 
-    def first_run(out, runs, on_run):
-        seen.append("runs")
-        raise KeyboardInterrupt  # enough: the order is known
+    def turns(out, runs, on_run, ready=None):
+        def first(run_dir: Path) -> dict:
+            seen.append("run")
+            raise KeyboardInterrupt  # enough: the order is known
 
-    monkeypatch.setattr(experiments, "train_in_turn", first_run)
+        return real_turns(out, dict.fromkeys(runs, first), on_run, ready)
+
+    monkeypatch.setattr(experiments, "train_in_turn", turns)
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump(BASE))
     with pytest.raises(KeyboardInterrupt):
         experiments.compare(spec, strategies, 2, tmp_path / "out")
-    assert seen == (["warmed up", "runs"] if warmed else ["runs"])
+    assert seen == (["warmed up", "run"] if warmed else ["run"])
+    # A folder holding an earlier run is refused before the wait, not after it
+    seen.clear()
+    (tmp_path / "held" / strategies[0]).mkdir(parents=True)
+    (tmp_path / "held" / strategies[0] / "run.json").write_text("{}")
+    with pytest.raises(UserError, match=r"already holds a run's run\.json"):
+        experiments.compare(spec, strategies, 2, tmp_path / "held")
+    assert seen == []
+
+
+def test_a_repeated_strategy_is_refused_by_the_api_too(tmp_path: Path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump(BASE))
+    with pytest.raises(UserError, match="--strategies: ddp is given twice"):
+        experiments.compare(spec, ["ddp", "async", "ddp"], 2, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

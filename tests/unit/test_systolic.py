@@ -200,6 +200,9 @@ def test_each_dataflow_keeps_its_operand_in_place():
 def test_bad_dataflows_and_arrays_are_one_line(tmp_path):
     with pytest.raises(UserError, match="'xs' is not a dataflow"):
         parse_dataflows("ws,xs")
+    with pytest.raises(UserError, match="--dataflow: ws is given twice"):
+        parse_dataflows("ws,os,ws")  # it was mapped once without a word
+    assert parse_dataflows("os, ws") == ("os", "ws")
     with pytest.raises(UserError, match="at least 1 row and 1 column"):
         compute_cycles("ws", 8, 8, 8, 0, 4)
     entry = {

@@ -54,6 +54,9 @@ def scale(
     check_cluster(cluster, address)
     if not workers or min(workers) < 1:
         raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
+    twice = next((n for i, n in enumerate(workers) if n in workers[:i]), None)
+    if twice is not None:  # it would run once: said, as the command's --workers does
+        raise UserError(f"--workers: {twice} is given twice")
     if steps is not None and steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     check_scale_options(lr_scaling, target_accuracy)
@@ -84,12 +87,9 @@ def scale(
             row.update(convergence(record, specs[count], target_accuracy))
         return row
 
-    if cluster == "local" and not all(run.strategy.in_process for run in specs.values()):
-        from dlscale.launch.start import warmed_up
-
-        warmed_up()  # the fork server's imports: not in the first count's times (as compare)
+    forks = not all(run.strategy.in_process for run in specs.values())
     runs = {f"workers-{count}": partial(run, count) for count in counts}
-    rows = train_in_turn(out, runs, on_run)
+    rows = train_in_turn(out, runs, on_run, _before_timing(cluster, forks))
     result = scale_result(spec, str(spec_path), rows, steps, cluster, threads)
     result.update(lr_scaling=lr_scaling, target_accuracy=target_accuracy, convergence=converge)
     predicted = _with_scale_prediction(result, spec_path, workers, threads, cluster)
@@ -162,12 +162,9 @@ def compare(
         record = train(specs[name], run_dir, cluster=cluster, address=address).to_json()
         return compare_row(name, record, str(run_dir), time.perf_counter() - started)
 
-    if cluster == "local" and len(in_process) < len(names):
-        from dlscale.launch.start import warmed_up
-
-        warmed_up()  # the workers' fork server's imports: paid here, not by the first row's wall
+    ready = _before_timing(cluster, forks=len(in_process) < len(names))
     runs = {name: partial(run, name) for name in names}
-    rows = train_in_turn(out, runs, on_run)
+    rows = train_in_turn(out, runs, on_run, ready)
     return CompareResult.from_json(
         compare_result(spec, str(spec_path), rows, workers, epochs, cluster)
     )
@@ -177,14 +174,18 @@ def train_in_turn(
     out: Path,
     runs: dict[str, Callable[[Path], dict]],
     on_run: Callable[[dict], None] | None,
+    ready: Callable[[], None] | None = None,
 ) -> list[dict]:
     """Hold `out` (one scale or compare into a folder at a time), then each run in turn: the row
     `runs[name](out / name)` trains and measures, each given to `on_run` as soon as it is made;
-    first, one line if any of those folders holds what an earlier run left."""
+    first, one line if any of those folders holds what an earlier run left, then `ready()`
+    (what must be done before the first run is timed)."""
     rows = []
     with claim(out):
         for name in runs:  # before the first run trains, not when the second would start
             refuse_a_previous_run(Path(out) / name, resumable=False)
+        if ready is not None:
+            ready()
         for name, run in runs.items():
             try:
                 rows.append(run(Path(out) / name))
@@ -197,16 +198,28 @@ def train_in_turn(
     return rows
 
 
+def _before_timing(cluster: str, forks: bool) -> Callable[[], None] | None:
+    """What runs timed one after another pay once, before the first (else the first pays it
+    alone): the fork server's imports for local workers, `import ray` for a Ray cluster."""
+    if cluster == "local" and forks:
+        from dlscale.launch.start import warmed_up
+
+        return warmed_up
+    if cluster == "ray":
+        from dlscale.launch.ray_cluster import import_ray
+
+        return import_ray
+    return None
+
+
 def _interrupted_runs(out: Path, finished: list[str], total: int) -> str:
     """What a scale or compare stopped part way tells its user: the runs that finished, where
-    they stay, and that a rerun into that folder is refused (refuse_a_previous_run)."""
-    again = f"remove {out} or choose another --out"
+    they stay, and that a rerun into that folder is refused (refuse_a_previous_run) until it is
+    removed (a rerun without --out makes a new folder)."""
+    again = "a rerun into that folder is refused until it is removed"
     if not finished:
-        return f"before its first run ended, whose folder stays in {out}: to run again, {again}"
-    return (
-        f"after {len(finished)} of {total} runs ({', '.join(finished)}); their runs are kept "
-        f"in {out}: to run them all again, {again}"
-    )
+        return f"before its first run ended, whose folder stays in {out} ({again})"
+    return f"after {len(finished)} of {total} runs ({', '.join(finished)}), kept in {out} ({again})"
 
 
 def _with_scale_prediction(result: dict, spec_path, workers, threads: int, cluster: str) -> dict:

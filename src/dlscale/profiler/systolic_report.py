@@ -38,14 +38,17 @@ class SystolicReport:
 def parse_dataflows(text: str) -> tuple[str, ...]:
     if text == "all":
         return DATAFLOWS
-    names = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [name for name in names if name not in DATAFLOWS]
-    if unknown or not names:
+    given = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [name for name in given if name not in DATAFLOWS]
+    if unknown or not given:
         raise UserError(
             f"--dataflow: '{unknown[0] if unknown else text}' is not a dataflow; "
             f"use ws, is, os, a list of them, or all"
         )
-    return names
+    twice = next((name for i, name in enumerate(given) if name in given[:i]), None)
+    if twice is not None:  # it would be mapped once: said, as --hardware twice is
+        raise UserError(f"--dataflow: {twice} is given twice")
+    return tuple(given)
 
 
 def systolic_reports(
