@@ -251,7 +251,7 @@ def single_device_table() -> list[dict]:
 # - Horovod (NCCL 2) on 25 GbE RoCE: how much slower its all-reduces ran inside training than
 #   the links alone predict (the link's `contention`).
 # Which field each framework derives was chosen after seeing the rows (a single TF contention
-# factor left VGG-16 at batch 32 17–29 points off; docs/profile.md says more).
+# factor, 14.1, leaves VGG-16 at batch 32 20 and 37 points off; docs/profile.md says more).
 # Everything else is cited: link rates and latencies (links.toml; NCCL's src/graph/tuning.cc),
 # Horovod's 64 MiB fusion buffer and 5 ms cycle (horovod/common/operations.cc defaults),
 # TF's per-variable all-reduce, the step-time spread's default (profiler/collectives.py STEP_CV).
