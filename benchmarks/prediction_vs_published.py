@@ -426,9 +426,15 @@ def _one_step(run: ScalingRun, trace: StepTrace, hardware) -> tuple[float, str]:
         return run.batch / run.measured_one, "published 1-device"
     if (run.model, run.batch) in DGX1_ONE_GPU:  # the DGX-1 P100's published one-GPU figure
         return run.batch / DGX1_ONE_GPU[run.model, run.batch], "DGX-1 P100's published 1-device"
-    # ResNet-101: the roofline, scaled by ResNet-50's published / predicted step on the P100
-    resnet50 = predict(_trace("resnet50", 64), hardware).step_s
-    ratio = (64 / DGX1_ONE_GPU["resnet50", 64]) / resnet50
+    # ResNet-101: the roofline, scaled by ResNet-50's published / predicted step on the P100,
+    # that run predicted as it ran (its weights on the host: the ps on one GPU), so that the
+    # ratio is the compute's alone (Horovod kept the weights on the GPUs)
+    (resnet50,) = [
+        r
+        for r in SINGLE_DEVICE_RUNS
+        if (r.model, r.batch, r.hardware) == ("resnet50", 64, SCALING_DEVICE)
+    ]
+    ratio = predicted_images_per_s(resnet50) / resnet50.images_per_s
     return predict(trace, hardware).step_s * ratio, f"roofline × ResNet-50's {ratio:.2f}"
 
 

@@ -71,3 +71,5 @@ def test_the_scaling_rows_divide_by_the_single_device_tables_figure():
     for run in dgx1:
         assert run.source == bench.TF_BENCHMARKS
         assert run.measured_one == single[run.model, run.batch], run.label
+    # The revision read (tests of May 2017), not the earlier one (132 and 124 images/s)
+    assert (single["vgg16", 64], single["vgg16", 32]) == (154, 144)
