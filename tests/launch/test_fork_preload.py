@@ -2,6 +2,8 @@
 
 import sys
 
+import pytest
+
 from dlscale.launch import start
 from tests.conftest import run_script
 
@@ -46,3 +48,36 @@ def test_the_servers_imports_ignore_ctrl_c_and_leave_its_handler_as_it_was(tmp_p
     )
     done = run_script(QUIET_IMPORT, str(tmp_path))  # it is sent SIGINT, whatever we inherited
     assert (done.returncode, done.stderr, done.stdout.strip()) == (0, "", "imported")
+
+
+class _Recorded:
+    """A multiprocessing context that records the processes it would start."""
+
+    def __init__(self, method: str):
+        self.method, self.started = method, []
+
+    def get_start_method(self) -> str:
+        return self.method
+
+    def Process(self, target, daemon: bool):  # multiprocessing's name
+        context = self
+
+        class Started:
+            def start(self) -> None:
+                context.started.append("start")
+
+            def join(self) -> None:
+                context.started.append("join")
+
+        return Started()
+
+
+@pytest.mark.parametrize(("method", "started"), [("forkserver", ["start", "join"]), ("spawn", [])])
+def test_warmed_up_waits_for_one_fork_only_where_workers_fork(monkeypatch, method, started):
+    """compare and scale call it before their first timed run: under the fork server it forks
+    one process and waits for its end (the server's imports done); spawned workers each pay
+    their own start, so there is nothing to wait for."""
+    recorded = _Recorded(method)
+    monkeypatch.setattr(start, "context", lambda: recorded)
+    start.warmed_up()
+    assert recorded.started == started
