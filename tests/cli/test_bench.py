@@ -369,3 +369,40 @@ def test_a_bench_never_replaces_an_earlier_result_in_its_out_folder(tmp_path, dl
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     (out / "matmul.json").unlink()  # a plot alone is a result too
     assert runner.invoke(app, ["bench", "matmul", "--sizes", "8", "--out", str(out)]).exit_code == 2
+
+
+def test_batch_bench_takes_every_zoo_model_and_a_factory_with_its_shape(tmp_path, monkeypatch):
+    """The defects: `bench batch --model lstm` (a zoo model: a sequence classifier) was fed
+    next-token targets and refused (`expected (1, 64, 256)`); a package.module:factory, which
+    --help offers, was told to give --input-shape, an option bench batch had not."""
+    (tmp_path / "tiny_factory.py").write_text(
+        "import torch\n"
+        "def build(num_classes=10):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, num_classes))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    from dlscale.bench import batch as batch_bench
+
+    lstm = batch_bench.run_batch_bench("lstm", [2], None, 1, 0.5)
+    assert [row["status"] for row in lstm["rows"]] == ["measured"]
+    factory = runner.invoke(
+        app,
+        [
+            "bench",
+            "batch",
+            "--model",
+            "tiny_factory:build",
+            "--input-shape",
+            "3x2x2",
+            "--batches",
+            "1,2",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+    )
+    assert factory.exit_code == 0, factory.output
+    saved = json.loads((tmp_path / "out" / "batch.json").read_text())
+    assert saved["input_shape"] == [3, 2, 2] and len(saved["rows"]) == 2

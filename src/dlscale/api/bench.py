@@ -10,8 +10,9 @@ from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
 from dlscale.bench.precision import LATENCY_BATCH
+from dlscale.errors import UserError
 from dlscale.hardware import Hardware
-from dlscale.jobspec import load_spec
+from dlscale.jobspec import StoredData, load_spec
 from dlscale.train.run_folder import new_run_dir
 from dlscale.train.run_folder import output_dir as made_output_dir
 
@@ -116,9 +117,15 @@ def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -
     from dlscale.launch.processes import available_cores
 
     # This process and its DataLoader workers, at the largest count measured.
-    check_process_count(max(workers) + 1, "bench loader", available_cores())
-
-    return run_loader_bench(load_spec(spec_path) if spec_path else None, workers, steps)
+    check_process_count(max(workers) + 1, "bench loader", available_cores(), spread=False)
+    spec = load_spec(spec_path) if spec_path else None
+    if spec is not None and isinstance(spec.data, StoredData):
+        raise UserError(
+            f"bench loader times per-sample loading of a data set held in memory; {spec_path} "
+            f"reads its data ({spec.data.name}) from disk: `dlscale bench io {spec_path}` "
+            "measures that (storage, decoding, the model)"
+        )
+    return run_loader_bench(spec, workers, steps)
 
 
 def default_loader_steps() -> int:
@@ -172,13 +179,19 @@ def default_dataset_size() -> int:
 
 
 def bench_batch(
-    model: str, batches: list[int], kwargs: dict | None, steps: int, memory_fraction: float
+    model: str,
+    batches: list[int],
+    kwargs: dict | None,
+    steps: int,
+    memory_fraction: float,
+    input_shape: list[int] | None = None,
 ) -> dict:
-    """A zoo model's training throughput at each batch size, measured and predicted; a batch
-    predicted to need more than `memory_fraction` of the free memory is not run (`bench batch`)."""
+    """A model's training throughput at each batch size, measured and predicted; a batch
+    predicted to need more than `memory_fraction` of the free memory is not run (`bench batch`).
+    `input_shape`: one sample's, for a model outside the zoo (package.module:factory)."""
     from dlscale.bench.batch import run_batch_bench
 
-    return run_batch_bench(model, batches, kwargs, steps, memory_fraction)
+    return run_batch_bench(model, batches, kwargs, steps, memory_fraction, input_shape=input_shape)
 
 
 def default_batches() -> tuple[int, ...]:

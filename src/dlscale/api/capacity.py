@@ -90,14 +90,15 @@ def local_processes(spec: Spec) -> tuple[int, str]:
     return processes, f"{what} with loader.workers: {loaders}"
 
 
-def check_process_count(processes: int, what: str, cores: int) -> None:
-    """More local processes than MAX_PROCESSES_PER_CORE per core: one line, before any starts."""
+def check_process_count(processes: int, what: str, cores: int, spread: bool = True) -> None:
+    """More local processes than MAX_PROCESSES_PER_CORE per core: one line, before any starts.
+    `spread`: the command can place them on a Ray cluster (--cluster ray) instead."""
     limit = MAX_PROCESSES_PER_CORE * cores
     if processes > limit:
+        elsewhere = ", or spread them over machines with --cluster ray" if spread else ""
         raise UserError(
             f"{what} would start {processes} processes here; this machine runs at most {limit} "
-            f"({MAX_PROCESSES_PER_CORE} per core, {cores} cores): use fewer, or spread them over "
-            "machines with --cluster ray"
+            f"({MAX_PROCESSES_PER_CORE} per core, {cores} cores): use fewer{elsewhere}"
         )
 
 

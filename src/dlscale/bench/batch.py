@@ -8,6 +8,7 @@ an allocation failure ends the sweep too. The roofline on `local` gives the pred
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -30,14 +31,21 @@ WARMUP_STEPS = 2
 
 
 def synthetic_spec(
-    model: str, kwargs: dict, shape: list[int], tokens: bool, batch: int, samples: int, device: str
+    model: str,
+    kwargs: dict,
+    shape: list[int],
+    tokens: bool,
+    batch: int,
+    samples: int,
+    device: str,
+    sequence_classes: bool = False,
 ) -> Spec:
     """A spec training `model` on seeded synthetic data shaped like its real input."""
-    if tokens:
+    if tokens:  # next-token targets, or one class a sequence (`sequence_classes`)
         data = {
             "name": "synthetic",
             "kind": "tokens",
-            "task": "language_modeling",
+            "task": "classification" if sequence_classes else "language_modeling",
             "seq_len": shape[0],
             "vocab_size": 256,
             "num_samples": samples,
@@ -46,7 +54,8 @@ def synthetic_spec(
         data = {"name": "synthetic", "shape": shape, "num_classes": 10, "num_samples": samples}
     return parse_spec(
         {
-            "name": f"bench-{model}",
+            # a factory's package.module:factory is no spec name: its other characters as -
+            "name": "bench-" + re.sub(r"[^A-Za-z0-9._-]", "-", model),
             "model": {"name": model, "kwargs": kwargs},
             "data": data,
             "batch_size": batch,
@@ -62,6 +71,7 @@ def run_batch_bench(
     steps: int = 5,
     memory_fraction: float = 0.5,
     device: str = "auto",
+    input_shape: list[int] | None = None,
 ) -> dict:
     if not 0 < memory_fraction <= 0.9:
         raise UserError(f"--memory-fraction must be in (0, 0.9] (got {memory_fraction})")
@@ -72,15 +82,16 @@ def run_batch_bench(
         )
     dev = bench_device(device)
     kwargs = dict(kwargs or {})
-    probe = resolve(model, 1, model_kwargs=kwargs)
+    probe = resolve(model, 1, input_shape, model_kwargs=kwargs)
     shape, tokens = list(probe.sample.shape), not probe.sample.is_floating_point()
-    if not tokens:
+    classes = tokens and _one_output_a_sequence(probe)  # an LSTM classifier, not a GPT
+    if not tokens or classes:
         kwargs.setdefault("num_classes", 10)  # synthetic data has 10 classes
     local = get_hardware("local") if local_entry_path().is_file() else None
     budget = int(available_memory_bytes(dev) * memory_fraction)
     rows = []
     for batch in sorted(batches or DEFAULT_BATCHES):
-        row = _batch_row(model, kwargs, shape, tokens, batch, steps, dev, local, budget)
+        row = _batch_row(model, kwargs, shape, tokens, batch, steps, dev, local, budget, classes)
         rows.append(row)
         if row["status"] != "measured":
             break  # memory has run out (or would have): larger batches cannot do better
@@ -96,7 +107,17 @@ def run_batch_bench(
     }
 
 
-def _batch_row(model, kwargs, shape, tokens, batch, steps, dev, local, budget) -> dict:
+def _one_output_a_sequence(probe) -> bool:
+    """Whether a token model answers once a sequence (a classifier: (B, classes)) rather than
+    at every position (a language model: (B, T, vocabulary)), from a forward on the meta
+    device (nothing allocated)."""
+    with torch.device("meta"):
+        module = probe.build()
+        output = module(probe.sample.unsqueeze(0).to("meta"))
+    return getattr(output, "ndim", 3) == 2
+
+
+def _batch_row(model, kwargs, shape, tokens, batch, steps, dev, local, budget, classes) -> dict:
     workload = resolve(model, batch, shape, "fp32", "adam", tokens, kwargs)
     result = profiler.profile(workload, [local] if local else [])
     row = {
@@ -112,7 +133,7 @@ def _batch_row(model, kwargs, shape, tokens, batch, steps, dev, local, budget) -
         row["status"] = "over memory budget"
         return row
     samples = batch * (WARMUP_STEPS + steps + 1) * 5 // 4 + 1  # 80% of synthetic data trains
-    spec = synthetic_spec(model, kwargs, shape, tokens, batch, samples, str(dev))
+    spec = synthetic_spec(model, kwargs, shape, tokens, batch, samples, str(dev), classes)
     try:
         with tempfile.TemporaryDirectory() as scratch:
             times = sorted(measure_steps(Trainer(spec, Path(scratch)), WARMUP_STEPS, steps))

@@ -16,6 +16,7 @@ from dlscale.cli.bench_link import link_command
 from dlscale.cli.errors import user_errors
 from dlscale.cli.help import FlagHelpGroup
 from dlscale.cli.options import parse_int_list, parse_kwargs
+from dlscale.cli.profile import shape_list
 from dlscale.cli.progress import percent
 from dlscale.errors import UserError
 from dlscale.tables import output_console
@@ -438,6 +439,9 @@ def batch(
     memory_fraction: float = typer.Option(
         0.5, "--memory-fraction", help="Share of free memory a batch may be predicted to use."
     ),
+    input_shape: str | None = typer.Option(
+        None, "--input-shape", help="One sample's shape, e.g. 3,32,32 (a model outside the zoo)."
+    ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
 ) -> None:
     """Throughput vs batch size until memory runs out, with the roofline's curve beside it."""
@@ -445,8 +449,16 @@ def batch(
     if steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     model_kwargs = parse_kwargs(kwargs)
+    shape = None
+    if input_shape is not None:  # 3,32,32 or 3x32x32, as profile takes it
+        shape = parse_int_list(shape_list(input_shape), "--input-shape")
     result = bench.bench_batch(
-        model, parse_int_list(batches, "--batches", once=True), model_kwargs, steps, memory_fraction
+        model,
+        parse_int_list(batches, "--batches", once=True),
+        model_kwargs,
+        steps,
+        memory_fraction,
+        shape,
     )
     console.print(batch_table(result))
     print_written(*bench.write_outputs("batch", result, out))
