@@ -406,3 +406,22 @@ def test_batch_bench_takes_every_zoo_model_and_a_factory_with_its_shape(tmp_path
     assert factory.exit_code == 0, factory.output
     saved = json.loads((tmp_path / "out" / "batch.json").read_text())
     assert saved["input_shape"] == [3, 2, 2] and len(saved["rows"]) == 2
+
+
+def test_bench_loader_refuses_data_read_from_disk_in_one_line(tmp_path):
+    """The defect: `bench loader --spec` of a WebDataset spec ended in a traceback
+    (`'WebDatasetStream' object has no attribute 'tensors'`): it times per-sample loading of
+    a data set held in memory. Too many workers no longer offers --cluster ray, which it has
+    not."""
+    spec = tmp_path / "wds.yaml"
+    spec.write_text(
+        "name: wds\nmodel: {name: mlp}\nbatch_size: 8\n"
+        f"data: {{name: webdataset, urls: '{tmp_path}/train-000000.tar', num_classes: 4}}\n"
+    )
+    result = runner.invoke(app, ["bench", "loader", "--spec", str(spec), "--steps", "8"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    said = " ".join(result.stderr.split())
+    assert "reads its data (webdataset) from disk" in said and "dlscale bench io" in said
+    many = runner.invoke(app, ["bench", "loader", "--workers", "0,1000", "--steps", "8"])
+    assert many.exit_code == 2 and "use fewer" in many.stderr
+    assert "--cluster" not in many.stderr
