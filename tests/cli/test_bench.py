@@ -425,3 +425,23 @@ def test_bench_loader_refuses_data_read_from_disk_in_one_line(tmp_path):
     many = runner.invoke(app, ["bench", "loader", "--workers", "0,1000", "--steps", "8"])
     assert many.exit_code == 2 and "use fewer" in many.stderr
     assert "--cluster" not in many.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["levels", "SPEC", "--max-threads", "0"], "--max-threads must be at least 1 (got 0)"),
+        (["sparsity", "SPEC", "--finetune-steps", "-1"], "--finetune-steps: must be 0 or more"),
+        (["sparsity", "SPEC", "--levels", "0,0.5,0.5"], "--levels: 0.5 is given twice"),
+    ],
+)
+def test_counts_the_benches_took_silently_are_refused(tmp_path, args, expected):
+    """The defects: `--max-threads 0` ran (as the cores' count) while -1 was refused; a
+    negative --finetune-steps was run and recorded; a level given twice was measured twice."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("name: t\nmodel: {name: mlp}\ndata: {name: digits}\nbatch_size: 8\n")
+    args = [str(spec) if arg == "SPEC" else arg for arg in args]
+    result = runner.invoke(app, ["bench", *args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2, result.output
+    assert expected in " ".join(result.stderr.split())
+    assert not (tmp_path / "out").exists()

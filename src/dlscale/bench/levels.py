@@ -104,7 +104,7 @@ def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None,
     if steps < 3:
         raise UserError(f"--steps: at least 3 timed steps (got {steps})")
     facts = machine_facts()
-    top = max_threads or facts["cores"]
+    top = facts["cores"] if max_threads is None else max_threads  # 0 is no count: refused
     if top < 1:
         raise UserError(f"--max-threads must be at least 1 (got {top})")
     # Each count is a measurement (and the ddp level starts that many processes): past the

@@ -82,8 +82,13 @@ def run_sparsity_bench(
         raise UserError(f"--pattern must be unstructured or 2:4 (got '{pattern}')")
     if not levels or any(not 0 <= level < 1 for level in levels):
         raise UserError(f"--levels are fractions in [0, 1), e.g. 0,0.5,0.9 (got {levels})")
+    twice = next((level for i, level in enumerate(levels) if level in levels[:i]), None)
+    if twice is not None:  # it would be pruned and timed twice
+        raise UserError(f"--levels: {twice:g} is given twice")
     if pattern == "2:4" and any(level not in (0, 0.5) for level in levels):
         raise UserError("--pattern 2:4 prunes exactly half: give --levels 0,0.5")
+    if finetune_steps < 0:
+        raise UserError(f"--finetune-steps: must be 0 or more (got {finetune_steps})")
     if latency_batch < 1:
         raise UserError(f"--latency-batch: must be a positive integer (got {latency_batch})")
     spec = load_spec(spec_path)

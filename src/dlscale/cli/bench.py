@@ -56,7 +56,9 @@ def print_written(json_path: Path, png_path: Path) -> None:
 @app.command()
 @user_errors
 def machine(
-    quick: bool = typer.Option(False, "--quick", help="Fewer sizes, shorter timings (seconds)."),
+    quick: bool = typer.Option(
+        False, "--quick", help="Fewer sizes, shorter timings: a few minutes instead of several."
+    ),
     out: Path | None = typer.Option(None, "--out", help=OUT_HELP),
     no_save: bool = typer.Option(
         False, "--no-save", help="Do not save the result as the 'local' hardware entry."
