@@ -114,6 +114,7 @@ def test_bench_io_bad_options_are_one_line_before_any_work(tmp_path: Path, args,
     result = runner.invoke(app, ["bench", "io", str(spec), *args, "--out", str(tmp_path / "o")])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert result.stderr.strip().splitlines() == [f"error: {expected}"]
+    assert "measuring" not in result.stdout  # refused before it says it measures
 
 
 def test_the_verdict_names_the_bound_and_the_loader_workers_that_remove_it():

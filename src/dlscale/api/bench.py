@@ -199,6 +199,14 @@ def default_batches() -> tuple[int, ...]:
     return DEFAULT_BATCHES
 
 
+def check_io(spec_path: str | Path, readers: int | None, seconds: float) -> None:
+    """What `bench io` refuses (its options, a spec that is not one, data held in memory), in
+    one line, before anything is measured or said."""
+    from dlscale.bench.io import check_io_inputs
+
+    check_io_inputs(load_spec(spec_path), readers, seconds)
+
+
 def bench_io(spec_path: str | Path, readers: int | None, seconds: float) -> dict:
     """Storage read (1 and N readers), decode per loader worker and the model's rate, side by
     side, with the one that bounds training (`dlscale bench io`)."""

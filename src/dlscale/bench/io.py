@@ -263,15 +263,20 @@ def measure(spec: Spec, readers: int, seconds: float) -> dict:
         }
 
 
-def run_io_bench(
-    spec: Spec, readers: int | None = None, seconds: float = DEFAULT_SECONDS, cores: int = 1
-) -> dict:
-    """Storage (1 and N readers), decoding per worker and the model, then the verdict."""
+def check_io_inputs(spec: Spec, readers: int | None, seconds: float) -> None:
+    """What `bench io` refuses before it measures (and before it says it measures)."""
     if not (seconds > 0 and math.isfinite(seconds)):  # NaN fails every comparison
         raise UserError(f"--seconds: must be a positive number of seconds (got {seconds:g})")
     if readers is not None and readers < 1:
         raise UserError(f"--readers: must be a positive integer (got {readers})")
     check_reads_from_disk(spec)
+
+
+def run_io_bench(
+    spec: Spec, readers: int | None = None, seconds: float = DEFAULT_SECONDS, cores: int = 1
+) -> dict:
+    """Storage (1 and N readers), decoding per worker and the model, then the verdict."""
+    check_io_inputs(spec, readers, seconds)
     load_before = load_averages()  # before this bench's own readers and threads add to it
     measured = measure(spec, readers or spec.loader.workers or DEFAULT_READERS, seconds)
     decode, model = measured["decode_one_worker"], measured["model_step"]

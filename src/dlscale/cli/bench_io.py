@@ -35,6 +35,7 @@ def io_command(
 ) -> None:
     """Storage read, decoding per loader worker and the model's rate: which bounds training."""
     bench.check_out_dir(out, "io")  # a bad --out is one line now, not after the bench
+    bench.check_io(spec, readers, seconds_each)  # one line, not after "measuring ..."
     say = Console(stderr=True, highlight=False) if as_json else console
     say.print(f"measuring {spec}: storage, decoding, the model ({seconds_each:g} s each) ...")
     result = bench.bench_io(spec, readers, seconds_each)
