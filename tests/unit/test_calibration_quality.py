@@ -284,3 +284,32 @@ def test_a_phase_too_short_to_tell_from_noise_takes_the_whole_steps_share(monkey
     assert 0.01 < expected < 1
     assert found["max_pool2d_with_indices"] == found["max_pool2d_with_indices_backward"]
     assert found["max_pool2d_with_indices"] == pytest.approx(expected)
+
+
+def test_a_probe_that_stalled_is_rejected_not_kept_as_a_rate():
+    """The defect: a quick calibration on a busy machine kept convolutions of 2,304 weights at
+    1.15 MFLOP/s beside 0.5-50 GFLOP/s at the other sizes, and `bench batch` then predicted
+    13-40x too slow. A smaller convolution (the same weights, fewer positions) cannot take
+    longer than a larger one: a point whose implied time is over 4x a larger one's is a stall,
+    replaced by the larger one's time at its own work, and rejected."""
+    result = {
+        "peak_flops": {"fp32": 3e11},
+        "matmul": [{"size": 1024}],
+        "conv_flops_per_s": {
+            "forward": [
+                [2304, 8, 1.15e6],  # 37 kFLOP in ~32 ms: a stall
+                [2304, 16, 9.8e8],
+                [2304, 64, 3.9e9],
+                [200, 8, 5.8e7],  # slow, but no slower than its larger neighbours: kept
+                [200, 16, 1.1e8],
+            ]
+        },
+        "attention_flops_per_s": {"full": {"forward": [[64, 1.2e11], [256, 1.7e11]]}},
+    }
+    warnings = plausible.check(result)
+    forward = result["conv_flops_per_s"]["forward"]
+    assert forward[0][-1] == pytest.approx(9.8e8 * 8 / 16)  # the 16's time, at 8's work
+    assert [point[-1] for point in forward[1:]] == [9.8e8, 3.9e9, 5.8e7, 1.1e8]
+    assert result["rejected"] == ["conv_flops_per_s.forward at [2304, 8]"]
+    assert any("a stall" in w and "[2304, 8]" in w for w in warnings)
+    assert result["attention_flops_per_s"]["full"]["forward"][0][-1] == 1.2e11

@@ -21,6 +21,10 @@ OP_CLAMPS = (0.01,)
 OPTIMIZER_CLAMPS = (0.01, 20.0)
 # The matmul sweep must reach products this large for its best rate to stand for the peak.
 PEAK_SIZE = 512
+# A grid point (a convolution's weights and positions, an attention's sequence) whose work is
+# smaller than another's of the same kind cannot take this many times longer: its round stalled
+# (a busy machine), it measured no rate.
+STALL_MARGIN = 4.0
 
 
 def check(result: dict) -> list[str]:
@@ -35,6 +39,14 @@ def check(result: dict) -> list[str]:
     rated = ("conv_flops_per_s", "attention_flops_per_s") if swept >= PEAK_SIZE else ()
     for table in rated:
         for path, points in _point_lists(result.get(table)):
+            for point, replaced in _stalls(points):
+                name = f"{table}.{path} at {point[:-1]}"
+                warnings.append(
+                    f"rejected {name}: {point[-1]:.3g} FLOP/s took over {STALL_MARGIN:g}× as "
+                    f"long as a larger size of it, a stall; replaced by {replaced:.3g}"
+                )
+                rejected.append(name)
+                point[-1] = replaced
             for point in points:
                 if point[-1] > limit:
                     name = f"{table}.{path} at {point[:-1]}"
@@ -68,6 +80,23 @@ def check(result: dict) -> list[str]:
             f"× a bare op's ({bare * 1e6:.1f} µs): was the machine busy?"
         )
     return warnings
+
+
+def _stalls(points: list[list]) -> list[tuple[list, float]]:
+    """(point, the rate to put in its place) for each grid point [*kind, size, rate] whose time,
+    size / rate (its work grows at least as its size, at a kind held fixed), is over
+    STALL_MARGIN × the time of a larger size of the same kind: in its place, the rate at which
+    it would take as long as the quickest of those."""
+    found = []
+    for point in points:
+        *kind, size, rate = point
+        larger = [p for p in points if p[:-2] == kind and p[-2] > size and p[-1] > 0]
+        if not larger or rate <= 0:
+            continue
+        quickest = min(p[-2] / p[-1] for p in larger)
+        if size / rate > STALL_MARGIN * quickest:
+            found.append((point, size / quickest))
+    return found
 
 
 def _point_lists(table, path: str = ""):
