@@ -6,6 +6,7 @@ The pure parts (FLOP counts, cache sizes, the per-sample dataset) are in tests/u
 """
 
 import copy
+import io
 import json
 import math
 import multiprocessing
@@ -240,6 +241,8 @@ def test_loader_bench_rows_per_worker_count(tmp_path: Path):
     ]
     for row in rows:
         assert row["samples_per_s"] > 0 and row["steps"] == 6 and row["pin_memory"] is False
+        # its steps' spread (90th over 10th percentile, less 1), and whether that is noisy
+        assert row["step_spread"] >= 0 and row["noisy"] == (row["step_spread"] > 0.25)
         shares = (row["data_wait_share"], row["h2d_share"], row["compute_share"])
         assert all(0 <= share <= 1 for share in shares)
         assert sum(shares) == pytest.approx(1.0)
@@ -445,3 +448,38 @@ def test_counts_the_benches_took_silently_are_refused(tmp_path, args, expected):
     assert result.exit_code == 2, result.output
     assert expected in " ".join(result.stderr.split())
     assert not (tmp_path / "out").exists()
+
+
+def test_the_loader_table_marks_a_noisy_row_and_says_so():
+    """The defect: the same `bench loader` gave 609 and 98,097 samples/s on one setting, run
+    to run, with no spread shown: each row now shows its steps' spread and a noisy one says
+    so, with the caption's advice."""
+    from rich.console import Console
+
+    from dlscale.cli.bench import loader_table
+
+    row = {
+        "loading": "in-memory",
+        "workers": 0,
+        "pin_memory": False,
+        "samples_per_s": 609.0,
+        "step_time_s": 0.105,
+        "step_spread": 3.2,
+        "noisy": True,
+        "data_wait_share": 0.07,
+        "h2d_share": 0.0,
+        "compute_share": 0.93,
+    }
+    result = {
+        "spec": "s",
+        "model": "mlp",
+        "batch_size": 64,
+        "device": "cpu",
+        "warmup_steps_excluded": 5,
+        "note": None,
+        "rows": [row],
+    }
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(loader_table(result))
+    text = " ".join(console.export_text().split())
+    assert "±320% noisy" in text and "rerun on an idle machine" in text

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, TensorDataset
 
+from dlscale.bench.io_verdict import NOISY_SPREAD, relative_spread
 from dlscale.errors import UserError
 from dlscale.jobspec import CheckpointSpec, LoaderSpec, Spec, parse_spec
 from dlscale.train.batches import train_batches
@@ -144,6 +145,7 @@ def measure_setting(
         gc.collect()
     assert records, "run_loader_bench asks for more steps than the warm-up"
     step_s = sum(r["step_s"] for r in records)
+    spread = relative_spread([r["step_s"] for r in records])
     return {
         "loading": "per-sample" if per_sample else "in-memory",
         "workers": workers,
@@ -152,6 +154,9 @@ def measure_setting(
         "steps": steps,
         "samples_per_s": len(records) * variant.batch_size / step_s,
         "step_time_s": step_s / len(records),
+        # How far its steps disagree: over NOISY_SPREAD, something else ran while it was timed.
+        "step_spread": spread,
+        "noisy": spread > NOISY_SPREAD,
         "data_wait_share": sum(r["data_wait_s"] for r in records) / step_s,
         "h2d_share": sum(r["h2d_s"] for r in records) / step_s,
         "compute_share": sum(r["compute_s"] for r in records) / step_s,

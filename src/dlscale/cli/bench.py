@@ -296,7 +296,7 @@ def loader_table(result: dict) -> Table:
             str(row["workers"]),
             "yes" if row["pin_memory"] else "no",
             f"{row['samples_per_s']:,.0f}",
-            seconds(row["step_time_s"]),
+            seconds(row["step_time_s"]) + _loader_spread(row),
             percent(row["data_wait_share"]),
             percent(row["h2d_share"]),
             percent(row["compute_share"]),
@@ -308,8 +308,21 @@ def loader_table(result: dict) -> Table:
         "device, and in forward, backward and update",
         f"steady state (the first {result['warmup_steps_excluded']} steps left out)",
     ]
+    if any(row.get("noisy") for row in result["rows"]):
+        notes.append(
+            "noisy: its steps varied by more than 25% (something else ran): rerun on an idle "
+            "machine before comparing the rows"
+        )
     table.caption = "; ".join([*notes, *([result["note"]] if result["note"] else [])])
     return table
+
+
+def _loader_spread(row: dict) -> str:
+    """' ±12%' (90th over 10th percentile of its steps), ' … noisy' past 25%; nothing for a
+    result saved before the spread was kept."""
+    if "step_spread" not in row:
+        return ""
+    return f" ±{row['step_spread']:.0%}" + (" noisy" if row.get("noisy") else "")
 
 
 # ----------------------------------------------------------------------------------- io
