@@ -25,6 +25,7 @@ import io
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -258,7 +259,9 @@ def _quantized(trainer: Trainer) -> list[tuple[dict, nn.Module | None]]:
     for kind, make in (("int8 dynamic", _dynamic), ("int8 static", _static)):
         row, model = {"format": kind, "kind": "post-training"}, None
         try:
-            model = make(fp32, trainer)
+            with warnings.catch_warnings():  # torch's x86 qconfig sets reduce_range, then warns
+                warnings.filterwarnings("ignore", message="Please use quant_min and quant_max")
+                model = make(fp32, trainer)
             _loss, accuracy = evaluate(model, trainer.val_loader, cpu, "fp32")
             row.update(
                 val_accuracy=accuracy,
