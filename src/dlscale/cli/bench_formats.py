@@ -103,6 +103,14 @@ def sparsity(
     kernels, and the bytes a sparse format would store."""
     bench.check_out_dir(out, "sparsity")  # a bad --out is one line now, not after the bench
     result = bench.bench_sparsity(spec, levels, pattern, finetune_steps, steps, latency_batch)
+    console.print(sparsity_table(result))
+    json_path, png_path = bench.write_outputs("sparsity", result, out)
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+def sparsity_table(result: dict) -> Table:
+    """The pruning levels side by side, the caption's rule for the pattern measured."""
+    pattern = result["pattern"]
     table = Table(title=f"{result['model']}: {pattern} pruning on {result['device']}")
     inference = f"inference, batch {result['latency_batch']} (median ±spread)"
     for column in ("pruned", "val accuracy", inference, "dense weights", "stored sparse"):
@@ -115,18 +123,18 @@ def sparsity(
             binary_bytes(row["dense_weight_bytes"]),
             binary_bytes(row["sparse_weight_bytes"]),
         )
-    table.caption = (
-        "dense kernels multiply the zeros too; a sparse format pays for indices, so it saves "
-        "bytes only past about half zeros"
+    stored = (
+        "2:4 stores the kept half and 2 bits of index for each: about half the dense bytes"
+        if result.get("pattern") == "2:4"
+        else "a sparse format (CSR) pays for indices, so it saves bytes only past about half zeros"
     )
+    table.caption = f"dense kernels multiply the zeros too; {stored}"
     if result["noisy"]:
         table.caption += (
             f"; noisy: latency rounds spread over {result['noisy_spread']:.0%} (the machine's "
             "load changed while they were timed): compare no latencies, rerun"
         )
-    console.print(table)
-    json_path, png_path = bench.write_outputs("sparsity", result, out)
-    console.print(f"wrote {json_path} and {png_path}")
+    return table
 
 
 @user_errors
