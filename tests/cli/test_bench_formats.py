@@ -187,6 +187,10 @@ def test_noisy_training_steps_draw_no_step_ratio():
     assert notes[0].startswith("noisy: the training steps of fp32 over 25%")
     # Latencies agree (1.00×); no 2× training step and no "slower" verdict from noisy steps.
     assert notes[1] == "bf16: 1.00× fp32's inference latency, 1.00× its bytes"
+    # The activations a step keeps for backward (bytes: never noisy), as benches.md shows them
+    rows[0]["activation_bytes"], rows[1]["activation_bytes"] = 1_128_452, 708_356
+    notes = precision._notes(rows, torch.device("cpu"))
+    assert notes[1].endswith(", 37% fewer bytes of activations kept for backward")
 
 
 @pytest.mark.slow

@@ -329,6 +329,9 @@ def _notes(rows: list[dict], device) -> list[str]:
         if row.get("train_step_s") and fp32.get("train_step_s") and quiet:
             step = row["train_step_s"] / fp32["train_step_s"]
             line += f", {step:.2f}× its training step"
+        kept, dense = row.get("activation_bytes"), fp32.get("activation_bytes")
+        if kept and dense:  # what training saves for backward: bytes, never noisy
+            line += f", {1 - kept / dense:.0%} fewer bytes of activations kept for backward"
         slower = (latency or 0) > 1 or (step or 0) > 1
         if name in ("bf16", "fp16") and slower:
             line += f"; slower where above 1: {why}"
