@@ -331,6 +331,7 @@ def test_machine_bench_runs_at_the_threads_asked_and_gives_them_back(monkeypatch
         (["loader", "--workers", "0,x"], "--workers: 'x' is not an integer"),
         (["loader", "--workers", "0,2,0"], "--workers: 0 is given twice"),
         (["width", "--widths", "8,16,8"], "--widths: 8 is given twice"),
+        (["width", "--widths", "8", "--threads", "4096"], "--threads 4096 is more than the"),
         (["matmul", "--sizes", "64,64"], "--sizes: 64 is given twice"),
     ],
 )

@@ -147,9 +147,15 @@ def bench_width(
     swap (default twice the limit), so that the widest run past it into swap."""
     from dlscale.bench.width import run_width_bench
     from dlscale.bench.width_wall import run_wall_bench
-    from dlscale.errors import UserError
+    from dlscale.launch.processes import available_cores
     from dlscale.units import parse_bytes
 
+    cores = available_cores()
+    if threads is not None and threads > cores:  # as bench levels refuses them
+        raise UserError(
+            f"--threads {threads} is more than the {cores} cores here: threads past the cores "
+            f"only take turns (and wait for each other); give at most {cores}"
+        )
     if memory_limit is None:
         if swap is not None or swap_dir is not None:
             raise UserError("--swap and --swap-dir take effect only with --memory-limit")
