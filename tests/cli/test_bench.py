@@ -272,6 +272,19 @@ def test_width_bench_marks_the_cache_and_skips_what_would_not_fit(tmp_path, monk
     assert result["weight_matrix_exceeds_cache_from_width"] is None  # 4·64² B < cache
     json_path, png_path = write_outputs("width", result, tmp_path)
     assert json.loads(json_path.read_text())["rows"][2]["skipped"] and is_png(png_path)
+    # A row whose steps spread past 25% is marked noisy (a ±3104% row's GFLOP/s was shown bare)
+    from rich.console import Console
+
+    from dlscale.cli.bench import width_table
+
+    rows[16]["step_spread"], rows[32]["step_spread"] = 31.04, 0.05
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(width_table(result))
+    lines = console.export_text().splitlines()
+    (w16,) = [line for line in lines if line.lstrip("│ ").startswith("16 ")]
+    (w32,) = [line for line in lines if line.lstrip("│ ").startswith("32 ")]
+    assert "±3104%" in w16 and "noisy" in w16 and "noisy" not in w32
+    assert "rerun on an idle machine" in " ".join(" ".join(lines).split())
 
 
 def test_cli_machine_quick_writes_files_and_saves_nothing(

@@ -8,6 +8,7 @@ from pathlib import Path
 from dlscale.api import train
 from dlscale.bench.batch import DEFAULT_BATCHES
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
+from dlscale.bench.io_verdict import NOISY_SPREAD
 from dlscale.bench.loader import DEFAULT_STEPS as DEFAULT_LOADER_STEPS
 from dlscale.bench.precision import LATENCY_BATCH
 from dlscale.errors import UserError
@@ -126,6 +127,12 @@ def bench_loader(spec_path: str | Path | None, workers: list[int], steps: int) -
             "measures that (storage, decoding, the model)"
         )
     return run_loader_bench(spec, workers, steps)
+
+
+def is_noisy(spread: float | None) -> bool:
+    """Whether repeated timings (a bench's steps or batches) spread too far to be read as one
+    figure: past 25% from their 10th to 90th percentile, bench io's rule."""
+    return (spread or 0.0) > NOISY_SPREAD
 
 
 def default_loader_steps() -> int:

@@ -402,6 +402,7 @@ def width_table(result: dict) -> Table:
         step = seconds(row["step_time_s"])
         if row["step_spread"] is not None:
             step += f" ±{row['step_spread']:.0%}"
+        noisy = bench.is_noisy(row["step_spread"])
         table.add_row(
             str(row["width"]),
             f"{row['parameters']:,}",
@@ -411,9 +412,15 @@ def width_table(result: dict) -> Table:
             "-" if per_param is None else f"{per_param * 1e9:.2f} ns",
             giga(row["flops_per_s"]),
             seconds(row["thousand_epochs_s"]),
-            row["skipped"] or "",
+            row["skipped"] or ("noisy" if noisy else ""),
         )
-    table.caption = "; ".join(width_notes(result))
+    notes = width_notes(result)
+    if any(bench.is_noisy(row["step_spread"]) for row in result["rows"]):
+        notes.append(
+            "noisy: its steps spread over 25% (something else ran): its time and GFLOP/s are "
+            "not the width's; rerun on an idle machine"
+        )
+    table.caption = "; ".join(notes)
     return table
 
 
