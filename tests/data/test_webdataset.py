@@ -158,10 +158,6 @@ def png(pixels: np.ndarray) -> bytes:
 
 
 def test_a_bad_sample_is_named_or_skipped_and_counted(tmp_path):
-    def with_one_bad(n):
-        image = png(np.full((8, 8), n % 256, np.uint8)) if n != 77 else b"not a png"
-        return {"__key__": f"s{n:05d}", "png": image, "cls": n % 4}
-
     urls = write_shards(tmp_path, with_one_bad)
     data = open_data(urls, val_urls=None, val_fraction=0.5, shuffle_buffer=0)
     with pytest.raises(DataError) as error:
@@ -394,6 +390,24 @@ def test_resuming_mid_epoch_gives_the_uninterrupted_weights(shards, tmp_path, wo
         assert torch.equal(again["model"][name], tensor), name
 
 
+def with_one_bad(n: int) -> dict:
+    """Sample n of a shard set whose sample 77's png does not decode."""
+    image = png(np.full((8, 8), n % 256, np.uint8)) if n != 77 else b"not a png"
+    return {"__key__": f"s{n:05d}", "png": image, "cls": n % 4}
+
+
+def skipping_run(folder: Path, **changes):
+    """A spec training an MLP on shards with one bad sample, `skip_bad: true`, validating on the
+    same shards (the bad one is read by validation too), batch 50."""
+    from dlscale.jobspec import parse_spec
+
+    urls = write_shards(folder / "shards", with_one_bad)
+    data = {"name": "webdataset", "urls": urls, "val_urls": urls, "num_classes": 4}
+    data.update(shuffle_buffer=0, skip_bad=True)
+    raw = {"name": "bad", "model": {"name": "mlp", "kwargs": {"hidden": [8]}}, "data": data}
+    return parse_spec({**raw, "batch_size": 50, "device": "cpu", **changes})
+
+
 def test_a_run_that_skipped_bad_samples_says_so_in_its_summary(tmp_path):
     """The defect: with `skip_bad: true` a run skipped a sample that did not decode, counted it
     in run.json, and its summary on the terminal said nothing. The summary names the count,
@@ -402,30 +416,8 @@ def test_a_run_that_skipped_bad_samples_says_so_in_its_summary(tmp_path):
 
     from dlscale import api
     from dlscale.cli.progress import summary_table
-    from dlscale.jobspec import parse_spec
 
-    def with_one_bad(n):
-        image = png(np.full((8, 8), n % 256, np.uint8)) if n != 77 else b"not a png"
-        return {"__key__": f"s{n:05d}", "png": image, "cls": n % 4}
-
-    urls = write_shards(tmp_path / "shards", with_one_bad)
-    spec = parse_spec(
-        {
-            "name": "bad",
-            "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
-            "data": {
-                "name": "webdataset",
-                "urls": urls,
-                "num_classes": 4,
-                "val_urls": urls,  # the same shards: the bad one is read by validation too
-                "shuffle_buffer": 0,
-                "skip_bad": True,
-            },
-            "batch_size": 50,
-            "epochs": 2,
-            "device": "cpu",
-        }
-    )
+    spec = skipping_run(tmp_path, epochs=2)
     record = api.train(spec, out_dir=tmp_path / "run").to_json()
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(summary_table(record))
@@ -458,31 +450,9 @@ def test_a_pipeline_trains_past_a_skipped_sample(tmp_path):
 
     from dlscale import api
     from dlscale.cli.progress import skipped_samples
-    from dlscale.jobspec import parse_spec
 
-    def with_one_bad(n):
-        image = png(np.full((8, 8), n % 256, np.uint8)) if n != 77 else b"not a png"
-        return {"__key__": f"s{n:05d}", "png": image, "cls": n % 4}
-
-    urls = write_shards(tmp_path / "shards", with_one_bad)
-    spec = parse_spec(
-        {
-            "name": "bad",
-            "model": {"name": "mlp", "kwargs": {"hidden": [8]}},
-            "data": {
-                "name": "webdataset",
-                "urls": urls,
-                "num_classes": 4,
-                "val_urls": urls,
-                "shuffle_buffer": 0,
-                "skip_bad": True,
-            },
-            "batch_size": 50,
-            "epochs": 1,
-            "device": "cpu",
-            "strategy": {"name": "pipeline", "stages": 2, "microbatches": 2},
-        }
-    )
+    pipeline = {"name": "pipeline", "stages": 2, "microbatches": 2}
+    spec = skipping_run(tmp_path, epochs=1, strategy=pipeline)
     record = api.train(spec, out_dir=tmp_path / "run").to_json()
     assert record["status"] == "completed" and record["final"]["step"] == 4
     assert all(math.isfinite(s["loss"]) for s in record["steps"] if s.get("loss") is not None)

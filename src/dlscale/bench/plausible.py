@@ -39,22 +39,19 @@ def check(result: dict) -> list[str]:
     rated = ("conv_flops_per_s", "attention_flops_per_s") if swept >= PEAK_SIZE else ()
     for table in rated:
         for path, points in _point_lists(result.get(table)):
-            for point, replaced in _stalls(points):
-                name = f"{table}.{path} at {point[:-1]}"
-                warnings.append(
-                    f"rejected {name}: {point[-1]:.3g} FLOP/s took over {STALL_MARGIN:g}× as "
-                    f"long as a larger size of it, a stall; replaced by {replaced:.3g}"
-                )
-                rejected.append(name)
+            stalled = [
+                (point, replaced, f"took over {STALL_MARGIN:g}× as long as a larger size: a stall")
+                for point, replaced in _stalls(points)
+            ]
+            for point, replaced, why in stalled:  # first: a stall's place is then checked too
+                warnings.append(_rejected(f"{table}.{path}", point, why, f"{replaced:.3g}"))
+                rejected.append(f"{table}.{path} at {point[:-1]}")
                 point[-1] = replaced
             for point in points:
                 if point[-1] > limit:
-                    name = f"{table}.{path} at {point[:-1]}"
-                    warnings.append(
-                        f"rejected {name}: {point[-1]:.3g} FLOP/s is above {RATE_MARGIN}× the "
-                        f"measured matmul peak ({peak:.3g}); replaced by the peak"
-                    )
-                    rejected.append(name)
+                    why = f"is above {RATE_MARGIN}× the measured matmul peak ({peak:.3g})"
+                    warnings.append(_rejected(f"{table}.{path}", point, why, "the peak"))
+                    rejected.append(f"{table}.{path} at {point[:-1]}")
                     point[-1] = peak
     for op, efficiency in dict(result.get("op_efficiency", {})).items():
         if efficiency > BANDWIDTH_MARGIN:
@@ -80,6 +77,11 @@ def check(result: dict) -> list[str]:
             f"× a bare op's ({bare * 1e6:.1f} µs): was the machine busy?"
         )
     return warnings
+
+
+def _rejected(table: str, point: list, why: str, by: str) -> str:
+    """The warning for a grid point replaced: where, its rate, why, and by what."""
+    return f"rejected {table} at {point[:-1]}: {point[-1]:.3g} FLOP/s {why}; replaced by {by}"
 
 
 def _stalls(points: list[list]) -> list[tuple[list, float]]:
