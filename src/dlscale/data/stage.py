@@ -54,9 +54,9 @@ def stage(
     the file, else against the source's own bytes hashed while copying. Returns the run record:
     {"dir", "files", "bytes", "copied_files", "copied_bytes", "seconds" (this call), "staged_s"
     (the copies' own recorded seconds, whichever process made them), "verified"}. With `run`
-    (a training run's folder: every process of the run stages, one at a time), each copy is
-    tagged with it, and the copied counts are the run's, whichever of its processes copied;
-    without, this call's.
+    (a training run's claim of its folder, `ownership.claim_token`: every process of the run
+    stages, one at a time), each copy is tagged with it, and the copied counts are the run's,
+    whichever of its processes copied; without, this call's.
     """
     started = time.perf_counter()
     src_root, dst_dir = Path(src_root), Path(dst_dir)
