@@ -383,8 +383,8 @@ def _settings() -> dict[str, Setting]:
         # process drives the 8 GPUs of one DGX-1.
         # Not modelled, though true of these runs: TF built from source then took NCCL 1 from
         # github.com/nvidia/nccl (tensorflow/workspace.bzl, nccl_archive at 03d8569 or 024d1e2),
-        # whose src/core.cu orders a communicator's ring by NVML index and sends through host
-        # memory to a ring neighbour without peer access. On a DGX-1 P100, GPUs 3-4 and 7-0 have
+        # whose core.cu (commBuildMaps) orders a communicator's ring by NVML index and sends
+        # through host memory to a ring neighbour without peer access. On a DGX-1 P100, GPUs 3-4 and 7-0 have
         # no NVLink between them (a quad's GPU links to one GPU of the other quad), so the
         # 8-GPU ring crosses PCIe and the sockets twice, the 2- and 4-GPU rings do not (NVIDIA
         # said in 2017 that the NVLink-aware NCCL for the DGX-1 shipped only in its containers,

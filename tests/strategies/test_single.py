@@ -75,8 +75,8 @@ class SlowDataset(TensorDataset):
 def test_a_starving_loop_warns_once_with_the_fix(tmp_path: Path, reporter, monkeypatch):
     real_build = loop.build_data
 
-    def slow_build(data_spec, seed, stage=False):
-        bundle = real_build(data_spec, seed, stage=stage)
+    def slow_build(data_spec, seed, stage=False, run=None):
+        bundle = real_build(data_spec, seed, stage=stage, run=run)
         bundle.train = SlowDataset(*bundle.train.tensors)
         return bundle
 
