@@ -384,9 +384,10 @@ def _settings() -> dict[str, Setting]:
         # Not modelled, though true of these runs: TF built from source then took NCCL 1 from
         # github.com/nvidia/nccl (tensorflow/workspace.bzl, nccl_archive at 03d8569 or 024d1e2),
         # whose core.cu (commBuildMaps) orders a communicator's ring by NVML index and sends
-        # through host memory to a ring neighbour without peer access. On a DGX-1 P100, GPUs 3-4 and 7-0 have
-        # no NVLink between them (a quad's GPU links to one GPU of the other quad), so the
-        # 8-GPU ring crosses PCIe and the sockets twice, the 2- and 4-GPU rings do not (NVIDIA
+        # through host memory to a ring neighbour without peer access. On a DGX-1 P100, GPUs
+        # 3-4 and 7-0 have no NVLink between them (a quad's GPU links to one GPU of the other
+        # quad), so the 8-GPU ring crosses PCIe and the sockets twice, the 2- and 4-GPU rings
+        # do not (NVIDIA
         # said in 2017 that the NVLink-aware NCCL for the DGX-1 shipped only in its containers,
         # github.com/NVIDIA/nccl/issues/76). Pricing those two edges at PCIe 3.0's rate moved the
         # worst row from -15.2 to -16.4 points (the latency derived on AlexNet then shrinks to
