@@ -270,6 +270,9 @@ def test_levels_measures_simd_then_threads_then_processes(spec: Path, tmp_path: 
     assert [row["processes"] for row in data["processes"]] == [1, 2]
     for key in ("simd", "threads", "processes"):
         assert data[key][0]["speedup"] == 1.0 and all(r["samples_per_s"] > 0 for r in data[key])
+        # each setting's steps' spread and whether it is noisy (speed-ups flipped run to run)
+        assert all(r["step_spread"] >= 0 and isinstance(r["noisy"], bool) for r in data[key])
+    assert data["load_1m"] is None or data["load_1m"] >= 0
     assert data["machine"]["cores"] >= 1 and data["machine"]["numa_nodes"] >= 1
     assert (out / "levels.png").stat().st_size > 10_000
 
@@ -300,3 +303,32 @@ def test_the_sparsity_caption_fits_the_pattern_measured():
 
     assert "about half the dense bytes" in caption("2:4") and "CSR" not in caption("2:4")
     assert "only past about half zeros" in caption("unstructured")
+
+
+def test_the_levels_table_marks_a_noisy_setting_and_gives_the_load():
+    """The defect: `bench levels` gave avx2 1.00× and threads 0.01× in one run, 2.54× and 1.93×
+    in the next, with no spread, noise mark or load: each setting now shows its steps' spread,
+    a noisy one is marked, and the caption gives the load average."""
+    from rich.console import Console
+
+    from dlscale.cli.bench_formats import levels_table
+
+    def row(key, value, rate, spread):
+        measured = {"samples_per_s": rate, "speedup": 1.0, "step_spread": spread}
+        return {key: value, **measured, "noisy": spread > 0.25}
+
+    result = {
+        "model": "lenet",
+        "batch_size": 8,
+        "machine": {"cores": 2, "numa_nodes": 1, "caches": {}},
+        "load_1m": 1.7,
+        "simd": [row("level", "default", 100.0, 0.05)],
+        "threads": [row("threads", 1, 100.0, 0.05), row("threads", 2, 1.0, 40.0)],
+        "processes": [row("processes", 1, 100.0, 0.02)],
+    }
+    console = Console(width=250, record=True, file=io.StringIO())
+    console.print(levels_table(result))
+    text = console.export_text()
+    (two,) = [line for line in text.splitlines() if "threads" in line and " 2 " in line]
+    assert "±4000% noisy" in two
+    assert "load average 1.70" in " ".join(text.split())

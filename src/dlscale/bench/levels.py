@@ -24,7 +24,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dlscale.bench.io_verdict import NOISY_SPREAD, relative_spread
+from dlscale.bench.memory import load_averages
 from dlscale.errors import UserError
+from dlscale.train.metrics import WARMUP_STEPS
 
 SCHEMA = "dlscale.bench.levels/1"
 # ATen's capability -> oneDNN's and MKL's closest ceilings.
@@ -58,8 +61,8 @@ def available_simd() -> list[str]:
     return order[: order.index(best) + 1] if best in order else ["default"]
 
 
-def _steps_in_a_process(spec_path: str, steps: int, threads: int, env: dict) -> float:
-    """samples/s of `steps` single-process steps in a fresh interpreter (after warm-up)."""
+def _steps_in_a_process(spec_path: str, steps: int, threads: int, env: dict) -> dict:
+    """`measure_here`'s figures for `steps` single-process steps in a fresh interpreter."""
     code = (
         "import json, sys, tempfile, torch\n"
         "from pathlib import Path\n"
@@ -79,8 +82,9 @@ def _steps_in_a_process(spec_path: str, steps: int, threads: int, env: dict) -> 
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure_here(spec_path: str, steps: int, threads: int) -> float:
-    """In this process: samples/s of the spec on one process with `threads` threads."""
+def measure_here(spec_path: str, steps: int, threads: int) -> dict:
+    """In this process: samples/s of the spec on one process with `threads` threads (at its
+    median step, after warm-up), and how far its steps spread (`measured`)."""
     import torch
 
     from dlscale.jobspec import SingleStrategy, load_spec
@@ -93,7 +97,14 @@ def measure_here(spec_path: str, steps: int, threads: int) -> float:
     )
     with tempfile.TemporaryDirectory() as scratch:
         times = sorted(measure_steps(Trainer(spec, Path(scratch)), warmup=3, steps=steps))
-    return spec.batch_size / times[len(times) // 2]
+    return measured(spec.batch_size / times[len(times) // 2], times)
+
+
+def measured(samples_per_s: float, step_times: list[float]) -> dict:
+    """A setting's rate beside its steps' spread (90th over 10th percentile, less 1) and
+    whether that is noisy: the speed-ups between settings are not to be read then."""
+    spread = relative_spread(step_times)
+    return {"samples_per_s": samples_per_s, "step_spread": spread, "noisy": spread > NOISY_SPREAD}
 
 
 def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None, train) -> dict:
@@ -116,18 +127,16 @@ def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None,
         )
     spec_path = str(spec_path)
     spec = load_spec(spec_path)
+    load = load_averages()  # before this bench's own processes add to it
     simd = []
     for level in available_simd():
         env = {"ATEN_CPU_CAPABILITY": level, **SIMD[level], "OMP_NUM_THREADS": "1"}
-        simd.append(
-            {"level": level, "samples_per_s": _steps_in_a_process(spec_path, steps, 1, env)}
-        )
+        simd.append({"level": level, **_steps_in_a_process(spec_path, steps, 1, env)})
     best = max(simd, key=lambda row: row["samples_per_s"])["level"]
     threads = []
     for count in range(1, top + 1):
         env = {"ATEN_CPU_CAPABILITY": best, **SIMD[best], "OMP_NUM_THREADS": str(count)}
-        rate = _steps_in_a_process(spec_path, steps, count, env)
-        threads.append({"threads": count, "samples_per_s": rate})
+        threads.append({"threads": count, **_steps_in_a_process(spec_path, steps, count, env)})
     processes = []
     with tempfile.TemporaryDirectory() as scratch:
         for count in range(1, top + 1):
@@ -140,15 +149,16 @@ def run_levels_bench(spec_path: str | Path, steps: int, max_threads: int | None,
                 }
             )
             record = train(scaled, out_dir=Path(scratch) / f"ddp-{count}")
-            processes.append(
-                {"processes": count, "samples_per_s": record.final.train_samples_per_s}
-            )
+            times = [step.step_s for step in record.steps if step.step > WARMUP_STEPS]
+            rate = record.final.train_samples_per_s
+            processes.append({"processes": count, **measured(rate, times)})
     return {
         "schema": SCHEMA,
         "spec": spec_path,
         "model": spec.model.name,
         "batch_size": spec.batch_size,
         "machine": facts,
+        "load_1m": load[0] if load else None,
         "simd": _speedups(simd),
         "threads": _speedups(threads),
         "processes": _speedups(processes),

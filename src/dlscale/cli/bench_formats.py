@@ -151,6 +151,14 @@ def levels(
     """SIMD levels, then threads, then processes: speed-up at each level of parallelism."""
     bench.check_out_dir(out, "levels")  # a bad --out is one line now, not after the bench
     result = bench.bench_levels(spec, steps, max_threads)
+    console.print(levels_table(result))
+    json_path, png_path = bench.write_outputs("levels", result, out)
+    console.print(f"wrote {json_path} and {png_path}")
+
+
+def levels_table(result: dict) -> Table:
+    """Each level's settings with their rate (± their steps' spread, noisy marked) and
+    speed-up; the caption gives the load and says when a speed-up is not to be read."""
     facts = result["machine"]
     caches = ", ".join(f"{name} {size}" for name, size in facts["caches"].items())
     title = (
@@ -166,9 +174,18 @@ def levels(
         ("processes (ddp)", "processes"),
     ):
         for row in result[key if key != "level" else "simd"]:
-            table.add_row(
-                kind, str(row[key]), f"{row['samples_per_s']:,.0f}", f"{row['speedup']:.2f}×"
-            )
-    console.print(table)
-    json_path, png_path = bench.write_outputs("levels", result, out)
-    console.print(f"wrote {json_path} and {png_path}")
+            rate = f"{row['samples_per_s']:,.0f}"
+            if "step_spread" in row:  # a result saved before the spread was kept has none
+                rate += f" ±{row['step_spread']:.0%}" + (" noisy" if row["noisy"] else "")
+            table.add_row(kind, str(row[key]), rate, f"{row['speedup']:.2f}×")
+    notes = []
+    if result.get("load_1m") is not None:
+        notes.append(f"load average {result['load_1m']:.2f} when it started")
+    rows = [*result["simd"], *result["threads"], *result["processes"]]
+    if any(row.get("noisy") for row in rows):
+        notes.append(
+            "noisy: a setting's steps spread over 25% (something else ran): its speed-up is "
+            "not the level's; rerun on an idle machine"
+        )
+    table.caption = "; ".join(notes) or None
+    return table
