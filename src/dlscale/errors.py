@@ -32,6 +32,16 @@ class RunFailed(UserError):
         super().__init__(message, exit_code=1)
 
 
+def once_each(option: str, values) -> None:
+    """A list option's values, each at most once: a value given twice would be run, measured
+    or predicted twice (or once, silently, where it was deduplicated): refused, naming it."""
+    seen = []
+    for value in values:
+        if value in seen:
+            raise UserError(f"{option}: {value} is given twice")
+        seen.append(value)
+
+
 def a_or_an(word: str) -> str:
     """'an int', 'a str': the article a type's name takes (by its first letter)."""
     return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"

@@ -12,7 +12,7 @@ from dlscale.api import train
 from dlscale.api.capacity import check_global_batches, check_trials
 from dlscale.api.rundir import refuse_a_previous_run
 from dlscale.bench.experiment_records import CompareResult, ScaleResult
-from dlscale.errors import UserError
+from dlscale.errors import UserError, once_each
 from dlscale.jobspec import load_spec
 from dlscale.signals import say_on_stop
 from dlscale.train.ownership import claim
@@ -54,9 +54,7 @@ def scale(
     check_cluster(cluster, address)
     if not workers or min(workers) < 1:
         raise UserError("--workers takes positive worker counts, e.g. 1,2,4")
-    twice = next((n for i, n in enumerate(workers) if n in workers[:i]), None)
-    if twice is not None:  # it would run once: said, as the command's --workers does
-        raise UserError(f"--workers: {twice} is given twice")
+    once_each("--workers", workers)  # it would run once: said, as the command's --workers does
     if steps is not None and steps < 1:
         raise UserError(f"--steps: must be a positive integer (got {steps})")
     check_scale_options(lr_scaling, target_accuracy)
@@ -142,10 +140,8 @@ def compare(
     if not strategies:
         raise UserError("--strategies takes strategy names, e.g. ddp,async")
     spec = load_spec(spec_path)
-    names = list(dict.fromkeys(strategies))
-    if len(names) < len(strategies):  # it would run once: say so, as --strategies does
-        twice = next(name for i, name in enumerate(strategies) if name in strategies[:i])
-        raise UserError(f"--strategies: {twice} is given twice")
+    once_each("--strategies", strategies)  # it would run once: said, as --strategies does
+    names = list(strategies)
     # Every problem is found before the first run starts, not after an hour of training.
     specs = {name: compare_spec(spec, name, workers, epochs) for name in names}
     check_trials(list(specs.values()), cluster, "a run")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import TypeAdapter
 
-from dlscale.errors import UserError
+from dlscale.errors import UserError, once_each
 from dlscale.jobspec import STRATEGY_KINDS, Spec, StrategySpec, parse_spec
 
 SCHEMA = "dlscale.bench.compare/1"
@@ -50,9 +50,7 @@ def parse_strategies(text: str) -> list[str]:
         checked = [check_strategy(name) for name in names]
     except UserError as exc:
         raise UserError(f"--strategies: {exc}") from None
-    twice = next((name for i, name in enumerate(checked) if name in checked[:i]), None)
-    if twice is not None:
-        raise UserError(f"--strategies: {twice} is given twice")
+    once_each("--strategies", checked)
     return checked
 
 

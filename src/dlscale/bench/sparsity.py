@@ -29,7 +29,7 @@ from dlscale.bench.precision import (
     interleaved_latencies,
     latency_input,
 )
-from dlscale.errors import UserError
+from dlscale.errors import UserError, once_each
 from dlscale.jobspec import SingleStrategy, load_spec
 from dlscale.train.device import resolve_device
 from dlscale.train.loop import Trainer
@@ -82,9 +82,7 @@ def run_sparsity_bench(
         raise UserError(f"--pattern must be unstructured or 2:4 (got '{pattern}')")
     if not levels or any(not 0 <= level < 1 for level in levels):
         raise UserError(f"--levels are fractions in [0, 1), e.g. 0,0.5,0.9 (got {levels})")
-    twice = next((level for i, level in enumerate(levels) if level in levels[:i]), None)
-    if twice is not None:  # it would be pruned and timed twice
-        raise UserError(f"--levels: {twice:g} is given twice")
+    once_each("--levels", levels)  # it would be pruned and timed twice
     if pattern == "2:4" and any(level not in (0, 0.5) for level in levels):
         raise UserError("--pattern 2:4 prunes exactly half: give --levels 0,0.5")
     if finetune_steps < 0:

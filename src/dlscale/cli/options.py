@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from dlscale.errors import UserError
+from dlscale.errors import UserError, once_each
 
 
 def parse_int_list(text: str, option: str, minimum: int = 1, once: bool = False) -> list[int]:
@@ -22,9 +22,9 @@ def parse_int_list(text: str, option: str, minimum: int = 1, once: bool = False)
             ) from None
         if value < minimum:
             raise UserError(f"{option}: {value} is below the minimum of {minimum}")
-        if once and value in values:
-            raise UserError(f"{option}: {value} is given twice")
         values.append(value)
+    if once:
+        once_each(option, values)
     return values
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dlscale import units
-from dlscale.errors import UserError
+from dlscale.errors import UserError, once_each
 
 # The strategies the scaling model predicts (profiler/scaling.py), in the order it shows them.
 STRATEGIES = ("ddp", "pipeline", "ps", "hybrid", "tensor")
@@ -55,7 +55,7 @@ class ProfileRequest:
         if self.hardware is not None:
             if not self.hardware:
                 raise UserError("--hardware: no device named (leave it out for the defaults)")
-            _once_each("--hardware", list(self.hardware))
+            once_each("--hardware", list(self.hardware))
         if self.precision in INTEGER_PRECISIONS and not self.inference:
             raise UserError(
                 f"--precision {self.precision} is for inference (no {self.precision} training): "
@@ -99,7 +99,7 @@ class ScalingRequest:
         devices = list(self.devices)  # shown as the messages always showed them: [2, 4]
         if min(devices) < 1:
             raise UserError(f"--devices must be positive counts, e.g. 1,2,4,8 (got {devices})")
-        _once_each("--devices", devices)
+        once_each("--devices", devices)
         if self.nodes < 1:
             raise UserError(f"--nodes must be at least 1 (got {self.nodes})")
         if any(count % self.nodes for count in devices):
@@ -109,7 +109,7 @@ class ScalingRequest:
         if self.strategies is not None:
             if not self.strategies:
                 raise UserError("--strategies: no strategy named (leave it out for all of them)")
-            _once_each("--strategies", list(self.strategies))
+            once_each("--strategies", list(self.strategies))
         if self.network is not None and self.nodes == 1:
             raise UserError(
                 "--network is the link between nodes: it needs --nodes above 1 (within one "
@@ -136,15 +136,6 @@ class ScalingRequest:
     @property
     def deadline_s(self) -> float | None:
         return None if self.deadline is None else parse_duration(self.deadline)
-
-
-def _once_each(option: str, values: list) -> None:
-    """A value given twice in a list option would be predicted twice: refused, naming it."""
-    seen = set()
-    for value in values:
-        if value in seen:
-            raise UserError(f"{option}: {value} is given twice")
-        seen.add(value)
 
 
 def parse_duration(text: str) -> float:

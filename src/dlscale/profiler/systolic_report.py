@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from dlscale.errors import UserError
+from dlscale.errors import UserError, once_each
 from dlscale.profiler.memory import ELEMENT_BYTES
 from dlscale.profiler.systolic import (
     DATAFLOWS,
@@ -45,9 +45,7 @@ def parse_dataflows(text: str) -> tuple[str, ...]:
             f"--dataflow: '{unknown[0] if unknown else text}' is not a dataflow; "
             f"use ws, is, os, a list of them, or all"
         )
-    twice = next((name for i, name in enumerate(given) if name in given[:i]), None)
-    if twice is not None:  # it would be mapped once: said, as --hardware twice is
-        raise UserError(f"--dataflow: {twice} is given twice")
+    once_each("--dataflow", given)  # it would be mapped once: said, as --hardware twice is
     return tuple(given)
 
 
